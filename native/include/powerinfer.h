@@ -1,0 +1,181 @@
+/*
+ * powerinfer.h - the whole C API of the powerinfer_backend native library.
+ *
+ * cffi reads this file (preprocessor lines are dropped before cdef), so keep it
+ * to plain typedefs, enums and prototypes.
+ *
+ * Conventions
+ *  - Every function that can fail returns an int status (PI_OK == 0) and leaves a
+ *    message for pi_last_error() (thread-local). Nothing reachable from the API
+ *    aborts, asserts or reads out of bounds on bad arguments.
+ *  - Tensor shapes follow GGUF/ggml: ne[0] is the contiguous row length, ne[1] the
+ *    number of rows. A weight of ne = {n_in, n_out} maps n_in -> n_out.
+ *  - Type ids are ggml's (GGMLQuantizationType in the gguf package).
+ */
+#ifndef POWERINFER_H
+#define POWERINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum pi_status {
+    PI_OK = 0,
+    PI_ERR_INVALID = 1,     /* bad argument (shape, type, range, NULL) */
+    PI_ERR_NOMEM = 2,       /* allocation failed */
+    PI_ERR_UNSUPPORTED = 3, /* valid but not implemented (type, ISA) */
+    PI_ERR_CONTEXT_FULL = 4 /* positions past n_ctx, or batch past n_batch */
+};
+
+/* ggml tensor type ids; these are the ones the kernels accept */
+enum pi_type {
+    PI_TYPE_F32 = 0,
+    PI_TYPE_F16 = 1,
+    PI_TYPE_Q4_0 = 2,
+    PI_TYPE_Q4_1 = 3,
+    PI_TYPE_Q8_0 = 8,
+    PI_TYPE_Q8_1 = 9, /* activations only */
+    PI_TYPE_BF16 = 30
+};
+
+enum pi_rope_type { PI_ROPE_NORM = 0, PI_ROPE_NEOX = 2 };
+
+enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1, PI_ACT_RELU = 2 };
+
+/* A tensor handed to the library: a view of caller-owned (usually memory-mapped)
+ * bytes. The library never writes to or frees `data`; it must outlive the model. */
+typedef struct pi_tensor {
+    const void *data; /* NULL = absent (optional tensors only) */
+    int32_t type;     /* enum pi_type */
+    int32_t n_dims;
+    int64_t ne[4];    /* elements per dimension, ne[0] contiguous; unused dims = 1 */
+    uint64_t nbytes;  /* bytes available at data (checked against type and ne) */
+} pi_tensor;
+
+/* Per-layer tensor slots, in the order of pi_model_params.layers */
+enum pi_layer_slot {
+    PI_L_ATTN_NORM = 0, /* F32 [n_embd] */
+    PI_L_ATTN_Q = 1,    /* [n_embd, n_head*n_embd_head] */
+    PI_L_ATTN_K = 2,    /* [n_embd, n_head_kv*n_embd_head] */
+    PI_L_ATTN_V = 3,    /* [n_embd, n_head_kv*n_embd_head] */
+    PI_L_ATTN_OUT = 4,  /* [n_head*n_embd_head, n_embd] */
+    PI_L_FFN_NORM = 5,  /* F32 [n_embd] */
+    PI_L_FFN_GATE = 6,  /* [n_embd, n_ff] */
+    PI_L_FFN_UP = 7,    /* [n_embd, n_ff] */
+    PI_L_FFN_DOWN = 8,  /* [n_ff, n_embd] */
+    PI_L_COUNT = 9
+};
+
+typedef struct pi_model_params {
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_ff;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t n_embd_head; /* head dimension */
+    int32_t n_rot;       /* rotated dimensions per head (<= n_embd_head, even) */
+    int32_t n_ctx_train;
+    float rms_eps;
+    float rope_freq_base;
+    float rope_freq_scale; /* position multiplier (1 / linear scaling factor) */
+    int32_t rope_type;     /* enum pi_rope_type */
+    int32_t act;           /* enum pi_act, the FFN gate activation */
+    pi_tensor tok_embd;    /* [n_embd, n_vocab] */
+    pi_tensor output_norm; /* F32 [n_embd] */
+    pi_tensor output;      /* [n_embd, n_vocab]; data NULL = use tok_embd */
+    pi_tensor rope_freqs;  /* optional F32 [n_rot/2] frequency divisors (Llama 3.x) */
+    const pi_tensor *layers; /* n_layer * PI_L_COUNT, slot order above */
+} pi_model_params;
+
+typedef struct pi_model pi_model;
+typedef struct pi_context pi_context;
+
+typedef struct pi_context_params {
+    int32_t n_ctx;     /* KV cache length in tokens */
+    int32_t n_batch;   /* most tokens one pi_eval call may take */
+    int32_t n_threads; /* compute threads, the calling thread included */
+    int32_t kv_type;   /* PI_TYPE_F16 or PI_TYPE_F32 */
+} pi_context_params;
+
+/* Model: validates every tensor's type, shape and byte count; copies nothing
+ * from the tensor data. */
+int pi_model_create(const pi_model_params *params, pi_model **out);
+void pi_model_free(pi_model *model);
+
+int pi_context_create(pi_model *model, const pi_context_params *params, pi_context **out);
+void pi_context_free(pi_context *ctx);
+
+/* Evaluate n_tokens tokens at positions pos[] (pos[i] = pos[0] + i, and pos[0]
+ * must not exceed the number of cached positions). Writes logits for every token
+ * when logits_all != 0, else for the last token only. */
+int pi_eval(pi_context *ctx, const int32_t *tokens, const int32_t *pos, int32_t n_tokens,
+            int32_t logits_all);
+/* Logits of the last pi_eval: pi_n_outputs(ctx) rows of n_vocab floats. The buffer
+ * stays valid until the next pi_eval or pi_context_free. */
+const float *pi_get_logits(pi_context *ctx);
+int32_t pi_n_outputs(const pi_context *ctx);
+/* Hidden state after the final norm, same rows as the logits: n_embd floats each. */
+const float *pi_get_embeddings(pi_context *ctx);
+
+/* Number of cached positions; positions [0, pi_kv_used) are valid. */
+int32_t pi_kv_used(const pi_context *ctx);
+/* Forget cached positions >= n_keep (n_keep = 0 clears the cache). */
+int pi_kv_truncate(pi_context *ctx, int32_t n_keep);
+
+/* Thread-local message of the last failure on this thread. */
+const char *pi_last_error(void);
+
+/* Instruction-set paths. pi_isa_supported() is a bit mask (1 scalar, 2 avx2,
+ * 4 avx512) of what this CPU runs. pi_isa_set("auto"|"scalar"|"avx2"|"avx512")
+ * chooses the path for all later calls; the environment variable POWERINFER_ISA
+ * sets the initial choice. */
+uint32_t pi_isa_supported(void);
+int pi_isa_set(const char *name);
+const char *pi_isa_name(void);
+
+/* ---- Kernel entry points (used by tests and benchmarks) ---------------------- */
+
+typedef struct pi_pool pi_pool;
+/* Persistent worker pool: n_threads - 1 workers plus the calling thread. Workers
+ * spin briefly after a job, then sleep on a condition variable. */
+int pi_pool_create(int32_t n_threads, pi_pool **out);
+void pi_pool_free(pi_pool *pool);
+
+/* y[t][r] = dot(w row r, x[t]) for r < n_rows, t < n_tok. w has type `type`,
+ * n_rows rows of n_cols elements; x is converted to the weight type's activation
+ * type first (Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1, F16 for F16, BF16 for BF16). */
+int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int64_t n_cols,
+                 const float *x, int64_t n_tok, float *y);
+/* Convert n floats (a multiple of the block size) to `type`: the activation
+ * quantization used by pi_op_matmul, and the KV cache store. */
+int pi_op_quantize(int32_t type, const float *x, int64_t n, void *y);
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for n_rows rows of n floats; w may be NULL */
+int pi_op_rmsnorm(const float *x, const float *w, int64_t n, int64_t n_rows, float eps, float *y);
+/* In-place rotary embedding of x: n_tok rows of n_head heads of head_dim floats. */
+int pi_op_rope(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+               const int32_t *pos, float freq_base, float freq_scale, const float *freq_factors,
+               int32_t rope_type);
+/* y = act(x), elementwise */
+int pi_op_act(int32_t act, const float *x, float *y, int64_t n);
+/* In-place softmax over n floats */
+int pi_op_softmax(float *x, int64_t n);
+/* Causal grouped-query attention of n_tok queries against a KV cache.
+ * q: n_tok rows of n_head*head_dim floats. k: one row of n_head_kv*head_dim
+ * elements of kv_type per cached position. v is stored transposed (as llama.cpp
+ * does without flash attention): n_head_kv*head_dim rows of v_ld elements, column
+ * j = position j. Query t attends to positions 0..pos[t] (< n_kv <= v_ld).
+ * Scores use scale 1/sqrt(head_dim); with an F16 cache, q and the softmax
+ * weights are rounded to F16 before the dot products, as in llama.cpp.
+ * out: n_tok rows of n_head*head_dim floats. */
+int pi_op_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head,
+                    int32_t n_head_kv, int32_t head_dim, const void *k, const void *v,
+                    int64_t v_ld, int32_t kv_type, int64_t n_kv, const int32_t *pos, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* POWERINFER_H */

@@ -1,0 +1,58 @@
+/* Run-time choice of the instruction-set path (POWERINFER_ISA or pi_isa_set). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pi_internal.h"
+
+enum { ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 4 };
+
+static const pi_isa *g_isa = NULL;
+
+uint32_t pi_isa_supported(void) {
+    uint32_t m = ISA_SCALAR;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        m |= ISA_AVX2;
+    if ((m & ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+        m |= ISA_AVX512;
+#endif
+    return m;
+}
+
+static const pi_isa *best(void) {
+    const uint32_t m = pi_isa_supported();
+    if (m & ISA_AVX512) return &pi_isa_avx512;
+    if (m & ISA_AVX2) return &pi_isa_avx2;
+    return &pi_isa_scalar;
+}
+
+int pi_isa_set(const char *name) {
+    const uint32_t m = pi_isa_supported();
+    if (name == NULL || strcmp(name, "auto") == 0 || name[0] == '\0') {
+        g_isa = best();
+    } else if (strcmp(name, "scalar") == 0) {
+        g_isa = &pi_isa_scalar;
+    } else if (strcmp(name, "avx2") == 0) {
+        if (!(m & ISA_AVX2)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx2+fma+f16c");
+        g_isa = &pi_isa_avx2;
+    } else if (strcmp(name, "avx512") == 0) {
+        if (!(m & ISA_AVX512)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx512f/bw/vl");
+        g_isa = &pi_isa_avx512;
+    } else {
+        return pi_set_error(PI_ERR_INVALID, "unknown ISA '%s' (expected auto, scalar, avx2 or avx512)", name);
+    }
+    return PI_OK;
+}
+
+const pi_isa *pi_isa_current(void) {
+    if (g_isa == NULL) {
+        const char *env = getenv("POWERINFER_ISA");
+        if (pi_isa_set(env) != PI_OK) g_isa = best(); /* an unusable request falls back to auto */
+    }
+    return g_isa;
+}
+
+const char *pi_isa_name(void) { return pi_isa_current()->name; }

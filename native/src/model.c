@@ -1,0 +1,315 @@
+/* Model and context lifetime, and the forward pass of a llama-family decoder:
+ * read top to bottom in forward_layer() and pi_eval(). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "pi_internal.h"
+
+static const char *const k_slot_names[PI_L_COUNT] = {
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+
+struct pi_model {
+    pi_model_params hp;   /* copy; tensor views point into caller memory */
+    pi_tensor *layers;    /* own copy of the n_layer * PI_L_COUNT descriptors */
+    pi_mat tok_embd, output;
+    pi_mat *mats;         /* n_layer * PI_L_COUNT, matrix view of each slot */
+    int64_t max_act_row;  /* largest activation row in bytes, over all matrices */
+};
+
+struct pi_context {
+    pi_model *m;
+    pi_context_params cp;
+    pi_pool *pool;
+    int32_t kv_used;
+    int64_t kv_row;                       /* n_head_kv * n_embd_head */
+    size_t kv_esz;
+    char *k_cache, *v_cache;              /* per layer: [n_ctx][kv_row] and [kv_row][n_ctx] */
+    float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
+    void *act_scratch;                    /* quantized matmul inputs */
+    float *attn_scratch;
+    float *logits, *embd;
+    int64_t logits_cap;                   /* rows allocated in logits */
+    int32_t n_out;
+};
+
+/* ---- validation ---------------------------------------------------------- */
+
+static int check_tensor(const pi_tensor *t, const char *name, int64_t ne0, int64_t ne1, int is_norm) {
+    if (t->data == NULL) return pi_set_error(PI_ERR_INVALID, "tensor %s: missing (data is NULL)", name);
+    const pi_type_traits *tr = pi_type_get(t->type);
+    if (tr == NULL || t->type == PI_TYPE_Q8_1)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "tensor %s: unsupported type %d", name, t->type);
+    if (is_norm && t->type != PI_TYPE_F32)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "tensor %s: norm weights must be F32, got %s", name, tr->name);
+    const int64_t n1 = is_norm ? 1 : ne1;
+    if (t->ne[0] != ne0 || t->ne[1] != n1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return pi_set_error(PI_ERR_INVALID, "tensor %s: shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                            (long long)t->ne[3], (long long)ne0, (long long)n1);
+    const int64_t row = pi_row_size(t->type, ne0);
+    if (row < 0)
+        return pi_set_error(PI_ERR_INVALID, "tensor %s: row length %lld is not a multiple of the %s block size",
+                            name, (long long)ne0, tr->name);
+    if (t->nbytes < (uint64_t)(row * n1))
+        return pi_set_error(PI_ERR_INVALID, "tensor %s: %llu bytes, needs %lld", name,
+                            (unsigned long long)t->nbytes, (long long)(row * n1));
+    return PI_OK;
+}
+
+static int check_params(const pi_model_params *p) {
+    if (p->n_vocab < 1 || p->n_embd < 1 || p->n_layer < 1 || p->n_ff < 1 || p->n_head < 1 ||
+        p->n_head_kv < 1 || p->n_embd_head < 2 || p->n_vocab > (1 << 24) || p->n_embd > (1 << 20) ||
+        p->n_ff > (1 << 22) || p->n_layer > 4096 || p->n_head > 4096 || p->n_embd_head > 4096)
+        return pi_set_error(PI_ERR_INVALID,
+                            "hyper-parameters out of range (n_vocab %d, n_embd %d, n_layer %d, n_ff %d, "
+                            "n_head %d, n_head_kv %d, n_embd_head %d)",
+                            p->n_vocab, p->n_embd, p->n_layer, p->n_ff, p->n_head, p->n_head_kv, p->n_embd_head);
+    if (p->n_head % p->n_head_kv != 0)
+        return pi_set_error(PI_ERR_INVALID, "n_head %d is not a multiple of n_head_kv %d", p->n_head, p->n_head_kv);
+    if (p->n_rot < 2 || p->n_rot > p->n_embd_head || p->n_rot % 2 != 0 || p->n_rot > 1024)
+        return pi_set_error(PI_ERR_INVALID, "n_rot %d must be even and in [2, n_embd_head=%d]", p->n_rot,
+                            p->n_embd_head);
+    if (!(p->rope_freq_base > 0.0f) || !(p->rope_freq_scale > 0.0f) || !(p->rms_eps >= 0.0f))
+        return pi_set_error(PI_ERR_INVALID, "rope_freq_base, rope_freq_scale must be > 0 and rms_eps >= 0");
+    if (p->rope_type != PI_ROPE_NORM && p->rope_type != PI_ROPE_NEOX)
+        return pi_set_error(PI_ERR_INVALID, "unknown rope type %d", p->rope_type);
+    if (p->act != PI_ACT_SILU && p->act != PI_ACT_GELU && p->act != PI_ACT_RELU)
+        return pi_set_error(PI_ERR_INVALID, "unknown activation %d", p->act);
+    if (p->layers == NULL) return pi_set_error(PI_ERR_INVALID, "layers is NULL");
+    int rc;
+    const int64_t E = p->n_embd, F = p->n_ff, Q = (int64_t)p->n_head * p->n_embd_head,
+                  KV = (int64_t)p->n_head_kv * p->n_embd_head;
+    if ((rc = check_tensor(&p->tok_embd, "token_embd.weight", E, p->n_vocab, 0))) return rc;
+    if ((rc = check_tensor(&p->output_norm, "output_norm.weight", E, 1, 1))) return rc;
+    if (p->output.data != NULL && (rc = check_tensor(&p->output, "output.weight", E, p->n_vocab, 0))) return rc;
+    if (p->rope_freqs.data != NULL && (rc = check_tensor(&p->rope_freqs, "rope_freqs.weight", p->n_rot / 2, 1, 1)))
+        return rc;
+    const int64_t shapes[PI_L_COUNT][2] = {{E, 1}, {E, Q}, {E, KV}, {E, KV}, {Q, E}, {E, 1}, {E, F}, {E, F}, {F, E}};
+    for (int l = 0; l < p->n_layer; l++) {
+        for (int s = 0; s < PI_L_COUNT; s++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, k_slot_names[s]);
+            const int norm = s == PI_L_ATTN_NORM || s == PI_L_FFN_NORM;
+            if ((rc = check_tensor(&p->layers[l * PI_L_COUNT + s], name, shapes[s][0], shapes[s][1], norm)))
+                return rc;
+        }
+    }
+    return PI_OK;
+}
+
+static pi_mat mat_of(const pi_tensor *t) { return (pi_mat){t->data, t->type, t->ne[0], t->ne[1]}; }
+
+int pi_model_create(const pi_model_params *params, pi_model **out) {
+    if (params == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_model_create: NULL argument");
+    *out = NULL;
+    int rc = check_params(params);
+    if (rc) return rc;
+    pi_model *m = calloc(1, sizeof *m);
+    const size_t n = (size_t)params->n_layer * PI_L_COUNT;
+    if (m == NULL || (m->layers = malloc(n * sizeof *m->layers)) == NULL ||
+        (m->mats = malloc(n * sizeof *m->mats)) == NULL) {
+        pi_model_free(m);
+        return pi_set_error(PI_ERR_NOMEM, "out of memory for the model");
+    }
+    m->hp = *params;
+    memcpy(m->layers, params->layers, n * sizeof *m->layers);
+    m->hp.layers = m->layers;
+    m->tok_embd = mat_of(&params->tok_embd);
+    m->output = mat_of(params->output.data != NULL ? &params->output : &params->tok_embd);
+    m->max_act_row = pi_matmul_scratch_size(m->output.type, m->output.n_cols, 1);
+    for (size_t i = 0; i < n; i++) {
+        m->mats[i] = mat_of(&m->layers[i]);
+        const int64_t s = pi_matmul_scratch_size(m->mats[i].type, m->mats[i].n_cols, 1);
+        if (s > m->max_act_row) m->max_act_row = s;
+    }
+    *out = m;
+    return PI_OK;
+}
+
+void pi_model_free(pi_model *m) {
+    if (m == NULL) return;
+    free(m->layers);
+    free(m->mats);
+    free(m);
+}
+
+/* ---- context ------------------------------------------------------------- */
+
+void pi_context_free(pi_context *c) {
+    if (c == NULL) return;
+    pi_pool_free(c->pool);
+    free(c->k_cache);
+    free(c->v_cache);
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits, c->embd};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(c->act_scratch);
+    free(c);
+}
+
+static float *alloc_f(int64_t n) { return malloc((size_t)n * sizeof(float)); }
+
+int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out) {
+    if (m == NULL || cp == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_create: NULL argument");
+    *out = NULL;
+    if (cp->n_ctx < 1 || cp->n_ctx > (1 << 24))
+        return pi_set_error(PI_ERR_INVALID, "n_ctx must be in [1, 16777216], got %d", cp->n_ctx);
+    if (cp->n_batch < 1 || cp->n_batch > (1 << 20))
+        return pi_set_error(PI_ERR_INVALID, "n_batch must be in [1, 1048576], got %d", cp->n_batch);
+    if (cp->kv_type != PI_TYPE_F16 && cp->kv_type != PI_TYPE_F32)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "kv_type must be F16 (1) or F32 (0), got %d", cp->kv_type);
+    const pi_model_params *hp = &m->hp;
+    pi_context *c = calloc(1, sizeof *c);
+    if (c == NULL) return pi_set_error(PI_ERR_NOMEM, "out of memory for the context");
+    c->m = m;
+    c->cp = *cp;
+    int rc = pi_pool_create(cp->n_threads, &c->pool);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    const int64_t B = cp->n_batch, E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head;
+    c->kv_row = (int64_t)hp->n_head_kv * hp->n_embd_head;
+    c->kv_esz = cp->kv_type == PI_TYPE_F16 ? 2 : 4;
+    const size_t kv_bytes = (size_t)hp->n_layer * (size_t)cp->n_ctx * (size_t)c->kv_row * c->kv_esz;
+    c->k_cache = malloc(kv_bytes);
+    c->v_cache = calloc(1, kv_bytes); /* zeroed: dot products read whole transposed rows */
+    c->x = alloc_f(B * E);
+    c->xn = alloc_f(B * E);
+    c->q = alloc_f(B * Q);
+    c->k = alloc_f(B * c->kv_row);
+    c->v = alloc_f(B * c->kv_row);
+    c->attn = alloc_f(B * Q);
+    c->g = alloc_f(B * hp->n_ff);
+    c->u = alloc_f(B * hp->n_ff);
+    c->embd = alloc_f(B * E);
+    c->act_scratch = malloc((size_t)(m->max_act_row * B));
+    c->attn_scratch = alloc_f(pi_attention_scratch_floats(cp->n_ctx, hp->n_embd_head) * cp->n_threads);
+    c->logits = alloc_f(hp->n_vocab);
+    c->logits_cap = 1;
+    if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
+        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits) {
+        pi_context_free(c);
+        return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
+                            cp->n_ctx, 2 * kv_bytes);
+    }
+    *out = c;
+    return PI_OK;
+}
+
+/* ---- forward pass -------------------------------------------------------- */
+
+static void matmul1(pi_context *c, const pi_mat *w, const float *x, int64_t n_tok, float *y) {
+    const pi_matmul_out o = {w, y, w->n_rows};
+    pi_matmul_multi(c->pool, &o, 1, x, n_tok, c->act_scratch);
+}
+
+static void add_rows(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* Store this batch's K rows, and V columns (V is cached transposed). */
+static void store_kv(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+    const int64_t R = c->kv_row, N = c->cp.n_ctx;
+    const pi_isa *isa = pi_isa_current();
+    char *kc = c->k_cache + (size_t)l * N * R * c->kv_esz;
+    char *vc = c->v_cache + (size_t)l * N * R * c->kv_esz;
+    for (int64_t t = 0; t < n_tok; t++) {
+        isa->from_float[c->cp.kv_type](c->k + t * R, kc + (size_t)pos[t] * R * c->kv_esz, R);
+        for (int64_t e = 0; e < R; e++) {
+            const float val = c->v[t * R + e];
+            const size_t at = (size_t)(e * N + pos[t]);
+            if (c->cp.kv_type == PI_TYPE_F16)
+                ((uint16_t *)vc)[at] = pi_fp32_to_fp16(val);
+            else
+                ((float *)vc)[at] = val;
+        }
+    }
+}
+
+static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+    const pi_model_params *hp = &c->m->hp;
+    const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head, R = c->kv_row;
+    const float *freq_factors = hp->rope_freqs.data;
+
+    /* attention block */
+    pi_rmsnorm_rows(c->x, lt[PI_L_ATTN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
+    const pi_matmul_out qkv[3] = {{&lm[PI_L_ATTN_Q], c->q, Q}, {&lm[PI_L_ATTN_K], c->k, R}, {&lm[PI_L_ATTN_V], c->v, R}};
+    pi_matmul_multi(c->pool, qkv, 3, c->xn, n_tok, c->act_scratch);
+    pi_rope_rows(c->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, pos, hp->rope_freq_base,
+                 hp->rope_freq_scale, freq_factors, hp->rope_type);
+    pi_rope_rows(c->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, pos, hp->rope_freq_base,
+                 hp->rope_freq_scale, freq_factors, hp->rope_type);
+    store_kv(c, l, pos, n_tok);
+    const size_t layer_off = (size_t)l * c->cp.n_ctx * R * c->kv_esz;
+    pi_attention(c->pool, c->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, c->k_cache + layer_off,
+                 c->v_cache + layer_off, c->cp.n_ctx, c->cp.kv_type, pos[n_tok - 1] + 1, pos, c->attn,
+                 c->attn_scratch);
+    matmul1(c, &lm[PI_L_ATTN_OUT], c->attn, n_tok, c->xn);
+    add_rows(c->x, c->xn, n_tok * E);
+
+    /* feed-forward block: down(act(gate x) * up x) */
+    pi_rmsnorm_rows(c->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
+    const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, hp->n_ff}, {&lm[PI_L_FFN_UP], c->u, hp->n_ff}};
+    pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
+    pi_act_mul(hp->act, c->g, c->u, c->g, n_tok * hp->n_ff);
+    matmul1(c, &lm[PI_L_FFN_DOWN], c->g, n_tok, c->xn);
+    add_rows(c->x, c->xn, n_tok * E);
+}
+
+int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_tokens, int32_t logits_all) {
+    if (c == NULL || tokens == NULL || pos == NULL) return pi_set_error(PI_ERR_INVALID, "pi_eval: NULL argument");
+    const pi_model_params *hp = &c->m->hp;
+    if (n_tokens < 1) return pi_set_error(PI_ERR_INVALID, "pi_eval: n_tokens must be >= 1, got %d", n_tokens);
+    if (n_tokens > c->cp.n_batch)
+        return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval: %d tokens exceed n_batch %d", n_tokens, c->cp.n_batch);
+    if (pos[0] < 0 || pos[0] > c->kv_used)
+        return pi_set_error(PI_ERR_INVALID, "pi_eval: pos[0] = %d, must be in [0, %d] (cached positions)", pos[0],
+                            c->kv_used);
+    for (int32_t i = 0; i < n_tokens; i++) {
+        if (pos[i] != pos[0] + i)
+            return pi_set_error(PI_ERR_INVALID, "pi_eval: positions must be consecutive (pos[%d] = %d)", i, pos[i]);
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return pi_set_error(PI_ERR_INVALID, "pi_eval: token %d at index %d is outside [0, %d)", tokens[i], i,
+                                hp->n_vocab);
+    }
+    if (pos[n_tokens - 1] >= c->cp.n_ctx)
+        return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval: position %d exceeds the context window of %d",
+                            pos[n_tokens - 1], c->cp.n_ctx);
+    const int64_t n_out = logits_all ? n_tokens : 1;
+    if (n_out > c->logits_cap) {
+        float *nl = alloc_f(n_out * hp->n_vocab);
+        if (nl == NULL) return pi_set_error(PI_ERR_NOMEM, "out of memory for %lld rows of logits", (long long)n_out);
+        free(c->logits);
+        c->logits = nl;
+        c->logits_cap = n_out;
+    }
+    const int64_t E = hp->n_embd;
+    const pi_mat *te = &c->m->tok_embd;
+    const int64_t te_row = pi_row_size(te->type, E);
+    for (int32_t t = 0; t < n_tokens; t++)
+        pi_dequantize_row(te->type, (const char *)te->data + tokens[t] * te_row, c->x + t * E, E);
+
+    c->kv_used = pos[0]; /* positions past pos[0] are overwritten now */
+    for (int l = 0; l < hp->n_layer; l++) forward_layer(c, l, pos, n_tokens);
+    c->kv_used = pos[n_tokens - 1] + 1;
+
+    const float *xo = c->x + (n_tokens - n_out) * E;
+    pi_rmsnorm_rows(xo, hp->output_norm.data, E, n_out, hp->rms_eps, c->embd);
+    matmul1(c, &c->m->output, c->embd, n_out, c->logits);
+    c->n_out = (int32_t)n_out;
+    return PI_OK;
+}
+
+const float *pi_get_logits(pi_context *c) { return c != NULL && c->n_out > 0 ? c->logits : NULL; }
+const float *pi_get_embeddings(pi_context *c) { return c != NULL && c->n_out > 0 ? c->embd : NULL; }
+int32_t pi_n_outputs(const pi_context *c) { return c != NULL ? c->n_out : 0; }
+int32_t pi_kv_used(const pi_context *c) { return c != NULL ? c->kv_used : 0; }
+
+int pi_kv_truncate(pi_context *c, int32_t n_keep) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_kv_truncate: NULL context");
+    if (n_keep < 0) return pi_set_error(PI_ERR_INVALID, "pi_kv_truncate: n_keep must be >= 0, got %d", n_keep);
+    if (n_keep < c->kv_used) c->kv_used = n_keep;
+    return PI_OK;
+}

@@ -1,0 +1,46 @@
+/* Elementwise activations (SiLU, GELU tanh approximation, ReLU) and softmax. */
+#include "pi_internal.h"
+
+#define GELU_COEF_A 0.044715f
+#define SQRT_2_OVER_PI 0.79788456080286535588f
+
+float pi_act1(int32_t act, float x) {
+    switch (act) {
+    case PI_ACT_SILU:
+        return x / (1.0f + expf(-x));
+    case PI_ACT_GELU:
+        return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
+    default:
+        return x > 0.0f ? x : 0.0f;
+    }
+}
+
+void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = pi_act1(act, g[i]) * u[i];
+}
+
+void pi_softmax(float *x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+int pi_op_act(int32_t act, const float *x, float *y, int64_t n) {
+    if (x == NULL || y == NULL) return pi_set_error(PI_ERR_INVALID, "pi_op_act: NULL argument");
+    if (act != PI_ACT_SILU && act != PI_ACT_GELU && act != PI_ACT_RELU)
+        return pi_set_error(PI_ERR_INVALID, "pi_op_act: unknown activation %d", act);
+    for (int64_t i = 0; i < n; i++) y[i] = pi_act1(act, x[i]);
+    return PI_OK;
+}
+
+int pi_op_softmax(float *x, int64_t n) {
+    if (x == NULL || n < 1) return pi_set_error(PI_ERR_INVALID, "pi_op_softmax: bad arguments");
+    pi_softmax(x, n);
+    return PI_OK;
+}

@@ -1,0 +1,179 @@
+/* Internal declarations shared by the native sources (not part of the API). */
+#ifndef PI_INTERNAL_H
+#define PI_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "powerinfer.h"
+
+#define PI_QK 32 /* elements per block of every quantized type */
+
+/* GGUF block layouts (ggml_fp16_t stored as uint16_t) */
+typedef struct { uint16_t d; uint8_t qs[PI_QK / 2]; } pi_block_q4_0;            /* 18 bytes */
+typedef struct { uint16_t d; uint16_t m; uint8_t qs[PI_QK / 2]; } pi_block_q4_1; /* 20 bytes */
+typedef struct { uint16_t d; int8_t qs[PI_QK]; } pi_block_q8_0;                  /* 34 bytes */
+typedef struct { uint16_t d; uint16_t s; int8_t qs[PI_QK]; } pi_block_q8_1;      /* 36 bytes: s = d * sum(qs) */
+
+/* ---- errors (errors.c) ---- */
+int pi_set_error(int code, const char *fmt, ...);
+
+/* ---- type traits (ops/types.c) ---- */
+typedef struct {
+    const char *name;
+    int64_t block_size; /* elements per block */
+    int64_t type_size;  /* bytes per block */
+    int32_t vec_dot_type; /* activation type its dot product takes */
+} pi_type_traits;
+
+const pi_type_traits *pi_type_get(int32_t type); /* NULL for unsupported types */
+/* bytes of a row of n elements; -1 when n is not a multiple of the block size */
+int64_t pi_row_size(int32_t type, int64_t n);
+
+/* ---- half precision conversions (portable, bit exact with ggml) ---- */
+static inline float pi_fp16_to_fp32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    const uint32_t sign = w & 0x80000000u;
+    const uint32_t two_w = w + w;
+    const uint32_t exp_offset = 0xE0u << 23;
+    float exp_scale;
+    uint32_t u = 0x7800000u; /* 2^-112 */
+    memcpy(&exp_scale, &u, 4);
+    uint32_t nv = (two_w >> 4) + exp_offset;
+    float normalized;
+    memcpy(&normalized, &nv, 4);
+    normalized *= exp_scale;
+    const uint32_t magic_mask = 126u << 23;
+    const float magic_bias = 0.5f;
+    uint32_t dv = (two_w >> 17) | magic_mask;
+    float denormalized;
+    memcpy(&denormalized, &dv, 4);
+    denormalized -= magic_bias;
+    const uint32_t denormalized_cutoff = 1u << 27;
+    uint32_t bits;
+    float r = two_w < denormalized_cutoff ? denormalized : normalized;
+    memcpy(&bits, &r, 4);
+    bits |= sign;
+    memcpy(&r, &bits, 4);
+    return r;
+}
+
+static inline uint16_t pi_fp32_to_fp16(float f) {
+    float scale_to_inf, scale_to_zero;
+    uint32_t a = 0x77800000u, b = 0x08800000u;
+    memcpy(&scale_to_inf, &a, 4);
+    memcpy(&scale_to_zero, &b, 4);
+    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
+    uint32_t w;
+    memcpy(&w, &f, 4);
+    const uint32_t shl1_w = w + w;
+    const uint32_t sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    uint32_t bv = (bias >> 1) + 0x07800000u;
+    float bf;
+    memcpy(&bf, &bv, 4);
+    base = bf + base;
+    uint32_t bits;
+    memcpy(&bits, &base, 4);
+    const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+    const uint32_t mantissa_bits = bits & 0x00000FFFu;
+    const uint32_t nonsign = exp_bits + mantissa_bits;
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+static inline float pi_bf16_to_fp32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t pi_fp32_to_bf16(float f) { /* round to nearest even, as ggml */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64); /* quiet NaN */
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+}
+
+/* ---- instruction-set kernels (isa/) ---- */
+
+/* *s = dot(w, x) over n elements: w is a row of the weight type, x a row of that
+ * type's vec_dot_type (see pi_type_traits). n is a multiple of the block size. */
+typedef void (*pi_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x);
+/* Convert n floats to an activation row (Q8_0, Q8_1, F16, BF16 or F32). */
+typedef void (*pi_from_float_fn)(const float *x, void *y, int64_t n);
+
+#define PI_TYPE_SLOTS 31 /* indexable by enum pi_type */
+
+typedef struct pi_isa {
+    const char *name;
+    pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
+    pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
+} pi_isa;
+
+extern const pi_isa pi_isa_scalar;
+extern const pi_isa pi_isa_avx2;   /* AVX2 + FMA + F16C */
+extern const pi_isa pi_isa_avx512; /* AVX-512 F/BW/VL (+ VNNI where present) */
+
+const pi_isa *pi_isa_current(void);
+
+/* ---- thread pool (threads.c) ---- */
+typedef void (*pi_task_fn)(void *arg, int ith, int nth);
+/* Run fn(arg, ith, nth) for ith in [0, nth) on the pool; returns when all are done. */
+void pi_pool_run(pi_pool *pool, pi_task_fn fn, void *arg);
+int pi_pool_size(const pi_pool *pool);
+
+/* split [0, n) into nth contiguous parts; part ith is [*lo, *hi) */
+static inline void pi_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    const int64_t per = (n + nth - 1) / nth;
+    *lo = per * ith < n ? per * ith : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+/* ---- ops used by the forward pass (ops/) ---- */
+
+/* A weight matrix: n_rows rows of n_cols elements of `type`. */
+typedef struct {
+    const void *data;
+    int32_t type;
+    int64_t n_cols;
+    int64_t n_rows;
+} pi_mat;
+
+/* One product of a pi_matmul_multi job: y[t * ldy + r] = dot(w row r, x[t]). */
+typedef struct {
+    const pi_mat *w;
+    float *y;
+    int64_t ldy;
+} pi_matmul_out;
+
+/* Bytes pi_matmul_multi needs in `scratch` for n_tok rows of n_cols inputs */
+int64_t pi_matmul_scratch_size(int32_t type, int64_t n_cols, int64_t n_tok);
+/* Several products sharing one input (e.g. Q/K/V, gate/up) in one pool job: the
+ * input is converted once to the weights' activation type (all weights must share
+ * n_cols and activation type), then the rows of all outputs are split across threads. */
+void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const float *x,
+                     int64_t n_tok, void *scratch);
+
+/* Dequantize one row of n elements of `type` to floats (embedding lookup). */
+void pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
+
+void pi_rmsnorm_rows(const float *x, const float *w, int64_t n, int64_t n_rows, float eps, float *y);
+void pi_rope_rows(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                  const int32_t *pos, float freq_base, float freq_scale, const float *freq_factors,
+                  int32_t rope_type);
+/* h[i] = act(g[i]) * u[i] */
+void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
+float pi_act1(int32_t act, float x);
+void pi_softmax(float *x, int64_t n);
+
+/* Attention (see pi_op_attention) with caller-provided scratch of
+ * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats */
+int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim);
+void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, int32_t n_head_kv,
+                  int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
+                  int64_t n_kv, const int32_t *pos, float *out, float *scratch);
+
+#endif /* PI_INTERNAL_H */

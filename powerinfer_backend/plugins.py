@@ -1,0 +1,54 @@
+"""The built-in ``"hybrid"`` backend: the native engine over a memory-mapped GGUF.
+Registered through the ``powerinfer_backend`` entry-point group like any third-party
+backend. (CPU only so far; the GPU half arrives with the hybrid executor.)"""
+
+from __future__ import annotations
+
+import sys
+
+from .engine import NativeContext, NativeModel, default_threads
+from .gguf_model import load_gguf
+from .hookspecs import hookimpl
+
+
+class HybridBackend:
+    """Native CPU engine for one sequence (see hookspecs for the interface)."""
+
+    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
+                 vram_budget=None, verbose: bool = True, **_ignored):
+        self.gguf = load_gguf(model_path, verbose=verbose)
+        hp = self.gguf.hparams
+        self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
+        self.metadata = dict(self.gguf.metadata)
+        self.n_ctx = int(n_ctx) if n_ctx else hp.n_ctx_train
+        self.n_threads = int(n_threads) if n_threads else default_threads()
+        self.model = NativeModel(self.gguf)
+        self.ctx = NativeContext(self.model, n_ctx=self.n_ctx, n_batch=max(1, min(int(n_batch), self.n_ctx)),
+                                 n_threads=self.n_threads)
+        if verbose:
+            from ._native import isa_name
+
+            print(f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}",
+                  file=sys.stderr)
+
+    @property
+    def n_past(self) -> int:
+        return self.ctx.n_past
+
+    def eval(self, tokens, logits_all: bool = False):
+        return self.ctx.eval(tokens, logits_all=logits_all)
+
+    def embeddings(self):
+        return self.ctx.embeddings()
+
+    def truncate(self, n_keep: int) -> None:
+        self.ctx.truncate(n_keep)
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
+@hookimpl
+def powerinfer_backend_register():
+    return {"hybrid": HybridBackend}

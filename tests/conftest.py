@@ -1,0 +1,30 @@
+"""Shared fixtures for the native-library tests (test_ops.py, test_engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from powerinfer_backend import _native
+
+
+@pytest.fixture(params=_native.supported_isas())
+def isa(request):
+    """Run the test once per instruction-set path this CPU supports; the global
+    choice is put back to "auto" afterwards."""
+    _native.set_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        _native.set_isa("auto")
+
+
+@pytest.fixture
+def pool():
+    """A 2-thread native worker pool (the calling thread plus one worker)."""
+    out = _native.ffi.new("pi_pool **")
+    _native.check(_native.lib.pi_pool_create(2, out), "pi_pool_create")
+    p = out[0]
+    try:
+        yield p
+    finally:
+        _native.lib.pi_pool_free(p)
