@@ -84,9 +84,13 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
         ref = load_reference(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,
                              n_threads_batch=n_threads)
 
+        import llama_cpp
+
         def ref_eval(tokens):
             ref.eval(tokens)
-            return ref.scores[ref.n_tokens - 1]
+            # ref.scores is only written with logits_all=True (which would also make llama.cpp
+            # compute every prompt row's logits): read the last output row from the context
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         r_pre, r_dec = _measure(ref_eval, ref.reset, prompt, short, n_decode, repeats)
         result["llama_cpp"] = {"engine": "llama-cpp-python", "prefill_tok_s": n_prefill / r_pre,

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, MemoryError) as e:  # MemoryError: the KV cache (--ctx) does not fit
         print(f"powerinfer-backend: error: {e}", file=sys.stderr)
         return 2
 

@@ -131,6 +131,10 @@ class NativeContext:
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         if toks.ndim != 1 or toks.size == 0:
             raise ValueError("eval: tokens must be a non-empty 1-D sequence")
+        bad = np.flatnonzero((toks < 0) | (toks >= self.n_vocab))
+        if bad.size:  # checked up front so a bad id in a later batch leaves the cache unchanged
+            i = int(bad[0])
+            raise ValueError(f"eval: token {int(toks[i])} at index {i} is outside [0, {self.n_vocab})")
         if self.n_past + toks.size > self.n_ctx:
             raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx}")
         rows = []

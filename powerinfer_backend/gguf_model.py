@@ -4,11 +4,11 @@ metadata and zero-copy tensor views ready to hand to the native engine.
 
 Entry point: :func:`load_gguf`.
 
-The GGUF header (key/value metadata and tensor directory) is parsed here with
-strict bounds checks, so that truncated, corrupt or hostile files raise a
-:class:`ValueError` naming the file and the offending key or tensor instead of
-an arbitrary exception (or a crash later in native code). Tensor data are never
-copied when their type is one the kernels run (F32, F16, BF16, Q4_0, Q4_1,
+The file is parsed by ``gguf.GGUFReader`` (the gguf package, maintained with
+llama.cpp), with bounds and sanity checks added around it (:class:`_Reader`),
+so that truncated, corrupt or hostile files raise a :class:`ValueError` naming
+the file and the offending key or tensor instead of an arbitrary exception, a
+hang, or a crash later in native code. Tensor data are never copied when their type is one the kernels run (F32, F16, BF16, Q4_0, Q4_1,
 Q8_0); other types are converted once at load with ``gguf.quants`` and a
 warning per tensor.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 import sys
 import warnings
 from collections import Counter
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
 from gguf import quants as _quants
 
 from . import arch as _arch
@@ -42,7 +41,6 @@ __all__ = [
 ]
 
 GGUF_MAGIC = b"GGUF"
-_SUPPORTED_VERSIONS = (2, 3)
 _DEFAULT_ALIGNMENT = 32
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 
@@ -64,6 +62,10 @@ _MAX_N_LAYER = 1 << 12
 _MAX_N_HEAD = 1 << 14
 _MAX_N_VOCAB = 1 << 24
 _MAX_N_CTX = 1 << 30
+# Array elements per file: GGUFReader keeps ~1 KB and takes ~20 us per element,
+# so a corrupt array length could otherwise take minutes and gigabytes. The
+# largest real tokenizers (tokens + scores/types + merges) are under 800k.
+_MAX_ARRAY_ELEMS = 1 << 21
 
 
 class UnsupportedTensorTypeWarning(UserWarning):
@@ -72,34 +74,24 @@ class UnsupportedTensorTypeWarning(UserWarning):
 
 # ---- GGUF value types ------------------------------------------------------
 
-_GT_STRING = 8
-_GT_ARRAY = 9
-_SCALAR_FMT = {
-    0: "<B",  # UINT8
-    1: "<b",  # INT8
-    2: "<H",  # UINT16
-    3: "<h",  # INT16
-    4: "<I",  # UINT32
-    5: "<i",  # INT32
-    6: "<f",  # FLOAT32
-    7: "<B",  # BOOL
-    10: "<Q",  # UINT64
-    11: "<q",  # INT64
-    12: "<d",  # FLOAT64
-}
-_SCALAR_SIZE = {t: struct.calcsize(f) for t, f in _SCALAR_FMT.items()}
-_SCALAR_DTYPE = {
-    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4",
-    6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8",
-}
-_INT_TYPES = frozenset({0, 1, 2, 3, 4, 5, 10, 11})
-_FLOAT_TYPES = frozenset({6, 12})
-_GT_BOOL = 7
-_VALUE_TYPE_NAMES = {
-    0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32",
-    6: "float32", 7: "bool", 8: "string", 9: "array", 10: "uint64", 11: "int64",
-    12: "float64",
-}
+_V = GGUFValueType
+_INT_TYPES = frozenset(
+    int(t) for t in (_V.UINT8, _V.INT8, _V.UINT16, _V.INT16, _V.UINT32, _V.INT32, _V.UINT64, _V.INT64)
+)
+_FLOAT_TYPES = frozenset({int(_V.FLOAT32), int(_V.FLOAT64)})
+# GGUFReader's pseudo-fields, ahead of the file's keys in GGUFReader.fields
+_READER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
+
+
+# value type id -> numpy type of GGUFReader's scalar views
+_SCALAR_NP = {int(k): v for k, v in GGUFReader.gguf_scalar_to_np.items()}
+
+
+def _vtype_name(vtype: int) -> str:
+    try:
+        return _V(vtype).name.lower()
+    except ValueError:
+        return f"type {vtype}"
 
 
 # ---- public data types -----------------------------------------------------
@@ -287,14 +279,15 @@ class GGUFModel:
         ``tokenizer.ggml.tokens``, ``tokenizer.ggml.merges``) come back as a
         list of str (invalid UTF-8 kept with ``surrogateescape``, so
         ``s.encode("utf-8", "surrogateescape")`` gives the exact bytes); numeric
-        arrays as a read-only 1-D numpy array (bool arrays as uint8).
+        arrays as a read-only 1-D numpy array (bool arrays as uint8). Nested
+        arrays come flattened, as ``gguf.GGUFReader`` reads them.
         """
         if key not in self._kv:
             return default
         vtype, value = self._kv[key]
-        if vtype != _GT_ARRAY:
-            return value
-        return _decode_array(self._mm, value)
+        if isinstance(value, tuple):  # string array: a fresh list per call
+            return list(value)
+        return value
 
     def close(self) -> None:
         """Drop this object's references to the memory map. The mapping is
@@ -311,14 +304,7 @@ class GGUFModel:
         )
 
 
-# ---- header parsing ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _ArrayRef:
-    elem_type: int
-    count: int
-    offset: int  # file offset of the first element
+# ---- reading the file: gguf.GGUFReader ------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -326,96 +312,16 @@ class _TensorInfo:
     name: str
     ne: tuple[int, ...]
     type: int
-    offset: int  # relative to the data section
     nbytes: int
+    data: np.ndarray  # 1-D uint8 zero-copy view of the memory map
 
 
-class _HeaderReader:
-    """Bounds-checked cursor over the memory-mapped file."""
+class _FileError(ValueError):
+    """A finished error message (file path included), passed on unchanged."""
 
-    def __init__(self, path: str, buf: memoryview, size: int):
-        self.path = path
-        self.buf = buf
-        self.size = size
-        self.pos = 0
 
-    def fail(self, msg: str) -> ValueError:
-        return ValueError(f"{self.path}: {msg}")
-
-    def need(self, n: int, what: str) -> None:
-        if n < 0 or self.pos + n > self.size:
-            raise self.fail(
-                f"truncated or corrupt GGUF header: {what} at byte {self.pos} needs {n} bytes "
-                f"but the file has {self.size} bytes"
-            )
-
-    def scalar(self, vtype: int, what: str) -> Any:
-        n = _SCALAR_SIZE[vtype]
-        self.need(n, what)
-        (v,) = struct.unpack_from(_SCALAR_FMT[vtype], self.buf, self.pos)
-        self.pos += n
-        if vtype == _GT_BOOL:
-            return v != 0
-        return v
-
-    def u32(self, what: str) -> int:
-        return self.scalar(4, what)
-
-    def u64(self, what: str) -> int:
-        return self.scalar(10, what)
-
-    def raw_string(self, what: str) -> bytes:
-        n = self.u64(f"length of {what}")
-        self.need(n, what)
-        b = bytes(self.buf[self.pos : self.pos + n])
-        self.pos += n
-        return b
-
-    def name(self, what: str) -> str:
-        b = self.raw_string(what)
-        try:
-            return b.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.fail(f"{what} at byte {self.pos - len(b)} is not valid UTF-8") from None
-
-    def value(self, vtype: int, key: str) -> Any:
-        what = f"value of key '{key}'"
-        if vtype in _SCALAR_FMT:
-            return self.scalar(vtype, what)
-        if vtype == _GT_STRING:
-            return self.raw_string(what).decode("utf-8", "replace")
-        if vtype == _GT_ARRAY:
-            etype = self.u32(f"element type of key '{key}'")
-            count = self.u64(f"element count of key '{key}'")
-            start = self.pos
-            if etype in _SCALAR_FMT:
-                self.need(count * _SCALAR_SIZE[etype], what)
-                self.pos += count * _SCALAR_SIZE[etype]
-            elif etype == _GT_STRING:
-                # each element takes at least its 8-byte length
-                self.need(count * 8, what)
-                buf, size, pos = self.buf, self.size, self.pos
-                unpack = struct.Struct("<Q").unpack_from
-                for _ in range(count):
-                    if pos + 8 > size:
-                        break
-                    pos += 8 + unpack(buf, pos)[0]
-                    if pos > size:
-                        break
-                else:
-                    self.pos = pos
-                    return _ArrayRef(etype, count, start)
-                self.pos = min(pos, size)
-                raise self.fail(
-                    f"truncated or corrupt GGUF header: string array of key '{key}' runs past "
-                    f"the end of the file ({size} bytes)"
-                )
-            elif etype == _GT_ARRAY:
-                raise self.fail(f"key '{key}': nested arrays are not supported")
-            else:
-                raise self.fail(f"key '{key}': unknown array element type {etype}")
-            return _ArrayRef(etype, count, start)
-        raise self.fail(f"key '{key}': unknown value type {vtype}")
+class _Corrupt(Exception):
+    """The header, as GGUFReader reads it, is truncated or corrupt."""
 
 
 def _type_name(t: int) -> str:
@@ -425,106 +331,236 @@ def _type_name(t: int) -> str:
         return f"type {t}"
 
 
-def _parse_header(path: str, mm: np.ndarray, size: int):
-    """Parse the GGUF header. Returns (version, kv, tensor infos, alignment,
-    data_offset); kv maps key -> (value type, value or _ArrayRef)."""
-    r = _HeaderReader(path, memoryview(mm), size)
-    r.need(4, "magic")
-    r.pos = 4
-    version = r.u32("version")
-    if version not in _SUPPORTED_VERSIONS:
-        if version & 0xFFFF == 0 and (version >> 24) in _SUPPORTED_VERSIONS:
-            raise r.fail("big-endian GGUF files are not supported")
-        raise r.fail(f"unsupported GGUF version {version} (supported: 2, 3)")
-    n_tensors = r.u64("tensor count")
-    n_kv = r.u64("metadata key count")
-    # every key takes >= 12 bytes, every tensor info >= 28: reject absurd counts early
-    if n_kv * 12 > size or n_tensors * 28 > size:
-        raise r.fail(
-            f"corrupt GGUF header: {n_kv} keys / {n_tensors} tensors cannot fit in {size} bytes"
-        )
+_ITEMSIZE: dict[Any, int] = {}  # GGUFReader's dtypes (numpy scalar types) -> item size
 
-    kv: dict[str, tuple[int, Any]] = {}
-    for k in range(n_kv):
-        key = r.name(f"name of metadata key #{k}")
-        vtype = r.u32(f"value type of key '{key}'")
-        value = r.value(vtype, key)
-        if key in kv:
-            raise r.fail(f"duplicate metadata key '{key}'")
-        kv[key] = (vtype, value)
 
-    infos: dict[str, _TensorInfo] = {}
-    for k in range(n_tensors):
-        name = r.name(f"name of tensor #{k}")
-        n_dims = r.u32(f"dimension count of tensor '{name}'")
-        if not 1 <= n_dims <= _MAX_DIMS:
-            raise r.fail(f"tensor '{name}' has {n_dims} dimensions (supported: 1 to {_MAX_DIMS})")
-        ne = tuple(r.u64(f"shape of tensor '{name}'") for _ in range(n_dims))
-        ttype = r.u32(f"type of tensor '{name}'")
-        offset = r.u64(f"data offset of tensor '{name}'")
-        if name in infos:
-            raise r.fail(f"duplicate tensor '{name}'")
+class _Reader(GGUFReader):
+    """``gguf.GGUFReader`` plus the guards :func:`load_gguf` promises.
+
+    GGUFReader does the parsing. Left alone, it reads past the end of the file
+    as short (empty) arrays, so a corrupt array length makes it loop up to
+    2**64 times; it builds one numpy view per array element (~1 KB, ~20 us),
+    so even a corrupt length that stays inside a large file can take minutes
+    and gigabytes; it reports a bad tensor entry as a bare numpy reshape or enum
+    error; and its messages name neither the file nor the key or tensor. This
+    subclass overrides four of its internal methods (gguf 0.19) to:
+
+    - make any read that runs past the end of the file raise (``_get``);
+    - refuse an array whose length cannot fit in the rest of the file, or that
+      takes the file past :data:`_MAX_ARRAY_ELEMS` array elements
+      (``_get_field_parts``);
+    - remember which tensor directory entry is being read
+      (``_get_tensor_info_field``);
+    - check every tensor entry, by name, before GGUFReader maps its data:
+      dimension count, type id, shape, row length against the type's block
+      size, data offset against the alignment, data end against the file
+      size (``_build_tensors``).
+
+    Any exception from GGUFReader (IndexError, KeyError, MemoryError, ...)
+    comes out as ValueError naming the file and the metadata key or tensor
+    entry being read. The corrupt-file tests fail (or hang) if a gguf update
+    stops these overrides from taking effect.
+    """
+
+    def __init__(self, path: str):
+        self._path = path
+        self._entry: tuple[int, int] | None = None  # (index, file offset) being read
+        self._n_entries = 0
+        self._building = False
+        self._n_array_elems = 0
+        try:
+            super().__init__(path, "r")
+        except _FileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever GGUFReader raises
+            raise self._error(e) from e
+        if self.byte_order != "I":
+            raise _FileError(f"{path}: big-endian GGUF files are not supported")
+
+    # -- overrides of GGUFReader internals --
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        itemsize = _ITEMSIZE.get(dtype)
+        if itemsize is None:
+            itemsize = _ITEMSIZE[dtype] = np.dtype(dtype).itemsize
+        nbytes = itemsize * int(count)
+        if int(offset) + nbytes > len(self.data):
+            raise _Corrupt(
+                f"{nbytes} bytes at byte {offset} run past the end of the file "
+                f"({len(self.data)} bytes)"
+            )
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if int(raw_type) == _V.ARRAY:
+            item_type = int(self._get(orig_offs, np.uint32)[0])
+            count = int(self._get(orig_offs + 4, np.uint64)[0])
+            self._n_array_elems += count
+            left = len(self.data) - (orig_offs + 12)
+            if count * _min_value_size(item_type) > left:
+                raise _Corrupt(
+                    f"an array of {count} {_vtype_name(item_type)} values cannot fit in the "
+                    f"{left} bytes left in the file"
+                )
+            if self._n_array_elems > _MAX_ARRAY_ELEMS:
+                raise _Corrupt(
+                    f"an array of {count} {_vtype_name(item_type)} values takes the file past "
+                    f"the limit of {_MAX_ARRAY_ELEMS} array elements"
+                )
+        return super()._get_field_parts(orig_offs, raw_type)
+
+    def _get_tensor_info_field(self, orig_offs):
+        self._entry = (self._n_entries, int(orig_offs))
+        field_ = super()._get_tensor_info_field(orig_offs)
+        self._entry = None
+        self._n_entries += 1
+        return field_
+
+    def _build_tensors(self, start_offs, fields):
+        self._building = True
+        size = len(self.data)
+        align = int(self.alignment)
+        for f in fields:
+            _name_len, _name, _n_dims, dims, raw_type, rel_offset = f.parts
+            self._check_entry(f.name, [int(d) for d in dims], int(raw_type[0]),
+                              int(rel_offset[0]), int(start_offs), align, size)
+        super()._build_tensors(start_offs, fields)
+
+    # -- helpers --
+
+    def _check_entry(self, name: str, ne: list[int], ttype: int, rel: int, data_offset: int,
+                     align: int, size: int) -> None:
+        def fail(msg: str) -> _FileError:
+            return _FileError(f"{self._path}: tensor '{name}' {msg}")
+
+        if not 1 <= len(ne) <= _MAX_DIMS:
+            raise fail(f"has {len(ne)} dimensions (supported: 1 to {_MAX_DIMS})")
         try:
             qtype = _T(ttype)
             block, tsize = GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
-            raise r.fail(f"tensor '{name}' has unknown type id {ttype}") from None
+            raise fail(f"has unknown type id {ttype}") from None
         if any(d <= 0 or d >= 1 << 40 for d in ne):
-            raise r.fail(f"tensor '{name}' has an absurd shape {list(ne)}")
-        if ne[0] % block != 0:
-            raise r.fail(
-                f"tensor '{name}' of type {qtype.name} has row length ne[0] = {ne[0]}, "
-                f"not a multiple of the type's block size {block}"
+            raise fail(f"has an absurd shape {ne}")
+        if ne[0] % block:
+            raise fail(
+                f"of type {qtype.name} has row length ne[0] = {ne[0]}, not a multiple of the "
+                f"type's block size {block}"
             )
-        nbytes = math.prod(ne) // block * tsize
-        infos[name] = _TensorInfo(name, ne, ttype, offset, nbytes)
-
-    alignment = _DEFAULT_ALIGNMENT
-    if "general.alignment" in kv:
-        atype, aval = kv["general.alignment"]
-        if atype != 4 or aval <= 0 or aval & (aval - 1):
-            raise r.fail(
-                f"key 'general.alignment' must be a uint32 power of two (found {aval!r})"
-            )
-        alignment = aval
-    data_offset = -(-r.pos // alignment) * alignment
-
-    for t in infos.values():
-        if t.offset % alignment:
-            raise r.fail(
-                f"tensor '{t.name}' data offset {t.offset} is not a multiple of the "
-                f"alignment {alignment}"
-            )
-        start = data_offset + t.offset
-        end = start + t.nbytes
+        if rel % align:
+            raise fail(f"data offset {rel} is not a multiple of the alignment {align}")
+        start = data_offset + rel
+        end = start + math.prod(ne) // block * tsize
         if end > size:
-            raise r.fail(
-                f"tensor '{t.name}' data (bytes {start} to {end}) runs past the end of the "
-                f"file ({size} bytes): the file is truncated or corrupt"
+            raise fail(
+                f"data (bytes {start} to {end}) runs past the end of the file ({size} bytes): "
+                "the file is truncated or corrupt"
             )
-    return version, kv, infos, alignment, data_offset
+
+    def _name_at(self, pos: int) -> str:
+        """The GGUF string at ``pos`` as `` 'name'``, or "" if unreadable."""
+        try:
+            _n, raw = self._get_str(pos)
+            return " '" + raw[:200].tobytes().decode("utf-8", "replace") + "'"
+        except Exception:  # noqa: BLE001
+            return ""
+
+    def _where(self) -> str:
+        """The header item GGUFReader was reading."""
+        fields = getattr(self, "fields", None) or {}
+        if "GGUF.kv_count" not in fields:
+            return "the file header"
+        n_kv = int(fields["GGUF.kv_count"].parts[0][0])
+        n_done = len(fields) - len(_READER_FIELDS)
+        if n_done < n_kv:
+            last = next(reversed(fields.values()))
+            pos = last.offset + sum(int(p.nbytes) for p in last.parts)
+            return f"metadata key #{n_done}{self._name_at(pos)} at byte {pos}"
+        if self._entry is not None:
+            i, pos = self._entry
+            return f"tensor #{i}{self._name_at(pos)} at byte {pos}"
+        if self._building:
+            return "the tensor directory"
+        return "key 'general.alignment'"  # checked after the directory is read
+
+    def _error(self, e: Exception) -> _FileError:
+        if self.byte_order != "I" and "GGUF.version" in (getattr(self, "fields", None) or {}):
+            return _FileError(f"{self._path}: big-endian GGUF files are not supported")
+        where = self._where()
+        if isinstance(e, _Corrupt):
+            return _FileError(f"{self._path}: truncated or corrupt GGUF header: reading {where}: {e}")
+        detail = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        return _FileError(f"{self._path}: not a valid GGUF file: reading {where}: {detail}")
 
 
-def _decode_array(mm: np.ndarray, ref: _ArrayRef) -> Any:
-    if ref.elem_type == _GT_STRING:
-        buf = memoryview(mm)
-        unpack = struct.Struct("<Q").unpack_from
-        out = []
-        pos = ref.offset
-        for _ in range(ref.count):
-            (n,) = unpack(buf, pos)
-            pos += 8
-            out.append(bytes(buf[pos : pos + n]).decode("utf-8", "surrogateescape"))
-            pos += n
-        return out
-    n = ref.count * _SCALAR_SIZE[ref.elem_type]
-    arr = mm[ref.offset : ref.offset + n].view(np.dtype(_SCALAR_DTYPE[ref.elem_type]))
+def _min_value_size(vtype: int) -> int:
+    """Fewest bytes a GGUF value of type ``vtype`` takes in the file."""
+    if vtype == _V.STRING:
+        return 8  # length
+    if vtype == _V.ARRAY:
+        return 12  # element type + length
+    np_type = _SCALAR_NP.get(vtype)
+    return np.dtype(np_type).itemsize if np_type is not None else 1
+
+
+def _array_value(f: ReaderField) -> Any:
+    """An array field's elements: a tuple of str (invalid UTF-8 kept with
+    surrogateescape) or a read-only 1-D numpy array (bool as uint8). Nested
+    arrays come flattened, as GGUFReader reads them."""
+    elems = [f.parts[i] for i in f.data]
+    etype = int(f.types[-1]) if len(f.types) > 1 else int(f.parts[3][0])
+    if etype == _V.STRING:
+        return tuple(e.tobytes().decode("utf-8", "surrogateescape") for e in elems)
+    if elems:
+        arr = np.concatenate(elems)
+    else:
+        arr = np.empty(0, dtype=_SCALAR_NP.get(etype, np.uint8))
+    if arr.dtype == np.bool_:
+        arr = arr.view(np.uint8)
+    arr.flags.writeable = False
     return arr
+
+
+def _read_kv(path: str, r: GGUFReader) -> dict[str, tuple[int, Any]]:
+    """key -> (value type, value) for every metadata key of ``r``: scalars as
+    int / float / bool / str (invalid UTF-8 replaced), arrays as by
+    :func:`_array_value` (decoded once here, so the model need not keep
+    GGUFReader's per-element fields alive)."""
+    kv: dict[str, tuple[int, Any]] = {}
+    for key, f in r.fields.items():
+        if key in _READER_FIELDS:
+            continue
+        vtype = int(f.types[0])
+        try:
+            if vtype == _V.ARRAY:
+                value = _array_value(f)
+            elif vtype == _V.STRING:
+                value = f.parts[-1].tobytes().decode("utf-8", "replace")
+            else:
+                value = f.contents()
+        except Exception as e:  # noqa: BLE001
+            raise _FileError(f"{path}: cannot read the value of key '{key}': {e}") from e
+        kv[key] = (vtype, value)
+    return kv
+
+
+def _tensor_infos(path: str, r: GGUFReader) -> dict[str, _TensorInfo]:
+    infos: dict[str, _TensorInfo] = {}
+    for t in r.tensors:
+        data = t.data.reshape(-1).view(np.uint8)  # views of GGUFReader's memmap: no copy
+        if data.nbytes != t.n_bytes:  # ruled out by _Reader._check_entry; never trust silently
+            raise _FileError(
+                f"{path}: tensor '{t.name}' data has {data.nbytes} bytes, expected {t.n_bytes}"
+            )
+        infos[t.name] = _TensorInfo(
+            t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.n_bytes), data
+        )
+    return infos
 
 
 def _kv_to_str(vtype: int, value: Any) -> str:
     """Format a scalar value the way llama.cpp's gguf_kv_to_str does."""
-    if vtype == _GT_BOOL:
+    if vtype == _V.BOOL:
         return "true" if value else "false"
     if vtype in _FLOAT_TYPES:
         return f"{value:f}"
@@ -550,7 +586,7 @@ class _KVAccess:
                 raise self.fail(f"missing required metadata key '{key}'")
             return None
         vtype, value = self.kv[key]
-        if vtype == _GT_ARRAY:
+        if vtype == _V.ARRAY:
             raise self.fail(f"key '{key}' is an array; per-layer values are not supported")
         return vtype, value
 
@@ -561,7 +597,7 @@ class _KVAccess:
         vtype, value = got
         if vtype not in _INT_TYPES:
             raise self.fail(
-                f"key '{key}' has type {_VALUE_TYPE_NAMES.get(vtype, vtype)}, expected an integer"
+                f"key '{key}' has type {_vtype_name(vtype)}, expected an integer"
             )
         if not lo <= value <= hi:
             raise self.fail(f"key '{key}' = {value} is out of range [{lo}, {hi}]")
@@ -575,7 +611,7 @@ class _KVAccess:
         vtype, value = got
         if vtype not in _FLOAT_TYPES and vtype not in _INT_TYPES:
             raise self.fail(
-                f"key '{key}' has type {_VALUE_TYPE_NAMES.get(vtype, vtype)}, expected a number"
+                f"key '{key}' has type {_vtype_name(vtype)}, expected a number"
             )
         value = float(value)
         ok_lo = value >= lo if lo_inclusive else value > lo
@@ -588,9 +624,9 @@ class _KVAccess:
         if got is None:
             return default
         vtype, value = got
-        if vtype != _GT_STRING:
+        if vtype != _V.STRING:
             raise self.fail(
-                f"key '{key}' has type {_VALUE_TYPE_NAMES.get(vtype, vtype)}, expected a string"
+                f"key '{key}' has type {_vtype_name(vtype)}, expected a string"
             )
         return value
 
@@ -658,8 +694,8 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
     if key("n_vocab") in kv:
         n_vocab = a.get_int(key("n_vocab"), 1, _MAX_N_VOCAB)
         src["n_vocab"] = key("n_vocab")
-    elif _arch.TOKENS_KEY in kv and kv[_arch.TOKENS_KEY][0] == _GT_ARRAY:
-        n_vocab = kv[_arch.TOKENS_KEY][1].count
+    elif _arch.TOKENS_KEY in kv and kv[_arch.TOKENS_KEY][0] == _V.ARRAY:
+        n_vocab = len(kv[_arch.TOKENS_KEY][1])
         if not 1 <= n_vocab <= _MAX_N_VOCAB:
             raise a.fail(f"key '{_arch.TOKENS_KEY}' has {n_vocab} entries (expected 1 to {_MAX_N_VOCAB})")
         src["n_vocab"] = f"length of {_arch.TOKENS_KEY}"
@@ -833,8 +869,9 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         ValueError: with the file path and the offending key or tensor in the
             message, for: a missing path ("Model path does not exist: ..."), a
             file that is not GGUF (wrong magic), an unsupported GGUF version or
-            byte order, a truncated or corrupt header, tensor data past the end
-            of the file, an unknown architecture, a missing required key or
+            byte order, a truncated or corrupt header (including metadata arrays
+            too long for the file, or over 2**21 array elements in all), tensor
+            data past the end of the file, an unknown architecture, a missing required key or
             tensor, a key of the wrong type or out of range (absurd dimension,
             n_head not a multiple of n_head_kv, ...), unsupported rope scaling
             (e.g. "yarn"), a tensor of the wrong shape (message gives expected
@@ -857,22 +894,14 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
     if magic != GGUF_MAGIC:
         raise ValueError(f"{path_str}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
 
-    try:
-        mm = np.memmap(path_str, dtype=np.uint8, mode="r")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path_str}: cannot memory-map the file: {e}") from e
-
-    try:
-        version, kv, infos, alignment, data_offset = _parse_header(path_str, mm, size)
-    except ValueError:
-        raise
-    except Exception as e:  # defensive: nothing but ValueError leaves the parser
-        raise ValueError(f"{path_str}: corrupt GGUF header ({type(e).__name__}: {e})") from e
+    reader = _Reader(path_str)
+    kv = _read_kv(path_str, reader)
+    infos = _tensor_infos(path_str, reader)
 
     if "general.architecture" not in kv:
         raise ValueError(f"{path_str}: missing required metadata key 'general.architecture'")
     atype, arch_name = kv["general.architecture"]
-    if atype != _GT_STRING:
+    if atype != _V.STRING:
         raise ValueError(f"{path_str}: key 'general.architecture' is not a string")
     if arch_name not in _arch.ARCHITECTURES:
         raise ValueError(
@@ -904,9 +933,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
                 f"{path_str}: tensor '{name}' has shape {list(info.ne)}, expected {list(exp)} "
                 f"({notes})"
             )
-        start = data_offset + info.offset
-        raw = mm[start : start + info.nbytes]
-        tensors[name] = _make_view(path_str, info, raw, ts.kind)
+        tensors[name] = _make_view(path_str, info, info.data, ts.kind)
 
     unused = [n for n in infos if n not in tensors]
     if unused:
@@ -917,7 +944,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             stacklevel=2,
         )
 
-    metadata = {k: _kv_to_str(t, v) for k, (t, v) in kv.items() if t != _GT_ARRAY}
+    metadata = {k: _kv_to_str(t, v) for k, (t, v) in kv.items() if t != _V.ARRAY}
 
     model = GGUFModel(
         path=path_str,
@@ -925,12 +952,12 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         hparams=hp,
         metadata=metadata,
         tensors=tensors,
-        version=version,
-        alignment=alignment,
-        data_offset=data_offset,
+        version=int(reader.fields["GGUF.version"].parts[0][0]),
+        alignment=int(reader.alignment),
+        data_offset=int(reader.data_offset),
         file_size=size,
         _kv=kv,
-        _mm=mm,
+        _mm=reader.data,
     )
     if verbose:
         _print_summary(model)

@@ -49,6 +49,17 @@ def _stop_hold(text: bytes, stops: Sequence[bytes]) -> int:
     return hold
 
 
+class _ClosedPart:
+    """Stands in for the backend and tokenizer after :meth:`Llama.close`: any use
+    raises a clear error instead of an AttributeError on None (or a use-after-free)."""
+
+    def __getattr__(self, name):
+        raise RuntimeError("Llama: the model is closed (close() was called or its `with` block ended)")
+
+
+_CLOSED = _ClosedPart()
+
+
 class Llama:
     """Load a GGUF model and generate text, with llama-cpp-python's API.
 
@@ -97,6 +108,7 @@ class Llama:
         self._input_ids: List[int] = []
         self._last_logits: Optional[np.ndarray] = None
         self._pieces: dict = {}
+        self._eog: dict = {}
         self.set_seed(seed)
 
     # ---- properties ---------------------------------------------------------
@@ -152,6 +164,13 @@ class Llama:
             piece = self._pieces[token] = self.detokenize([token])
         return piece
 
+    def _is_eog(self, token: int) -> bool:
+        """End-of-generation token (EOS, EOT, <|endoftext|>, ...), as llama.cpp decides (cached)."""
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = self._tok.is_eog(token)
+        return eog
+
     # ---- evaluation -------------------------------------------------------------
 
     def set_seed(self, seed: int) -> None:
@@ -186,9 +205,10 @@ class Llama:
         """Logits of the last evaluated token, float32 (n_vocab,)."""
         return self._last_logits
 
-    def sample(self, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-               repeat_penalty: float = 1.0, **_unused) -> int:
-        """Sample a token id from the last logits (temp <= 0 = greedy)."""
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, **_unused) -> int:
+        """Sample a token id from the last logits (temp <= 0 = greedy). Parameters in
+        llama_cpp.Llama.sample's order; ``typical_p`` is accepted and not applied yet."""
         if self._last_logits is None:
             raise RuntimeError("sample() before eval(): no logits yet")
         params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -196,8 +216,10 @@ class Llama:
         return sample_token(self._last_logits, params, self._rng, self._input_ids)
 
     def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True, **_unused) -> Iterator[int]:
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 **_unused) -> Iterator[int]:
         """Yield sampled tokens after ``tokens``, endlessly (the caller stops).
+        Parameters in llama_cpp.Llama.generate's order (``typical_p`` not applied yet).
 
         With ``reset`` the KV cache of the longest common prefix with the previous
         sequence is kept and only the rest is evaluated (prompt reuse).
@@ -245,8 +267,10 @@ class Llama:
     __call__ = create_completion
 
     def _prompt_tokens(self, prompt: Union[str, List[int]]) -> List[int]:
+        if len(prompt) == 0:  # "" or []: start from BOS (an empty sequence has no logits to sample from)
+            return [self.token_bos()]
         if isinstance(prompt, str):
-            return self.tokenize(prompt.encode("utf-8"), special=True) if prompt != "" else [self.token_bos()]
+            return self.tokenize(prompt.encode("utf-8"), special=True)
         return list(prompt)
 
     def _completion(self, prompt, suffix, max_tokens, temperature, top_p, min_p, echo, stop, repeat_penalty,
@@ -265,7 +289,10 @@ class Llama:
         stop_bytes = [s.encode("utf-8") for s in stops if s]
         if seed is not None:
             self.set_seed(seed)
-        prompt_text = self.detokenize(prompt_tokens, special=True).decode("utf-8", errors="ignore") if echo else ""
+        prompt_text = ""
+        if echo:  # the prompt as given (llama-cpp-python); token prompts are detokenized
+            prompt_text = prompt if isinstance(prompt, str) else \
+                self.detokenize(prompt_tokens, special=True).decode("utf-8", errors="ignore")
 
         def chunk(text, finish):
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
@@ -277,11 +304,10 @@ class Llama:
         data = b""
         sent = 0
         finish = "length"
-        eos = self.token_eos()
         if max_tokens > 0:
             for token in self.generate(prompt_tokens, top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature,
                                        repeat_penalty=repeat_penalty):
-                if token == eos:
+                if self._is_eog(token):
                     finish = "stop"
                     break
                 out.append(token)
@@ -322,11 +348,12 @@ class Llama:
 
     def close(self) -> None:
         """Free the native model, context and tokenizer."""
+        self._last_logits = None  # a view of the native context's buffer
         for part in ("_backend", "_tok"):
             obj = getattr(self, part, None)
-            if obj is not None:
+            if obj is not None and obj is not _CLOSED:
+                setattr(self, part, _CLOSED)
                 obj.close()
-                setattr(self, part, None)
 
     def __enter__(self):
         return self

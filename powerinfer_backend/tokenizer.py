@@ -3,6 +3,8 @@ so token ids and detokenized bytes are exactly llama.cpp's."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import List, Optional, Sequence
 
 
@@ -19,7 +21,10 @@ class LlamaCppTokenizer:
         import llama_cpp  # heavy import, deferred to first use
 
         try:
-            self._vocab_model = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+            # llama-cpp-python's log callback prints to sys.stderr even with verbose=False
+            # ("n_ctx_seq (512) > n_ctx_train (0)": a vocab-only model has no context length)
+            with contextlib.redirect_stderr(io.StringIO()):
+                self._vocab_model = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
         except Exception as e:  # llama-cpp-python raises ValueError or RuntimeError
             raise ValueError(f"{model_path}: llama.cpp could not load the vocabulary: {e}") from e
         m = self._vocab_model
@@ -42,6 +47,12 @@ class LlamaCppTokenizer:
                    special: bool = False) -> bytes:
         """UTF-8 bytes of ``tokens`` (may end inside a multi-byte character)."""
         return self._vocab_model.detokenize(list(tokens), prev_tokens=prev_tokens, special=special)
+
+    def is_eog(self, token: int) -> bool:
+        """Whether ``token`` ends generation (EOS, EOT, <|endoftext|>, ...: llama.cpp's EOG set)."""
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab_model._model.vocab, int(token)))
 
     def close(self) -> None:
         m, self._vocab_model = getattr(self, "_vocab_model", None), None

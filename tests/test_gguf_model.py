@@ -220,6 +220,25 @@ def test_real_truncated_copies(tmp_path):
     _expect_error(cut_header, "truncated", "tokenizer.ggml")
 
 
+def _array_count_pos(path, key: str) -> int:
+    """File offset of the u64 element count of array key ``key``."""
+    f = gguf.GGUFReader(path).fields[key]
+    return f.offset + sum(int(p.nbytes) for p in f.parts[:4])  # key len, key, type, item type
+
+
+@needs_real
+def test_real_corrupt_array_length_fails_fast(tmp_path):
+    """A corrupt array length that still fits in a big file would make
+    GGUFReader build ~1 KB per element for minutes; the loader refuses it."""
+    data = bytearray(pathlib.Path(REAL).read_bytes())
+    pos = _array_count_pos(REAL, "tokenizer.ggml.token_type")
+    assert struct.unpack_from("<Q", data, pos)[0] == 49152
+    struct.pack_into("<Q", data, pos, 49152 + (1 << 24))  # 64 MiB of int32: fits the file
+    p = tmp_path / "long_array.gguf"
+    p.write_bytes(bytes(data))
+    _expect_error(p, "truncated or corrupt", "'tokenizer.ggml.token_type'", "limit")
+
+
 # ---- tiny fixture models ---------------------------------------------------------
 
 
@@ -381,8 +400,23 @@ def test_truncated_everywhere(tiny, tmp_path):
     p = tmp_path / "cut.gguf"
     for cut in cuts:
         p.write_bytes(data[:cut])
-        msg = _expect_error(p)
+        msg = _expect_error(p).replace(str(p), "<path>")  # tmp_path itself says "truncated"
         assert "truncated" in msg or "runs past the end" in msg, (cut, msg)
+
+
+@pytest.mark.parametrize("count", [1 << 24, 1 << 62, 2**64 - 1])
+def test_absurd_array_length(tiny, count):
+    data = bytearray(pathlib.Path(tiny).read_bytes())
+    struct.pack_into("<Q", data, _array_count_pos(tiny, "tokenizer.ggml.token_type"), count)
+    pathlib.Path(tiny).write_bytes(bytes(data))
+    _expect_error(tiny, "'tokenizer.ggml.token_type'", f"array of {count} int32 values cannot fit")
+
+
+def test_array_element_budget(tiny, monkeypatch):
+    from powerinfer_backend import gguf_model
+
+    monkeypatch.setattr(gguf_model, "_MAX_ARRAY_ELEMS", 100)  # tokens (64) + token_type (64) > 100
+    _expect_error(tiny, "'tokenizer.ggml.token_type'", "limit of 100 array elements")
 
 
 def test_tensor_offset_past_end(tiny):

@@ -39,6 +39,14 @@ static inline __m256i unpack_nibbles(const uint8_t *qs) {
     return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
 }
 
+/* 32 bytes kept in a register: without the empty asm the compiler folds the load
+ * into each of its two users and reads the (often line-splitting) bytes twice */
+static inline __m256i load_reg256(const void *p) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    __asm__("" : "+x"(v));
+    return v;
+}
+
 /* u8 x s8 over 32 bytes -> 8 floats of sums of 4 products */
 static inline __m256 dot_us8(__m256i u, __m256i s) {
     const __m256i p16 = _mm256_maddubs_epi16(u, s);
@@ -174,7 +182,7 @@ static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) {
     /* s8 x s8 as |w| (u8) x (y with the sign of w) */
 #define BLOCK(k, a)                                                                       \
     do {                                                                                  \
-        const __m256i q = _mm256_loadu_si256((const __m256i *)w[k].qs);                   \
+        const __m256i q = load_reg256(w[k].qs);                                           \
         const __m256i y = _mm256_loadu_si256((const __m256i *)x[k].qs);                   \
         const __m256 f = dot_us8(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));             \
         const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));              \

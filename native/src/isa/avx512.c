@@ -1,27 +1,40 @@
 /* AVX-512 (F/BW/VL/DQ) kernels, with AVX512-VNNI variants of the quantized dot
  * products chosen at run time where the CPU has it.
  *
- * Quantized dot products take two blocks per 512-bit register: the 32 weight
- * bytes of block k go to the low 256 bits and those of block k+1 to the high 256
- * bits, and the int32 lane sums are scaled by [d_k x8, d_k+1 x8]. An odd last block
- * uses the 256-bit shape. Block scales come from a 64-bit load converted with
- * vcvtph2ps: [d, m or s, junk, junk] (the junk lanes come from the quants and are
- * never read back).
+ * Quantized dot products use 256-bit registers, one block per step (see the note
+ * above them); with VNNI, vpdpbusd replaces maddubs + madd. Block scales come from
+ * a 16-byte load at the block start converted with vcvtph2ps: [d, m or s, junk...]
+ * (the junk lanes come from the quants and are never read back).
  *
- * Float rows: 4 x 16 lanes per iteration, masked loads for the tail.
+ * Float rows: 4 x 16 lanes per iteration, masked loads for the tail; F32 and BF16
+ * first align the weight stream to 64 bytes with one masked step (GGUF rows are
+ * only 32-byte aligned, and line-splitting 64-byte loads cost ~20% when streaming).
  * The activation quantizers reproduce the scalar path bit for bit.
  */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #include <immintrin.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 
 #include "pi_internal.h"
 
 #define VNNI_TARGET __attribute__((target("avx512vnni")))
 
+/* VNNI kernels where the CPU has them, unless POWERINFER_VNNI=0 (used by the tests
+ * to cover the AVX512BW expansion on VNNI hosts), decided once per process. */
+static _Atomic int g_vnni = -1;
+
+static int detect_vnni(void) {
+    __builtin_cpu_init();
+    const char *e = getenv("POWERINFER_VNNI");
+    const int v = __builtin_cpu_supports("avx512vnni") && !(e != NULL && e[0] == '0');
+    atomic_store_explicit(&g_vnni, v, memory_order_relaxed);
+    return v;
+}
+
 static inline int has_vnni(void) {
-    /* __builtin_cpu_init already ran: pi_isa_supported() calls it before any
-     * kernel table is chosen */
-    return __builtin_cpu_supports("avx512vnni");
+    const int v = atomic_load_explicit(&g_vnni, memory_order_relaxed);
+    return v >= 0 ? v : detect_vnni();
 }
 
 static inline float hsum256(__m256 v) {
@@ -50,41 +63,17 @@ static inline __m256i unpack_nibbles(const uint8_t *qs) {
     return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
-/* nibbles of two blocks -> [lo a, hi a, lo b, hi b] (128-bit lanes) */
-static inline __m512i unpack_nibbles2(const uint8_t *qa, const uint8_t *qb) {
-    const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qa));
-    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qb));
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-    return _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+/* 32 bytes kept in a register: without the empty asm the compiler folds the load
+ * into each of its two users and reads the (often line-splitting) bytes twice */
+static inline __m256i load_reg256(const void *p) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    __asm__("" : "+x"(v));
+    return v;
 }
 
-static inline __m512i load2x32(const int8_t *a, const int8_t *b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
-                              _mm256_loadu_si256((const __m256i *)b), 1);
-}
-
-/* [a, b, ...] -> [a x8, b x8] */
-static inline __m512 scales2(__m128 u01) {
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                 _mm512_castps128_ps512(u01));
-}
-
-/* lane 0 of p0 and lane 0 of p1 -> [p0 x8, p1 x8] */
-static inline __m512 scales2x(__m128 p0, __m128 p1) {
-    return _mm512_permutex2var_ps(_mm512_castps128_ps512(p0),
-                                  _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16),
-                                  _mm512_castps128_ps512(p1));
-}
-
-/* u8 x s8, sums of 4 adjacent products -> int32 */
+/* u8 x s8, sums of 4 adjacent products -> int32 (AVX2 / AVX512BW shape) */
 static inline __m256i dot4_256(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-static inline __m512i dot4_bw(__m512i u, __m512i s) {
-    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
-}
-VNNI_TARGET static inline __m512i dot4_vnni(__m512i u, __m512i s) {
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
 }
 
 /* ---- float rows ---------------------------------------------------------------- */
@@ -93,6 +82,13 @@ static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *vx) {
     const float *w = vw, *x = vx;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
+    /* align the weight stream to 64 bytes: a masked first step of up to 15 floats */
+    const uintptr_t mis = (uintptr_t)w & 63;
+    if (mis != 0 && (mis & 3) == 0 && n >= 64) {
+        const __mmask16 m = tail_mask16((int64_t)(64 - mis) / 4);
+        a3 = _mm512_maskz_mul_ps(m, _mm512_maskz_loadu_ps(m, w), _mm512_maskz_loadu_ps(m, x));
+        i = (int64_t)(64 - mis) / 4;
+    }
     for (; i + 64 <= n; i += 64) {
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
@@ -137,6 +133,15 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
 #define HI(v) _mm512_castsi512_ps(_mm512_and_si512(v, hi))
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
+    /* align the weight stream to 64 bytes: up to 31 values first */
+    const uintptr_t mis = (uintptr_t)w & 63;
+    if (mis != 0 && (mis & 1) == 0 && n >= 128) {
+        const __mmask32 m = tail_mask32((int64_t)(64 - mis) / 2);
+        const __m512i w0 = _mm512_maskz_loadu_epi16(m, w), x0 = _mm512_maskz_loadu_epi16(m, x);
+        a2 = _mm512_mul_ps(LO(w0), LO(x0));
+        a3 = _mm512_mul_ps(HI(w0), HI(x0));
+        i = (int64_t)(64 - mis) / 2;
+    }
     for (; i + 64 <= n; i += 64) {
         const __m512i w0 = _mm512_loadu_si512(w + i), x0 = _mm512_loadu_si512(x + i);
         const __m512i w1 = _mm512_loadu_si512(w + i + 32), x1 = _mm512_loadu_si512(x + i + 32);
@@ -163,91 +168,78 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
 }
 
 /* ---- quantized rows ------------------------------------------------------------ */
-/* Each kernel body is a macro expanded twice: with maddubs+madd (AVX512BW) and
- * with vpdpbusd (VNNI, compiled under its own target attribute). */
+/* 256-bit registers, one block per step into two accumulators. Measured on a
+ * Sapphire/Granite Rapids class host, taking two blocks per 512-bit register was
+ * slower for all three types (the per-block scale work does not shrink and 512-bit
+ * uops only issue on two ports), so the AVX-512 gain here is VNNI: vpdpbusd
+ * replaces maddubs + madd. Each body is a macro expanded for both dot helpers;
+ * the VNNI expansion is compiled under its own target attribute and chosen at run
+ * time. */
+
+VNNI_TARGET static inline __m256i dot4_vnni(__m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+
+#define QLOOP(BLOCK, DOT)                                                                       \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;                                             \
+    int64_t i = 0;                                                                              \
+    for (; i + 2 <= nb; i += 2) {                                                               \
+        BLOCK(i, acc0, DOT);                                                                    \
+        BLOCK(i + 1, acc1, DOT);                                                                \
+    }                                                                                           \
+    if (i < nb) BLOCK(i, acc0, DOT);                                                            \
+    const float sum = hsum256(_mm256_add_ps(acc0, acc1));
 
 /* Q4_0 x Q8_0: sum((q - 8) * y) = sum(q * y) - sum(8 * y) */
-#define Q4_0_BODY(DOT4)                                                                         \
+#define Q4_0_BLOCK(k, a, DOT)                                                                   \
+    do {                                                                                        \
+        const __m256i y = _mm256_loadu_si256((const __m256i *)x[k].qs);                         \
+        const __m256i d4 = _mm256_sub_epi32(DOT(unpack_nibbles(w[k].qs), y), DOT(eight, y));    \
+        const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));                      \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(d), a);               \
+    } while (0)
+#define Q4_0_BODY(DOT)                                                                          \
     const pi_block_q4_0 *w = vw;                                                                \
     const pi_block_q8_0 *x = vx;                                                                \
     const int64_t nb = n / PI_QK;                                                               \
-    const __m512i eight = _mm512_set1_epi8(8);                                                  \
-    __m512 acc = _mm512_setzero_ps();                                                           \
-    int64_t i = 0;                                                                              \
-    for (; i + 2 <= nb; i += 2) {                                                               \
-        const __m512i q = unpack_nibbles2(w[i].qs, w[i + 1].qs);                                \
-        const __m512i y = load2x32(x[i].qs, x[i + 1].qs);                                       \
-        const __m512i d4 = _mm512_sub_epi32(DOT4(q, y), DOT4(eight, y));                        \
-        const __m128 p0 = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));                   \
-        const __m128 p1 = _mm_mul_ps(load_halfs(&w[i + 1]), load_halfs(&x[i + 1]));           \
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d4), scales2x(p0, p1), acc);   \
-    }                                                                                           \
-    float sum = hsum512(acc);                                                                   \
-    if (i < nb) {                                                                               \
-        const __m256i q = unpack_nibbles(w[i].qs);                                              \
-        const __m256i y = _mm256_loadu_si256((const __m256i *)x[i].qs);                         \
-        const __m256i d4 = _mm256_sub_epi32(dot4_256(q, y), dot4_256(_mm256_set1_epi8(8), y));  \
-        const __m128 p = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));                    \
-        sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(p)));        \
-    }                                                                                           \
+    const __m256i eight = _mm256_set1_epi8(8);                                                  \
+    QLOOP(Q4_0_BLOCK, DOT)                                                                      \
     *s = sum;
 
-/* Q4_1 x Q8_1: sum(d_w d_x q y) + m_w * s_x per block */
-#define Q4_1_BODY(DOT4)                                                                         \
+/* Q4_1 x Q8_1: d_w d_x sum(q * y) + m_w * s_x per block; lane 1 of accm collects
+ * the m_w * s_x products */
+#define Q4_1_BLOCK(k, a, DOT)                                                                   \
+    do {                                                                                        \
+        const __m256i d4 = DOT(unpack_nibbles(w[k].qs), _mm256_loadu_si256((const __m256i *)x[k].qs)); \
+        const __m128 dm = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));                     \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(dm), a);              \
+        accm = _mm_add_ps(accm, dm);                                                            \
+    } while (0)
+#define Q4_1_BODY(DOT)                                                                          \
     const pi_block_q4_1 *w = vw;                                                                \
     const pi_block_q8_1 *x = vx;                                                                \
     const int64_t nb = n / PI_QK;                                                               \
-    __m512 acc = _mm512_setzero_ps();                                                           \
-    __m128 accm = _mm_setzero_ps(); /* lanes 2, 3 collect m_w * s_x */                          \
-    int64_t i = 0;                                                                              \
-    for (; i + 2 <= nb; i += 2) {                                                               \
-        const __m512i q = unpack_nibbles2(w[i].qs, w[i + 1].qs);                                \
-        const __m512i y = load2x32(x[i].qs, x[i + 1].qs);                                       \
-        const __m128 p0 = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));                   \
-        const __m128 p1 = _mm_mul_ps(load_halfs(&w[i + 1]), load_halfs(&x[i + 1]));           \
-        const __m128 u = _mm_unpacklo_ps(p0, p1); /* [d0, d1, m0, m1] */                        \
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT4(q, y)), scales2(u), acc);                 \
-        accm = _mm_add_ps(accm, u);                                                             \
-    }                                                                                           \
-    accm = _mm_add_ps(accm, _mm_movehdup_ps(accm));                                             \
-    float sum = hsum512(acc) + _mm_cvtss_f32(_mm_movehl_ps(accm, accm));                        \
-    if (i < nb) {                                                                               \
-        const __m256i q = unpack_nibbles(w[i].qs);                                              \
-        const __m256i y = _mm256_loadu_si256((const __m256i *)x[i].qs);                         \
-        const __m128 p = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));                    \
-        sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(dot4_256(q, y)), _mm256_broadcastss_ps(p))); \
-        ;                                               \
-    }                                                                                           \
-    *s = sum;
+    __m128 accm = _mm_setzero_ps();                                                             \
+    QLOOP(Q4_1_BLOCK, DOT)                                                                      \
+    *s = sum + _mm_cvtss_f32(_mm_movehdup_ps(accm));
 
-/* Q8_0 x Q8_0: s8 x s8 as |w| (u8) x (y negated where w < 0) */
-#define Q8_0_BODY(DOT4)                                                                         \
+/* Q8_0 x Q8_0: s8 x s8 as |w| (u8) x (y with the sign of w) */
+#define Q8_0_BLOCK(k, a, DOT)                                                                   \
+    do {                                                                                        \
+        const __m256i q = load_reg256(w[k].qs);                                                 \
+        const __m256i d4 = DOT(_mm256_abs_epi8(q), _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[k].qs), q)); \
+        const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));                      \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(d), a);               \
+    } while (0)
+#define Q8_0_BODY(DOT)                                                                          \
     const pi_block_q8_0 *w = vw;                                                                \
     const pi_block_q8_0 *x = vx;                                                                \
     const int64_t nb = n / PI_QK;                                                               \
-    __m512 acc = _mm512_setzero_ps();                                                           \
-    int64_t i = 0;                                                                              \
-    for (; i + 2 <= nb; i += 2) {                                                               \
-        const __m512i q = load2x32(w[i].qs, w[i + 1].qs);                                       \
-        const __m512i y = load2x32(x[i].qs, x[i + 1].qs);                                       \
-        const __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(q), _mm512_setzero_si512(), y); \
-        const __m128 p0 = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));                   \
-        const __m128 p1 = _mm_mul_ps(load_halfs(&w[i + 1]), load_halfs(&x[i + 1]));           \
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT4(_mm512_abs_epi8(q), sy)),                 \
-                              scales2x(p0, p1), acc);                           \
-    }                                                                                           \
-    float sum = hsum512(acc);                                                                   \
-    if (i < nb) {                                                                               \
-        const __m256i q = _mm256_loadu_si256((const __m256i *)w[i].qs);                         \
-        const __m256i y = _mm256_loadu_si256((const __m256i *)x[i].qs);                         \
-        const __m256i d4 = dot4_256(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));                \
-        const __m128 p = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));                    \
-        sum += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(p)));        \
-    }                                                                                           \
+    QLOOP(Q8_0_BLOCK, DOT)                                                                      \
     *s = sum;
 
 #define DEFINE_QDOT(name, BODY)                                                                 \
-    static void name##_bw(int64_t n, float *s, const void *vw, const void *vx) { BODY(dot4_bw) } \
+    static void name##_bw(int64_t n, float *s, const void *vw, const void *vx) { BODY(dot4_256) } \
     VNNI_TARGET static void name##_vnni(int64_t n, float *s, const void *vw, const void *vx) {   \
         BODY(dot4_vnni)                                                                         \
     }                                                                                           \

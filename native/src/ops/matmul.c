@@ -53,6 +53,11 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
     const pi_isa *isa = pi_isa_current();
     const pi_mat *w0 = outs[0].w;
     const int32_t vdt = pi_type_get(w0->type)->vec_dot_type;
+    for (int o = 1; o < n_outs; o++)
+        if (pi_type_get(outs[o].w->type)->vec_dot_type != vdt) { /* mixed activation types: one at a time */
+            for (int i = 0; i < n_outs; i++) pi_matmul_multi(pool, &outs[i], 1, x, n_tok, scratch);
+            return;
+        }
     const int64_t n = w0->n_cols;
     const int64_t xq_row = pi_row_size(vdt, n);
     const void *xq = x;

@@ -1,0 +1,519 @@
+"""The native forward pass (engine.NativeModel / NativeContext) on tiny random
+llama models written by fixtures.write_tiny_llama, against a float64 numpy
+reference of the architecture, plus the context's bookkeeping (batching,
+chunking, truncation), determinism and error handling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from powerinfer_backend import _native
+from powerinfer_backend._native import ffi, lib
+from powerinfer_backend.engine import NativeContext, NativeModel
+from powerinfer_backend.gguf_model import GGUFModel, load_gguf
+
+try:
+    from fixtures import write_tiny_llama
+except ImportError:  # tests/ imported as a package
+    from tests.fixtures import write_tiny_llama
+
+
+# ---- float64 reference forward pass --------------------------------------------------
+#
+# The llama decoder, written for reading rather than speed. Shapes are numpy
+# shapes: a GGUF weight of ne [n_in, n_out] is the matrix W [n_out, n_in], and a
+# linear layer is y = x @ W.T.
+
+
+def weight_array(view) -> np.ndarray:
+    """A TensorView as float64 in numpy shape ne[::-1], dequantized with gguf.quants."""
+    return gguf.quants.dequantize(view.data, view.type).astype(np.float64).reshape(view.ne[::-1])
+
+
+def weight(model: GGUFModel, name: str) -> np.ndarray:
+    return weight_array(model.tensors[name])
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope_norm(x, pos, n_head, hp, freq_factors):
+    """RoPE, NORM layout (llama GGUFs): in every head, pair (2i, 2i+1) for
+    i < n_rot/2 turns by theta_i = pos * freq_scale * base^(-2i/n_rot) / ff[i]."""
+    hd, half = hp.n_embd_head, hp.n_rot // 2
+    i = np.arange(half)
+    theta = pos[:, None] * hp.rope_freq_scale * hp.rope_freq_base ** (-2.0 * i / hp.n_rot) / freq_factors
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    v = x.reshape(len(pos), n_head, hd).copy()
+    x0, x1 = v[:, :, 2 * i].copy(), v[:, :, 2 * i + 1].copy()
+    v[:, :, 2 * i] = x0 * cos - x1 * sin
+    v[:, :, 2 * i + 1] = x0 * sin + x1 * cos
+    return v.reshape(x.shape)
+
+
+def causal_attention(q, k, v, hp, f16_cache=False):
+    """Query head h of token t attends over keys/values of positions 0..t of KV
+    head h // (n_head / n_head_kv), scores scaled by 1/sqrt(head_dim).
+
+    ``f16_cache`` rounds as an F16 KV cache does (llama.cpp's default): K and V
+    are stored as F16, q and the softmax weights are rounded to F16 before the
+    products with them."""
+    f16 = (lambda a: a.astype(np.float32).astype(np.float16).astype(np.float64)) if f16_cache else (lambda a: a)
+    n_tok, hd = q.shape[0], hp.n_embd_head
+    group = hp.n_head // hp.n_head_kv
+    future = np.triu(np.ones((n_tok, n_tok), bool), k=1)
+    q, k, v = f16(q), f16(k), f16(v)
+    out = np.zeros_like(q)
+    for h in range(hp.n_head):
+        g = h // group
+        qh, kh, vh = (a[:, c * hd:(c + 1) * hd] for a, c in ((q, h), (k, g), (v, g)))
+        scores = qh @ kh.T / math.sqrt(hd)
+        scores[future] = -np.inf
+        w = np.exp(scores - scores.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        out[:, h * hd:(h + 1) * hd] = f16(w) @ vh
+    return out
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def quantize_q8(x: np.ndarray):
+    """The engine's Q8_0 / Q8_1 activation quantizer, per block of 32 (in float32
+    like the C code): d = amax / 127, q = round-half-away(x / d). Returns
+    (q [..., n_blocks, 32], d [..., n_blocks, 1]) as float64 arrays."""
+    xb = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
+    v = np.zeros_like(xb)
+    np.divide(xb, d, out=v, where=d > 0)
+    q = np.trunc(v + np.copysign(np.float32(0.5), v))
+    return q.astype(np.float64), d.astype(np.float64)
+
+
+def round_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
+    """The input of a product with a ``weight_type`` matrix as the engine's dot
+    kernels see it: rounded to the weight type's activation type. Q4_0/Q8_0 take
+    Q8_0 and Q4_1 takes Q8_1 (both: q * F16(d), see :func:`quantize_q8`); F16 and
+    BF16 take F16 / BF16 (float32 rounded to nearest even)."""
+    if weight_type in (T.Q4_0, T.Q4_1, T.Q8_0):
+        q, d = quantize_q8(x)
+        return (q * d.astype(np.float16)).reshape(x.shape)
+    if weight_type == T.F16:
+        return x.astype(np.float32).astype(np.float16).astype(np.float64)
+    if weight_type == T.BF16:
+        u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return u.astype(np.uint32).view(np.float32).astype(np.float64)
+    return x
+
+
+Q4_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])
+
+
+def linear_q4_1(x: np.ndarray, view) -> np.ndarray:
+    """x @ W.T for Q4_1 weights (w = d_w * nibble + m_w per block) the way the
+    dot kernel computes it against Q8_1 activations: per block,
+    d_w * F16(d_x) * sum(nibble * q_x) + m_w * s_x, where s_x = F16(d_x * sum(q_x))
+    is the block sum the quantizer stored (not F16(d_x) * sum(q_x))."""
+    n_out, n_in = view.ne[1], view.ne[0]
+    blocks = view.data.view(Q4_1_BLOCK).reshape(n_out, n_in // 32)
+    m = blocks["m"].astype(np.float64)  # [n_out, n_blocks]
+    w_scaled = weight_array(view) - np.repeat(m, 32, axis=1)  # d_w * nibble
+    q, d = quantize_q8(x)
+    s = (q.sum(axis=-1).astype(np.float32) * d[..., 0].astype(np.float32)).astype(np.float16)
+    x_hat = (q * d.astype(np.float16)).reshape(x.shape)
+    return x_hat @ w_scaled.T + s.astype(np.float64) @ m.T
+
+
+def reference_forward(model: GGUFModel, tokens, *, quantize_activations: bool = False,
+                      f16_cache: bool = False):
+    """Logits [n_tok, n_vocab] and final-norm hidden states [n_tok, n_embd] of
+    ``tokens`` at positions 0, 1, ..., in float64.
+
+    With ``quantize_activations`` every matrix product first rounds its input as
+    the engine does (:func:`round_activations`), and ``f16_cache`` rounds the
+    attention's operands as an F16 KV cache does; otherwise the only rounding is
+    the weights' own (dequantized exactly)."""
+    hp = model.hparams
+    W = lambda name: weight(model, name)  # noqa: E731
+
+    def linear(x: np.ndarray, name: str) -> np.ndarray:
+        wtype = model.tensors[name].type
+        if quantize_activations and wtype == T.Q4_1:
+            return linear_q4_1(x, model.tensors[name])
+        if quantize_activations:
+            x = round_activations(x, wtype)
+        return x @ W(name).T
+
+    pos = np.arange(len(tokens), dtype=np.float64)
+    ff = W("rope_freqs.weight") if "rope_freqs.weight" in model.tensors else np.ones(hp.n_rot // 2)
+
+    x = W("token_embd.weight")[np.asarray(tokens)]  # embedding lookup
+    for layer in range(hp.n_layer):
+        p = f"blk.{layer}."
+        # attention block
+        h = rms_norm(x, W(p + "attn_norm.weight"), hp.rms_eps)
+        q, k, v = (linear(h, p + f"attn_{c}.weight") for c in "qkv")
+        q = rope_norm(q, pos, hp.n_head, hp, ff)
+        k = rope_norm(k, pos, hp.n_head_kv, hp, ff)
+        x = x + linear(causal_attention(q, k, v, hp, f16_cache), p + "attn_output.weight")
+        # feed-forward block
+        h = rms_norm(x, W(p + "ffn_norm.weight"), hp.rms_eps)
+        gate, up = linear(h, p + "ffn_gate.weight"), linear(h, p + "ffn_up.weight")
+        x = x + linear(silu(gate) * up, p + "ffn_down.weight")
+
+    hidden = rms_norm(x, W("output_norm.weight"), hp.rms_eps)
+    out_name = "output.weight" if "output.weight" in model.tensors else "token_embd.weight"  # tied
+    return linear(hidden, out_name), hidden
+
+
+# ---- models ----------------------------------------------------------------------
+
+# name -> write_tiny_llama arguments
+MODELS = {
+    "f32": dict(types={"matrix": T.F32}),
+    # untied output, partial rotary (n_rot 8 of head_dim 16), Llama-3 style
+    # rope_freqs, linear rope scaling (freq_scale 0.5), GQA 6 heads over 2
+    "f32_rich": dict(types={"matrix": T.F32}, n_vocab=50, n_embd=96, n_head=6, n_head_kv=2, n_ff=64,
+                     rope_freq_base=500000.0, rms_eps=1e-6, tied=False, rope_freqs=True,
+                     shapes={"rope_freqs.weight": (4,)},
+                     extra_kv={"llama.rope.dimension_count": 8, "llama.rope.scaling.type": "linear",
+                               "llama.rope.scaling.factor": 2.0}),
+    "q8_0": dict(types={"matrix": T.Q8_0}),
+    "q4_0": dict(types={"matrix": T.Q4_0}),
+    "q4_1": dict(types={"matrix": T.Q4_1}),
+    "f16": dict(types={"matrix": T.F16}),
+    "bf16": dict(types={"matrix": T.BF16}),
+    # types that differ inside the Q/K/V and gate/up product groups (up stays Q8_0)
+    "mixed": dict(types={"token_embd": T.Q4_1, "attn_q": T.F16, "attn_k": T.BF16, "attn_v": T.Q4_0,
+                         "ffn_down": T.BF16, "ffn_gate": T.Q4_1, "output": T.F16}, tied=False),
+}
+
+TOKENS = [3, 17, 0, 42, 5, 5, 63, 1, 29, 8, 11, 40]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> NativeModel over a GGUF from MODELS, built on first use."""
+    cache: dict[str, NativeModel] = {}
+    tmp = tmp_path_factory.mktemp("models")
+
+    def get(name: str) -> NativeModel:
+        if name not in cache:
+            seed = list(MODELS).index(name) + 1  # fixed per model, whatever the test order
+            path = write_tiny_llama(tmp / f"{name}.gguf", seed=seed, **MODELS[name])
+            cache[name] = NativeModel(load_gguf(path, verbose=False))
+        return cache[name]
+
+    return get
+
+
+def run(model: NativeModel, tokens, *, n_ctx=64, n_batch=64, n_threads=2, kv_f16=False, logits_all=True):
+    """Logits (a copy) of ``tokens`` evaluated in a fresh context."""
+    ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, kv_f16=kv_f16)
+    return np.array(ctx.eval(tokens, logits_all=logits_all))
+
+
+def scale_of(ref: np.ndarray) -> float:
+    return float(np.abs(ref).max())
+
+
+# ---- forward pass against the reference --------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["f32", "f32_rich"])
+def test_f32_matches_reference(isa, models, name):
+    """All-F32 weights and an F32 KV cache: the only differences from float64 are
+    float32 roundings (sums of <= 128 terms, 2 layers): observed ~4e-7 of the
+    logit scale; the bound is 2e-5 of it."""
+    model = models(name)
+    hp = model.gguf.hparams
+    tokens = [t % hp.n_vocab for t in TOKENS]
+    ref, hidden = reference_forward(model.gguf, tokens)
+    ctx = NativeContext(model, n_ctx=32, n_batch=32, n_threads=2, kv_f16=False)
+    logits = np.array(ctx.eval(tokens, logits_all=True))
+    assert logits.shape == (len(tokens), hp.n_vocab) and logits.dtype == np.float32
+    np.testing.assert_allclose(logits, ref, rtol=0, atol=2e-5 * scale_of(ref))
+    np.testing.assert_allclose(ctx.embeddings(), hidden, rtol=0, atol=2e-5 * scale_of(hidden))
+    assert np.array_equal(logits.argmax(axis=1), ref.argmax(axis=1))
+
+
+def test_f32_rich_model_hparams(models):
+    """The f32_rich fixture really exercises partial rotary, rope_freqs, linear
+    scaling and an untied output (guards the test above against fixture drift)."""
+    m = models("f32_rich").gguf
+    hp = m.hparams
+    assert (hp.n_rot, hp.n_embd_head, hp.rope_freq_scale, hp.n_head, hp.n_head_kv) == (8, 16, 0.5, 6, 2)
+    assert "rope_freqs.weight" in m.tensors and "output.weight" in m.tensors
+
+
+def test_f16_kv_cache_matches_reference(isa, models):
+    """F32 weights with the default F16 KV cache: K, V, q and the softmax weights
+    are rounded to F16 (2^-11 relative): observed ~5e-4 of the logit scale against
+    exact attention, bound 3e-3 of it. Against the reference that rounds the same
+    operands: ~1e-6 (float32 sums) up to ~1.5e-4 of the scale when an operand near
+    a rounding boundary goes the other way (float32 vs float64 inputs); bound 3e-4
+    of the scale (a V cache off by 0.1% is ~1e-3 of it)."""
+    model = models("f32")
+    ref, _ = reference_forward(model.gguf, TOKENS)
+    sim, _ = reference_forward(model.gguf, TOKENS, f16_cache=True)
+    logits = run(model, TOKENS, kv_f16=True)
+    np.testing.assert_allclose(logits, ref, rtol=0, atol=3e-3 * scale_of(ref))
+    np.testing.assert_allclose(logits, sim, rtol=0, atol=3e-4 * scale_of(ref))
+
+
+# Bounds for quantized / half-precision weights (logit scale ~3.3 on these models).
+#
+# exact: max |ours - reference with exact activations|. The engine rounds every
+#   matrix input to the weights' activation type. Q8_0/Q8_1 rounding is uniform in
+#   +-d/2 with d = amax/127 per block of 32, i.e. a noise of std ~amax/440 ~ 0.6%
+#   of the row's RMS (amax ~ 2.5 RMS); each product passes ~0.6% relative noise on,
+#   compounded over 2 layers x 5 products in series -> a few % of the logit scale at
+#   the worst of 12 x 64 logits: observed 0.06-0.085 over 3 seeds. BF16 rounds to
+#   8 bits (+-2^-9, ~5x less: observed ~0.02), F16 to 11 bits (observed ~0.003).
+#   Bounds are ~3x the observed, far below the O(1) errors of a broken kernel.
+# tight: |ours - reference that rounds activations (and the F16 cache) exactly as
+#   the engine does| per logits row, for at least 3/4 of the rows: observed ~5e-7.
+#   A few rows may differ more: an element that sits on a rounding boundary can
+#   round the other way after float32-vs-float64 differences upstream (one Q8 step
+#   there moves a row by up to ~0.03). F16 weights do this so often (11-bit steps)
+#   that their tight bound is only a little below `exact`. A systematic deviation
+#   (wrong rounding rule, wrong Q8_1 block sum, ...) shows in every row.
+# tie: ours' top-1 token has a reference logit within `tie` of the best
+#   (a near-tie may go either way; anything else must agree).
+QUANT_BOUNDS = {  # name: (exact, tight, tie)
+    "q8_0": (0.25, 1e-5, 0.05),
+    "q4_0": (0.25, 1e-5, 0.05),
+    "q4_1": (0.25, 1e-5, 0.05),
+    "bf16": (0.08, 1e-5, 0.02),
+    "f16": (0.015, 4e-3, 0.01),
+}
+
+
+@pytest.mark.parametrize("kv_f16", [False, True], ids=["kv32", "kv16"])
+@pytest.mark.parametrize("name", list(QUANT_BOUNDS))
+def test_quantized_matches_reference(isa, models, name, kv_f16):
+    exact_bound, tight_bound, tie = QUANT_BOUNDS[name]
+    model = models(name)
+    ref, _ = reference_forward(model.gguf, TOKENS)
+    sim, _ = reference_forward(model.gguf, TOKENS, quantize_activations=True, f16_cache=kv_f16)
+    logits = run(model, TOKENS, kv_f16=kv_f16)
+    assert np.abs(logits - ref).max() <= exact_bound
+    row_err = np.abs(logits - sim).max(axis=1)
+    assert np.mean(row_err <= tight_bound) >= 0.75, row_err
+    top = logits.argmax(axis=1)
+    rows = np.arange(len(TOKENS))
+    assert np.all(ref[rows, top] >= ref.max(axis=1) - tie)
+
+
+def test_mixed_types_match_reference(models):
+    """Per-tensor types that differ inside one product group (Q F16, K BF16, V
+    Q4_0; gate Q4_1, up Q8_0), as in mixed-quantization files or tensors that
+    load_gguf converted."""
+    model = models("mixed")
+    ref, _ = reference_forward(model.gguf, TOKENS)
+    sim, _ = reference_forward(model.gguf, TOKENS, quantize_activations=True)
+    logits = run(model, TOKENS, kv_f16=False)
+    assert np.abs(logits - ref).max() <= 0.25
+    assert np.mean(np.abs(logits - sim).max(axis=1) <= 4e-3) >= 0.75
+
+
+# ---- context bookkeeping ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,kv_f16", [("f32", False), ("q4_1", True)])
+def test_logits_all_vs_last_only(models, name, kv_f16):
+    model = models(name)
+    all_rows = run(model, TOKENS, kv_f16=kv_f16, logits_all=True)
+    last = run(model, TOKENS, kv_f16=kv_f16, logits_all=False)
+    assert all_rows.shape == (len(TOKENS), 64) and last.shape == (1, 64)
+    np.testing.assert_allclose(last[0], all_rows[-1], rtol=0, atol=1e-6 * scale_of(all_rows))
+
+
+@pytest.mark.parametrize("name,kv_f16", [("f32", False), ("f32", True), ("q8_0", True), ("bf16", False)])
+def test_batch_equals_token_by_token(models, name, kv_f16):
+    """A prompt in one call == the same tokens one call each (each token's row
+    is computed the same way whatever the batch; tight tolerance)."""
+    model = models(name)
+    batch = run(model, TOKENS, kv_f16=kv_f16)
+    ctx = NativeContext(model, n_ctx=32, n_batch=32, n_threads=2, kv_f16=kv_f16)
+    steps = []
+    for i, t in enumerate(TOKENS):
+        steps.append(np.array(ctx.eval([t])[0]))
+        assert ctx.n_past == i + 1
+    np.testing.assert_allclose(np.stack(steps), batch, rtol=0, atol=1e-6 * scale_of(batch))
+
+
+@pytest.mark.parametrize("n_batch", [1, 5, 11])
+def test_chunked_eval_equals_one_batch(models, n_batch):
+    """n_batch smaller than the prompt: NativeContext.eval splits it; the logits
+    (all rows, or the last) and the cache state are those of one big batch."""
+    model = models("q8_0")
+    whole = run(model, TOKENS, kv_f16=True)
+    chunked = run(model, TOKENS, n_batch=n_batch, kv_f16=True)
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-6 * scale_of(whole))
+    ctx = NativeContext(model, n_ctx=32, n_batch=n_batch, n_threads=2)
+    last = np.array(ctx.eval(TOKENS))
+    assert last.shape == (1, 64) and ctx.n_past == len(TOKENS)
+    np.testing.assert_allclose(last[0], whole[-1], rtol=0, atol=1e-6 * scale_of(whole))
+    # the cache holds the whole prompt: continuing matches a one-batch context
+    ref_ctx = NativeContext(model, n_ctx=32, n_batch=32, n_threads=2)
+    ref_ctx.eval(TOKENS)
+    np.testing.assert_allclose(np.array(ctx.eval([7, 8], logits_all=True)),
+                               np.array(ref_ctx.eval([7, 8], logits_all=True)), rtol=0, atol=1e-6 * scale_of(whole))
+
+
+def test_truncate_then_reeval(models):
+    model = models("q4_0")
+    ctx = NativeContext(model, n_ctx=32, n_batch=32, n_threads=2)
+    ctx.eval(TOKENS)
+    assert ctx.n_past == len(TOKENS)
+    ctx.truncate(len(TOKENS) + 5)  # past the end: no-op
+    assert ctx.n_past == len(TOKENS)
+    ctx.truncate(5)
+    assert ctx.n_past == 5
+    new = [9, 10, 11]
+    got = np.array(ctx.eval(new, logits_all=True))
+    fresh = run(model, TOKENS[:5] + new, kv_f16=True)[5:]
+    np.testing.assert_allclose(got, fresh, rtol=0, atol=1e-6 * scale_of(fresh))
+    assert ctx.n_past == 8
+    ctx.truncate(0)  # clears the cache
+    assert ctx.n_past == 0
+    got = np.array(ctx.eval(TOKENS, logits_all=True))
+    np.testing.assert_allclose(got, run(model, TOKENS, kv_f16=True), rtol=0, atol=1e-6 * scale_of(got))
+    with pytest.raises(ValueError, match="n_keep"):
+        ctx.truncate(-1)
+
+
+def test_embeddings(models):
+    model = models("f32_rich")
+    hp = model.gguf.hparams
+    tokens = [t % hp.n_vocab for t in TOKENS]
+    ctx = NativeContext(model, n_ctx=32, n_batch=32, n_threads=2, kv_f16=False)
+    logits = np.array(ctx.eval(tokens, logits_all=True))
+    emb = ctx.embeddings()
+    assert emb.shape == (len(tokens), hp.n_embd) and emb.dtype == np.float32
+    # logits are the final hidden states through the output projection
+    out_w = weight(model.gguf, "output.weight")
+    np.testing.assert_allclose(emb.astype(np.float64) @ out_w.T, logits, rtol=0, atol=1e-5)
+    ctx.truncate(0)
+    ctx.eval(tokens)
+    last = ctx.embeddings()
+    assert last.shape == (1, hp.n_embd)
+    np.testing.assert_allclose(last[0], emb[-1], rtol=0, atol=1e-6)
+    emb[:] = 0  # a copy, not a view of the C buffer
+    assert np.any(ctx.embeddings() != 0)
+
+
+# ---- determinism ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["f32", "q4_1", "bf16"])
+def test_deterministic_across_runs_and_threads(models, name):
+    """Work is split across threads by output rows (and by (token, head) in
+    attention); no single sum is split, so the thread count cannot change any
+    bit, and neither can running twice."""
+    model = models(name)
+    a = run(model, TOKENS, n_threads=2, kv_f16=True)
+    b = run(model, TOKENS, n_threads=2, kv_f16=True)
+    assert np.array_equal(a, b)
+    for n_threads in (1, 3):
+        assert np.array_equal(run(model, TOKENS, n_threads=n_threads, kv_f16=True), a), n_threads
+
+
+# ---- errors ------------------------------------------------------------------------
+
+
+def test_eval_errors(models):
+    model = models("q8_0")
+    ctx = NativeContext(model, n_ctx=8, n_batch=8, n_threads=1)
+    ctx.eval([1, 2, 3, 4, 5, 6])
+    with pytest.raises(ValueError, match="context window"):
+        ctx.eval([1, 2, 3])
+    assert ctx.n_past == 6  # a refused eval changes nothing
+    with pytest.raises(ValueError, match=r"token 64 at index 1 is outside \[0, 64\)"):
+        ctx.eval([1, 64])
+    with pytest.raises(ValueError, match=r"token -1"):
+        ctx.eval([-1])
+    assert ctx.n_past == 6
+    with pytest.raises(ValueError, match="non-empty"):
+        ctx.eval([])
+    with pytest.raises(ValueError, match="non-empty"):
+        ctx.eval(np.zeros((2, 2), np.int32))
+    ctx.eval([7, 8])  # still usable; now full
+    assert ctx.n_past == 8
+    with pytest.raises(ValueError, match="context window"):
+        ctx.eval([1])
+    # The C library checks the window itself too (position 8 of an 8-token cache).
+    tok, pos = np.array([1], np.int32), np.array([8], np.int32)
+    rc = lib.pi_eval(ctx._ptr, ffi.from_buffer("int32_t[]", tok), ffi.from_buffer("int32_t[]", pos), 1, 0)
+    assert rc == lib.PI_ERR_CONTEXT_FULL
+    with pytest.raises(ValueError, match="context window of 8"):
+        _native.check(rc, "eval")
+
+
+def test_failed_chunked_eval_changes_nothing(models):
+    """A bad token in a later chunk must not leave the earlier chunks cached."""
+    ctx = NativeContext(models("q8_0"), n_ctx=16, n_batch=4, n_threads=1)
+    with pytest.raises(ValueError, match="index 5"):
+        ctx.eval([1, 2, 3, 4, 5, 64])
+    assert ctx.n_past == 0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(n_ctx=0), "n_ctx"),
+    (dict(n_ctx=-5), "n_ctx"),
+    (dict(n_batch=0), "n_batch"),
+    (dict(n_threads=0), "n_threads"),
+])
+def test_context_create_errors(models, kwargs, match):
+    args = dict(n_ctx=8, n_batch=8, n_threads=1) | kwargs
+    with pytest.raises(ValueError, match=match):
+        NativeContext(models("q8_0"), **args)
+
+
+def _tampered(model: GGUFModel, name: str, **changes) -> GGUFModel:
+    """A copy of ``model`` whose tensor ``name`` has fields replaced (bypassing
+    load_gguf's own checks, to reach pi_model_create's)."""
+    tensors = dict(model.tensors)
+    tensors[name] = dataclasses.replace(tensors[name], **changes)
+    return dataclasses.replace(model, tensors=tensors)
+
+
+@pytest.mark.parametrize("name,changes,exc,match", [
+    ("blk.1.ffn_up.weight", dict(ne=(64, 96)), ValueError, r"blk\.1\.ffn_up\.weight: shape \[64, 96"),
+    ("blk.0.attn_k.weight", dict(ne=(64, 64)), ValueError, r"blk\.0\.attn_k\.weight: shape"),
+    ("output_norm.weight", dict(ne=(65,)), ValueError, r"output_norm\.weight: shape"),
+    ("token_embd.weight", dict(ne=(64, 63)), ValueError, r"token_embd\.weight: shape"),
+    ("blk.0.ffn_down.weight", dict(nbytes=100), ValueError, r"blk\.0\.ffn_down\.weight: 100 bytes"),
+    ("blk.1.attn_norm.weight", dict(type=int(T.F16)), NotImplementedError, r"blk\.1\.attn_norm\.weight.*F32"),
+    ("blk.0.attn_q.weight", dict(type=int(T.Q8_1)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
+    ("blk.0.attn_v.weight", dict(type=int(T.Q4_K)), NotImplementedError, r"blk\.0\.attn_v\.weight: unsupported"),
+])
+def test_model_create_validates_tensors(models, name, changes, exc, match):
+    good = models("q8_0").gguf
+    with pytest.raises(exc, match=match):
+        NativeModel(_tampered(good, name, **changes))
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(n_rot=7), "n_rot 7"),
+    (dict(n_rot=18), "n_rot 18"),
+    (dict(n_head_kv=3), "multiple of n_head_kv"),
+    (dict(rope_freq_base=0.0), "rope_freq_base"),
+    (dict(rope_type=1), "rope type 1"),
+    (dict(act=9), "activation 9"),
+])
+def test_model_create_validates_hparams(models, changes, match):
+    good = models("q8_0").gguf
+    with pytest.raises(ValueError, match=match):
+        NativeModel(dataclasses.replace(good, hparams=dataclasses.replace(good.hparams, **changes)))

@@ -1,0 +1,508 @@
+"""The llama-cpp-python compatible ``Llama`` class on the real default model
+(SmolLM2-135M-Instruct Q4_1), against the real llama-cpp-python where behaviour must
+match exactly (tokenizer, result shapes, error texts).
+
+Generated texts are never compared with llama.cpp's (our logits differ from its by
+~0.1); generation tests check our own code's exact behaviour instead: greedy
+determinism, seeded reproducibility, stop / stream / UTF-8 handling, prompt reuse.
+The model is loaded once per module and every generation is kept short (a few
+tokens each; the overhead report decodes 32).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import llama_cpp
+
+from powerinfer_backend import Llama
+from powerinfer_backend.llama import _stop_hold, _utf8_complete_end
+from powerinfer_backend.llamacpp_ref import load_reference
+from powerinfer_backend.models import default_model_path
+
+N_CTX = 256
+THREADS = 2
+PROMPT = "The capital of France is"
+N_GREEDY = 8
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+# greedy output: one ice-cream emoji after another, each split over 3 tokens (2+1+1 bytes)
+EMOJI_PROMPT = CHAT.format("Reply with only emojis: happy, sad, pizza.")
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    try:
+        return default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def llm(model_path):
+    m = Llama(model_path, n_ctx=N_CTX, n_threads=THREADS, seed=1234, verbose=False)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def ref(model_path):
+    """llama-cpp-python itself on the same file (AMX off, see llamacpp_ref)."""
+    r = load_reference(model_path, n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS)
+    yield r
+    r.close()
+
+
+SMALL_CTX = 8
+# llama_cpp.Llama parameters that mean nothing here: GPU ones warn, the others are tolerated
+GPU_KWARGS = {"n_gpu_layers": 99}
+UNKNOWN_KWARGS = {"n_parts": 1, "f16_kv": True, "rpc_servers": None, "mul_mat_q": True, "use_mmap": True,
+                  "use_mlock": False}
+
+
+@pytest.fixture(scope="module")
+def small(model_path):
+    """A second model with a tiny context (8 tokens), built with GPU and unknown
+    llama_cpp.Llama kwargs; ``small.caught`` holds the warnings the constructor gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = Llama(model_path, n_ctx=SMALL_CTX, n_threads=THREADS, verbose=False, **GPU_KWARGS, **UNKNOWN_KWARGS)
+    m.caught = list(caught)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_tokens(llm):
+    """First N_GREEDY greedy tokens after PROMPT, through the low-level generate()."""
+    llm.reset()
+    out = []
+    for tok in llm.generate(llm.tokenize(PROMPT.encode(), special=True), temp=0.0):
+        out.append(tok)
+        if len(out) == N_GREEDY:
+            break
+    assert not any(llm._is_eog(t) for t in out), "pick a prompt whose greedy text has no early EOS"
+    return out
+
+
+@pytest.fixture
+def eval_counter(llm):
+    """Counts the tokens the backend evaluates (a wrapper on the real backend's eval)."""
+    be = llm._backend
+    counts = []
+    real_eval = be.eval
+
+    def counting_eval(tokens, logits_all=False):
+        counts.append(len(tokens))
+        return real_eval(tokens, logits_all=logits_all)
+
+    be.eval = counting_eval
+    yield counts
+    del be.eval
+
+
+def _text(result) -> str:
+    return result["choices"][0]["text"]
+
+
+def _stream(llm, prompt, **kw):
+    chunks = list(llm.create_completion(prompt, stream=True, **kw))
+    for c in chunks:
+        assert isinstance(c["choices"][0]["text"], str)
+        assert "\ufffd" not in c["choices"][0]["text"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"][0]["finish_reason"] is not None
+    return chunks
+
+
+# ---- tokenizer ------------------------------------------------------------------
+
+TEXTS = ["Hello, world!", " leading space", "", "naïve café — Größe", "日本語のテキスト",
+         "emoji 🍨🚀 and 👩‍👩‍👧 family", "tabs\tand\nnewlines\r\n", "<|im_start|>user\nhi<|im_end|>\n",
+         "<|endoftext|>x"]
+
+
+@pytest.mark.parametrize("special", [False, True])
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_tokenize_matches_llama_cpp(llm, ref, add_bos, special):
+    for text in TEXTS:
+        b = text.encode()
+        ours = llm.tokenize(b, add_bos=add_bos, special=special)
+        assert ours == ref.tokenize(b, add_bos=add_bos, special=special), text
+        for sp in (False, True):
+            assert llm.detokenize(ours, special=sp) == ref.detokenize(ours, special=sp), (text, sp)
+    # special tokens are single ids only with special=True
+    assert llm.tokenize(b"<|im_start|>", add_bos=False, special=True) == [1]
+    assert len(llm.tokenize(b"<|im_start|>", add_bos=False, special=False)) > 1
+
+
+def test_detokenize_prev_tokens_and_partial_utf8(llm, ref):
+    toks = llm.tokenize("ab 🍨 cd".encode(), add_bos=False)
+    for i in range(len(toks)):
+        assert llm.detokenize(toks[i:i + 1], prev_tokens=toks[:i]) == ref.detokenize(toks[i:i + 1],
+                                                                                  prev_tokens=toks[:i])
+    # the emoji is split over several byte tokens: pieces concatenate to the full text
+    assert b"".join(llm.detokenize([t]) for t in toks) == "ab 🍨 cd".encode()
+
+
+def test_model_properties(llm, ref):
+    assert (llm.token_bos(), llm.token_eos(), llm.token_nl()) == (ref.token_bos(), ref.token_eos(), ref.token_nl())
+    assert llm.n_vocab() == ref.n_vocab() == 49152
+    assert llm.n_embd() == ref.n_embd() == 576
+    assert llm.n_ctx() == ref.n_ctx() == N_CTX
+    assert llm.metadata == ref.metadata
+    assert llm.metadata["general.architecture"] == "llama"
+    assert llm.metadata["llama.context_length"] == "8192"
+
+
+def test_end_of_generation_tokens_match_llama_cpp(llm, ref):
+    vocab = ref._model.vocab
+    ids = list(range(8)) + llm.tokenize(b"Hello world", add_bos=False)
+    assert [llm._is_eog(i) for i in ids] == [bool(llama_cpp.llama_vocab_is_eog(vocab, i)) for i in ids]
+    assert llm._is_eog(llm.token_eos()) and llm._is_eog(0)  # <|im_end|> and <|endoftext|>
+
+
+# ---- completion: result shape ----------------------------------------------------------
+
+def _shape(obj):
+    """Keys and value types, recursively (what must equal llama-cpp-python's)."""
+    if isinstance(obj, dict):
+        return {k: _shape(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_shape(v) for v in obj]
+    return type(obj).__name__
+
+
+def test_completion_shape_matches_llama_cpp(llm, ref, model_path):
+    ours = llm.create_completion(PROMPT, max_tokens=1, temperature=0)
+    theirs = ref.create_completion(PROMPT, max_tokens=1, temperature=0)
+    assert _shape(ours) == _shape(theirs)
+    assert list(ours) == list(theirs) and list(ours["choices"][0]) == list(theirs["choices"][0])
+    assert ours["id"].startswith("cmpl-") and ours["id"] != theirs["id"]
+    assert ours["object"] == "text_completion"
+    assert isinstance(ours["created"], int) and abs(ours["created"] - time.time()) < 120
+    assert ours["model"] == model_path == theirs["model"]
+    assert ours["choices"][0]["index"] == 0 and ours["choices"][0]["logprobs"] is None
+    assert ours["usage"] == theirs["usage"] == {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+    assert llm.create_completion(PROMPT, max_tokens=1, temperature=0, model="alias")["model"] == "alias"
+
+
+def test_stream_chunk_shape_matches_llama_cpp(llm, ref):
+    ours = _stream(llm, PROMPT, max_tokens=1, temperature=0)
+    theirs = list(ref.create_completion(PROMPT, max_tokens=1, temperature=0, stream=True))
+    assert _shape(ours[0]) == _shape(theirs[0]) and "usage" not in ours[-1]
+    assert ours[-1]["choices"][0] == {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}
+    assert len({c["id"] for c in ours}) == 1 and len({c["created"] for c in ours}) == 1
+
+
+def test_finish_length_has_exactly_max_tokens(llm, greedy_tokens):
+    r = llm(PROMPT, max_tokens=5, temperature=0)
+    assert r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+    assert _text(r) == llm.detokenize(greedy_tokens[:5]).decode()
+
+
+@pytest.mark.parametrize("max_tokens", [None, 0, -1, 100])
+def test_unlimited_max_tokens_runs_to_context_end(small, max_tokens):
+    """None / 0 / -1 generate until EOS or the context end; a larger max_tokens is cut there."""
+    r = small(PROMPT, max_tokens=max_tokens, temperature=0)
+    assert r["choices"][0]["finish_reason"] == "length"  # greedy " Paris.\n\n..." has no EOS this early
+    assert r["usage"]["completion_tokens"] == SMALL_CTX - 5
+    assert r["usage"]["total_tokens"] == SMALL_CTX
+    assert small.n_tokens == SMALL_CTX - 1  # the last sampled token is returned, never evaluated
+
+
+def test_unlimited_max_tokens_stops_at_eos(llm):
+    r = llm(CHAT.format("Say yes."), max_tokens=None, temperature=0)
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert 0 < r["usage"]["completion_tokens"] < N_CTX - r["usage"]["prompt_tokens"]
+    assert "<|im_end|>" not in _text(r) and _text(r).strip()
+
+
+def test_prompt_longer_than_context(llm, ref):
+    prompt = " hello" * 300
+    n = len(llm.tokenize(prompt.encode(), special=True))
+    assert n > N_CTX
+    with pytest.raises(ValueError) as ours:
+        llm(prompt, max_tokens=4)
+    assert str(ours.value) == f"Requested tokens ({n}) exceed context window of {N_CTX}"
+    with pytest.raises(ValueError) as theirs:
+        ref(prompt, max_tokens=4)
+    assert str(ours.value) == str(theirs.value)
+    exactly_n_ctx = llm.tokenize(b" x" * N_CTX, add_bos=False)
+    assert len(exactly_n_ctx) == N_CTX
+    with pytest.raises(ValueError, match=r"^Requested tokens \(256\) exceed context window of 256$"):
+        llm(exactly_n_ctx, max_tokens=1)
+    with pytest.raises(ValueError, match="exceed context window"):
+        next(iter(llm(prompt, max_tokens=4, stream=True)))
+
+
+# ---- completion: sampling ----------------------------------------------------------------
+
+def test_greedy_deterministic_and_equal_to_generate(llm, greedy_tokens):
+    expected = llm.detokenize(greedy_tokens).decode()
+    llm.reset()
+    first = _text(llm(PROMPT, max_tokens=N_GREEDY, temperature=0))  # whole prompt evaluated
+    second = _text(llm(PROMPT, max_tokens=N_GREEDY, temperature=0))  # prompt reused from the cache
+    assert first == second == expected
+    assert expected.startswith(" Paris")
+
+
+def test_seed_reproducible(llm):
+    def run(seed):
+        # 2 tokens: the first is "," for nearly every seed, the second varies
+        return _text(llm("Once upon a time", max_tokens=2, temperature=0.8, seed=seed))
+
+    a = run(1)
+    assert run(1) == a
+    others = [run(s) for s in (2, 3, 4)]
+    assert any(o != a for o in others)
+    # set_seed() (what Llama(seed=...) calls) seeds the sampler the same way as seed=
+    llm.set_seed(7)
+    b = _text(llm("Once upon a time", max_tokens=2, temperature=0.8))
+    assert run(7) == b
+
+
+def test_sample_reproducible_from_fixed_logits(llm):
+    """Sampling alone (no model call between draws): same seed, same draws."""
+    llm.reset()
+    llm.eval(llm.tokenize(b"Once upon a time"))
+
+    def draws(seed):
+        llm.set_seed(seed)
+        return [llm.sample(temp=1.0, top_k=40, top_p=1.0, min_p=0.0) for _ in range(20)]
+
+    a = draws(11)
+    assert draws(11) == a
+    assert draws(12) != a
+    assert len(set(a)) > 1
+
+
+# ---- stop sequences and streaming ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stop_case(llm, greedy_tokens):
+    """A stop string taken from the middle of the greedy text (spanning two tokens)
+    and the text expected before it."""
+    text = llm.detokenize(greedy_tokens).decode()
+    for k in range(N_GREEDY // 2 - 1, N_GREEDY - 1):
+        stop = llm.detokenize(greedy_tokens[k:k + 2]).decode()
+        at = len(llm.detokenize(greedy_tokens[:k]).decode())
+        if stop.strip() and text.find(stop) == at:
+            return stop, text[:at]
+    pytest.fail(f"no usable stop string in {text!r}")
+
+
+def test_stop_non_stream(llm, stop_case):
+    stop, expected = stop_case
+    r = llm(PROMPT, max_tokens=N_GREEDY, temperature=0, stop=["never-in-output", stop])
+    assert _text(r) == expected and stop not in _text(r)
+    assert r["choices"][0]["finish_reason"] == "stop"
+    r = llm(PROMPT, max_tokens=N_GREEDY, temperature=0, stop=stop)  # a plain str works too
+    assert _text(r) == expected
+
+
+def test_stop_stream_never_leaks(llm, stop_case):
+    stop, expected = stop_case
+    chunks = _stream(llm, PROMPT, max_tokens=N_GREEDY, temperature=0, stop=[stop])
+    sent = ""
+    for c in chunks:
+        sent += c["choices"][0]["text"]
+        assert expected.startswith(sent), f"chunk leaked stop text: {sent!r}"
+    assert sent == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_stream_concatenates_to_non_stream_with_multibyte(llm):
+    """Greedy emoji output: every emoji spans 3 tokens; with 7 tokens the last emoji is
+    incomplete and must be dropped by both paths; no chunk holds a broken character."""
+    kw = dict(max_tokens=7, temperature=0)
+    full = llm(EMOJI_PROMPT, **kw)
+    chunks = _stream(llm, EMOJI_PROMPT, **kw)
+    texts = [c["choices"][0]["text"] for c in chunks]
+    assert "".join(texts) == _text(full)
+    assert _text(full) and not _text(full).isascii()
+    assert all(t.encode().decode() == t for t in texts)
+    assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"] == "length"
+    assert len(chunks) >= 3  # streamed as it went, not in one piece
+
+
+def test_utf8_complete_end():
+    euro = "€".encode()  # 3 bytes
+    rocket = "🚀".encode()  # 4 bytes
+    assert _utf8_complete_end(b"", 0) == 0
+    assert _utf8_complete_end(b"abc", 3) == 3
+    assert _utf8_complete_end(b"a" + euro, 4) == 4
+    assert _utf8_complete_end(b"a" + euro[:2], 3) == 1
+    assert _utf8_complete_end(b"a" + euro[:1], 2) == 1
+    for k in range(1, 4):
+        assert _utf8_complete_end(b"x" + rocket[:k], 1 + k) == 1
+    assert _utf8_complete_end(b"x" + rocket, 5) == 5
+    assert _utf8_complete_end("é".encode(), 2) == 2 and _utf8_complete_end("é".encode(), 1) == 0
+    data = b"ab" + euro + rocket
+    assert _utf8_complete_end(data, 4) == 2  # end inside the euro sign
+    assert _utf8_complete_end(data, 7) == 5  # end inside the rocket
+    assert _utf8_complete_end(b"\x80\x80\x80\x80\x80", 5) == 5  # garbage: no infinite hold
+
+
+def test_stop_hold():
+    assert _stop_hold(b"hello wor", [b"world"]) == 3
+    assert _stop_hold(b"hello", [b"world"]) == 0
+    assert _stop_hold(b"hello w", [b"xyz", b"wo", b"w!"]) == 1
+    assert _stop_hold(b"abab", [b"abac"]) == 2  # "ab": the longest stop prefix the text ends with
+    assert _stop_hold(b"aaa", [b"aaaa"]) == 3
+    assert _stop_hold(b"x", [b"x"]) == 0  # a full stop is caught before holding
+    assert _stop_hold(b"", [b"stop"]) == 0
+    assert _stop_hold(b"caf\xc3", ["\xe9!".encode()]) == 1  # stops are bytes: a split é is held
+
+
+# ---- prompts ----------------------------------------------------------------------
+
+def test_echo(llm, greedy_tokens):
+    r = llm(PROMPT, max_tokens=2, temperature=0, echo=True)
+    assert _text(r) == PROMPT + llm.detokenize(greedy_tokens[:2]).decode()
+    chunks = _stream(llm, PROMPT, max_tokens=2, temperature=0, echo=True)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == _text(r)
+    toks = llm.tokenize(PROMPT.encode())
+    assert _text(llm(toks, max_tokens=1, temperature=0, echo=True)).startswith(PROMPT)
+
+
+def test_prompt_as_token_list(llm, greedy_tokens):
+    toks = llm.tokenize(PROMPT.encode(), special=True)
+    r = llm(toks, max_tokens=3, temperature=0)
+    assert _text(r) == llm.detokenize(greedy_tokens[:3]).decode()
+    assert r["usage"]["prompt_tokens"] == len(toks)
+    r = llm(np.asarray(toks, dtype=np.int32), max_tokens=1, temperature=0)
+    assert _text(r) == llm.detokenize(greedy_tokens[:1]).decode()
+
+
+def test_empty_prompt(llm):
+    for prompt in ("", []):
+        r = llm(prompt, max_tokens=1, temperature=0)
+        assert r["usage"]["prompt_tokens"] == 1  # starts from BOS
+        assert r["usage"]["completion_tokens"] <= 1
+
+
+def test_prompt_reuse_evaluates_only_new_tokens(llm, eval_counter):
+    p1 = llm.tokenize(PROMPT.encode(), special=True)
+    p2 = llm.tokenize((PROMPT + " Paris, and the capital of Italy is").encode(), special=True)
+    assert p2[:len(p1)] == p1
+    llm.reset()
+    llm(PROMPT, max_tokens=1, temperature=0)
+    assert eval_counter == [len(p1)]
+    assert llm._backend.n_past == llm.n_tokens == len(p1)
+    eval_counter.clear()
+    llm(PROMPT, max_tokens=1, temperature=0)  # same prompt: one token re-evaluated for fresh logits
+    assert eval_counter == [1]
+    eval_counter.clear()
+    llm(p2, max_tokens=2, temperature=0)  # longer prompt: only the new tokens, then one per generated token
+    assert eval_counter == [len(p2) - len(p1), 1]
+    assert llm.n_tokens == llm._backend.n_past == len(p2) + 1
+    eval_counter.clear()
+    llm(PROMPT, max_tokens=1, temperature=0)  # back to the shorter prefix: cache truncated, nothing new
+    assert eval_counter == [1] and llm._backend.n_past == len(p1)
+
+
+def test_reset(llm, eval_counter):
+    llm(PROMPT, max_tokens=1, temperature=0)
+    assert llm.n_tokens > 0
+    llm.reset()
+    assert llm.n_tokens == 0 and llm._backend.n_past == 0 and len(llm.input_ids) == 0
+    eval_counter.clear()
+    llm(PROMPT, max_tokens=1, temperature=0)
+    assert eval_counter == [len(llm.tokenize(PROMPT.encode()))]
+
+
+def test_eval_and_sample(llm, greedy_tokens):
+    toks = llm.tokenize(PROMPT.encode(), special=True)
+    llm.reset()
+    llm.eval(toks)
+    assert llm.n_tokens == len(toks) and llm.input_ids.dtype == np.int32
+    assert list(llm.input_ids) == toks
+    scores = llm.scores
+    assert scores.shape == (llm.n_vocab(),) and scores.dtype == np.float32
+    tok = llm.sample(temp=0)
+    assert tok == int(np.argmax(scores)) == greedy_tokens[0]
+    assert llm.sample(1) == tok  # positional order as llama_cpp.Llama.sample: top_k first
+    llm.eval([tok])
+    assert llm.sample(top_k=40, temp=0.0) == greedy_tokens[1]
+    with pytest.raises(ValueError, match="exceed context window"):
+        llm.eval([tok] * N_CTX)
+    assert llm.n_tokens == len(toks) + 1  # unchanged after the refused eval
+
+
+# ---- construction and lifetime ---------------------------------------------------------
+
+def test_missing_model_path():
+    path = "/nonexistent/dir/model.gguf"
+    with pytest.raises(ValueError) as ours:
+        Llama(path)
+    assert str(ours.value) == f"Model path does not exist: {path}"
+    with pytest.raises(ValueError) as theirs:
+        llama_cpp.Llama(model_path=path, verbose=False)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_gpu_kwargs_warn_once_and_unknown_kwargs_tolerated(small):
+    assert [str(w.message) for w in small.caught] == [
+        "n_gpu_layers ignored: powerinfer_backend places layers by vram_budget (GiB)"]
+    assert small.caught[0].filename == __file__  # the warning points at the caller
+    assert small.n_ctx() == SMALL_CTX
+
+
+def test_n_ctx_zero_and_context_manager_close(model_path):
+    """n_ctx=0 is the model's training context (8192; the F16 KV cache is ~190 MB); after
+    the with block every use raises a clear RuntimeError (no segfault, no None errors)."""
+    with Llama(model_path, n_ctx=0, n_threads=THREADS, verbose=False) as m:
+        assert m.n_ctx() == 8192
+        assert m(PROMPT, max_tokens=1, temperature=0)["usage"]["completion_tokens"] == 1
+        assert m.scores is not None
+    assert m.scores is None  # no view of freed native memory survives
+    for call in (lambda: m("Hi", max_tokens=1), lambda: m.tokenize(b"Hi"), lambda: m.detokenize([1]),
+                 lambda: m.eval([1]), lambda: m.reset(), lambda: m.n_ctx(), lambda: m.token_eos(),
+                 lambda: m.metadata, lambda: list(m("Hi", max_tokens=1, stream=True))):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()
+    m.close()  # closing twice is harmless
+
+
+# ---- per-token Python overhead (printed, not asserted) ---------------------------------------
+
+def test_report_python_overhead(llm, capsys):
+    """Decode time of the engine alone (the backend's eval, one token at a time, timed
+    inside the very run) against the wall time of create_completion(max_tokens=32,
+    temperature=0). The prompt is evaluated beforehand, so the completion makes 32
+    single-token evals. Printed only: timing is not asserted."""
+    n = 32
+    toks = llm.tokenize(PROMPT.encode(), special=True)
+    llm.reset()
+    llm.eval(toks)
+    be = llm._backend
+    real_eval = be.eval
+    spent = []
+
+    def timed_eval(tokens, logits_all=False):
+        t = time.perf_counter()
+        try:
+            return real_eval(tokens, logits_all=logits_all)
+        finally:
+            spent.append(time.perf_counter() - t)
+
+    be.eval = timed_eval
+    try:
+        t0 = time.perf_counter()
+        r = llm(toks, max_tokens=n, temperature=0)
+        total = time.perf_counter() - t0
+    finally:
+        del be.eval
+    engine = sum(spent)
+    per_tok_us = (total - engine) / len(spent) * 1e6
+    with capsys.disabled():
+        print(f"\n[overhead] {len(spent)} single-token evals, {r['usage']['completion_tokens']} tokens: "
+              f"engine {engine * 1e3:.1f} ms, create_completion {total * 1e3:.1f} ms, Python overhead "
+              f"{100 * (total - engine) / total:.2f}% ({per_tok_us:.0f} us/token)")
+    if r["choices"][0]["finish_reason"] == "length":  # an EOS costs one more eval than tokens returned
+        assert len(spent) == r["usage"]["completion_tokens"] == n
