@@ -433,3 +433,23 @@ def test_set_isa_errors():
     finally:
         _native.set_isa("auto")
     assert _native.isa_name() == _native.supported_isas()[-1]  # auto = the widest path
+
+
+@pytest.mark.parametrize("kv_type", [F32, F16], ids=["f32", "f16"])
+def test_attention_reads_padded_v_with_zero_weight(isa, pool, kv_type):
+    """V dot products run over whole 64-cell blocks (as llama.cpp's padded KV view):
+    finite garbage in cells past the causal range must not change the result."""
+    n_head, n_head_kv, hd, n_kv, v_ld = 4, 2, 64, 11, 64
+    rng = np.random.default_rng(7)
+    dt = np.float16 if kv_type == F16 else np.float32
+    q = (rng.standard_normal((1, n_head * hd)) * 0.5).astype(np.float32)
+    k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 0.5).astype(dt)
+    v_t = np.zeros((n_head_kv * hd, v_ld), dt)
+    v_t[:, :n_kv] = rng.standard_normal((n_head_kv * hd, n_kv)).astype(dt)
+    pos = np.array([n_kv - 1], np.int32)
+    clean = run_attention(pool, q, k, v_t, n_head, n_head_kv, hd, kv_type, n_kv, pos)
+    v_t[:, n_kv:] = 1000.0
+    dirty = run_attention(pool, q, k, v_t, n_head, n_head_kv, hd, kv_type, n_kv, pos)
+    assert np.array_equal(clean, dirty)
+    ref = attention_ref(q, k, v_t, n_head, n_head_kv, hd, pos, kv_type == F16)
+    np.testing.assert_allclose(dirty, ref, rtol=0, atol=2e-5 if kv_type == F32 else 2e-3)

@@ -168,7 +168,9 @@ int pi_op_softmax(float *x, int64_t n);
  * elements of kv_type per cached position. v is stored transposed (as llama.cpp
  * does without flash attention): n_head_kv*head_dim rows of v_ld elements, column
  * j = position j. Query t attends to positions 0..pos[t] (< n_kv <= v_ld).
- * Scores use scale 1/sqrt(head_dim); with an F16 cache, q and the softmax
+ * V columns from pos[t]+1 up to the next multiple of 64 (within v_ld) are read
+ * with weight 0, so they must hold finite values (llama.cpp likewise sums over a
+ * padded KV view). Scores use scale 1/sqrt(head_dim); with an F16 cache, q and the softmax
  * weights are rounded to F16 before the dot products, as in llama.cpp.
  * out: n_tok rows of n_head*head_dim floats. */
 int pi_op_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head,

@@ -23,7 +23,8 @@ struct pi_context {
     int32_t kv_used;
     int64_t kv_row;                       /* n_head_kv * n_embd_head */
     size_t kv_esz;
-    char *k_cache, *v_cache;              /* per layer: [n_ctx][kv_row] and [kv_row][n_ctx] */
+    int64_t n_cells;                      /* n_ctx rounded up to PI_KV_PAD */
+    char *k_cache, *v_cache;              /* per layer: [n_cells][kv_row] and [kv_row][n_cells] */
     float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
     void *act_scratch;                    /* quantized matmul inputs */
     float *attn_scratch;
@@ -170,9 +171,10 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     const int64_t B = cp->n_batch, E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head;
     c->kv_row = (int64_t)hp->n_head_kv * hp->n_embd_head;
     c->kv_esz = cp->kv_type == PI_TYPE_F16 ? 2 : 4;
-    const size_t kv_bytes = (size_t)hp->n_layer * (size_t)cp->n_ctx * (size_t)c->kv_row * c->kv_esz;
-    c->k_cache = malloc(kv_bytes);
-    c->v_cache = calloc(1, kv_bytes); /* zeroed: dot products read whole transposed rows */
+    c->n_cells = ((int64_t)cp->n_ctx + PI_KV_PAD - 1) / PI_KV_PAD * PI_KV_PAD;
+    const size_t kv_bytes = (size_t)hp->n_layer * (size_t)c->n_cells * (size_t)c->kv_row * c->kv_esz;
+    c->k_cache = calloc(1, kv_bytes);
+    c->v_cache = calloc(1, kv_bytes); /* zeroed: V dot products read whole padded blocks */
     c->x = alloc_f(B * E);
     c->xn = alloc_f(B * E);
     c->q = alloc_f(B * Q);
@@ -183,7 +185,7 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->u = alloc_f(B * hp->n_ff);
     c->embd = alloc_f(B * E);
     c->act_scratch = malloc((size_t)(m->max_act_row * B));
-    c->attn_scratch = alloc_f(pi_attention_scratch_floats(cp->n_ctx, hp->n_embd_head) * cp->n_threads);
+    c->attn_scratch = alloc_f(pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * cp->n_threads);
     c->logits = alloc_f(hp->n_vocab);
     c->logits_cap = 1;
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
@@ -209,7 +211,7 @@ static void add_rows(float *x, const float *y, int64_t n) {
 
 /* Store this batch's K rows, and V columns (V is cached transposed). */
 static void store_kv(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
-    const int64_t R = c->kv_row, N = c->cp.n_ctx;
+    const int64_t R = c->kv_row, N = c->n_cells;
     const pi_isa *isa = pi_isa_current();
     char *kc = c->k_cache + (size_t)l * N * R * c->kv_esz;
     char *vc = c->v_cache + (size_t)l * N * R * c->kv_esz;
@@ -242,9 +244,9 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     pi_rope_rows(c->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, pos, hp->rope_freq_base,
                  hp->rope_freq_scale, freq_factors, hp->rope_type);
     store_kv(c, l, pos, n_tok);
-    const size_t layer_off = (size_t)l * c->cp.n_ctx * R * c->kv_esz;
+    const size_t layer_off = (size_t)l * c->n_cells * R * c->kv_esz;
     pi_attention(c->pool, c->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, c->k_cache + layer_off,
-                 c->v_cache + layer_off, c->cp.n_ctx, c->cp.kv_type, pos[n_tok - 1] + 1, pos, c->attn,
+                 c->v_cache + layer_off, c->n_cells, c->cp.kv_type, pos[n_tok - 1] + 1, pos, c->attn,
                  c->attn_scratch);
     matmul1(c, &lm[PI_L_ATTN_OUT], c->attn, n_tok, c->xn);
     add_rows(c->x, c->xn, n_tok * E);

@@ -169,6 +169,10 @@ void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n
 float pi_act1(int32_t act, float x);
 void pi_softmax(float *x, int64_t n);
 
+/* The KV cache has a multiple of PI_KV_PAD cells, so V dot products can run over whole
+ * blocks (unused cells are zero or stale but finite, and get zero weight). */
+#define PI_KV_PAD 64
+
 /* Attention (see pi_op_attention) with caller-provided scratch of
  * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats */
 int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim);

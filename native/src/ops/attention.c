@@ -7,8 +7,10 @@
 
 #include "pi_internal.h"
 
+static int64_t pad_kv(int64_t n) { return (n + PI_KV_PAD - 1) / PI_KV_PAD * PI_KV_PAD; }
+
 int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim) {
-    return n_kv * 2 + head_dim + 16; /* scores (f32) + weights (f16 or f32) + q */
+    return pad_kv(n_kv) * 2 + head_dim + 16; /* scores (f32) + weights (f16 or f32) + q */
 }
 
 typedef struct {
@@ -35,8 +37,8 @@ static void attn_task(void *varg, int ith, int nth) {
     const pi_from_float_fn cvt = j->isa->from_float[j->kv_type];
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = j->scratch + ith * pi_attention_scratch_floats(j->n_kv, hd);
-    void *weights = scores + j->n_kv;
-    void *qc = scores + 2 * j->n_kv;
+    void *weights = scores + pad_kv(j->n_kv);
+    void *qc = scores + 2 * pad_kv(j->n_kv);
     int64_t lo, hi;
     pi_split(j->n_tok * j->n_head, ith, nth, &lo, &hi);
     for (int64_t u = lo; u < hi; u++) {
@@ -51,10 +53,14 @@ static void attn_task(void *varg, int ith, int nth) {
             scores[p] = s * scale;
         }
         pi_softmax(scores, n);
-        cvt(scores, weights, n);
+        /* V dot products run over whole PI_KV_PAD blocks with zero weights past n, so
+         * their lane sums group like llama.cpp's over its padded KV view */
+        const int64_t np = pad_kv(n) <= j->v_ld ? pad_kv(n) : n;
+        for (int64_t p = n; p < np; p++) scores[p] = 0.0f;
+        cvt(scores, weights, np);
         float *o = j->out + (t * j->n_head + h) * hd;
         const char *vb = (const char *)j->v + (int64_t)g * hd * j->v_ld * esz;
-        for (int d = 0; d < hd; d++) dot(n, &o[d], vb + d * j->v_ld * esz, weights);
+        for (int d = 0; d < hd; d++) dot(np, &o[d], vb + d * j->v_ld * esz, weights);
     }
 }
 
