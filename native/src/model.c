@@ -205,6 +205,29 @@ static void matmul1(pi_context *c, const pi_mat *w, const float *x, int64_t n_to
     pi_matmul_multi(c->pool, &o, 1, x, n_tok, c->act_scratch);
 }
 
+typedef struct {
+    int32_t act;
+    float *g;
+    const float *u;
+    int64_t n;
+} act_job;
+
+static void act_task(void *varg, int ith, int nth) {
+    const act_job *j = varg;
+    int64_t lo, hi;
+    pi_split(j->n, ith, nth, &lo, &hi);
+    pi_act_mul(j->act, j->g + lo, j->u + lo, j->g + lo, hi - lo);
+}
+
+/* g = act(g) * u over n_tok rows; split across the pool for prompt batches */
+static void act_mul(pi_context *c, int64_t n_tok) {
+    act_job j = {c->m->hp.act, c->g, c->u, n_tok * c->m->hp.n_ff};
+    if (n_tok == 1)
+        act_task(&j, 0, 1);
+    else
+        pi_pool_run(c->pool, act_task, &j);
+}
+
 static void add_rows(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
@@ -255,7 +278,7 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     pi_rmsnorm_rows(c->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
     const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, hp->n_ff}, {&lm[PI_L_FFN_UP], c->u, hp->n_ff}};
     pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
-    pi_act_mul(hp->act, c->g, c->u, c->g, n_tok * hp->n_ff);
+    act_mul(c, n_tok);
     matmul1(c, &lm[PI_L_FFN_DOWN], c->g, n_tok, c->xn);
     add_rows(c->x, c->xn, n_tok * E);
 }

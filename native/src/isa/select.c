@@ -1,4 +1,5 @@
 /* Run-time choice of the instruction-set path (POWERINFER_ISA or pi_isa_set). */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -6,7 +7,7 @@
 
 enum { ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 4 };
 
-static const pi_isa *g_isa = NULL;
+static _Atomic(const pi_isa *) g_isa = NULL; /* first use may race between threads */
 
 uint32_t pi_isa_supported(void) {
     uint32_t m = ISA_SCALAR;
@@ -16,7 +17,8 @@ uint32_t pi_isa_supported(void) {
         __builtin_cpu_supports("f16c"))
         m |= ISA_AVX2;
     if ((m & ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
         m |= ISA_AVX512;
 #endif
     return m;
@@ -39,7 +41,7 @@ int pi_isa_set(const char *name) {
         if (!(m & ISA_AVX2)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx2+fma+f16c");
         g_isa = &pi_isa_avx2;
     } else if (strcmp(name, "avx512") == 0) {
-        if (!(m & ISA_AVX512)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx512f/bw/vl");
+        if (!(m & ISA_AVX512)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx512f/bw/vl/dq");
         g_isa = &pi_isa_avx512;
     } else {
         return pi_set_error(PI_ERR_INVALID, "unknown ISA '%s' (expected auto, scalar, avx2 or avx512)", name);
@@ -48,11 +50,13 @@ int pi_isa_set(const char *name) {
 }
 
 const pi_isa *pi_isa_current(void) {
-    if (g_isa == NULL) {
-        const char *env = getenv("POWERINFER_ISA");
-        if (pi_isa_set(env) != PI_OK) g_isa = best(); /* an unusable request falls back to auto */
+    const pi_isa *isa = atomic_load(&g_isa);
+    if (isa == NULL) {
+        /* Python validates POWERINFER_ISA at import and raises; C callers fall back to auto */
+        if (pi_isa_set(getenv("POWERINFER_ISA")) != PI_OK) atomic_store(&g_isa, best());
+        isa = atomic_load(&g_isa);
     }
-    return g_isa;
+    return isa;
 }
 
 const char *pi_isa_name(void) { return pi_isa_current()->name; }

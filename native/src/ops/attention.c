@@ -52,11 +52,11 @@ static void attn_task(void *varg, int ith, int nth) {
             dot(hd, &s, kb + p * kv_row * esz, qc);
             scores[p] = s * scale;
         }
-        pi_softmax(scores, n);
-        /* V dot products run over whole PI_KV_PAD blocks with zero weights past n, so
-         * their lane sums group like llama.cpp's over its padded KV view */
+        /* Softmax and V products run over whole PI_KV_PAD blocks, masked cells
+         * getting weight 0, so sums group as in llama.cpp's padded KV view. */
         const int64_t np = pad_kv(n) <= j->v_ld ? pad_kv(n) : n;
-        for (int64_t p = n; p < np; p++) scores[p] = 0.0f;
+        for (int64_t p = n; p < np; p++) scores[p] = -INFINITY;
+        pi_softmax(scores, np);
         cvt(scores, weights, np);
         float *o = j->out + (t * j->n_head + h) * hd;
         const char *vb = (const char *)j->v + (int64_t)g * hd * j->v_ld * esz;

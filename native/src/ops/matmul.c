@@ -48,6 +48,22 @@ static void matmul_task(void *varg, int ith, int nth) {
     }
 }
 
+typedef struct {
+    pi_from_float_fn cvt;
+    const float *x;
+    int64_t n;
+    void *dst;
+    int64_t dst_row;
+    int64_t n_tok;
+} quantize_job;
+
+static void quantize_task(void *varg, int ith, int nth) {
+    const quantize_job *q = varg;
+    int64_t lo, hi;
+    pi_split(q->n_tok, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) q->cvt(q->x + t * q->n, (char *)q->dst + t * q->dst_row, q->n);
+}
+
 void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const float *x,
                      int64_t n_tok, void *scratch) {
     const pi_isa *isa = pi_isa_current();
@@ -62,7 +78,11 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
     const int64_t xq_row = pi_row_size(vdt, n);
     const void *xq = x;
     if (vdt != PI_TYPE_F32) {
-        for (int64_t t = 0; t < n_tok; t++) isa->from_float[vdt](x + t * n, (char *)scratch + t * xq_row, n);
+        quantize_job q = {isa->from_float[vdt], x, n, scratch, xq_row, n_tok};
+        if (n_tok == 1)
+            quantize_task(&q, 0, 1); /* decode: not worth waking the workers */
+        else
+            pi_pool_run(pool, quantize_task, &q);
         xq = scratch;
     }
     matmul_job j = {outs, n_outs, 0, n_tok, xq, xq_row, isa};
