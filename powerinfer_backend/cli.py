@@ -38,6 +38,29 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_perplexity(args) -> int:
+    from .llama import Llama
+    from .perplexity import perplexity, read_text
+
+    text = read_text(args.text, args.offset_bytes, args.max_bytes)
+    llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads,
+                verbose=args.verbose)
+    with llm:
+        tokens = llm.tokenize(text.encode("utf-8"))
+        backend = llm._backend
+
+        def eval_chunk(chunk):
+            backend.truncate(0)
+            return backend.eval(chunk, logits_all=True)
+
+        result = perplexity(tokens, eval_chunk, args.ctx, args.chunks, progress=not args.json)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of {args.ctx})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="powerinfer-backend", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -52,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
     g.add_argument("--verbose", action="store_true", help="print load information to stderr")
     g.set_defaults(func=cmd_generate)
+
+    q = sub.add_parser("perplexity", help="perplexity of a text file in non-overlapping chunks")
+    q.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    q.add_argument("--text", required=True, help="UTF-8 text file")
+    q.add_argument("--ctx", type=int, default=512, help="tokens per chunk (default 512)")
+    q.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")
+    q.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
+    q.add_argument("--max-bytes", type=int, default=None, help="use at most this many bytes of text")
+    q.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    q.add_argument("--json", action="store_true", help='print {"ppl", "nll", "tokens", "chunks"} as JSON')
+    q.add_argument("--verbose", action="store_true", help="print load information to stderr")
+    q.set_defaults(func=cmd_perplexity)
 
     b = sub.add_parser("bench", help="decode/prefill tokens/s, ours and llama.cpp's, in one run")
     b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")

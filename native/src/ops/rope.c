@@ -26,8 +26,10 @@ void pi_rope_rows(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int
                 const int a = rope_type == PI_ROPE_NEOX ? i : 2 * i;
                 const int b = rope_type == PI_ROPE_NEOX ? i + half : 2 * i + 1;
                 const float x0 = v[a], x1 = v[b];
-                v[a] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
-                v[b] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+                /* first product fused, second rounded: the rounding llama.cpp's CPU
+                 * build gets from FMA contraction, so rotated values match bit for bit */
+                v[a] = fmaf(x0, cs[2 * i], -(x1 * cs[2 * i + 1]));
+                v[b] = fmaf(x0, cs[2 * i + 1], x1 * cs[2 * i]);
             }
         }
     }
