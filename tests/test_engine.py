@@ -88,14 +88,16 @@ def silu(x):
 
 
 def quantize_q8(x: np.ndarray):
-    """The engine's Q8_0 / Q8_1 activation quantizer, per block of 32 (in float32
-    like the C code): d = amax / 127, q = round-half-away(x / d). Returns
+    """The engine's Q8_0 / Q8_1 activation quantizer (llama.cpp's x86 one), per
+    block of 32 in float32 like the C code: d = amax / 127, id = 127 / amax (0 when
+    amax = 0), q = round-half-to-even(x * id). Returns
     (q [..., n_blocks, 32], d [..., n_blocks, 1]) as float64 arrays."""
     xb = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
-    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
-    v = np.zeros_like(xb)
-    np.divide(xb, d, out=v, where=d > 0)
-    q = np.trunc(v + np.copysign(np.float32(0.5), v))
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127)
+    inv = np.zeros_like(amax)
+    np.divide(np.float32(127), amax, out=inv, where=amax > 0)
+    q = np.round(xb * inv)
     return q.astype(np.float64), d.astype(np.float64)
 
 

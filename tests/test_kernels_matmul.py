@@ -3,14 +3,21 @@ through pi_op_matmul and pi_op_quantize on every instruction-set path the CPU ha
 
 References:
   * weights are quantized with gguf.quants (the GGUF reference quantizers);
-  * activations are quantized in numpy exactly as llama.cpp's reference code does
-    (Q8_0 bytes must equal gguf.quants' Q8_0; Q8_1 adds s = fp16(d * sum(q)));
+  * activations are quantized in numpy exactly as llama.cpp's x86 quantizers do
+    (ref_q8_0 / ref_q8_1: d = amax/127, q = round-half-to-even(x * (127/amax)),
+    Q8_1 adds s = fp16(d * sum(q))); the bytes must match on every ISA. They differ
+    from gguf.quants' Q8_0 (llama.cpp's portable reference, which scales by 1/d
+    and rounds half away from zero) by one step in a few values at most;
   * the "exact" reference evaluates the kernel's formula in float64 on the decoded
     blocks: sum over blocks of d_w * d_x * sum(q_w * q_x) (+ m_w * s_x for Q4_1),
     so the only allowed difference is float32 rounding (1e-5 of the row's
     absolute-sum scale);
   * the loose reference is the unquantized float64 product, with a bound per type
-    of |y - W x| <= tol * ||w_row|| * ||x||.
+    of |y - W x| <= tol * ||w_row|| * ||x||;
+  * Q4_0 / Q4_1 / Q8_0 / F16 rows give identical bits on every ISA, and where
+    llama-cpp-python's libggml-cpu is installed they must equal llama.cpp's own
+    x86 vec_dot kernels bit for bit on the same activation bytes (F16 only against
+    an AVX-512 build, whose order all our paths take).
 
 The `isa` fixture (conftest.py) runs each test once per supported ISA and puts the
 choice back to "auto" afterwards.
@@ -18,11 +25,13 @@ choice back to "auto" afterwards.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,14 +111,35 @@ def dequantize_weights(tname: str, wq: np.ndarray) -> np.ndarray:
     return quants.dequantize(wq, getattr(GT, tname)).astype(np.float64)
 
 
+def ref_q8_blocks(x: np.ndarray):
+    """llama.cpp's x86 Q8 activation quantizer in float32, per block of 32:
+    d = amax / 127, id = 127 / amax (0 when amax = 0; not 1 / d), q = x * id rounded
+    to nearest with ties to even (np.round). Returns (d float32 before its fp16
+    rounding [..., b], q int8 [..., b, 32])."""
+    blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(*x.shape[:-1], -1, QK)
+    amax = np.abs(blocks).max(axis=-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.round(blocks * inv[..., None])
+    assert q.dtype == np.float32 and d.dtype == np.float32
+    return d, q.astype(np.int8)
+
+
+def ref_q8_0(x: np.ndarray) -> np.ndarray:
+    """Q8_0 activation rows (n/32 blocks of 34 bytes) from :func:`ref_q8_blocks`."""
+    d, q = ref_q8_blocks(x)
+    out = np.concatenate([d.astype(np.float16)[..., None].view(np.uint8), q.view(np.uint8)], axis=-1)
+    return out.reshape(*x.shape[:-1], -1)
+
+
 def ref_q8_1(x: np.ndarray) -> np.ndarray:
-    """llama.cpp's reference Q8_1: Q8_0's d and qs, plus s = fp16(sum(qs) * d) with
-    the float32 d before its fp16 rounding. Rows of n/32 blocks of 36 bytes."""
+    """Q8_1 activation rows: Q8_0's d and qs, plus s = fp16(sum(qs) * d) with the
+    float32 d before its fp16 rounding. Rows of n/32 blocks of 36 bytes."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    q8 = quants.quantize(x, GT.Q8_0).reshape(*x.shape[:-1], -1, 34)
-    blocks = x.reshape(*x.shape[:-1], -1, QK)
-    d32 = np.abs(blocks).max(axis=-1) / np.float32(127)
-    qsum = q8[..., 2:].view(np.int8).astype(np.int32).sum(axis=-1)
+    q8 = ref_q8_0(x).reshape(*x.shape[:-1], -1, 34)
+    d32, q = ref_q8_blocks(x)
+    qsum = q.astype(np.int32).sum(axis=-1)
     with np.errstate(over="ignore"):  # s may overflow fp16 to inf, as in C
         s = (qsum.astype(np.float32) * d32).astype(np.float16)
     out = np.concatenate([q8[..., :2], s[..., None].view(np.uint8), q8[..., 2:]], axis=-1)
@@ -154,7 +184,7 @@ def quantize_activations(tname: str, x: np.ndarray):
     if act == "BF16":
         return quants.dequantize(quants.quantize(x, GT.BF16), GT.BF16).astype(np.float64)
     if act == "Q8_0":
-        return quants.quantize(x, GT.Q8_0)
+        return ref_q8_0(x)
     return ref_q8_1(x)
 
 
@@ -239,14 +269,40 @@ def test_isa_paths_agree(pool1, tname):
         assert (np.abs(ys[name] - ys["scalar"]) <= RTOL_EXACT * scale).all(), name
 
 
+# F16 and quantized rows take the same float operations in the same order on every
+# ISA (llama.cpp's x86 order, see native/src/isa/scalar.c): identical bits
+BIT_IDENTICAL_SHAPES = [(9, 1056, 3), (33, 576, 2), (4, 32, 1), (3, 160, 1), (5, 4096, 1)]
+BIT_IDENTICAL_F16_SHAPES = [(6, 1, 1), (6, 33, 1), (6, 63, 2), (6, 64, 1), (6, 100, 2), (6, 577, 1), (6, 1057, 3)]
+
+
+@pytest.mark.parametrize("tname", ["Q4_0", "Q4_1", "Q8_0", "F16"])
+def test_isa_paths_bit_identical(pool1, tname):
+    """Q4_0 / Q4_1 / Q8_0 / F16 matmuls give identical bits on every ISA (the
+    activation bytes are identical too, see test_quantize_isa_paths_bit_identical)."""
+    isas = _native.supported_isas()
+    shapes = BIT_IDENTICAL_SHAPES + (BIT_IDENTICAL_F16_SHAPES if tname == "F16" else [])
+    try:
+        for n_rows, n_cols, n_tok in shapes:
+            _, x, wq, _, _ = case(tname, n_rows, n_cols, n_tok)
+            ys = {}
+            for name in isas:
+                _native.set_isa(name)
+                ys[name] = native_matmul(pool1, tname, wq, n_rows, n_cols, x)
+            for name in isas:
+                assert np.array_equal(ys[name].view(np.uint32), ys["scalar"].view(np.uint32)), \
+                    f"{name} {tname} {n_rows}x{n_cols}x{n_tok}: max |diff| {np.abs(ys[name] - ys['scalar']).max():.3g}"
+    finally:
+        _native.set_isa("auto")
+
+
 @pytest.mark.skipif("avx512" not in _native.supported_isas(), reason="no AVX-512")
 def test_avx512_without_vnni():
     """The AVX512BW (maddubs + madd) expansion of the quantized kernels, which a
-    VNNI host never picks by itself: rerun the quantized matmul tests in a child
-    process with POWERINFER_VNNI=0."""
+    VNNI host never picks by itself: rerun the quantized matmul tests and the
+    cross-ISA bit-identity test in a child process with POWERINFER_VNNI=0."""
     env = dict(os.environ, POWERINFER_VNNI="0")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        "-k", "matches_reference and avx512 and Q"],
+                        "-k", "(matches_reference and avx512 and Q) or isa_paths_bit_identical"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and "deselected" in r.stdout
@@ -284,6 +340,84 @@ def test_fp16_to_fp32_all_patterns(isa, pool1):
     assert np.isnan(y[nan]).all()
 
 
+# ---- bit parity with llama.cpp's kernels ----------------------------------------------
+
+
+class _GgmlTraits(ctypes.Structure):
+    # struct ggml_type_traits_cpu (ggml-cpu.h): from_float, vec_dot, vec_dot_type, nrows
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
+
+
+_GGML_VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t,
+                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+@functools.lru_cache(maxsize=None)
+def ggml_cpu():
+    """llama-cpp-python's libggml-cpu (ctypes), or None when it is not installed."""
+    try:
+        import llama_cpp
+    except Exception:
+        return None
+    path = Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"
+    if not path.exists():
+        return None
+    try:
+        g = ctypes.CDLL(str(path))
+        g.ggml_cpu_init.restype = None
+        g.ggml_cpu_init()
+        g.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_GgmlTraits)
+        g.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+        g.ggml_cpu_has_avx512.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return g
+
+
+def ggml_rows(tname: str, wq: np.ndarray, xa: np.ndarray, n_cols: int) -> np.ndarray:
+    """llama.cpp's vec_dot of every weight row with every activation row (raw bytes)."""
+    g = ggml_cpu()
+    tr = g.ggml_get_type_traits_cpu(TYPE_ID[tname]).contents
+    if tr.vec_dot_type != TYPE_ID[ACT_TYPE[tname]] or not tr.vec_dot:
+        pytest.skip("unexpected ggml_type_traits_cpu layout")
+    dot = _GGML_VEC_DOT(tr.vec_dot)
+    w = np.ascontiguousarray(wq).view(np.uint8).reshape(wq.shape[0], -1)
+    x = np.ascontiguousarray(xa).view(np.uint8).reshape(xa.shape[0], -1)
+    out = np.zeros((x.shape[0], w.shape[0]), np.float32)
+    r = ctypes.c_float()
+    for t in range(x.shape[0]):
+        for i in range(w.shape[0]):
+            dot(n_cols, ctypes.byref(r), 0, w[i].ctypes.data, 0, x[t].ctypes.data, 0, 1)
+            out[t, i] = r.value
+    return out
+
+
+@pytest.mark.skipif(ggml_cpu() is None, reason="llama-cpp-python's libggml-cpu not found")
+@pytest.mark.parametrize("tname", ["Q4_0", "Q4_1", "Q8_0", "F16"])
+def test_rows_bit_identical_to_llama_cpp(pool1, tname):
+    isas = _native.supported_isas()  # the scalar path takes the same float operations
+    if tname == "F16":  # the F16 order (on every ISA) is the AVX-512 build's
+        isas = isas if ggml_cpu().ggml_cpu_has_avx512() else []
+    if not isas:
+        pytest.skip("no path to compare")
+    shapes = [(24, 576, 1), (8, 1536, 2), (8, 96, 1), (4, 32, 1)]
+    if tname == "F16":
+        shapes += [(6, 1, 1), (6, 33, 1), (6, 64, 1), (6, 100, 2), (6, 577, 1)]
+    try:
+        for n_rows, n_cols, n_tok in shapes:
+            _, x, wq, _, _ = case(tname, n_rows, n_cols, n_tok)
+            xa = np.stack([native_quantize(ACT_TYPE[tname], x[t]) for t in range(n_tok)])
+            ref = ggml_rows(tname, wq, xa, n_cols)
+            for name in isas:
+                _native.set_isa(name)
+                y = native_matmul(pool1, tname, wq, n_rows, n_cols, x)
+                assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), \
+                    f"{name} {tname} {n_rows}x{n_cols}: max |diff| {np.abs(y - ref).max():.3g}"
+    finally:
+        _native.set_isa("auto")
+
+
 # ---- activation conversion -------------------------------------------------------------
 
 
@@ -303,12 +437,38 @@ def q8_test_rows(rng, n_blocks: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n_blocks", [8, 33])
-def test_quantize_q8_0_matches_gguf(isa, n_blocks):
+def test_quantize_q8_0_matches_reference(isa, n_blocks):
     x = q8_test_rows(np.random.default_rng(n_blocks), n_blocks)
     got = native_quantize("Q8_0", x)
-    ref = quants.quantize(x, GT.Q8_0).ravel()
-    # bit-exact: same d = amax/127, id = 1/d, and round-half-away-from-zero as gguf
-    assert np.array_equal(got, ref)
+    # bit-exact: d = amax/127, id = 127/amax, round half to even
+    assert np.array_equal(got, ref_q8_0(x))
+    # block 2 has d = 1 (x * id = x) and exact .5 ties of both signs: to even
+    q2 = got.reshape(-1, 34)[2, 2:].view(np.int8)
+    assert np.array_equal(q2[6:20], [-6, -6, -4, -4, -2, -2, 0, 0, 2, 2, 4, 4, 6, 6])
+
+
+def test_quantize_q8_0_vs_gguf_reference(isa):
+    """gguf.quants' Q8_0 is llama.cpp's portable reference quantizer (id = 1/d, round
+    half away from zero); the engine, like llama.cpp's x86 build, uses id = 127/amax
+    and rounds half to even. The scales are the same; a quant can differ only where
+    x * id lands on (or within an ulp of) a .5 tie, and then by exactly one step."""
+    rng = np.random.default_rng(11)
+    n_blocks = 1 << 15
+    x = (rng.standard_normal(n_blocks * QK) * np.repeat(10.0 ** rng.uniform(-3, 3, n_blocks), QK)).astype(np.float32)
+    got = native_quantize("Q8_0", x).reshape(-1, 34)
+    ref = quants.quantize(x, GT.Q8_0).reshape(-1, 34)
+    assert np.array_equal(got[:, :2], ref[:, :2])  # d
+    diff = got[:, 2:].view(np.int8).astype(np.int32) - ref[:, 2:].view(np.int8).astype(np.int32)
+    n_diff = np.count_nonzero(diff)
+    assert n_diff < 1e-4 * x.size, n_diff
+    assert (np.abs(diff[diff != 0]) == 1).all()
+    # exact ties (d = 1 here) are where the two rules always part: -2.5 -> -2 vs -3
+    t = np.zeros(QK, np.float32)
+    t[0], t[1:8] = 127.0, [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.25]
+    got_t = native_quantize("Q8_0", t)[2:].view(np.int8)
+    ref_t = quants.quantize(t, GT.Q8_0)[2:].view(np.int8)
+    assert np.array_equal(got_t[1:8], [-2, -2, 0, 0, 2, 2, 3])
+    assert np.array_equal(ref_t[1:8], [-3, -2, -1, 1, 2, 3, 3])
 
 
 @pytest.mark.parametrize("n_blocks", [8, 33])

@@ -290,16 +290,16 @@ Q8_1_BLOCK = np.dtype([("d", "<f2"), ("s", "<f2"), ("qs", "i1", 32)])  # 36 byte
 
 
 def q8_ref(x: np.ndarray):
-    """ggml's Q8_0 activation quantizer, in float32 arithmetic: per block of 32,
-    d = amax / 127, q = round-half-away-from-zero(x * (1/d)); d stored as F16.
+    """ggml's x86 Q8_0 activation quantizer, in float32 arithmetic: per block of 32,
+    d = amax / 127, id = 127 / amax (0 when amax = 0; not 1 / d),
+    q = round-half-to-even(x * id) (np.round); d stored as F16.
     Returns (d float32 before F16 rounding, q int8 [n_blocks, 32])."""
     xb = x.reshape(-1, 32).astype(np.float32)
-    d = np.abs(xb).max(axis=1) / np.float32(127)
+    amax = np.abs(xb).max(axis=1)
+    d = amax / np.float32(127)
     with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    v = xb * inv[:, None]
-    t = np.trunc(v)
-    q = t + np.trunc(2 * (v - t))  # +-1 when the fraction is >= 0.5 in magnitude
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.round(xb * inv[:, None])
     return d, q.astype(np.int8)
 
 
@@ -333,8 +333,9 @@ def test_quantize_matches_reference_bit_for_bit(isa, qtype):
         d, q = q8_ref(x)
         assert np.array_equal(blocks["qs"], q)
         assert np.array_equal(blocks["d"].view(np.uint16), d.astype(np.float16).view(np.uint16))
-        # block 2 is -127, -14.5, ..., -0.5, 0.5, ..., 15.5 with d = 1: halves round away from 0
-        assert np.array_equal(q[2], np.concatenate([[-127], np.arange(-15, 0), np.arange(1, 17)]))
+        # block 2 is -127, -14.5, ..., -0.5, 0.5, ..., 15.5 with d = 1: halves round to even
+        halves = np.arange(-15, 16) + 0.5
+        assert np.array_equal(q[2], np.concatenate([[-127], 2 * np.floor((halves + 0.5) / 2)]))
         if qtype == Q8_1:  # s = d * sum(q), d before F16 rounding
             s = (q.astype(np.int32).sum(axis=1).astype(np.float32) * d).astype(np.float16)
             assert np.array_equal(blocks["s"].view(np.uint16), s.view(np.uint16))

@@ -3,16 +3,16 @@
  * Quantized dot products: per block of 32 the 4-bit (or 8-bit) weights and the
  * int8 activations are multiplied with maddubs (u8 x s8 -> pairs of int16) and
  * madd with ones (-> 8 int32), converted to float and accumulated with one FMA
- * against the broadcast block scale d_w * d_x. Two blocks per iteration go to two
- * accumulators so the FMA latency chain is not the bottleneck; one horizontal sum
- * at the end.
+ * against the broadcast block scale d_w * d_x; one horizontal sum at the end.
  *
- * Block scales: a 64-bit load at the start of a block converted with vcvtph2ps
- * gives [d, m or s, junk, junk] (the junk lanes come from the quants and are
- * never read back), so one multiply yields [d_w*d_x, m_w*s_x].
+ * Block scales: a 16-byte load at the start of a block converted with vcvtph2ps
+ * gives [d, m or s, junk...] (the junk lanes come from the quants and are never
+ * read back), so one multiply yields [d_w*d_x, m_w*s_x]. Nothing reads past the
+ * end of a block (or of a row: float tails are scalar).
  *
  * The activation quantizers reproduce the scalar path bit for bit (d = amax/127,
- * id = 1/d, round half away from zero).
+ * id = 127/amax, round half to even: llama.cpp's x86 quantizers, so activation
+ * bytes equal llama.cpp's).
  */
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -71,22 +71,26 @@ static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *vx) {
     *s = sum;
 }
 
+/* The float operations of llama.cpp's AVX-512 ggml_vec_dot_f16, as avx512.c (which
+ * runs the same 256-bit code) and the scalar path, so F16 rows (the F16 KV cache
+ * in attention) give the same bits on every ISA: four 16-lane accumulators over
+ * 64-element steps, each kept as two 8-lane halves, summed as (A0 + A2) + (A1 + A3)
+ * and then by halves; the last n % 64 products (all of them when n < 64) are added
+ * in double. (llama.cpp's own AVX2 build uses 32-element steps instead.) */
 static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *vx) {
     const uint16_t *w = vw, *x = vx;
 #define LD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(LD(w + i), LD(x + i), a0);
-        a1 = _mm256_fmadd_ps(LD(w + i + 8), LD(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(LD(w + i + 16), LD(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(LD(w + i + 24), LD(x + i + 24), a3);
-    }
-    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LD(w + i), LD(x + i), a0);
+    __m256 a[8]; /* accumulator k: a[2k] lanes 0-7, a[2k+1] lanes 8-15 */
+    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+    const int64_t np = n & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LD(x + i + 8 * k), a[k]);
 #undef LD
-    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; i++) sum += _cvtsh_ss(w[i]) * _cvtsh_ss(x[i]);
-    *s = sum;
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    double sum = np > 0 ? hsum_ps(_mm256_add_ps(hi, lo)) : 0.0;
+    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
+    *s = (float)sum;
 }
 
 /* bf16: a 32-bit word holds two values; the high one is word & 0xffff0000, the low
@@ -123,90 +127,64 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
 }
 
 /* ---- quantized rows ------------------------------------------------------------ */
+/* One accumulator, blocks in order, and for Q4_1 a fused m_w * s_x accumulation:
+ * the float operations of llama.cpp's x86 vec_dot kernels, so a row gives the same
+ * bits as llama.cpp on the same activation bytes (checked against the installed
+ * libggml-cpu in the tests). A second accumulator measured no faster here. */
 
 static void vec_dot_q4_0(int64_t n, float *s, const void *vw, const void *vx) {
     const pi_block_q4_0 *w = vw;
     const pi_block_q8_0 *x = vx;
     const int64_t nb = n / PI_QK;
     const __m256i eight = _mm256_set1_epi8(8);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    /* sum((q - 8) * y) = sum(q * y) - sum(8 * y), both through maddubs */
-#define BLOCK(k, a)                                                                       \
-    do {                                                                                  \
-        const __m256i q = unpack_nibbles(w[k].qs);                                        \
-        const __m256i y = _mm256_loadu_si256((const __m256i *)x[k].qs);                   \
-        const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(eight, y)); \
-        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1))); \
-        const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));              \
-        a = _mm256_fmadd_ps(f, _mm256_broadcastss_ps(d), a);                              \
-    } while (0)
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        BLOCK(i, acc[0]);
-        BLOCK(i + 1, acc[1]);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        /* sum((q - 8) * y) = sum(q * y) - sum(8 * y), both through maddubs */
+        const __m256i q = unpack_nibbles(w[i].qs);
+        const __m256i y = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(eight, y));
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+        const __m128 d = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));
+        acc = _mm256_fmadd_ps(f, _mm256_broadcastss_ps(d), acc);
     }
-    if (i < nb) BLOCK(i, acc[0]);
-#undef BLOCK
-    *s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+    *s = hsum_ps(acc);
 }
 
 static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) {
     const pi_block_q4_1 *w = vw;
     const pi_block_q8_1 *x = vx;
     const int64_t nb = n / PI_QK;
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m128 accm = _mm_setzero_ps(); /* lane 1 collects m_w * s_x */
-#define BLOCK(k, a)                                                                       \
-    do {                                                                                  \
-        const __m256i q = unpack_nibbles(w[k].qs);                                        \
-        const __m256 f = dot_us8(q, _mm256_loadu_si256((const __m256i *)x[k].qs));        \
-        const __m128 dm = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));             \
-        a = _mm256_fmadd_ps(f, _mm256_broadcastss_ps(dm), a);                             \
-        accm = _mm_add_ps(accm, dm);                                                      \
-    } while (0)
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        BLOCK(i, acc[0]);
-        BLOCK(i + 1, acc[1]);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps(); /* lane 1: fma(m_w, s_x, .) over the blocks */
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256 f = dot_us8(unpack_nibbles(w[i].qs), _mm256_loadu_si256((const __m256i *)x[i].qs));
+        const __m128 hw = load_halfs(&w[i]), hx = load_halfs(&x[i]); /* [d, m], [d, s] */
+        acc = _mm256_fmadd_ps(f, _mm256_broadcastss_ps(_mm_mul_ps(hw, hx)), acc);
+        accm = _mm_fmadd_ps(hw, hx, accm);
     }
-    if (i < nb) BLOCK(i, acc[0]);
-#undef BLOCK
-    *s = hsum_ps(_mm256_add_ps(acc[0], acc[1])) + _mm_cvtss_f32(_mm_movehdup_ps(accm));
+    *s = hsum_ps(acc) + _mm_cvtss_f32(_mm_movehdup_ps(accm));
 }
 
 static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) {
     const pi_block_q8_0 *w = vw;
     const pi_block_q8_0 *x = vx;
     const int64_t nb = n / PI_QK;
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    /* s8 x s8 as |w| (u8) x (y with the sign of w) */
-#define BLOCK(k, a)                                                                       \
-    do {                                                                                  \
-        const __m256i q = load_reg256(w[k].qs);                                           \
-        const __m256i y = _mm256_loadu_si256((const __m256i *)x[k].qs);                   \
-        const __m256 f = dot_us8(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));             \
-        const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));              \
-        a = _mm256_fmadd_ps(f, _mm256_broadcastss_ps(d), a);                              \
-    } while (0)
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        BLOCK(i, acc[0]);
-        BLOCK(i + 1, acc[1]);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        /* s8 x s8 as |w| (u8) x (y with the sign of w) */
+        const __m256i q = load_reg256(w[i].qs);
+        const __m256i y = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256 f = dot_us8(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
+        const __m128 d = _mm_mul_ps(load_halfs(&w[i]), load_halfs(&x[i]));
+        acc = _mm256_fmadd_ps(f, _mm256_broadcastss_ps(d), acc);
     }
-    if (i < nb) BLOCK(i, acc[0]);
-#undef BLOCK
-    *s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+    *s = hsum_ps(acc);
 }
 
 /* ---- activation conversion ----------------------------------------------------- */
 
-/* round half away from zero of integral-range floats: t = trunc(v), then add
- * trunc(2 * (v - t)), which is +-1 exactly when |v - t| >= 0.5 (v - t is exact) */
-static inline __m256 round_half_away(__m256 v) {
-    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(v, t);
-    return _mm256_add_ps(t, _mm256_round_ps(_mm256_add_ps(f, f), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-}
+/* round to nearest, ties to even (as llama.cpp's x86 quantizers) */
+static inline __m256 round_even(__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
 /* One block of 32 floats -> 32 int8 at q; returns d, and sum(q) through *sum */
 static inline float quantize_block_q8(const float *x, int8_t *q, float *sum) {
@@ -218,12 +196,12 @@ static inline float quantize_block_q8(const float *x, int8_t *q, float *sum) {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float d = _mm_cvtss_f32(m4) / 127.0f;
-    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-    v0 = round_half_away(_mm256_mul_ps(v0, id));
-    v1 = round_half_away(_mm256_mul_ps(v1, id));
-    v2 = round_half_away(_mm256_mul_ps(v2, id));
-    v3 = round_half_away(_mm256_mul_ps(v3, id));
+    const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    v0 = round_even(_mm256_mul_ps(v0, id));
+    v1 = round_even(_mm256_mul_ps(v1, id));
+    v2 = round_even(_mm256_mul_ps(v2, id));
+    v3 = round_even(_mm256_mul_ps(v3, id));
     if (sum) *sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3))); /* exact */
     const __m256i i01 = _mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1));
     const __m256i i23 = _mm256_packs_epi32(_mm256_cvtps_epi32(v2), _mm256_cvtps_epi32(v3));

@@ -6,9 +6,12 @@
  * a 16-byte load at the block start converted with vcvtph2ps: [d, m or s, junk...]
  * (the junk lanes come from the quants and are never read back).
  *
- * Float rows: 4 x 16 lanes per iteration, masked loads for the tail; F32 and BF16
- * first align the weight stream to 64 bytes with one masked step (GGUF rows are
+ * F32 and BF16 rows: 4 x 16 lanes per iteration, masked loads for the tail, and
+ * first one masked step that aligns the weight stream to 64 bytes (GGUF rows are
  * only 32-byte aligned, and line-splitting 64-byte loads cost ~20% when streaming).
+ * F16 rows (in llama.cpp's order, see there) and the F16 / Q8 activation
+ * converters stay 256-bit: 512-bit bought nothing there and cost time inside
+ * pi_op_matmul.
  * The activation quantizers reproduce the scalar path bit for bit.
  */
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
@@ -19,12 +22,13 @@
 #include "pi_internal.h"
 
 #define VNNI_TARGET __attribute__((target("avx512vnni")))
+#define NOINLINE __attribute__((noinline))
 
 /* VNNI kernels where the CPU has them, unless POWERINFER_VNNI=0 (used by the tests
  * to cover the AVX512BW expansion on VNNI hosts), decided once per process. */
 static _Atomic int g_vnni = -1;
 
-static int detect_vnni(void) {
+NOINLINE static int detect_vnni(void) {
     __builtin_cpu_init();
     const char *e = getenv("POWERINFER_VNNI");
     const int v = __builtin_cpu_supports("avx512vnni") && !(e != NULL && e[0] == '0');
@@ -103,25 +107,27 @@ static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *vx) {
     *s = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+/* The float operations of llama.cpp's AVX-512 ggml_vec_dot_f16, so attention over an
+ * F16 cache can round exactly as llama.cpp does: four 16-lane accumulators over
+ * 64-element steps, summed as (A0 + A2) + (A1 + A3) and then by halves; the last
+ * n % 64 products (all of them when n < 64) are added in double. Each 16-lane
+ * accumulator is kept as two 256-bit halves: as fast as 512-bit here (vcvtph2ps
+ * bound) and ~8% faster inside pi_op_matmul, where it avoids 512-bit power-state
+ * changes. */
 static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *vx) {
     const uint16_t *w = vw, *x = vx;
-#define LD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        a0 = _mm512_fmadd_ps(LD(w + i), LD(x + i), a0);
-        a1 = _mm512_fmadd_ps(LD(w + i + 16), LD(x + i + 16), a1);
-        a2 = _mm512_fmadd_ps(LD(w + i + 32), LD(x + i + 32), a2);
-        a3 = _mm512_fmadd_ps(LD(w + i + 48), LD(x + i + 48), a3);
-    }
-    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LD(w + i), LD(x + i), a0);
+#define LD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+    __m256 a[8]; /* accumulator k: a[2k] lanes 0-7, a[2k+1] lanes 8-15 */
+    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+    const int64_t np = n & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LD(x + i + 8 * k), a[k]);
 #undef LD
-    if (i < n) {
-        const __mmask16 m = tail_mask16(n - i);
-        a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + i)),
-                             _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)), a1);
-    }
-    *s = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    double sum = np > 0 ? hsum256(_mm256_add_ps(hi, lo)) : 0.0;
+    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
+    *s = (float)sum;
 }
 
 /* bf16: each 32-bit word holds two values, the high one is word & 0xffff0000 and
@@ -168,7 +174,7 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
 }
 
 /* ---- quantized rows ------------------------------------------------------------ */
-/* 256-bit registers, one block per step into two accumulators. Measured on a
+/* 256-bit registers, one block per step. Measured on a
  * Sapphire/Granite Rapids class host, taking two blocks per 512-bit register was
  * slower for all three types (the per-block scale work does not shrink and 512-bit
  * uops only issue on two ports), so the AVX-512 gain here is VNNI: vpdpbusd
@@ -180,15 +186,14 @@ VNNI_TARGET static inline __m256i dot4_vnni(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
+/* One accumulator, blocks in order, and for Q4_1 a fused m_w * s_x accumulation:
+ * the float operations of llama.cpp's x86 vec_dot kernels (its AVX-512 builds run
+ * the same 256-bit loops), so a row gives the same bits as llama.cpp on the same
+ * activation bytes. A second accumulator measured no faster here. */
 #define QLOOP(BLOCK, DOT)                                                                       \
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;                                             \
-    int64_t i = 0;                                                                              \
-    for (; i + 2 <= nb; i += 2) {                                                               \
-        BLOCK(i, acc0, DOT);                                                                    \
-        BLOCK(i + 1, acc1, DOT);                                                                \
-    }                                                                                           \
-    if (i < nb) BLOCK(i, acc0, DOT);                                                            \
-    const float sum = hsum256(_mm256_add_ps(acc0, acc1));
+    __m256 acc = _mm256_setzero_ps();                                                           \
+    for (int64_t i = 0; i < nb; i++) BLOCK(i, acc, DOT);                                        \
+    const float sum = hsum256(acc);
 
 /* Q4_0 x Q8_0: sum((q - 8) * y) = sum(q * y) - sum(8 * y) */
 #define Q4_0_BLOCK(k, a, DOT)                                                                   \
@@ -206,14 +211,14 @@ VNNI_TARGET static inline __m256i dot4_vnni(__m256i u, __m256i s) {
     QLOOP(Q4_0_BLOCK, DOT)                                                                      \
     *s = sum;
 
-/* Q4_1 x Q8_1: d_w d_x sum(q * y) + m_w * s_x per block; lane 1 of accm collects
- * the m_w * s_x products */
+/* Q4_1 x Q8_1: d_w d_x sum(q * y) + m_w * s_x per block; lane 1 of accm is
+ * fma(m_w, s_x, .) over the blocks */
 #define Q4_1_BLOCK(k, a, DOT)                                                                   \
     do {                                                                                        \
         const __m256i d4 = DOT(unpack_nibbles(w[k].qs), _mm256_loadu_si256((const __m256i *)x[k].qs)); \
-        const __m128 dm = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));                     \
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(dm), a);              \
-        accm = _mm_add_ps(accm, dm);                                                            \
+        const __m128 hw = load_halfs(&w[k]), hx = load_halfs(&x[k]); /* [d, m], [d, s] */      \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(_mm_mul_ps(hw, hx)), a); \
+        accm = _mm_fmadd_ps(hw, hx, accm);                                                      \
     } while (0)
 #define Q4_1_BODY(DOT)                                                                          \
     const pi_block_q4_1 *w = vw;                                                                \
@@ -238,9 +243,12 @@ VNNI_TARGET static inline __m256i dot4_vnni(__m256i u, __m256i s) {
     QLOOP(Q8_0_BLOCK, DOT)                                                                      \
     *s = sum;
 
+/* noinline keeps the dispatcher a load, a branch and a tail jump */
 #define DEFINE_QDOT(name, BODY)                                                                 \
-    static void name##_bw(int64_t n, float *s, const void *vw, const void *vx) { BODY(dot4_256) } \
-    VNNI_TARGET static void name##_vnni(int64_t n, float *s, const void *vw, const void *vx) {   \
+    NOINLINE static void name##_bw(int64_t n, float *s, const void *vw, const void *vx) {        \
+        BODY(dot4_256)                                                                          \
+    }                                                                                           \
+    NOINLINE VNNI_TARGET static void name##_vnni(int64_t n, float *s, const void *vw, const void *vx) { \
         BODY(dot4_vnni)                                                                         \
     }                                                                                           \
     static void name(int64_t n, float *s, const void *vw, const void *vx) {                     \
@@ -256,26 +264,34 @@ DEFINE_QDOT(vec_dot_q8_0, Q8_0_BODY)
 
 /* ---- activation conversion ----------------------------------------------------- */
 
-#define TRUNC (_MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
+/* The Q8 quantizers run once per matmul right before the 256-bit dot kernels, so
+ * they stay 256-bit too: mixing in 512-bit instructions measured ~1 us more per
+ * pi_op_matmul call (the core changes its AVX-512 power state each time). */
 
-/* round half away from zero: trunc(v) + trunc(2 * (v - trunc(v))), all exact */
-static inline __m512 round_half_away(__m512 v) {
-    const __m512 t = _mm512_roundscale_ps(v, TRUNC);
-    const __m512 f = _mm512_sub_ps(v, t);
-    return _mm512_add_ps(t, _mm512_roundscale_ps(_mm512_add_ps(f, f), TRUNC));
-}
+/* round to nearest, ties to even (as llama.cpp's x86 quantizers) */
+static inline __m256 round_even(__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
 /* One block of 32 floats -> 32 int8 at q; returns d, and sum(q) through *sum */
 static inline float quantize_block_q8(const float *x, int8_t *q, float *sum) {
-    __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float d = amax / 127.0f;
-    const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-    v0 = round_half_away(_mm512_mul_ps(v0, id));
-    v1 = round_half_away(_mm512_mul_ps(v1, id));
-    if (sum) *sum = hsum512(_mm512_add_ps(v0, v1)); /* exact: small integers */
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v0)));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v1)));
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                   _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    v0 = round_even(_mm256_mul_ps(v0, id));
+    v1 = round_even(_mm256_mul_ps(v1, id));
+    v2 = round_even(_mm256_mul_ps(v2, id));
+    v3 = round_even(_mm256_mul_ps(v3, id));
+    if (sum) *sum = hsum256(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3))); /* exact */
+    const __m256i i01 = _mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1));
+    const __m256i i23 = _mm256_packs_epi32(_mm256_cvtps_epi32(v2), _mm256_cvtps_epi32(v3));
+    const __m256i b = _mm256_packs_epi16(i01, i23); /* 4-byte groups in order 0 2 4 6 1 3 5 7 */
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     return d;
 }
 
@@ -300,14 +316,11 @@ static void from_float_q8_1(const float *x, void *vy, int64_t n) {
 static void from_float_f16(const float *x, void *vy, int64_t n) {
     uint16_t *y = vy;
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(y + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
     if (i < n) {
-        const __mmask16 m = tail_mask16(n - i);
-        _mm256_mask_storeu_epi16(y + i, m,
-                                 _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
-                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __mmask8 m = (__mmask8)((1u << (n - i)) - 1u);
+        _mm_mask_storeu_epi16(y + i, m, _mm256_cvtps_ph(_mm256_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT));
     }
 }
 

@@ -1,13 +1,23 @@
 /* Portable scalar kernels (plain C, no intrinsics).
  *
- * This is the reference path: the SIMD files must agree with it (bit for bit for
- * the activation quantizers, within float rounding for the dot products).
+ * This is the reference path. The SIMD files agree with it bit for bit: the
+ * activation quantizers produce the same bytes, and the F16 and quantized dot
+ * products perform the same float operations in the same order (the order of
+ * llama.cpp's x86 kernels, see avx2.c / avx512.c), so a model's logits do not
+ * depend on the instruction set. F32 and BF16 rows only agree within float
+ * rounding: they use 8 independent partial sums here (better rounding than one
+ * running sum, and the compiler can keep them in vector registers without
+ * reassociation).
  *
- * Dot products of quantized rows work per block of 32: the integer sum of the
- * quant products is exact, then it is scaled by d_w * d_x in float. Q4_1 adds
- * m_w * s_x per block, where s_x = d_x * sum(q_x) was stored by the Q8_1 quantizer.
- * Float rows use 8 independent partial sums (better rounding than one running sum,
- * and the compiler can keep them in vector registers without reassociation).
+ * Quantized rows work per block of 32 as the 256-bit SIMD kernels do: 8 "lanes"
+ * each hold the exact integer sum of 4 consecutive quant products (elements
+ * 4l..4l+3 of the block in register order), converted to float and accumulated
+ * with one fused multiply-add against d_w * d_x (a float product of the two F16
+ * scales) into 8 float accumulators; Q4_1 adds fma(m_w, s_x, .) into a separate
+ * accumulator, where s_x = d_x * sum(q_x) was stored by the Q8_1 quantizer. The
+ * accumulators are summed as the SIMD horizontal sum does (see hsum8). fmaf is a
+ * libm call here (this file is compiled without -mfma; glibc picks the hardware
+ * instruction at run time where the CPU has it).
  */
 #include "pi_internal.h"
 
@@ -15,6 +25,12 @@
 
 static float sum_partials(const float acc[NACC]) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* The SIMD horizontal sum of 8 lanes: (a0 + a4) and so on, then by halves */
+static float hsum8(const float a[8]) {
+    const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    return (s0 + s2) + (s1 + s3);
 }
 
 /* ---- float rows ---------------------------------------------------------------- */
@@ -29,14 +45,30 @@ static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *vx) {
     *s = sum_partials(acc);
 }
 
+/* llama.cpp's AVX-512 F16 order (as avx512.c and avx2.c): 64 accumulators over
+ * 64-element steps, element i + j going to accumulator j; they are summed lane-wise
+ * as (A0 + A2) + (A1 + A3) over the four 16-wide groups A0..A3, and then as hsum8
+ * over the low and high 8 lanes added; the last n % 64 products (all of them when
+ * n < 64) are added in double. The product of two F16 values is exact in float, so
+ * acc + w * x rounds once, exactly as the SIMD fused multiply-add. */
 static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *vx) {
     const uint16_t *w = vw, *x = vx;
-    float acc[NACC] = {0};
-    int64_t i = 0;
-    for (; i + NACC <= n; i += NACC)
-        for (int j = 0; j < NACC; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * pi_fp16_to_fp32(x[i + j]);
-    for (int j = 0; i < n; i++, j++) acc[j] += pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]);
-    *s = sum_partials(acc);
+    float acc[64] = {0};
+    const int64_t np = n & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 64; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * pi_fp16_to_fp32(x[i + j]);
+    double sum = 0.0;
+    if (np > 0) {
+        float v[8];
+        for (int l = 0; l < 8; l++) {
+            const float lo = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+            const float hi = (acc[8 + l] + acc[40 + l]) + (acc[24 + l] + acc[56 + l]);
+            v[l] = hi + lo;
+        }
+        sum = hsum8(v);
+    }
+    for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]));
+    *s = (float)sum;
 }
 
 static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
@@ -51,22 +83,34 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
 
 /* ---- quantized rows ------------------------------------------------------------ */
 
-/* Q4_0 weights x Q8_0 activations: w = d * (nibble - 8) */
+/* acc[l] = fma(lane sum l, d, acc[l]) for the 8 lanes of a block */
+static inline void fma_lanes(float acc[8], const int32_t lane[8], float d) {
+    for (int l = 0; l < 8; l++) acc[l] = fmaf((float)lane[l], d, acc[l]);
+}
+
+/* Q4_0 weights x Q8_0 activations: w = d * (nibble - 8); element j < 16 is the low
+ * nibble of qs[j], element j >= 16 the high nibble of qs[j - 16] */
 static void vec_dot_q4_0(int64_t n, float *s, const void *vw, const void *vx) {
     const pi_block_q4_0 *w = vw;
     const pi_block_q8_0 *x = vx;
     const int64_t nb = n / PI_QK;
-    float sum = 0.0f;
+    float acc[8] = {0};
     for (int64_t i = 0; i < nb; i++) {
-        int32_t sumi = 0;
-        for (int j = 0; j < PI_QK / 2; j++) {
-            const int32_t lo = (int32_t)(w[i].qs[j] & 0x0F) - 8;
-            const int32_t hi = (int32_t)(w[i].qs[j] >> 4) - 8;
-            sumi += lo * x[i].qs[j] + hi * x[i].qs[j + PI_QK / 2];
+        const uint8_t *qw = w[i].qs;
+        const int8_t *qx = x[i].qs;
+        int32_t lane[8];
+        for (int l = 0; l < 4; l++) {
+            int32_t lo = 0, hi = 0;
+            for (int k = 4 * l; k < 4 * l + 4; k++) {
+                lo += ((int32_t)(qw[k] & 0x0F) - 8) * qx[k];
+                hi += ((int32_t)(qw[k] >> 4) - 8) * qx[k + PI_QK / 2];
+            }
+            lane[l] = lo;
+            lane[l + 4] = hi;
         }
-        sum += (float)sumi * (pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
+        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
     }
-    *s = sum;
+    *s = hsum8(acc);
 }
 
 /* Q4_1 weights x Q8_1 activations: w = d * nibble + m */
@@ -74,17 +118,24 @@ static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) {
     const pi_block_q4_1 *w = vw;
     const pi_block_q8_1 *x = vx;
     const int64_t nb = n / PI_QK;
-    float sum = 0.0f, summ = 0.0f;
+    float acc[8] = {0}, accm = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int32_t sumi = 0;
-        for (int j = 0; j < PI_QK / 2; j++) {
-            sumi += (int32_t)(w[i].qs[j] & 0x0F) * x[i].qs[j];
-            sumi += (int32_t)(w[i].qs[j] >> 4) * x[i].qs[j + PI_QK / 2];
+        const uint8_t *qw = w[i].qs;
+        const int8_t *qx = x[i].qs;
+        int32_t lane[8];
+        for (int l = 0; l < 4; l++) {
+            int32_t lo = 0, hi = 0;
+            for (int k = 4 * l; k < 4 * l + 4; k++) {
+                lo += (int32_t)(qw[k] & 0x0F) * qx[k];
+                hi += (int32_t)(qw[k] >> 4) * qx[k + PI_QK / 2];
+            }
+            lane[l] = lo;
+            lane[l + 4] = hi;
         }
-        sum += (float)sumi * (pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
-        summ += pi_fp16_to_fp32(w[i].m) * pi_fp16_to_fp32(x[i].s);
+        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
+        accm = fmaf(pi_fp16_to_fp32(w[i].m), pi_fp16_to_fp32(x[i].s), accm);
     }
-    *s = sum + summ;
+    *s = hsum8(acc) + accm;
 }
 
 /* Q8_0 weights x Q8_0 activations */
@@ -92,27 +143,33 @@ static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) {
     const pi_block_q8_0 *w = vw;
     const pi_block_q8_0 *x = vx;
     const int64_t nb = n / PI_QK;
-    float sum = 0.0f;
+    float acc[8] = {0};
     for (int64_t i = 0; i < nb; i++) {
-        int32_t sumi = 0;
-        for (int j = 0; j < PI_QK; j++) sumi += (int32_t)w[i].qs[j] * x[i].qs[j];
-        sum += (float)sumi * (pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
+        int32_t lane[8];
+        for (int l = 0; l < 8; l++) {
+            int32_t v = 0;
+            for (int k = 4 * l; k < 4 * l + 4; k++) v += (int32_t)w[i].qs[k] * x[i].qs[k];
+            lane[l] = v;
+        }
+        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
     }
-    *s = sum;
+    *s = hsum8(acc);
 }
 
 /* ---- activation conversion ----------------------------------------------------- */
 
-/* roundf for |v| <= 127 without a libm call: half away from zero. Non-finite
- * input (NaN or inf in x) gives 0 rather than an undefined conversion. */
-static inline float round_half_away(float v) {
+/* round to nearest, ties to even, for |v| <= 128 without a libm call (adding and
+ * removing 1.5 * 2^23 leaves the float's integer part rounded in the default mode).
+ * Non-finite input (NaN or inf in x) gives 0 rather than an undefined conversion. */
+static inline float round_even(float v) {
     if (!(v >= -128.0f && v <= 128.0f)) return 0.0f;
-    const float t = (float)(int32_t)v;   /* truncation toward zero */
-    const float f = v - t;                /* exact, |f| < 1 */
-    return t + (float)(int32_t)(f + f);   /* +-1 exactly when |f| >= 0.5 */
+    volatile float t = v + 12582912.0f; /* volatile: keep the compiler from folding the pair */
+    return t - 12582912.0f;
 }
 
-/* One block of 32: d = amax / 127, q = round(x / d); returns sum(q). */
+/* One block of 32: d = amax / 127, q = round_even(x * (127 / amax)), as llama.cpp's
+ * x86 quantizers (its portable reference uses 1/d and rounds half away; the x86 form
+ * is the one the reference engine runs here); returns sum(q). */
 static int32_t quantize_block_q8(const float *x, int8_t *q, float *d_out) {
     float amax = 0.0f;
     for (int j = 0; j < PI_QK; j++) {
@@ -120,10 +177,10 @@ static int32_t quantize_block_q8(const float *x, int8_t *q, float *d_out) {
         amax = a > amax ? a : amax;
     }
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     for (int j = 0; j < PI_QK; j++) {
-        const int32_t v = (int32_t)round_half_away(x[j] * id);
+        const int32_t v = (int32_t)round_even(x[j] * id);
         q[j] = (int8_t)v;
         sum += v;
     }
