@@ -34,6 +34,7 @@ ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text(HEADER.read_text()))
 
 _sources = sorted(str(p.relative_to(ROOT)) for p in (NATIVE / "src").rglob("*.c"))
+_headers = sorted(str(p.relative_to(ROOT)) for p in NATIVE.rglob("*.h"))  # rebuild when a header changes
 _cflags = ["-std=c11", "-O3", "-fno-math-errno", "-pthread", "-Wall", "-Wno-unused-function"]
 if os.environ.get("POWERINFER_NATIVE") == "1":
     _cflags.append("-march=native")
@@ -45,6 +46,7 @@ ffibuilder.set_source(
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
     extra_compile_args=_cflags,
     extra_link_args=["-pthread", "-lm"],
+    depends=_headers,
 )
 
 if __name__ == "__main__":

@@ -88,26 +88,30 @@ static inline void fma_lanes(float acc[8], const int32_t lane[8], float d) {
     for (int l = 0; l < 8; l++) acc[l] = fmaf((float)lane[l], d, acc[l]);
 }
 
-/* Q4_0 weights x Q8_0 activations: w = d * (nibble - 8); element j < 16 is the low
- * nibble of qs[j], element j >= 16 the high nibble of qs[j - 16] */
+/* The 8 lane sums of a 4-bit block: weight element j < 16 is the low nibble of
+ * qw[j], element j >= 16 the high nibble of qw[j - 16], each minus `offset` (8 for
+ * Q4_0, 0 for Q4_1); lanes 0-3 hold the low nibbles, 4-7 the high ones */
+static inline void nibble_lanes(const uint8_t *qw, const int8_t *qx, int32_t offset, int32_t lane[8]) {
+    for (int l = 0; l < 4; l++) {
+        int32_t lo = 0, hi = 0;
+        for (int k = 4 * l; k < 4 * l + 4; k++) {
+            lo += ((int32_t)(qw[k] & 0x0F) - offset) * qx[k];
+            hi += ((int32_t)(qw[k] >> 4) - offset) * qx[k + PI_QK / 2];
+        }
+        lane[l] = lo;
+        lane[l + 4] = hi;
+    }
+}
+
+/* Q4_0 weights x Q8_0 activations: w = d * (nibble - 8) */
 static void vec_dot_q4_0(int64_t n, float *s, const void *vw, const void *vx) {
     const pi_block_q4_0 *w = vw;
     const pi_block_q8_0 *x = vx;
     const int64_t nb = n / PI_QK;
     float acc[8] = {0};
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *qw = w[i].qs;
-        const int8_t *qx = x[i].qs;
         int32_t lane[8];
-        for (int l = 0; l < 4; l++) {
-            int32_t lo = 0, hi = 0;
-            for (int k = 4 * l; k < 4 * l + 4; k++) {
-                lo += ((int32_t)(qw[k] & 0x0F) - 8) * qx[k];
-                hi += ((int32_t)(qw[k] >> 4) - 8) * qx[k + PI_QK / 2];
-            }
-            lane[l] = lo;
-            lane[l + 4] = hi;
-        }
+        nibble_lanes(w[i].qs, x[i].qs, 8, lane);
         fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
     }
     *s = hsum8(acc);
@@ -120,18 +124,8 @@ static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) {
     const int64_t nb = n / PI_QK;
     float acc[8] = {0}, accm = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *qw = w[i].qs;
-        const int8_t *qx = x[i].qs;
         int32_t lane[8];
-        for (int l = 0; l < 4; l++) {
-            int32_t lo = 0, hi = 0;
-            for (int k = 4 * l; k < 4 * l + 4; k++) {
-                lo += (int32_t)(qw[k] & 0x0F) * qx[k];
-                hi += (int32_t)(qw[k] >> 4) * qx[k + PI_QK / 2];
-            }
-            lane[l] = lo;
-            lane[l + 4] = hi;
-        }
+        nibble_lanes(w[i].qs, x[i].qs, 0, lane);
         fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
         accm = fmaf(pi_fp16_to_fp32(w[i].m), pi_fp16_to_fp32(x[i].s), accm);
     }

@@ -1,0 +1,218 @@
+/* 256-bit x86 code shared by avx2.c and avx512.c (both run these same loops).
+ *
+ * Include this header AFTER the including file's `#pragma GCC target(...)` and
+ * <immintrin.h>: everything here is static inline and is compiled under that
+ * file's target, so each .c file gets its own copy built for its own ISA (the
+ * AVX-512 file's copies may use EVEX encodings). GCC defines __AVX2__, __FMA__
+ * and __F16C__ from the pragma on, which is what the guard below checks.
+ *
+ * Quantized dot products: per block of 32 the 4-bit (or 8-bit) weights and the
+ * int8 activations are multiplied as u8 x s8 into 8 int32 sums of 4 products
+ * (maddubs + madd with ones, or AVX512-VNNI vpdpbusd in avx512.c), converted to
+ * float and accumulated with one FMA against the broadcast block scale
+ * d_w * d_x; one horizontal sum at the end. The bodies are macros taking that
+ * dot helper, so avx512.c can expand them again under a VNNI target attribute.
+ *
+ * Block scales: a 16-byte load at the start of a block converted with vcvtph2ps
+ * gives [d, m or s, junk...] (the junk lanes come from the quants and are never
+ * read back), so one multiply yields [d_w*d_x, m_w*s_x]. Nothing reads past the
+ * end of a block (or of a row: float tails are scalar or masked).
+ *
+ * The activation quantizers reproduce the scalar path bit for bit (d = amax/127,
+ * id = 127/amax, round half to even: llama.cpp's x86 quantizers, so activation
+ * bytes equal llama.cpp's).
+ */
+#ifndef PI_ISA_X86_256_H
+#define PI_ISA_X86_256_H
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "x86_256.h: include it after #pragma GCC target(\"avx2,fma,f16c\"...) and <immintrin.h>"
+#endif
+
+#include "pi_internal.h"
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* fp16 [h0, h1, ...] at p -> [f0, f1, junk...] (reads 16 bytes, all within the
+ * block: the 256-bit form is the one compilers fold into vcvtph2ps ymm, m128) */
+static inline __m128 load_halfs(const void *p) {
+    return _mm256_castps256_ps128(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first (elements 0..15), then high */
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i shifted = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bytes kept in a register: without the empty asm the compiler folds the load
+ * into each of its two users and reads the (often line-splitting) bytes twice */
+static inline __m256i load_reg256(const void *p) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+/* u8 x s8 over 32 bytes, sums of 4 adjacent products -> 8 int32 (maddubs + madd) */
+static inline __m256i dot4_256(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* dot4(a, s) - dot4(b, s) with one madd: the int16 pair sums of maddubs are
+ * subtracted first (for Q4_0, a = nibbles and b = 8: neither pair sum saturates,
+ * |2 * 15 * 128| < 2^15, and neither does their difference) */
+static inline __m256i dot4_diff_256(__m256i a, __m256i b, __m256i s) {
+    const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(a, s), _mm256_maddubs_epi16(b, s));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* ---- F16 rows ------------------------------------------------------------------ */
+
+/* The float operations of llama.cpp's AVX-512 ggml_vec_dot_f16, run by both x86
+ * files and the scalar path, so F16 rows (the F16 KV cache in attention) give the
+ * same bits on every ISA and as llama.cpp: four 16-lane accumulators over
+ * 64-element steps, summed as (A0 + A2) + (A1 + A3) and then by halves; the last
+ * n % 64 products (all of them when n < 64) are added in double. (llama.cpp's own
+ * AVX2 build uses 32-element steps instead.) Each 16-lane accumulator is kept as
+ * two 256-bit halves, also in the AVX-512 build: as fast as 512-bit there
+ * (vcvtph2ps bound) and ~8% faster inside pi_op_matmul, where it avoids 512-bit
+ * power-state changes. */
+static inline void vec_dot_f16(int64_t n, float *s, const void *vw, const void *vx) {
+    const uint16_t *w = vw, *x = vx;
+#define LD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+    __m256 a[8]; /* accumulator k: a[2k] lanes 0-7, a[2k+1] lanes 8-15 */
+    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+    const int64_t np = n & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LD(x + i + 8 * k), a[k]);
+#undef LD
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    double sum = np > 0 ? hsum256(_mm256_add_ps(hi, lo)) : 0.0;
+    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
+    *s = (float)sum;
+}
+
+/* ---- quantized rows ------------------------------------------------------------ */
+/* One accumulator, blocks in order, and for Q4_1 a fused m_w * s_x accumulation:
+ * the float operations of llama.cpp's x86 vec_dot kernels (its AVX-512 builds run
+ * the same 256-bit loops), so a row gives the same bits as llama.cpp on the same
+ * activation bytes (checked against the installed libggml-cpu in the tests). A
+ * second accumulator measured no faster here.
+ *
+ * Each X_BODY(...) is the body of a pi_vec_dot_fn (n, s, vw, vx) and takes the
+ * int8 dot helper(s): dot4_256 / dot4_diff_256 above, or VNNI ones (avx512.c). */
+#define PI_QLOOP(BLOCK, DOT)                                                                    \
+    __m256 acc = _mm256_setzero_ps();                                                           \
+    for (int64_t i = 0; i < nb; i++) BLOCK(i, acc, DOT);                                        \
+    const float sum = hsum256(acc);
+
+/* Q4_0 x Q8_0: sum((q - 8) * y) = sum(q * y) - sum(8 * y); DOT_DIFF(a, b, y) is
+ * dot4(a, y) - dot4(b, y) */
+#define PI_Q4_0_BLOCK(k, a, DOT_DIFF)                                                           \
+    do {                                                                                        \
+        const __m256i y = _mm256_loadu_si256((const __m256i *)x[k].qs);                         \
+        const __m256i d4 = DOT_DIFF(unpack_nibbles(w[k].qs), eight, y);                         \
+        const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));                      \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(d), a);               \
+    } while (0)
+#define PI_Q4_0_BODY(DOT_DIFF)                                                                  \
+    const pi_block_q4_0 *w = vw;                                                                \
+    const pi_block_q8_0 *x = vx;                                                                \
+    const int64_t nb = n / PI_QK;                                                               \
+    const __m256i eight = _mm256_set1_epi8(8);                                                  \
+    PI_QLOOP(PI_Q4_0_BLOCK, DOT_DIFF)                                                           \
+    *s = sum;
+
+/* Q4_1 x Q8_1: d_w d_x sum(q * y) + m_w * s_x per block; lane 1 of accm is
+ * fma(m_w, s_x, .) over the blocks */
+#define PI_Q4_1_BLOCK(k, a, DOT)                                                                \
+    do {                                                                                        \
+        const __m256i d4 = DOT(unpack_nibbles(w[k].qs), _mm256_loadu_si256((const __m256i *)x[k].qs)); \
+        const __m128 hw = load_halfs(&w[k]), hx = load_halfs(&x[k]); /* [d, m], [d, s] */      \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(_mm_mul_ps(hw, hx)), a); \
+        accm = _mm_fmadd_ps(hw, hx, accm);                                                      \
+    } while (0)
+#define PI_Q4_1_BODY(DOT)                                                                       \
+    const pi_block_q4_1 *w = vw;                                                                \
+    const pi_block_q8_1 *x = vx;                                                                \
+    const int64_t nb = n / PI_QK;                                                               \
+    __m128 accm = _mm_setzero_ps();                                                             \
+    PI_QLOOP(PI_Q4_1_BLOCK, DOT)                                                                \
+    *s = sum + _mm_cvtss_f32(_mm_movehdup_ps(accm));
+
+/* Q8_0 x Q8_0: s8 x s8 as |w| (u8) x (y with the sign of w) */
+#define PI_Q8_0_BLOCK(k, a, DOT)                                                                \
+    do {                                                                                        \
+        const __m256i q = load_reg256(w[k].qs);                                                 \
+        const __m256i d4 = DOT(_mm256_abs_epi8(q), _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[k].qs), q)); \
+        const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));                      \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(d), a);               \
+    } while (0)
+#define PI_Q8_0_BODY(DOT)                                                                       \
+    const pi_block_q8_0 *w = vw;                                                                \
+    const pi_block_q8_0 *x = vx;                                                                \
+    const int64_t nb = n / PI_QK;                                                               \
+    PI_QLOOP(PI_Q8_0_BLOCK, DOT)                                                                \
+    *s = sum;
+
+/* ---- activation conversion ----------------------------------------------------- */
+/* The Q8 quantizers run once per matmul right before the 256-bit dot kernels, so
+ * they stay 256-bit in the AVX-512 build too: mixing in 512-bit instructions
+ * measured ~1 us more per pi_op_matmul call (the core changes its AVX-512 power
+ * state each time). */
+
+/* round to nearest, ties to even (as llama.cpp's x86 quantizers) */
+static inline __m256 round_even(__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+
+/* One block of 32 floats -> 32 int8 at q; returns d, and sum(q) through *sum */
+static inline float quantize_block_q8(const float *x, int8_t *q, float *sum) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                   _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    v0 = round_even(_mm256_mul_ps(v0, id));
+    v1 = round_even(_mm256_mul_ps(v1, id));
+    v2 = round_even(_mm256_mul_ps(v2, id));
+    v3 = round_even(_mm256_mul_ps(v3, id));
+    if (sum) *sum = hsum256(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3))); /* exact */
+    const __m256i i01 = _mm256_packs_epi32(_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1));
+    const __m256i i23 = _mm256_packs_epi32(_mm256_cvtps_epi32(v2), _mm256_cvtps_epi32(v3));
+    const __m256i b = _mm256_packs_epi16(i01, i23); /* 4-byte groups in order 0 2 4 6 1 3 5 7 */
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return d;
+}
+
+static inline void from_float_q8_0(const float *x, void *vy, int64_t n) {
+    pi_block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        const float d = quantize_block_q8(x + i * PI_QK, y[i].qs, NULL);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+static inline void from_float_q8_1(const float *x, void *vy, int64_t n) {
+    pi_block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        float sum;
+        const float d = quantize_block_q8(x + i * PI_QK, y[i].qs, &sum);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        y[i].s = _cvtss_sh(sum * d, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+static inline void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
+
+#endif /* PI_ISA_X86_256_H */
