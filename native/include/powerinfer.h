@@ -177,6 +177,52 @@ int pi_op_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head
                     int32_t n_head_kv, int32_t head_dim, const void *k, const void *v,
                     int64_t v_ld, int32_t kv_type, int64_t n_kv, const int32_t *pos, float *out);
 
+/* ---- Sparse FFN (neuron-aware; native/src/ops/sparse_ffn.c) ----------------- */
+
+/* Gated FFN forms: h = a(gate.x) * b(up.x) */
+enum pi_ffn_act {
+    PI_FFN_SWIGLU = 0, /* silu(g) * u */
+    PI_FFN_GEGLU = 1,  /* gelu_tanh(g) * u */
+    PI_FFN_RELU = 2,   /* relu(g) * u (ReLU-gated; "ReLUfied" models) */
+    PI_FFN_DRELU = 3   /* relu(g) * relu(u) (dReLU, TurboSparse) */
+};
+
+/* Sparse FFN of n_tok tokens over the active neurons only.
+ *  x: n_tok rows of n_embd floats (the normed FFN input).
+ *  gate, up: n_ff rows of n_embd elements of gate_up_type (the GGUF [n_embd, n_ff]
+ *    layout; F32/F16/BF16/Q4_0/Q4_1/Q8_0). x is converted once per token to the
+ *    type's activation type, exactly as pi_op_matmul does, so gate_j.x and up_j.x
+ *    have the bits of the dense product's row j.
+ *  down_t: the down projection transposed, n_ff rows of n_embd elements of
+ *    down_t_type (F32, F16, Q8_0 or Q4_0); see pi_op_transpose_to.
+ *  active, active_off: per token t the neuron ids active[active_off[t] ..
+ *    active_off[t+1]) (active_off has n_tok + 1 entries, active_off[0] = 0,
+ *    non-decreasing), each list strictly increasing and < n_ff. active = NULL means
+ *    all n_ff neurons for every token (active_off is then ignored).
+ *  For active j: h_j = act(gate_j.x, up_j.x). Neuron j enters the down sum unless
+ *    |h_j| < threshold or h_j == 0 (a NaN h_j is kept). For the ReLU forms the up
+ *    row is not read when gate_j.x <= 0 (h_j = 0). threshold >= 0, finite.
+ *  y: n_tok rows of n_embd floats, y[t] = sum over kept j of h_j * down_t[j].
+ *  n_used: optional (NULL), n_tok counts of the neurons kept in the down sum.
+ * Determinism: every output element is the float sum over the kept neurons in
+ * increasing id order, y = (((0 + h_a*w_a) + h_b*w_b) + ...), each product and sum
+ * rounded to float (no FMA), on every ISA path and for any pool size: threads
+ * split the output columns, never the sum, so reruns and any thread count give
+ * identical bits (and the same bits as that float32 loop written in numpy). */
+int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const void *gate,
+                     const void *up, int64_t n_embd, int64_t n_ff, int32_t down_t_type,
+                     const void *down_t, const float *x, int64_t n_tok, const int32_t *active,
+                     const int64_t *active_off, float threshold, float *y, int64_t *n_used);
+
+/* dst = transpose(src) in type_out: src is n_rows rows of n_cols elements of
+ * src_type (any weight type), dst n_cols rows of n_rows elements of type_out
+ * (F32, F16, Q8_0 or Q4_0; the quantized types need n_rows % 32 == 0). Values are
+ * dequantized to float, then rounded (F16: to nearest even) or quantized (Q8_0 as
+ * the activation quantizer, Q4_0 as the GGUF reference). For a GGUF ffn_down
+ * ([n_ff, n_embd]: n_embd rows of n_ff) pass n_rows = n_embd, n_cols = n_ff. */
+int pi_op_transpose_to(int32_t type_out, const void *src, int32_t src_type, int64_t n_rows,
+                       int64_t n_cols, void *dst);
+
 #ifdef __cplusplus
 }
 #endif

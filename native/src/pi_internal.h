@@ -180,4 +180,24 @@ void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, 
                   int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
                   int64_t n_kv, const int32_t *pos, float *out, float *scratch);
 
+/* ---- sparse FFN (ops/sparse_ffn.c; see pi_op_ffn_sparse) ---- */
+typedef struct {
+    int32_t act;          /* enum pi_ffn_act */
+    const pi_mat *gate;   /* n_ff rows of n_embd */
+    const pi_mat *up;     /* same type and shape as gate */
+    const pi_mat *down_t; /* n_ff rows of n_embd: F32, F16, Q8_0 or Q4_0 */
+    const float *x;       /* n_tok rows of n_embd */
+    int64_t n_tok;
+    const int32_t *active;     /* NULL = all neurons */
+    const int64_t *active_off; /* n_tok + 1 offsets into active */
+    float threshold;
+    float *y;        /* n_tok rows of n_embd */
+    int64_t *n_used; /* optional, n_tok counts */
+} pi_ffn_sparse_args;
+
+/* Bytes of scratch pi_ffn_sparse needs (upper bound, independent of the active sets) */
+int64_t pi_ffn_sparse_scratch_size(int32_t gate_up_type, int64_t n_embd, int64_t n_ff, int64_t n_tok);
+/* The operator on validated arguments (ids sorted, unique, in range); no allocation. */
+void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch);
+
 #endif /* PI_INTERNAL_H */
