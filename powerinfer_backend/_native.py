@@ -48,7 +48,7 @@ def set_isa(name: str) -> None:
     Raises:
         ValueError: unknown name. NotImplementedError: the CPU lacks that ISA.
     """
-    check(lib.pi_isa_set(name.encode()), f"POWERINFER_ISA / set_isa({name!r})")
+    check(lib.pi_isa_set(name.strip().lower().encode()), f"POWERINFER_ISA / set_isa({name!r})")
 
 
 def isa_name() -> str:

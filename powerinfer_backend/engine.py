@@ -3,7 +3,9 @@ raw binding in ``_native`` and the high-level :class:`powerinfer_backend.Llama`)
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import numpy as np
 
@@ -106,6 +108,18 @@ class NativeContext:
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
         self._ptr = out[0]
+        self._busy = threading.Lock()
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """One native call at a time: a context (KV cache, buffers) is not shareable."""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("this context is already in use by another thread; use one Llama per thread "
+                               "or serialize the calls")
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     @property
     def n_past(self) -> int:
@@ -114,20 +128,26 @@ class NativeContext:
 
     def truncate(self, n_keep: int) -> None:
         """Forget cached positions >= n_keep (0 clears the cache)."""
-        check(lib.pi_kv_truncate(self._ptr, int(n_keep)), "truncating the KV cache")
+        with self._exclusive():
+            check(lib.pi_kv_truncate(self._ptr, int(n_keep)), "truncating the KV cache")
 
     def eval(self, tokens, *, logits_all: bool = False) -> np.ndarray:
         """Evaluate ``tokens`` at positions n_past, n_past+1, ...
 
         Returns:
             float32 logits, shape (len(tokens), n_vocab) with ``logits_all``, else
-            (1, n_vocab) for the last token. With a single native call (len(tokens)
-            <= n_batch and not logits_all across calls) the array is a view of the C
-            buffer, valid until the next eval.
+            (1, n_vocab) for the last token. Without ``logits_all`` the array is a view of the C
+            last-token buffer (no copy): its memory stays valid, its content changes with
+            the next eval. With ``logits_all`` it is a copy.
 
         Raises:
             ValueError: empty input, token id out of range, or context full.
+            RuntimeError: the context is in use by another thread.
         """
+        with self._exclusive():
+            return self._eval(tokens, logits_all)
+
+    def _eval(self, tokens, logits_all: bool) -> np.ndarray:
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         if toks.ndim != 1 or toks.size == 0:
             raise ValueError("eval: tokens must be a non-empty 1-D sequence")
@@ -141,12 +161,10 @@ class NativeContext:
         for start in range(0, toks.size, self.n_batch):
             chunk = toks[start:start + self.n_batch]
             pos = np.arange(self.n_past, self.n_past + chunk.size, dtype=np.int32)
-            last = start + self.n_batch >= toks.size
             check(lib.pi_eval(self._ptr, ffi.from_buffer("int32_t[]", chunk), ffi.from_buffer("int32_t[]", pos),
                               chunk.size, 1 if logits_all else 0), "eval")
-            if logits_all:
-                view = self._logits_view()
-                rows.append(view if last and start == 0 else view.copy())
+            if logits_all:  # copied: a later eval with more rows may reallocate that buffer
+                rows.append(self._logits_view().copy())
         if not logits_all:
             return self._logits_view()
         return rows[0] if len(rows) == 1 else np.concatenate(rows)

@@ -8,6 +8,7 @@ logits with the native engine through the ``"hybrid"`` backend plugin.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -100,9 +101,12 @@ class Llama:
         self.verbose = verbose
         self.vram_budget = vram_budget
         self._logits_all = logits_all
-        self._tok = LlamaCppTokenizer(model_path)
+        if vram_budget is not None and not (isinstance(vram_budget, (int, float)) and vram_budget >= 0):
+            raise ValueError(f"vram_budget must be a number of GiB >= 0 or None, got {vram_budget!r}")
+        # the backend first: it validates the GGUF with messages naming the file and tensor
         self._backend = create_backend(backend, model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                        vram_budget=vram_budget, verbose=verbose)
+        self._tok = LlamaCppTokenizer(model_path)
         self.n_batch = min(n_batch, self._backend.n_ctx)
         self.n_threads = getattr(self._backend, "n_threads", n_threads)
         self._input_ids: List[int] = []
@@ -176,11 +180,13 @@ class Llama:
     def set_seed(self, seed: int) -> None:
         """Seed the sampler (0xFFFFFFFF = random)."""
         self._seed = seed
-        self._rng = np.random.default_rng(None if seed == LLAMA_DEFAULT_SEED else seed)
+        random = seed is None or seed < 0 or seed == LLAMA_DEFAULT_SEED  # -1 is "random" in llama.cpp too
+        self._rng = np.random.default_rng(None if random else seed)
 
     def reset(self) -> None:
         """Forget all tokens (the KV cache is reused from position 0)."""
         self._input_ids = []
+        self._last_logits = None
         self._backend.truncate(0)
 
     def eval(self, tokens: Sequence[int]) -> None:
@@ -258,6 +264,19 @@ class Llama:
             ValueError: prompt longer than the context window
                 ("Requested tokens (N) exceed context window of M").
         """
+        if logprobs is not None:
+            if not self._logits_all:
+                raise ValueError("logprobs is not supported for models created with logits_all=False")
+            raise NotImplementedError("logprobs is not implemented yet (the Llama API issue)")
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature must be a finite number, got {temperature}")
+        ignored = {k: v for k, v in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty),
+                                     ("typical_p", typical_p - 1.0)) if v}
+        ignored.update({k: v for k, v in _unused.items() if k in ("grammar", "mirostat_mode", "logit_bias",
+                                                                   "logits_processor") and v})
+        if ignored:
+            warnings.warn(f"not applied yet by this sampler (the Llama API issue): {', '.join(sorted(ignored))}",
+                          stacklevel=2)
         gen = self._completion(prompt, suffix, max_tokens, temperature, top_p, min_p, echo, stop,
                                repeat_penalty, top_k, stream, seed, model, stopping_criteria)
         if stream:
@@ -267,6 +286,8 @@ class Llama:
     __call__ = create_completion
 
     def _prompt_tokens(self, prompt: Union[str, List[int]]) -> List[int]:
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (str, list, tuple, np.ndarray)):
+            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
         if len(prompt) == 0:  # "" or []: start from BOS (an empty sequence has no logits to sample from)
             return [self.token_bos()]
         if isinstance(prompt, str):

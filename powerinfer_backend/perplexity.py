@@ -22,6 +22,8 @@ def read_text(path: str, offset_bytes: int = 0, max_bytes: Optional[int] = None)
             data = f.read()
     except OSError as e:
         raise ValueError(f"cannot read text file {path}: {e}") from e
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
     if offset_bytes < 0 or offset_bytes >= len(data):
         raise ValueError(f"{path}: offset {offset_bytes} is outside the file ({len(data)} bytes)")
     end = len(data) if max_bytes is None else min(len(data), offset_bytes + max_bytes)

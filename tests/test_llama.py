@@ -506,3 +506,58 @@ def test_report_python_overhead(llm, capsys):
               f"{100 * (total - engine) / total:.2f}% ({per_tok_us:.0f} us/token)")
     if r["choices"][0]["finish_reason"] == "length":  # an EOS costs one more eval than tokens returned
         assert len(spent) == r["usage"]["completion_tokens"] == n
+
+
+def test_concurrent_use_of_one_instance_is_refused_not_a_crash(llm):
+    """Two threads on one Llama: the second native call raises RuntimeError while the
+    first runs (the KV cache cannot be shared); nothing crashes and the instance stays usable."""
+    import threading
+
+    errors, results = [], []
+    start = threading.Barrier(4)
+
+    def worker():
+        start.wait()
+        try:
+            for _ in range(3):
+                results.append(_text(llm("Once upon a time", max_tokens=8, temperature=0)))
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(not t.is_alive() for t in threads)
+    assert results, "at least one thread must have completed"
+    assert all("another thread" in e for e in errors)
+    expected = _text(llm("Once upon a time", max_tokens=8, temperature=0))
+    assert results[0] == expected
+
+
+def test_bad_prompt_types_raise_type_error(llm):
+    for prompt in (b"Hello", 5, None):
+        with pytest.raises(TypeError, match="prompt must be a str or a list of token ids"):
+            llm(prompt, max_tokens=1)
+
+
+def test_logprobs_without_logits_all_raises_like_llama_cpp(llm):
+    with pytest.raises(ValueError, match="logits_all=False"):
+        llm("Hi", max_tokens=1, logprobs=1)
+
+
+def test_negative_seed_means_random_and_reset_forgets_logits(llm):
+    llm.reset()
+    llm.eval(llm.tokenize(b"Once upon a time"))
+    llm.set_seed(-1)  # llama.cpp's "random seed"; numpy would reject a negative seed
+    assert 0 <= llm.sample(temp=0.8) < llm.n_vocab()
+    llm.reset()
+    with pytest.raises(RuntimeError, match="before eval"):
+        llm.sample()
+    llm.set_seed(1234)
+
+
+def test_nan_temperature_is_a_clear_error(llm):
+    with pytest.raises(ValueError, match="temperature"):
+        llm("Hi", max_tokens=1, temperature=float("nan"))

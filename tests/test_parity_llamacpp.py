@@ -32,6 +32,9 @@ PROMPTS = [
 ]
 
 
+needs_text = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} not found (a checkout beside shared/)")
+
+
 @pytest.fixture(scope="module")
 def model_path():
     return default_model_path()
@@ -82,6 +85,7 @@ def test_first_positions_bit_identical(ours, ref):
     assert np.array_equal(got, expected), f"max |dlogit| {np.abs(got - expected).max()}"
 
 
+@needs_text
 def test_logits_track_llama_cpp_on_shakespeare(ours, ref):
     text = SHAKESPEARE.read_text()[:4000]
     tokens = ref.tokenize(text.encode(), add_bos=False)[:128]
@@ -138,6 +142,7 @@ def test_greedy_tokens_match_llama_cpp(ours, ref, prompt):
     assert np.count_nonzero(mine != np.asarray(expected)) <= 3
 
 
+@needs_text
 def test_perplexity_matches_llama_cpp(ours, ref):
     tokens = ref.tokenize(SHAKESPEARE.read_text()[:6000].encode(), add_bos=False)[:256]
     targets = np.asarray(tokens[1:])

@@ -114,8 +114,10 @@ void pi_context_free(pi_context *ctx);
  * when logits_all != 0, else for the last token only. */
 int pi_eval(pi_context *ctx, const int32_t *tokens, const int32_t *pos, int32_t n_tokens,
             int32_t logits_all);
-/* Logits of the last pi_eval: pi_n_outputs(ctx) rows of n_vocab floats. The buffer
- * stays valid until the next pi_eval or pi_context_free. */
+/* Logits of the last pi_eval: pi_n_outputs(ctx) rows of n_vocab floats. The
+ * last-token buffer (logits_all == 0) never moves until pi_context_free (its content
+ * changes with each pi_eval); the logits_all buffer may be reallocated by a later
+ * pi_eval with more rows. */
 const float *pi_get_logits(pi_context *ctx);
 int32_t pi_n_outputs(const pi_context *ctx);
 /* Hidden state after the final norm, same rows as the logits: n_embd floats each. */

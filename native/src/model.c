@@ -28,8 +28,11 @@ struct pi_context {
     float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
     void *act_scratch;                    /* quantized matmul inputs */
     float *attn_scratch;
-    float *logits, *embd;
-    int64_t logits_cap;                   /* rows allocated in logits */
+    float *logits1;                       /* last-token logits: never moves, so views of it stay valid */
+    float *logits_rows;                   /* logits_all rows, grown on demand */
+    int64_t rows_cap;                     /* rows allocated in logits_rows */
+    float *logits;                        /* the buffer the last pi_eval wrote */
+    float *embd;
     int32_t n_out;
 };
 
@@ -141,7 +144,7 @@ void pi_context_free(pi_context *c) {
     pi_pool_free(c->pool);
     free(c->k_cache);
     free(c->v_cache);
-    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits, c->embd};
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows, c->embd};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->act_scratch);
     free(c);
@@ -186,10 +189,9 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->embd = alloc_f(B * E);
     c->act_scratch = malloc((size_t)(m->max_act_row * B));
     c->attn_scratch = alloc_f(pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * cp->n_threads);
-    c->logits = alloc_f(hp->n_vocab);
-    c->logits_cap = 1;
+    c->logits1 = alloc_f(hp->n_vocab);
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
-        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits) {
+        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1) {
         pi_context_free(c);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
                             cp->n_ctx, 2 * kv_bytes);
@@ -303,12 +305,12 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
         return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval: position %d exceeds the context window of %d",
                             pos[n_tokens - 1], c->cp.n_ctx);
     const int64_t n_out = logits_all ? n_tokens : 1;
-    if (n_out > c->logits_cap) {
+    if (logits_all && n_out > c->rows_cap) {
         float *nl = alloc_f(n_out * hp->n_vocab);
         if (nl == NULL) return pi_set_error(PI_ERR_NOMEM, "out of memory for %lld rows of logits", (long long)n_out);
-        free(c->logits);
-        c->logits = nl;
-        c->logits_cap = n_out;
+        free(c->logits_rows);
+        c->logits_rows = nl;
+        c->rows_cap = n_out;
     }
     const int64_t E = hp->n_embd;
     const pi_mat *te = &c->m->tok_embd;
@@ -322,6 +324,7 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
 
     const float *xo = c->x + (n_tokens - n_out) * E;
     pi_rmsnorm_rows(xo, hp->output_norm.data, E, n_out, hp->rms_eps, c->embd);
+    c->logits = logits_all ? c->logits_rows : c->logits1;
     matmul1(c, &c->m->output, c->embd, n_out, c->logits);
     c->n_out = (int32_t)n_out;
     return PI_OK;

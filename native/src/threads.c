@@ -1,8 +1,9 @@
 /* Persistent worker pool. The calling thread is worker 0; the others spin for a
  * short while after each job (decode issues hundreds of small jobs per token),
  * then sleep on a condition variable so an idle pool costs no CPU. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -32,6 +33,7 @@ struct pi_pool {
     atomic_uint_fast64_t gen; /* bumped once per job */
     atomic_int n_done;
     atomic_int stop;
+    int64_t spin_ns; /* 0 when there are more threads than CPUs: spinning would steal their time */
     pi_task_fn fn;
     void *arg;
 };
@@ -49,7 +51,7 @@ static uint_fast64_t wait_for_job(pi_pool *p, uint_fast64_t seen) {
         uint_fast64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen || atomic_load(&p->stop)) return g;
         PI_RELAX();
-        if ((++spins & 1023u) == 0 && now_ns() - t0 > PI_SPIN_NS) break;
+        if ((++spins & 1023u) == 0 && now_ns() - t0 >= p->spin_ns) break;
     }
     pthread_mutex_lock(&p->mu);
     uint_fast64_t g;
@@ -80,6 +82,9 @@ int pi_pool_create(int32_t n_threads, pi_pool **out) {
     pi_pool *p = calloc(1, sizeof *p);
     if (p == NULL) return pi_set_error(PI_ERR_NOMEM, "out of memory for the thread pool");
     p->n = n_threads;
+    cpu_set_t cpus;
+    const int n_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    p->spin_ns = n_threads <= n_cpus ? PI_SPIN_NS : 0;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->gen, 0);
@@ -133,5 +138,9 @@ void pi_pool_run(pi_pool *p, pi_task_fn fn, void *arg) {
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     fn(arg, 0, p->n);
-    while (atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n - 1) PI_RELAX();
+    /* wait for the workers; yield now and then in case one of them is not running */
+    for (unsigned spins = 1; atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n - 1; spins++) {
+        PI_RELAX();
+        if ((spins & 255u) == 0 && p->spin_ns == 0) sched_yield();
+    }
 }
