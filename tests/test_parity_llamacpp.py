@@ -20,7 +20,6 @@ import pytest
 
 from powerinfer_backend import Llama
 from powerinfer_backend.llamacpp_ref import load_reference
-from powerinfer_backend.models import default_model_path
 from powerinfer_backend.perplexity import log_softmax_nll
 
 N_THREADS = 2
@@ -33,11 +32,6 @@ PROMPTS = [
 
 
 needs_text = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} not found (a checkout beside shared/)")
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    return default_model_path()
 
 
 @pytest.fixture(scope="module")

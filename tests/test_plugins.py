@@ -11,16 +11,7 @@ import pytest
 from powerinfer_backend import Llama
 from powerinfer_backend.backends import available_backends, create_backend, plugin_manager
 from powerinfer_backend.hookspecs import PROJECT, hookimpl
-from powerinfer_backend.models import default_model_path
 from powerinfer_backend.plugins import HybridBackend
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    try:
-        return default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
 
 
 class CountingBackend:
