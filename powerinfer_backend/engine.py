@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -56,7 +57,6 @@ class NativeModel:
             setattr(p, name, getattr(hp, name))
         p.rope_type = _ROPE[hp.rope_type] if isinstance(hp.rope_type, str) else hp.rope_type
         p.act = _ACT[hp.act] if isinstance(hp.act, str) else hp.act
-        self._keep = []  # cffi buffers must stay alive as long as the model
         for field, name in (("tok_embd", "token_embd.weight"), ("output_norm", "output_norm.weight"),
                             ("output", "output.weight"), ("rope_freqs", "rope_freqs.weight")):
             _fill_tensor(getattr(p, field), t.get(name))
@@ -68,13 +68,17 @@ class NativeModel:
         out = ffi.new("pi_model **")
         check(lib.pi_model_create(p, out), f"{gguf.path}")
         self._ptr = out[0]
+        self._contexts = weakref.WeakSet()  # contexts point into the C model: it must outlive them
+        self._close_requested = False
 
     @property
     def ptr(self):
         return self._ptr
 
     def close(self) -> None:
-        if getattr(self, "_ptr", None) is not None:
+        """Free the C model once no open context uses it (until then the free is deferred)."""
+        self._close_requested = True
+        if getattr(self, "_ptr", None) is not None and not any(c.is_open for c in self._contexts):
             lib.pi_model_free(self._ptr)
             self._ptr = None
 
@@ -98,6 +102,8 @@ class NativeContext:
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int,
                  kv_f16: bool = True):
+        if model.ptr is None:
+            raise ValueError("NativeContext: the model is closed")
         self.model = model
         self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
         self.n_vocab = model.gguf.hparams.n_vocab
@@ -109,6 +115,10 @@ class NativeContext:
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
         self._ptr = out[0]
         self._busy = threading.Lock()
+        model._contexts.add(self)
+        # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
+        self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
+                                        dtype=np.float32).reshape(1, self.n_vocab)
 
     @contextlib.contextmanager
     def _exclusive(self):
@@ -148,13 +158,19 @@ class NativeContext:
             return self._eval(tokens, logits_all)
 
     def _eval(self, tokens, logits_all: bool) -> np.ndarray:
-        toks = np.ascontiguousarray(tokens, dtype=np.int32)
-        if toks.ndim != 1 or toks.size == 0:
+        ids = np.asarray(tokens)
+        if ids.ndim != 1 or ids.size == 0:
             raise ValueError("eval: tokens must be a non-empty 1-D sequence")
-        bad = np.flatnonzero((toks < 0) | (toks >= self.n_vocab))
-        if bad.size:  # checked up front so a bad id in a later batch leaves the cache unchanged
-            i = int(bad[0])
-            raise ValueError(f"eval: token {int(toks[i])} at index {i} is outside [0, {self.n_vocab})")
+        if ids.dtype.kind not in "iu":
+            if ids.dtype != object:
+                raise ValueError(f"eval: token ids must be integers, got dtype {ids.dtype}")
+            if not all(isinstance(t, (int, np.integer)) for t in ids):
+                raise ValueError("eval: token ids must be integers")
+        values = ids.tolist()  # Python ints: no wrap-around of int64 ids before the range check
+        bad = next((i for i, t in enumerate(values) if not 0 <= t < self.n_vocab), None)
+        if bad is not None:  # checked up front so a bad id in a later batch leaves the cache unchanged
+            raise ValueError(f"eval: token {values[bad]} at index {bad} is outside [0, {self.n_vocab})")
+        toks = ids.astype(np.int32)
         if self.n_past + toks.size > self.n_ctx:
             raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx}")
         rows = []
@@ -166,7 +182,7 @@ class NativeContext:
             if logits_all:  # copied: a later eval with more rows may reallocate that buffer
                 rows.append(self._logits_view().copy())
         if not logits_all:
-            return self._logits_view()
+            return self._last_view
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def _logits_view(self) -> np.ndarray:
@@ -180,10 +196,19 @@ class NativeContext:
         buf = ffi.buffer(lib.pi_get_embeddings(self._ptr), n_out * self.n_embd * 4)
         return np.frombuffer(buf, dtype=np.float32).reshape(n_out, self.n_embd).copy()
 
+    @property
+    def is_open(self) -> bool:
+        return getattr(self, "_ptr", None) is not None
+
     def close(self) -> None:
-        if getattr(self, "_ptr", None) is not None:
+        """Free the context; waits for an eval running in another thread to finish."""
+        if not self.is_open:
+            return
+        with self._busy:
             lib.pi_context_free(self._ptr)
             self._ptr = None
+        if self.model._close_requested:
+            self.model.close()
 
     def __del__(self):
         self.close()

@@ -107,7 +107,7 @@ class Llama:
         self._backend = create_backend(backend, model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                        vram_budget=vram_budget, verbose=verbose)
         self._tok = LlamaCppTokenizer(model_path)
-        self.n_batch = min(n_batch, self._backend.n_ctx)
+        self.n_batch = n_batch  # as llama_cpp.Llama exposes it
         self.n_threads = getattr(self._backend, "n_threads", n_threads)
         self._input_ids: List[int] = []
         self._last_logits: Optional[np.ndarray] = None
@@ -201,15 +201,18 @@ class Llama:
         if len(self._input_ids) + len(tokens) > self.n_ctx():
             raise ValueError(f"Requested tokens ({len(self._input_ids) + len(tokens)}) exceed context window "
                              f"of {self.n_ctx()}")
-        self._backend.truncate(len(self._input_ids))
+        if self._backend.n_past != len(self._input_ids):  # e.g. a chunk of a failed eval got cached
+            self._backend.truncate(len(self._input_ids))
         logits = self._backend.eval(tokens, logits_all=self._logits_all)
         self._input_ids.extend(tokens)
-        self._last_logits = logits[-1]
+        # without logits_all this is a view of the native last-token buffer (no copy per token)
+        self._last_logits = logits[-1] if not self._logits_all else logits[-1].copy()
 
     @property
     def scores(self) -> Optional[np.ndarray]:
-        """Logits of the last evaluated token, float32 (n_vocab,)."""
-        return self._last_logits
+        """Logits of the last evaluated token, float32 (n_vocab,): a copy, so it stays
+        valid after later evals and after close()."""
+        return None if self._last_logits is None else self._last_logits.copy()
 
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
                temp: float = 0.80, repeat_penalty: float = 1.0, **_unused) -> int:
@@ -231,6 +234,8 @@ class Llama:
         sequence is kept and only the rest is evaluated (prompt reuse).
         """
         tokens = list(tokens)
+        if not tokens:
+            raise ValueError("generate: tokens must not be empty")
         if reset and self._input_ids:
             n = 0
             for a, b in zip(self._input_ids, tokens):
@@ -332,8 +337,9 @@ class Llama:
                     finish = "stop"
                     break
                 out.append(token)
+                tail_from = max(0, len(data) - max((len(s) for s in stop_bytes), default=0) + 1)
                 data += self._piece(token)
-                hits = [data.find(s) for s in stop_bytes if s in data]
+                hits = [h for h in (data.find(s, tail_from) for s in stop_bytes) if h >= 0]
                 if hits:
                     data = data[:min(hits)]
                     finish = "stop"

@@ -519,3 +519,45 @@ def test_model_create_validates_hparams(models, changes, match):
     good = models("q8_0").gguf
     with pytest.raises(ValueError, match=match):
         NativeModel(dataclasses.replace(good, hparams=dataclasses.replace(good.hparams, **changes)))
+
+
+def test_token_ids_are_checked_not_wrapped(models):
+    ctx = NativeContext(models("q8_0"), n_ctx=16, n_batch=8, n_threads=1)
+    with pytest.raises(ValueError, match="outside"):
+        ctx.eval(np.array([2**32 + 5], dtype=np.int64))  # would wrap to 5 as int32
+    with pytest.raises(ValueError, match="integers"):
+        ctx.eval(np.array([3.7]))
+    with pytest.raises(ValueError, match="outside"):
+        ctx.eval([2**40])
+    assert ctx.n_past == 0
+
+
+def test_model_outlives_its_contexts(tmp_path):
+    """Closing the model first defers the free until its last context closes."""
+    from tests.fixtures import write_tiny_llama
+
+    m = NativeModel(load_gguf(write_tiny_llama(tmp_path / "m.gguf"), verbose=False))
+    ctx = NativeContext(m, n_ctx=8, n_batch=8, n_threads=1)
+    before = ctx.eval([1, 2, 3]).copy()
+    m.close()
+    assert m.ptr is not None  # still in use
+    ctx.truncate(0)
+    assert np.array_equal(ctx.eval([1, 2, 3]), before)
+    ctx.close()
+    assert m.ptr is None
+    with pytest.raises(ValueError, match="closed"):
+        NativeContext(m, n_ctx=8, n_batch=8, n_threads=1)
+
+
+def test_close_waits_for_an_eval_in_another_thread(models):
+    import threading
+
+    ctx = NativeContext(models("q8_0"), n_ctx=512, n_batch=512, n_threads=1)
+    done = []
+    t = threading.Thread(target=lambda: done.append(ctx.eval(list(range(1, 60)) * 8).shape))
+    t.start()
+    while not ctx._busy.locked() and t.is_alive():
+        pass
+    ctx.close()  # must neither free buffers under the running eval nor hang
+    t.join(timeout=60)
+    assert not t.is_alive() and done == [(1, ctx.n_vocab)] and not ctx.is_open

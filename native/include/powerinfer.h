@@ -120,6 +120,9 @@ int pi_eval(pi_context *ctx, const int32_t *tokens, const int32_t *pos, int32_t 
  * pi_eval with more rows. */
 const float *pi_get_logits(pi_context *ctx);
 int32_t pi_n_outputs(const pi_context *ctx);
+/* The fixed last-token logits buffer (n_vocab floats) that every pi_eval with
+ * logits_all == 0 writes: callers may keep one view of it for the context's life. */
+const float *pi_get_logits_buffer(pi_context *ctx);
 /* Hidden state after the final norm, same rows as the logits: n_embd floats each. */
 const float *pi_get_embeddings(pi_context *ctx);
 

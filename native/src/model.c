@@ -331,6 +331,7 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
 }
 
 const float *pi_get_logits(pi_context *c) { return c != NULL && c->n_out > 0 ? c->logits : NULL; }
+const float *pi_get_logits_buffer(pi_context *c) { return c != NULL ? c->logits1 : NULL; }
 const float *pi_get_embeddings(pi_context *c) { return c != NULL && c->n_out > 0 ? c->embd : NULL; }
 int32_t pi_n_outputs(const pi_context *c) { return c != NULL ? c->n_out : 0; }
 int32_t pi_kv_used(const pi_context *c) { return c != NULL ? c->kv_used : 0; }
