@@ -177,8 +177,10 @@ class NativeContext:
         for start in range(0, toks.size, self.n_batch):
             chunk = toks[start:start + self.n_batch]
             pos = np.arange(self.n_past, self.n_past + chunk.size, dtype=np.int32)
+            last = start + self.n_batch >= toks.size
+            mode = 1 if logits_all else 0 if last else -1  # -1: no logits for an earlier prompt chunk
             check(lib.pi_eval(self._ptr, ffi.from_buffer("int32_t[]", chunk), ffi.from_buffer("int32_t[]", pos),
-                              chunk.size, 1 if logits_all else 0), "eval")
+                              chunk.size, mode), "eval")
             if logits_all:  # copied: a later eval with more rows may reallocate that buffer
                 rows.append(self._logits_view().copy())
         if not logits_all:

@@ -561,3 +561,19 @@ def test_close_waits_for_an_eval_in_another_thread(models):
     ctx.close()  # must neither free buffers under the running eval nor hang
     t.join(timeout=60)
     assert not t.is_alive() and done == [(1, ctx.n_vocab)] and not ctx.is_open
+
+
+def test_prompt_chunk_without_outputs(models):
+    """logits_all < 0 fills the KV cache and computes no logits; the next token's
+    logits equal those of a run that computed them all along."""
+    ctx = NativeContext(models("q8_0"), n_ctx=16, n_batch=8, n_threads=1)
+    toks = np.arange(1, 6, dtype=np.int32)
+    pos = np.arange(0, 5, dtype=np.int32)
+    _native.check(lib.pi_eval(ctx._ptr, ffi.from_buffer("int32_t[]", toks), ffi.from_buffer("int32_t[]", pos),
+                              5, -1), "eval")
+    assert lib.pi_n_outputs(ctx._ptr) == 0 and lib.pi_get_logits(ctx._ptr) == ffi.NULL
+    assert ctx.n_past == 5
+    got = ctx.eval([6])[0].copy()
+    ctx.truncate(0)
+    ctx.eval([1, 2, 3, 4, 5])
+    assert np.array_equal(got, ctx.eval([6])[0])

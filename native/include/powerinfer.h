@@ -111,7 +111,8 @@ void pi_context_free(pi_context *ctx);
 
 /* Evaluate n_tokens tokens at positions pos[] (pos[i] = pos[0] + i, and pos[0]
  * must not exceed the number of cached positions). Writes logits for every token
- * when logits_all != 0, else for the last token only. */
+ * when logits_all > 0, for the last token only when logits_all == 0, and none
+ * (only the KV cache is filled: a prompt chunk before the last) when logits_all < 0. */
 int pi_eval(pi_context *ctx, const int32_t *tokens, const int32_t *pos, int32_t n_tokens,
             int32_t logits_all);
 /* Logits of the last pi_eval: pi_n_outputs(ctx) rows of n_vocab floats. The

@@ -33,6 +33,7 @@ struct pi_context {
     int64_t rows_cap;                     /* rows allocated in logits_rows */
     float *logits;                        /* the buffer the last pi_eval wrote */
     float *embd;
+    float *rope_cs;                       /* cos/sin per position of this batch: n_batch rows of n_rot */
     int32_t n_out;
 };
 
@@ -144,7 +145,7 @@ void pi_context_free(pi_context *c) {
     pi_pool_free(c->pool);
     free(c->k_cache);
     free(c->v_cache);
-    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows, c->embd};
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows, c->embd, c->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->act_scratch);
     free(c);
@@ -190,8 +191,9 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->act_scratch = malloc((size_t)(m->max_act_row * B));
     c->attn_scratch = alloc_f(pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * cp->n_threads);
     c->logits1 = alloc_f(hp->n_vocab);
+    c->rope_cs = alloc_f(B * hp->n_rot);
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
-        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1) {
+        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs) {
         pi_context_free(c);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
                             cp->n_ctx, 2 * kv_bytes);
@@ -258,16 +260,13 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head, R = c->kv_row;
-    const float *freq_factors = hp->rope_freqs.data;
 
     /* attention block */
     pi_rmsnorm_rows(c->x, lt[PI_L_ATTN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
     const pi_matmul_out qkv[3] = {{&lm[PI_L_ATTN_Q], c->q, Q}, {&lm[PI_L_ATTN_K], c->k, R}, {&lm[PI_L_ATTN_V], c->v, R}};
     pi_matmul_multi(c->pool, qkv, 3, c->xn, n_tok, c->act_scratch);
-    pi_rope_rows(c->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, pos, hp->rope_freq_base,
-                 hp->rope_freq_scale, freq_factors, hp->rope_type);
-    pi_rope_rows(c->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, pos, hp->rope_freq_base,
-                 hp->rope_freq_scale, freq_factors, hp->rope_type);
+    pi_rope_apply(c->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, c->rope_cs, hp->rope_type);
+    pi_rope_apply(c->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, c->rope_cs, hp->rope_type);
     store_kv(c, l, pos, n_tok);
     const size_t layer_off = (size_t)l * c->n_cells * R * c->kv_esz;
     pi_attention(c->pool, c->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, c->k_cache + layer_off,
@@ -304,8 +303,9 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     if (pos[n_tokens - 1] >= c->cp.n_ctx)
         return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval: position %d exceeds the context window of %d",
                             pos[n_tokens - 1], c->cp.n_ctx);
-    const int64_t n_out = logits_all ? n_tokens : 1;
-    if (logits_all && n_out > c->rows_cap) {
+    /* logits_all < 0: a prompt chunk whose outputs nobody reads - skip the output layer */
+    const int64_t n_out = logits_all > 0 ? n_tokens : logits_all == 0 ? 1 : 0;
+    if (logits_all > 0 && n_out > c->rows_cap) {
         float *nl = alloc_f(n_out * hp->n_vocab);
         if (nl == NULL) return pi_set_error(PI_ERR_NOMEM, "out of memory for %lld rows of logits", (long long)n_out);
         free(c->logits_rows);
@@ -318,15 +318,18 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     for (int32_t t = 0; t < n_tokens; t++)
         pi_dequantize_row(te->type, (const char *)te->data + tokens[t] * te_row, c->x + t * E, E);
 
+    pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base, hp->rope_freq_scale, hp->rope_freqs.data,
+                  c->rope_cs); /* once per batch, shared by every layer's q and k */
     c->kv_used = pos[0]; /* positions past pos[0] are overwritten now */
     for (int l = 0; l < hp->n_layer; l++) forward_layer(c, l, pos, n_tokens);
     c->kv_used = pos[n_tokens - 1] + 1;
 
+    c->n_out = (int32_t)n_out;
+    if (n_out == 0) return PI_OK;
     const float *xo = c->x + (n_tokens - n_out) * E;
     pi_rmsnorm_rows(xo, hp->output_norm.data, E, n_out, hp->rms_eps, c->embd);
-    c->logits = logits_all ? c->logits_rows : c->logits1;
+    c->logits = logits_all > 0 ? c->logits_rows : c->logits1;
     matmul1(c, &c->m->output, c->embd, n_out, c->logits);
-    c->n_out = (int32_t)n_out;
     return PI_OK;
 }
 

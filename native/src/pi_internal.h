@@ -161,9 +161,12 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
 void pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
 
 void pi_rmsnorm_rows(const float *x, const float *w, int64_t n, int64_t n_rows, float eps, float *y);
-void pi_rope_rows(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
-                  const int32_t *pos, float freq_base, float freq_scale, const float *freq_factors,
-                  int32_t rope_type);
+/* cos/sin of every rotated pair for n_tok positions: n_tok rows of n_rot floats */
+void pi_rope_cache(int64_t n_tok, int32_t n_rot, const int32_t *pos, float freq_base, float freq_scale,
+                   const float *freq_factors, float *cs);
+/* rotate n_tok rows of n_head heads in place with a pi_rope_cache table */
+void pi_rope_apply(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot, const float *cs,
+                   int32_t rope_type);
 /* h[i] = act(g[i]) * u[i] */
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
 float pi_act1(int32_t act, float x);
