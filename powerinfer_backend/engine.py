@@ -198,6 +198,47 @@ class NativeContext:
         buf = ffi.buffer(lib.pi_get_embeddings(self._ptr), n_out * self.n_embd * 4)
         return np.frombuffer(buf, dtype=np.float32).reshape(n_out, self.n_embd).copy()
 
+    def set_ffn_sparsity(self, layer: int, down_t, threshold: float = 0.0) -> None:
+        """Make layer ``layer``'s FFN sparse in the down-only form: gate and up stay
+        dense; the down projection runs over ``down_t`` (the layer's ffn_down
+        transposed, shape (n_ff, n_embd), float32 or float16 ndarray) and skips
+        neurons with |h| < ``threshold`` (CATS / TEAL-style thresholding; docs/sparsity.md).
+        ``down_t=None`` makes the layer dense again. The array is kept alive here.
+
+        Raises:
+            ValueError: bad layer, shape or threshold. NotImplementedError: unsupported dtype.
+        """
+        layer = int(layer)
+        keep = getattr(self, "_down_t", {})
+        self._down_t = keep
+        if down_t is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
+                      f"blk.{layer}: dense FFN")
+            keep.pop(layer, None)
+            return
+        arr = np.ascontiguousarray(down_t)
+        types = {np.dtype(np.float32): lib.PI_TYPE_F32, np.dtype(np.float16): lib.PI_TYPE_F16}
+        if arr.dtype not in types:
+            raise NotImplementedError(f"blk.{layer}: down_t dtype {arr.dtype}; expected float32 or float16")
+        if arr.ndim != 2:
+            raise ValueError(f"blk.{layer}: down_t must be 2-D (n_ff, n_embd), got shape {arr.shape}")
+        t = ffi.new("pi_tensor *")
+        t.data = ffi.from_buffer(arr)
+        t.type = types[arr.dtype]
+        t.n_dims = 2
+        t.ne[0], t.ne[1], t.ne[2], t.ne[3] = arr.shape[1], arr.shape[0], 1, 1
+        t.nbytes = arr.nbytes
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
+        keep[layer] = arr
+
+    def ffn_stats(self, reset: bool = False) -> tuple:
+        """(neurons used, neurons in all) in sparse down projections since the last reset."""
+        used, total = ffi.new("int64_t *"), ffi.new("int64_t *")
+        check(lib.pi_context_ffn_stats(self._ptr, used, total, 1 if reset else 0), "ffn_stats")
+        return int(used[0]), int(total[0])
+
     @property
     def is_open(self) -> bool:
         return getattr(self, "_ptr", None) is not None

@@ -577,3 +577,56 @@ def test_prompt_chunk_without_outputs(models):
     ctx.truncate(0)
     ctx.eval([1, 2, 3, 4, 5])
     assert np.array_equal(got, ctx.eval([6])[0])
+
+
+def _down_t(model, layer):
+    v = model.gguf.tensors[f"blk.{layer}.ffn_down.weight"]
+    n_ff, n_embd = v.ne[0], v.ne[1]
+    return np.ascontiguousarray(v.to_float32().reshape(n_embd, n_ff).T)
+
+
+def test_sparse_ffn_threshold_zero_equals_dense(models):
+    """Down-only sparse FFN with threshold 0 on an all-F32 model (dense down uses F32
+    activations, so both compute the same sums up to order): same logits to float
+    tolerance; every neuron counted as used."""
+    m = models("f32")
+    toks = [1, 5, 9, 3, 7, 2]
+    dense = NativeContext(m, n_ctx=16, n_batch=8, n_threads=2, kv_f16=False)
+    expected = dense.eval(toks, logits_all=True)
+    sparse = NativeContext(m, n_ctx=16, n_batch=8, n_threads=2, kv_f16=False)
+    for l in range(m.gguf.hparams.n_layer):
+        sparse.set_ffn_sparsity(l, _down_t(m, l), 0.0)
+    got = sparse.eval(toks, logits_all=True)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
+    used, total = sparse.ffn_stats()
+    assert total == len(toks) * m.gguf.hparams.n_ff * m.gguf.hparams.n_layer and 0.9 * total <= used <= total
+
+
+def test_sparse_ffn_threshold_skips_neurons_and_is_deterministic(models):
+    m = models("f32")
+    toks = [1, 5, 9, 3]
+    runs = []
+    for threads in (1, 2):
+        ctx = NativeContext(m, n_ctx=16, n_batch=8, n_threads=threads, kv_f16=False)
+        for l in range(m.gguf.hparams.n_layer):
+            ctx.set_ffn_sparsity(l, _down_t(m, l), 0.05)
+        runs.append(ctx.eval(toks, logits_all=True))
+        used, total = ctx.ffn_stats(reset=True)
+        assert 0 < used < total
+        assert ctx.ffn_stats() == (0, 0)
+        ctx.set_ffn_sparsity(0, None)  # back to dense for layer 0
+    assert np.array_equal(runs[0], runs[1])
+
+
+def test_sparse_ffn_validation(models):
+    m = models("f32")
+    ctx = NativeContext(m, n_ctx=8, n_batch=8, n_threads=1)
+    good = _down_t(m, 0)
+    with pytest.raises(ValueError, match="layer"):
+        ctx.set_ffn_sparsity(99, good)
+    with pytest.raises(ValueError, match="ffn_down_t"):
+        ctx.set_ffn_sparsity(0, good.T.copy())
+    with pytest.raises(ValueError, match="threshold"):
+        ctx.set_ffn_sparsity(0, good, -1.0)
+    with pytest.raises(NotImplementedError):
+        ctx.set_ffn_sparsity(0, good.astype(np.float64))

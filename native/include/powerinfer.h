@@ -127,6 +127,18 @@ const float *pi_get_logits_buffer(pi_context *ctx);
 /* Hidden state after the final norm, same rows as the logits: n_embd floats each. */
 const float *pi_get_embeddings(pi_context *ctx);
 
+/* Sparse FFN in the forward pass ("down-only" form; docs/sparsity.md): for layer
+ * `layer`, gate and up stay dense, and the down projection runs over down_t (the
+ * layer's ffn_down transposed: n_ff rows of n_embd elements, type F32, F16, Q8_0 or
+ * Q4_0, see pi_op_transpose_to) skipping neurons whose |h| < threshold. down_t NULL
+ * makes the layer dense again. down_t's bytes must outlive the context; the layer's
+ * gate and up must share one type. */
+int pi_context_set_ffn_sparsity(pi_context *ctx, int32_t layer, const pi_tensor *down_t, float threshold);
+/* Neurons used in sparse down projections and neurons those layers have in all,
+ * summed over tokens and layers since the context was created or the last reset
+ * (reset != 0 zeroes the counters after reading them). */
+int pi_context_ffn_stats(pi_context *ctx, int64_t *used, int64_t *total, int32_t reset);
+
 /* Number of cached positions; positions [0, pi_kv_used) are valid. */
 int32_t pi_kv_used(const pi_context *ctx);
 /* Forget cached positions >= n_keep (n_keep = 0 clears the cache). */

@@ -34,6 +34,12 @@ struct pi_context {
     float *logits;                        /* the buffer the last pi_eval wrote */
     float *embd;
     float *rope_cs;                       /* cos/sin per position of this batch: n_batch rows of n_rot */
+    pi_mat *down_t;                       /* per layer: transposed down for the sparse FFN (data NULL = dense) */
+    float *ffn_threshold;                 /* per layer */
+    void *ffn_scratch;                    /* sparse FFN scratch and output rows, allocated on first use */
+    float *ffn_y;
+    int64_t *ffn_used_tok;                /* n_batch */
+    int64_t ffn_used, ffn_total;
     int32_t n_out;
 };
 
@@ -148,6 +154,11 @@ void pi_context_free(pi_context *c) {
     float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows, c->embd, c->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->act_scratch);
+    free(c->down_t);
+    free(c->ffn_threshold);
+    free(c->ffn_scratch);
+    free(c->ffn_y);
+    free(c->ffn_used_tok);
     free(c);
 }
 
@@ -255,6 +266,19 @@ static void store_kv(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
     }
 }
 
+/* The down-only sparse FFN of layer l (see pi_context_set_ffn_sparsity) */
+static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
+    static const int32_t ffn_act[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
+                                      [PI_ACT_RELU] = PI_FFN_RELU};
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const pi_ffn_sparse_args a = {ffn_act[c->m->hp.act], &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
+                                  c->xn, n_tok, NULL, NULL, c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok};
+    pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
+    for (int64_t t = 0; t < n_tok; t++) c->ffn_used += c->ffn_used_tok[t];
+    c->ffn_total += n_tok * c->m->hp.n_ff;
+    add_rows(c->x, c->ffn_y, n_tok * c->m->hp.n_embd);
+}
+
 static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
     const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
@@ -277,6 +301,10 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
 
     /* feed-forward block: down(act(gate x) * up x) */
     pi_rmsnorm_rows(c->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
+    if (c->down_t != NULL && c->down_t[l].data != NULL) {
+        ffn_sparse(c, l, n_tok);
+        return;
+    }
     const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, hp->n_ff}, {&lm[PI_L_FFN_UP], c->u, hp->n_ff}};
     pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
     act_mul(c, n_tok);
@@ -343,5 +371,66 @@ int pi_kv_truncate(pi_context *c, int32_t n_keep) {
     if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_kv_truncate: NULL context");
     if (n_keep < 0) return pi_set_error(PI_ERR_INVALID, "pi_kv_truncate: n_keep must be >= 0, got %d", n_keep);
     if (n_keep < c->kv_used) c->kv_used = n_keep;
+    return PI_OK;
+}
+
+int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *down_t, float threshold) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_sparsity: NULL context");
+    const pi_model_params *hp = &c->m->hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return pi_set_error(PI_ERR_INVALID, "layer %d is outside [0, %d)", layer, hp->n_layer);
+    if (!(threshold >= 0.0f) || isinf(threshold))
+        return pi_set_error(PI_ERR_INVALID, "threshold must be finite and >= 0, got %g", (double)threshold);
+    if (c->down_t == NULL) {
+        c->down_t = calloc((size_t)hp->n_layer, sizeof *c->down_t);
+        c->ffn_threshold = calloc((size_t)hp->n_layer, sizeof *c->ffn_threshold);
+        if (c->down_t == NULL || c->ffn_threshold == NULL)
+            return pi_set_error(PI_ERR_NOMEM, "out of memory for the sparse FFN tables");
+    }
+    if (down_t == NULL || down_t->data == NULL) {
+        c->down_t[layer].data = NULL;
+        return PI_OK;
+    }
+    char name[48];
+    snprintf(name, sizeof name, "blk.%d.ffn_down_t", layer);
+    const int32_t t = down_t->type;
+    if (t != PI_TYPE_F32 && t != PI_TYPE_F16 && t != PI_TYPE_Q8_0 && t != PI_TYPE_Q4_0)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "%s: type %d, expected F32, F16, Q8_0 or Q4_0", name, t);
+    int rc = check_tensor(down_t, name, hp->n_embd, hp->n_ff, 0);
+    if (rc) return rc;
+    const pi_mat *lm = &c->m->mats[layer * PI_L_COUNT];
+    if (lm[PI_L_FFN_GATE].type != lm[PI_L_FFN_UP].type)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: ffn_gate and ffn_up types differ; the sparse FFN needs one",
+                            layer);
+    if (c->ffn_scratch == NULL) { /* sized for the largest activation row of any gate type */
+        int64_t need = 0;
+        for (int i = 0; i < hp->n_layer; i++) {
+            const int64_t s = pi_ffn_sparse_scratch_size(c->m->mats[i * PI_L_COUNT + PI_L_FFN_GATE].type, hp->n_embd,
+                                                         hp->n_ff, c->cp.n_batch);
+            need = s > need ? s : need;
+        }
+        c->ffn_scratch = malloc((size_t)need);
+        c->ffn_y = alloc_f((int64_t)c->cp.n_batch * hp->n_embd);
+        c->ffn_used_tok = calloc((size_t)c->cp.n_batch, sizeof *c->ffn_used_tok);
+        if (c->ffn_scratch == NULL || c->ffn_y == NULL || c->ffn_used_tok == NULL) {
+            free(c->ffn_scratch);
+            free(c->ffn_y);
+            free(c->ffn_used_tok);
+            c->ffn_scratch = NULL;
+            c->ffn_y = NULL;
+            c->ffn_used_tok = NULL;
+            return pi_set_error(PI_ERR_NOMEM, "out of memory for the sparse FFN scratch");
+        }
+    }
+    c->down_t[layer] = mat_of(down_t);
+    c->ffn_threshold[layer] = threshold;
+    return PI_OK;
+}
+
+int pi_context_ffn_stats(pi_context *c, int64_t *used, int64_t *total, int32_t reset) {
+    if (c == NULL || used == NULL || total == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_ffn_stats: NULL argument");
+    *used = c->ffn_used;
+    *total = c->ffn_total;
+    if (reset) c->ffn_used = c->ffn_total = 0;
     return PI_OK;
 }
