@@ -22,7 +22,8 @@ def main():
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--thresholds", default="0,0.005,0.01,0.02,0.03,0.05,0.08")
+    ap.add_argument("--thresholds", default="0,0.005,0.01,0.02,0.03,0.05,0.08",
+                    help="comma-separated; the first row always runs dense")
     args = ap.parse_args()
     path = default_model_path()
     data = TEXT.read_bytes()
@@ -38,7 +39,7 @@ def main():
     base = None
     for t in [float(x) for x in args.thresholds.split(",")]:
         ctx = NativeContext(model, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
-        if t >= 0 and t != 0.0 or base is not None:
+        if base is not None:  # the first row is the dense baseline
             for l in range(hp.n_layer):
                 ctx.set_ffn_sparsity(l, down_t[l], t)
 

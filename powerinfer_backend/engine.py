@@ -115,6 +115,7 @@ class NativeContext:
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
         self._ptr = out[0]
         self._busy = threading.Lock()
+        self._down_t = {}  # layer -> transposed down array the C context points into
         model._contexts.add(self)
         # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
         self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
@@ -209,8 +210,7 @@ class NativeContext:
             ValueError: bad layer, shape or threshold. NotImplementedError: unsupported dtype.
         """
         layer = int(layer)
-        keep = getattr(self, "_down_t", {})
-        self._down_t = keep
+        keep = self._down_t
         if down_t is None:
             with self._exclusive():
                 check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
