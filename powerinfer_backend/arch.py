@@ -30,10 +30,19 @@ ROPE_NEOX = 2  #: enum pi_rope_type PI_ROPE_NEOX (halves rotated)
 
 ACT_SILU = 0  #: enum pi_act PI_ACT_SILU
 ACT_GELU = 1  #: enum pi_act PI_ACT_GELU
-ACT_RELU = 2  #: enum pi_act PI_ACT_RELU
+ACT_RELU = 2  #: enum pi_act PI_ACT_RELU: relu(gate) * up
+ACT_DRELU = 3  #: enum pi_act PI_ACT_DRELU: relu(gate) * relu(up) (dReLU, TurboSparse / Bamboo)
 
 #: activation name -> enum pi_act value
-ACT_IDS: Mapping[str, int] = {"silu": ACT_SILU, "gelu": ACT_GELU, "relu": ACT_RELU}
+ACT_IDS: Mapping[str, int] = {"silu": ACT_SILU, "gelu": ACT_GELU, "relu": ACT_RELU, "drelu": ACT_DRELU}
+
+#: GGUF key that overrides an architecture's FFN activation (values: the names of
+#: :data:`ACT_IDS`). Written by our tools and tests for ReLU-fied llama files
+#: (ReluLLaMA, ProSparse: "relu"; Bamboo: "drelu"); docs/sparsity.md.
+FFN_ACT_KEY = "powerinfer.ffn_act"
+#: PowerInfer's converted (sparse) files carry this key; its llama files are all
+#: ReLU models, so a llama file with it and no :data:`FFN_ACT_KEY` is read as "relu".
+POWERINFER_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 
 #: Per-layer slot names, in the order of enum pi_layer_slot.
 LAYER_SLOTS: tuple[str, ...] = (

@@ -14,8 +14,13 @@ from ._native import check, ffi, lib
 from .arch import layer_tensor_names
 from .gguf_model import GGUFModel
 
+#: Bins per neuron of the calibration histograms (see NativeContext.set_ffn_hist).
+FFN_HIST_BINS = lib.PI_FFN_HIST_BINS
+#: log2 of the lower edge of the first log-spaced bin.
+FFN_HIST_MIN_EXP = lib.PI_FFN_HIST_MIN_EXP
+
 _ROPE = {"norm": lib.PI_ROPE_NORM, "neox": lib.PI_ROPE_NEOX}
-_ACT = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_RELU}
+_ACT = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_RELU, "drelu": lib.PI_ACT_DRELU}
 
 
 def default_threads() -> int:
@@ -116,6 +121,7 @@ class NativeContext:
         self._ptr = out[0]
         self._busy = threading.Lock()
         self._down_t = {}  # layer -> transposed down array the C context points into
+        self._hist = None  # the calibration histogram the C context writes into
         model._contexts.add(self)
         # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
         self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
@@ -233,11 +239,39 @@ class NativeContext:
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
 
-    def ffn_stats(self, reset: bool = False) -> tuple:
-        """(neurons used, neurons in all) in sparse down projections since the last reset."""
-        used, total = ffi.new("int64_t *"), ffi.new("int64_t *")
-        check(lib.pi_context_ffn_stats(self._ptr, used, total, 1 if reset else 0), "ffn_stats")
-        return int(used[0]), int(total[0])
+    def set_ffn_hist(self, hist) -> None:
+        """Start (or with ``None`` stop) collecting per-neuron |h| histograms for
+        calibration (``pi_context_set_ffn_hist``): every dense FFN layer adds each
+        evaluated token's activation magnitudes to ``hist``, a C-contiguous uint32
+        ndarray of shape (n_layer, n_ff, FFN_HIST_BINS) that this context keeps
+        alive while set. Bin edges: :func:`powerinfer_backend.calibrate.hist_edges`.
+
+        Raises:
+            ValueError: wrong shape, dtype or layout.
+        """
+        if hist is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_hist(self._ptr, ffi.NULL), "ffn_hist")
+            self._hist = None
+            return
+        hp = self.model.gguf.hparams
+        want = (hp.n_layer, hp.n_ff, FFN_HIST_BINS)
+        if not isinstance(hist, np.ndarray) or hist.dtype != np.uint32 or hist.shape != want \
+                or not hist.flags.c_contiguous or not hist.flags.writeable:
+            raise ValueError(f"ffn hist must be a writable C-contiguous uint32 array of shape {want}")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_hist(self._ptr, ffi.from_buffer("uint32_t[]", hist)), "ffn_hist")
+        self._hist = hist
+
+    def ffn_stats(self, reset: bool = False, per_layer: bool = False) -> tuple:
+        """Neurons used in sparse down projections and neurons those layers have,
+        summed over tokens since the last reset: ``(used, total)`` as ints, or with
+        ``per_layer`` two int64 ndarrays of shape (n_layer,). Dense layers count 0/0."""
+        n = self.model.gguf.hparams.n_layer
+        used, total = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        check(lib.pi_context_ffn_stats(self._ptr, ffi.from_buffer("int64_t[]", used),
+                                       ffi.from_buffer("int64_t[]", total), 1 if reset else 0), "ffn_stats")
+        return (used, total) if per_layer else (int(used.sum()), int(total.sum()))
 
     @property
     def is_open(self) -> bool:

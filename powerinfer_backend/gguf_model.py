@@ -738,9 +738,21 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         rope_freq_base=rope_freq_base,
         rope_freq_scale=rope_freq_scale,
         rope_type=spec.rope_type,
-        act=_arch.ACT_IDS[spec.act],
+        act=_ffn_act(a, spec),
     )
     return hp, src
+
+
+def _ffn_act(a, spec) -> int:
+    """The FFN activation: :data:`arch.FFN_ACT_KEY` when present, "relu" for a
+    PowerInfer-converted llama file, else the architecture's own."""
+    name = a.get_str(_arch.FFN_ACT_KEY, None)
+    if name is None:
+        relu_file = spec.name == "llama" and _arch.POWERINFER_THRESHOLD_KEY in a.kv
+        return _arch.ACT_IDS["relu" if relu_file else spec.act]
+    if name not in _arch.ACT_IDS:
+        raise a.fail(f"key '{_arch.FFN_ACT_KEY}' = {name!r}; supported: {sorted(_arch.ACT_IDS)}")
+    return _arch.ACT_IDS[name]
 
 
 # ---- tensor conversion ---------------------------------------------------------

@@ -43,7 +43,9 @@ enum pi_type {
 
 enum pi_rope_type { PI_ROPE_NORM = 0, PI_ROPE_NEOX = 2 };
 
-enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1, PI_ACT_RELU = 2 };
+/* FFN activation h = f(gate x, up x): SiLU, GELU (tanh) and ReLU gate the up
+ * product; DRELU is relu(gate x) * relu(up x) (dReLU). */
+enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1, PI_ACT_RELU = 2, PI_ACT_DRELU = 3 };
 
 /* A tensor handed to the library: a view of caller-owned (usually memory-mapped)
  * bytes. The library never writes to or frees `data`; it must outlive the model. */
@@ -134,10 +136,22 @@ const float *pi_get_embeddings(pi_context *ctx);
  * makes the layer dense again. down_t's bytes must outlive the context; the layer's
  * gate and up must share one type. */
 int pi_context_set_ffn_sparsity(pi_context *ctx, int32_t layer, const pi_tensor *down_t, float threshold);
-/* Neurons used in sparse down projections and neurons those layers have in all,
- * summed over tokens and layers since the context was created or the last reset
- * (reset != 0 zeroes the counters after reading them). */
+/* Per layer (used and total each point to n_layer entries): neurons used in the
+ * sparse down projection and neurons the layer has (n_ff per token), summed over
+ * tokens since the context was created or the last reset (reset != 0 zeroes the
+ * counters after reading them). Dense layers count nothing. */
 int pi_context_ffn_stats(pi_context *ctx, int64_t *used, int64_t *total, int32_t reset);
+/* Activation statistics for calibration: while hist is set, every dense FFN layer
+ * adds each token's |h| (h = act(gate x) * up x, before the down projection) to
+ * hist[(layer * n_ff + neuron) * PI_FFN_HIST_BINS + bin]. Bin 0: |h| < 2^MIN_EXP
+ * (zeros included); bin k in [1, BINS-2]: with m = k-1, |h| in
+ * [2^e * (1 + q/4), 2^e * (1 + (q+1)/4)), e = MIN_EXP + m/4, q = m%4 (four bins per
+ * octave, cut on the float's exponent and top two mantissa bits); bin BINS-1:
+ * everything larger. Counts are added, never cleared here; layers made
+ * sparse with pi_context_set_ffn_sparsity record nothing. The caller owns hist
+ * (n_layer * n_ff * PI_FFN_HIST_BINS uint32) and keeps it alive while set; NULL stops. */
+enum { PI_FFN_HIST_BINS = 128, PI_FFN_HIST_MIN_EXP = -20 };
+int pi_context_set_ffn_hist(pi_context *ctx, uint32_t *hist);
 
 /* Number of cached positions; positions [0, pi_kv_used) are valid. */
 int32_t pi_kv_used(const pi_context *ctx);

@@ -39,7 +39,8 @@ struct pi_context {
     void *ffn_scratch;                    /* sparse FFN scratch and output rows, allocated on first use */
     float *ffn_y;
     int64_t *ffn_used_tok;                /* n_batch */
-    int64_t ffn_used, ffn_total;
+    int64_t *ffn_used, *ffn_total;        /* per layer, with the sparse FFN tables */
+    uint32_t *ffn_hist;                   /* calibration statistics (pi_context_set_ffn_hist), or NULL */
     int32_t n_out;
 };
 
@@ -84,7 +85,7 @@ static int check_params(const pi_model_params *p) {
         return pi_set_error(PI_ERR_INVALID, "rope_freq_base, rope_freq_scale must be > 0 and rms_eps >= 0");
     if (p->rope_type != PI_ROPE_NORM && p->rope_type != PI_ROPE_NEOX)
         return pi_set_error(PI_ERR_INVALID, "unknown rope type %d", p->rope_type);
-    if (p->act != PI_ACT_SILU && p->act != PI_ACT_GELU && p->act != PI_ACT_RELU)
+    if (p->act < PI_ACT_SILU || p->act > PI_ACT_DRELU)
         return pi_set_error(PI_ERR_INVALID, "unknown activation %d", p->act);
     if (p->layers == NULL) return pi_set_error(PI_ERR_INVALID, "layers is NULL");
     int rc;
@@ -159,6 +160,7 @@ void pi_context_free(pi_context *c) {
     free(c->ffn_scratch);
     free(c->ffn_y);
     free(c->ffn_used_tok);
+    free(c->ffn_used);
     free(c);
 }
 
@@ -269,13 +271,13 @@ static void store_kv(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
 /* The down-only sparse FFN of layer l (see pi_context_set_ffn_sparsity) */
 static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     static const int32_t ffn_act[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
-                                      [PI_ACT_RELU] = PI_FFN_RELU};
+                                      [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const pi_ffn_sparse_args a = {ffn_act[c->m->hp.act], &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
                                   c->xn, n_tok, NULL, NULL, c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok};
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
-    for (int64_t t = 0; t < n_tok; t++) c->ffn_used += c->ffn_used_tok[t];
-    c->ffn_total += n_tok * c->m->hp.n_ff;
+    for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
+    c->ffn_total[l] += n_tok * c->m->hp.n_ff;
     add_rows(c->x, c->ffn_y, n_tok * c->m->hp.n_embd);
 }
 
@@ -308,6 +310,8 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, hp->n_ff}, {&lm[PI_L_FFN_UP], c->u, hp->n_ff}};
     pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
     act_mul(c, n_tok);
+    if (c->ffn_hist != NULL)
+        pi_ffn_hist_add(c->pool, c->ffn_hist + (size_t)l * hp->n_ff * PI_FFN_HIST_BINS, c->g, n_tok, hp->n_ff);
     matmul1(c, &lm[PI_L_FFN_DOWN], c->g, n_tok, c->xn);
     add_rows(c->x, c->xn, n_tok * E);
 }
@@ -384,8 +388,17 @@ int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *d
     if (c->down_t == NULL) {
         c->down_t = calloc((size_t)hp->n_layer, sizeof *c->down_t);
         c->ffn_threshold = calloc((size_t)hp->n_layer, sizeof *c->ffn_threshold);
-        if (c->down_t == NULL || c->ffn_threshold == NULL)
+        c->ffn_used = calloc((size_t)hp->n_layer * 2, sizeof *c->ffn_used);
+        c->ffn_total = c->ffn_used ? c->ffn_used + hp->n_layer : NULL;
+        if (c->down_t == NULL || c->ffn_threshold == NULL || c->ffn_used == NULL) {
+            free(c->down_t);
+            free(c->ffn_threshold);
+            free(c->ffn_used);
+            c->down_t = NULL;
+            c->ffn_threshold = NULL;
+            c->ffn_used = c->ffn_total = NULL;
             return pi_set_error(PI_ERR_NOMEM, "out of memory for the sparse FFN tables");
+        }
     }
     if (down_t == NULL || down_t->data == NULL) {
         c->down_t[layer].data = NULL;
@@ -429,8 +442,17 @@ int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *d
 
 int pi_context_ffn_stats(pi_context *c, int64_t *used, int64_t *total, int32_t reset) {
     if (c == NULL || used == NULL || total == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_ffn_stats: NULL argument");
-    *used = c->ffn_used;
-    *total = c->ffn_total;
-    if (reset) c->ffn_used = c->ffn_total = 0;
+    const int32_t n = c->m->hp.n_layer;
+    for (int32_t l = 0; l < n; l++) {
+        used[l] = c->ffn_used ? c->ffn_used[l] : 0;
+        total[l] = c->ffn_used ? c->ffn_total[l] : 0;
+    }
+    if (reset && c->ffn_used) memset(c->ffn_used, 0, (size_t)n * 2 * sizeof *c->ffn_used);
+    return PI_OK;
+}
+
+int pi_context_set_ffn_hist(pi_context *c, uint32_t *hist) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_hist: NULL context");
+    c->ffn_hist = hist;
     return PI_OK;
 }

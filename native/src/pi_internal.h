@@ -169,6 +169,8 @@ void pi_rope_apply(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, in
                    int32_t rope_type);
 /* h[i] = act(g[i]) * u[i] */
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
+/* Add n_tok rows of n_ff activations to per-neuron |h| histograms (ops/ffn_hist.c). */
+void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *h, int64_t n_tok, int64_t n_ff);
 float pi_act1(int32_t act, float x);
 void pi_softmax(float *x, int64_t n);
 

@@ -16,6 +16,10 @@ float pi_act1(int32_t act, float x) {
 }
 
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n) {
+    if (act == PI_ACT_DRELU) {
+        for (int64_t i = 0; i < n; i++) h[i] = (g[i] > 0.0f ? g[i] : 0.0f) * (u[i] > 0.0f ? u[i] : 0.0f);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) h[i] = pi_act1(act, g[i]) * u[i];
 }
 

@@ -1,0 +1,40 @@
+/* Per-neuron histograms of FFN activation magnitudes |h| (h = act(gate x) * up x),
+ * the statistics threshold calibration works from (docs/sparsity.md).
+ *
+ * Bins are read straight off the float's bits: exponent plus the top two mantissa
+ * bits gives four bins per octave (linear within it), no log() per value. Bin 0 holds |h|
+ * below 2^PI_FFN_HIST_MIN_EXP (zeros included), the last bin everything above the
+ * range. Each thread owns a range of neurons, so counts need no atomics and the
+ * result does not depend on the thread count. */
+#include "pi_internal.h"
+
+typedef struct {
+    uint32_t *hist; /* n_ff rows of PI_FFN_HIST_BINS */
+    const float *h; /* n_tok rows of n_ff */
+    int64_t n_tok, n_ff;
+} hist_job;
+
+static inline int hist_bin(float v) {
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    const int32_t first = (127 + PI_FFN_HIST_MIN_EXP) << 2; /* bits >> 21 of 2^MIN_EXP */
+    const int32_t k = (int32_t)((b & 0x7fffffffu) >> 21) - first + 1;
+    return k < 0 ? 0 : (k >= PI_FFN_HIST_BINS ? PI_FFN_HIST_BINS - 1 : k);
+}
+
+static void hist_task(void *arg, int ith, int nth) {
+    const hist_job *j = arg;
+    const int64_t lo = j->n_ff * ith / nth, hi = j->n_ff * (ith + 1) / nth;
+    for (int64_t t = 0; t < j->n_tok; t++) {
+        const float *row = j->h + t * j->n_ff;
+        for (int64_t i = lo; i < hi; i++) j->hist[i * PI_FFN_HIST_BINS + hist_bin(row[i])]++;
+    }
+}
+
+void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *h, int64_t n_tok, int64_t n_ff) {
+    hist_job j = {hist, h, n_tok, n_ff};
+    if (pool == NULL || n_tok * n_ff < 65536)
+        hist_task(&j, 0, 1);
+    else
+        pi_pool_run(pool, hist_task, &j);
+}
