@@ -47,6 +47,7 @@ __all__ = [
     "in_installed_packages",
     "cache_root",
     "atomic_write",
+    "atomic_write_path",
     "atomic_write_bytes",
     "atomic_write_json",
     "artifact_metadata",
@@ -210,12 +211,24 @@ def atomic_write(path: str | os.PathLike, writer_fn: Callable[[IO[bytes]], Any])
         Whatever ``writer_fn`` raises; OSError from the filesystem (e.g. the
         folder does not exist or is not writable).
     """
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            writer_fn(f)
+
+    return atomic_write_path(path, write)
+
+
+def atomic_write_path(path: str | os.PathLike, write_to: Callable[[Path], Any]) -> Path:
+    """:func:`atomic_write` for writers that want a file name rather than a file
+    object (e.g. ``gguf.GGUFWriter``): ``write_to(tmp)`` creates and closes the
+    temporary file ``tmp`` (same folder); it is then fsynced and renamed over
+    ``path``. Same guarantees and errors as :func:`atomic_write`."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            writer_fn(f)
-            f.flush()
+        write_to(Path(tmp))
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)

@@ -48,16 +48,35 @@ def _measure(eval_tokens, reset, prompt, short, n_decode, repeats):
 
 
 def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256,
-              repeats: int = 3, include_llama_cpp: bool = True) -> dict:
+              repeats: int = 3, include_llama_cpp: bool = True, sparse="auto") -> dict:
     """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
-    Python overhead as a percentage of decode time."""
+    Python overhead as a percentage of decode time. Ours runs dense first; then,
+    unless ``sparse`` resolves to dense (``Llama(sparse=...)``), sparse too, with
+    its measured FFN sparsity and its ratios to our dense and to llama.cpp."""
     from ._native import isa_name
     from .llama import Llama
 
     n_ctx = n_prefill + n_decode + 32
     result = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
 
-    llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False)
+    if sparse not in ("off", None, False):
+        llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False,
+                    sparse=sparse)
+        if llm.stats().get("mode", "dense") != "dense":
+            prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
+            be = llm._backend
+            t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, prompt[:8],
+                                    n_decode, repeats)
+            st = llm.stats()
+            result["ours_sparse"] = {"engine": f"powerinfer_backend sparse ({st['mode']})",
+                                     "prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
+                                     "ffn_sparsity": st["ffn_sparsity"], "sidecar": st.get("sidecar")}
+        llm.close()
+        del llm
+        gc.collect()
+
+    llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False,
+                sparse="off")
     prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
     short = prompt[:8]
     be = llm._backend
@@ -113,6 +132,14 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
                                "decode_tok_s": n_decode / r_dec}
         result["ratio"] = {"decode": r_dec / t_dec, "prefill": r_pre / t_pre}
         ref.close()
+    if "ours_sparse" in result:
+        sp, dn = result["ours_sparse"], result["ours"]
+        result["ratio_sparse"] = {"decode_vs_dense": sp["decode_tok_s"] / dn["decode_tok_s"],
+                                  "prefill_vs_dense": sp["prefill_tok_s"] / dn["prefill_tok_s"]}
+        if "llama_cpp" in result:
+            lc = result["llama_cpp"]
+            result["ratio_sparse"].update(decode_vs_llama_cpp=sp["decode_tok_s"] / lc["decode_tok_s"],
+                                          prefill_vs_llama_cpp=sp["prefill_tok_s"] / lc["prefill_tok_s"])
     return result
 
 
@@ -120,12 +147,19 @@ def format_table(r: dict) -> str:
     """Human-readable table of a run_bench result."""
     lines = [f"model {r['model']}  threads {r['threads']}",
              f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}"]
-    for key in ("ours", "llama_cpp"):
+    for key in ("ours", "ours_sparse", "llama_cpp"):
         if key in r:
             e = r[key]
             lines.append(f"{e['engine']:<40} {e['prefill_tok_s']:>14.1f} {e['decode_tok_s']:>13.1f}")
     if "ratio" in r:
         lines.append(f"{'ratio ours / llama.cpp':<40} {r['ratio']['prefill']:>14.2f} {r['ratio']['decode']:>13.2f}")
+    if "ratio_sparse" in r:
+        rs = r["ratio_sparse"]
+        lines.append(f"{'ratio sparse / our dense':<40} {rs['prefill_vs_dense']:>14.2f} {rs['decode_vs_dense']:>13.2f}")
+        if "decode_vs_llama_cpp" in rs:
+            lines.append(f"{'ratio sparse / llama.cpp':<40} {rs['prefill_vs_llama_cpp']:>14.2f} "
+                         f"{rs['decode_vs_llama_cpp']:>13.2f}")
+        lines.append(f"measured FFN sparsity (sparse run): {r['ours_sparse']['ffn_sparsity']:.1%}")
     lines.append(f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
                  f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)")
     return "\n".join(lines)

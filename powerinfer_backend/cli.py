@@ -1,5 +1,6 @@
 """``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
-text file, ``bench`` measures decode and prefill speed against llama.cpp in the same run."""
+text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
+speed against llama.cpp in the same run (or sweeps FFN densities)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def cmd_generate(args) -> int:
     from .llama import Llama
 
     llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads,
-                seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose)
+                seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose, sparse=args.sparse)
     with llm:
         for chunk in llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True):
             sys.stdout.write(chunk["choices"][0]["text"])
@@ -30,11 +31,34 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.ffn_density_sweep:
+        from .ffn_sweep import format_sweep, run_sweep
+
+        result = run_sweep(n_embd=args.n_embd, n_ff=args.n_ff, n_threads=args.threads, mib=args.mib,
+                           rounds=args.repeats * 5)
+        print(json.dumps(result, indent=2) if args.json else format_sweep(result))
+        return 0
     from .bench import format_table, run_bench
 
     result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
-                       n_prefill=args.n_prefill, repeats=args.repeats, include_llama_cpp=not args.no_llama_cpp)
+                       n_prefill=args.n_prefill, repeats=args.repeats, include_llama_cpp=not args.no_llama_cpp,
+                       sparse=args.sparse)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import calibrate, format_layers
+
+    prof = calibrate(_model_path(args.model), args.text, max_ppl_increase=args.max_ppl_increase,
+                     target_sparsity=args.target_sparsity, tokens=args.tokens, heldout_tokens=args.heldout_tokens,
+                     n_ctx=args.ctx, offset_bytes=args.offset_bytes, max_bytes=args.max_bytes, out=args.out,
+                     force=args.force, n_threads=args.threads, progress=not args.json)
+    if args.json:
+        print(json.dumps({"sidecar": str(prof.path), "thresholds": [float(t) for t in prof.thresholds],
+                          "layer_sparsity": [float(x) for x in prof.layer_sparsity], **prof.info}))
+    else:
+        print(format_layers(prof))
     return 0
 
 
@@ -44,7 +68,7 @@ def cmd_perplexity(args) -> int:
 
     text = read_text(args.text, args.offset_bytes, args.max_bytes)
     llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads,
-                verbose=args.verbose)
+                verbose=args.verbose, sparse=args.sparse)
     with llm:
         tokens = llm.tokenize(text.encode("utf-8"))
         backend = llm._backend
@@ -54,10 +78,12 @@ def cmd_perplexity(args) -> int:
             return backend.eval(chunk, logits_all=True)
 
         result = perplexity(tokens, eval_chunk, args.ctx, args.chunks, progress=not args.json)
+        result["ffn_sparsity"] = llm.stats().get("ffn_sparsity", 0.0)
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of {args.ctx})")
+        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of {args.ctx}),"
+              f" FFN sparsity {result['ffn_sparsity']:.1%}")
     return 0
 
 
@@ -75,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     g.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
     g.add_argument("--verbose", action="store_true", help="print load information to stderr")
+    _add_sparse(g)
     g.set_defaults(func=cmd_generate)
 
     q = sub.add_parser("perplexity", help="perplexity of a text file in non-overlapping chunks")
@@ -86,9 +113,33 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
     q.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
-    q.add_argument("--json", action="store_true", help='print {"ppl", "nll", "tokens", "chunks"} as JSON')
+    q.add_argument("--json", action="store_true",
+                   help='print {"ppl", "nll", "tokens", "chunks", "ffn_sparsity"} as JSON')
     q.add_argument("--verbose", action="store_true", help="print load information to stderr")
+    _add_sparse(q)
     q.set_defaults(func=cmd_perplexity)
+
+    c = sub.add_parser("calibrate", help="choose per-layer sparsity thresholds; writes the sparsity sidecar")
+    c.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    c.add_argument("--text", required=True, help="UTF-8 calibration text")
+    budget = c.add_mutually_exclusive_group()
+    budget.add_argument("--max-ppl-increase", type=float, default=0.02,
+                        help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
+    budget.add_argument("--target-sparsity", type=float, default=None,
+                        help="instead of a budget: reach this mean FFN sparsity (0..1)")
+    c.add_argument("--tokens", type=_positive("--tokens"), default=16384,
+                   help="tokens for statistics (default 16384)")
+    c.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
+                   help="tokens held out at the end of the text for the budget (default 2048)")
+    c.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    c.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
+    c.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+                   help="use at most this many bytes of text")
+    c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
+    c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
+    c.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    c.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
+    c.set_defaults(func=cmd_calibrate)
 
     b = sub.add_parser("bench", help="decode/prefill tokens/s, ours and llama.cpp's, in one run")
     b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
@@ -98,8 +149,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=3, help="runs per measurement, best kept (default 3)")
     b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
     b.add_argument("--json", action="store_true", help="print JSON")
+    b.add_argument("--ffn-density-sweep", action="store_true",
+                   help="instead: time one decode FFN layer, dense vs sparse at densities 1.0..0.05")
+    b.add_argument("--n-embd", type=_positive("--n-embd"), default=4096, help="sweep: n_embd (default 4096)")
+    b.add_argument("--n-ff", type=_positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
+    b.add_argument("--mib", type=_positive("--mib"), default=1200,
+                   help="sweep: MiB of weights rotated over (default 1200)")
+    _add_sparse(b)
     b.set_defaults(func=cmd_bench)
     return p
+
+
+def _add_sparse(p) -> None:
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--sparse", default="auto", metavar="{auto,off,threshold,predictor,PATH}",
+                   help="sparse FFN mode (default auto: the calibration sidecar when present) or a sidecar path")
+    m.add_argument("--dense", dest="sparse", action="store_const", const="off", help="same as --sparse off")
 
 
 def _positive(name):
@@ -120,7 +185,7 @@ def main(argv=None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError, MemoryError) as e:  # MemoryError: the KV cache (--ctx) does not fit
+    except (ValueError, FileNotFoundError, MemoryError, NotImplementedError) as e:  # MemoryError: KV cache too big
         print(f"powerinfer-backend: error: {e}", file=sys.stderr)
         return 2
 

@@ -39,7 +39,7 @@ from .artifacts import (FINGERPRINT_KEY, artifact_dir, artifact_metadata, atomic
                         read_metadata)
 from .gguf_model import GGUFModel, load_gguf
 
-__all__ = ["transposed_down", "build_down_cache", "load_down_cache", "down_cache_path"]
+__all__ = ["transposed_down", "build_down_cache", "load_down_cache", "down_cache_path", "down_t_dtype"]
 
 FORMAT_VERSION = 1
 #: dtype name -> (numpy dtype, ggml type id of the transpose output).
@@ -52,6 +52,14 @@ _FFN_DOWN_SLOT = 8  # PI_L_FFN_DOWN, arch.LAYER_SLOTS
 _lock = threading.Lock()
 # npy path -> (stat key, meta fingerprint, memmap of the whole cache)
 _loaded: dict[str, tuple[tuple[int, int], str, np.ndarray]] = {}
+
+
+def down_t_dtype(model: GGUFModel) -> str:
+    """The cache dtype sparse inference uses for ``model``: "f32" when every
+    ffn_down is stored F32 (exact), else "f16" (exact for F16 sources; quantized
+    sources are rounded, docs/sparsity.md)."""
+    types = {model.layer_tensors(i)[_FFN_DOWN_SLOT].type_name for i in range(model.hparams.n_layer)}
+    return "f32" if types == {"F32"} else "f16"
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -24,5 +24,7 @@ def powerinfer_backend_register() -> dict:
     ``embeddings() -> float32 ndarray (rows, n_embd)``, ``truncate(n_keep)``, ``close()``.
     Options passed by :class:`powerinfer_backend.Llama`: ``n_ctx`` (tokens, 0 = the
     model's training context), ``n_batch``, ``n_threads``, ``vram_budget`` (GiB or
-    None), ``verbose``.
+    None), ``verbose``, ``sparse`` ("auto", "off", "threshold", "predictor" or a
+    sidecar path; :mod:`powerinfer_backend.sparsity`). Optional: ``stats(reset=False)
+    -> dict`` (measured sparsity; ``Llama.stats()`` returns it).
     """

@@ -75,6 +75,9 @@ class Llama:
         logits_all: keep logits for every position (needed by ``logprobs``).
         verbose: print load information to stderr.
         backend: name of a registered backend plugin (default ``"hybrid"``).
+        sparse: sparse FFN mode: "auto" (the calibration sidecar when present, exact
+            zeros for ReLU models, else dense), "off", "threshold", "predictor", or
+            a sidecar path (:mod:`powerinfer_backend.sparsity`).
         **kwargs: any other ``llama_cpp.Llama`` parameter; GPU-layer ones are ignored
             with a warning, unknown ones are tolerated.
 
@@ -84,7 +87,8 @@ class Llama:
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_threads: Optional[int] = None,
                  n_batch: int = 512, seed: int = LLAMA_DEFAULT_SEED, vram_budget: Optional[float] = None,
-                 logits_all: bool = False, verbose: bool = True, backend: str = "hybrid", **kwargs):
+                 logits_all: bool = False, verbose: bool = True, backend: str = "hybrid", sparse="auto",
+                 **kwargs):
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
         if n_ctx < 0:
@@ -105,7 +109,7 @@ class Llama:
             raise ValueError(f"vram_budget must be a number of GiB >= 0 or None, got {vram_budget!r}")
         # the backend first: it validates the GGUF with messages naming the file and tensor
         self._backend = create_backend(backend, model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                       vram_budget=vram_budget, verbose=verbose)
+                                       vram_budget=vram_budget, verbose=verbose, sparse=sparse)
         self._tok = LlamaCppTokenizer(model_path)
         self.n_batch = n_batch  # as llama_cpp.Llama exposes it
         self.n_threads = getattr(self._backend, "n_threads", n_threads)
@@ -114,6 +118,13 @@ class Llama:
         self._pieces: dict = {}
         self._eog: dict = {}
         self.set_seed(seed)
+
+    def stats(self, reset: bool = False) -> dict:
+        """Measured FFN sparsity since load (or the last ``reset``): ``{"mode",
+        "ffn_sparsity", "layers", ...}`` (:func:`powerinfer_backend.sparsity.stats`);
+        ``{}`` for a backend without statistics."""
+        fn = getattr(self._backend, "stats", None)
+        return fn(reset=reset) if fn is not None else {}
 
     # ---- properties ---------------------------------------------------------
 

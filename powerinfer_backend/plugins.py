@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from . import sparsity
 from .engine import NativeContext, NativeModel, default_threads
 from .gguf_model import load_gguf
 from .hookspecs import hookimpl
@@ -15,7 +16,7 @@ class HybridBackend:
     """Native CPU engine for one sequence (see hookspecs for the interface)."""
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
-                 vram_budget=None, verbose: bool = True, **_ignored):
+                 vram_budget=None, verbose: bool = True, sparse="auto", **_ignored):
         self.gguf = load_gguf(model_path, verbose=verbose)
         hp = self.gguf.hparams
         self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
@@ -25,11 +26,20 @@ class HybridBackend:
         self.model = NativeModel(self.gguf)
         self.ctx = NativeContext(self.model, n_ctx=self.n_ctx, n_batch=max(1, min(int(n_batch), self.n_ctx)),
                                  n_threads=self.n_threads)
+        try:
+            self.sparse = sparsity.configure(self.ctx, self.gguf, model_path, sparse)
+        except BaseException:
+            self.close()
+            raise
         if verbose:
             from ._native import isa_name
 
-            print(f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}",
-                  file=sys.stderr)
+            print(f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}; "
+                  f"{self.sparse.summary()}", file=sys.stderr)
+
+    def stats(self, reset: bool = False) -> dict:
+        """Measured FFN sparsity since the last reset (:func:`powerinfer_backend.sparsity.stats`)."""
+        return sparsity.stats(self.ctx, self.sparse, reset=reset)
 
     @property
     def n_past(self) -> int:
