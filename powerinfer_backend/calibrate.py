@@ -201,6 +201,7 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
               n_ctx: int = 512, offset_bytes: int = 0, max_bytes: Optional[int] = None,
               out: Optional[str] = None, force: bool = False, n_threads: Optional[int] = None,
               margin: float = 0.75, levels: Sequence[float] = (0.2, 0.4, 0.6, 0.8), sens_tokens: int = 256,
+              threshold_on: str = "product",
               progress: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
     """Calibrate per-layer sparsity thresholds and write the sidecar.
 
@@ -218,6 +219,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         out: sidecar path (default :func:`powerinfer_backend.sidecar.sidecar_path`).
         force: replace a sidecar made from another model or text.
         levels: sparsity levels of the per-layer sensitivity measurement.
+        threshold_on: "product" (|h|, default: far less quality lost at equal
+            sparsity) or "gate" (|act(gate x)|, CATS: skips up rows too).
         sens_tokens: tokens of the sensitivity chunk (<= n_ctx).
 
     Returns:
@@ -252,6 +255,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     if not levels or levels[0] <= 0.0 or levels[-1] >= 1.0:
         raise CalibrationError(f"levels must lie in (0, 1), got {levels}")
     sens_tokens = max(2, min(int(sens_tokens), n_ctx))
+    if threshold_on not in ("product", "gate"):
+        raise CalibrationError(f"threshold_on must be 'product' or 'gate', got {threshold_on!r}")
 
     if not os.path.isfile(text_path):
         raise CalibrationError(f"calibration text does not exist: {text_path}")
@@ -284,6 +289,7 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     down_t = load_down_cache(model_path, dtype)
     model = NativeModel(gguf)
     ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads or default_threads())
+    ctx.set_ffn_threshold_on(threshold_on)
     setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
     try:
         # 1. statistics
@@ -369,7 +375,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
               "n_ctx": n_ctx, "created": time.time(), "ppl_dense": ppl_dense, "ppl_sparse": ppl_sparse,
               "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
               "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
-              "heldout_sparsity": held_sparsity, "method": "down-only |h| thresholds; KL-greedy allocation"})
+              "heldout_sparsity": held_sparsity, "threshold_on": threshold_on,
+              "method": "per-layer thresholds, KL-greedy allocation, held-out budget search"})
     write_sidecar(path, prof)
     log(f"calibrated {os.path.basename(model_path)} in {time.time() - t0:.0f} s: mean FFN sparsity "
         f"{alloc.mean():.1%} (held-out {held_sparsity:.1%}), held-out perplexity {ppl_dense:.4f} -> "

@@ -239,6 +239,17 @@ class NativeContext:
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
 
+    def set_ffn_threshold_on(self, target: str) -> None:
+        """What every layer's sparse-FFN threshold compares against: ``"product"``
+        (default; |h| = |act(gate x) * up x|, the down-only form) or ``"gate"``
+        (|act(gate x)|, CATS: a neuron below it skips its up row too). Also what
+        :meth:`set_ffn_hist` records. Raises ValueError for another value."""
+        if target not in ("product", "gate"):
+            raise ValueError(f"threshold target must be 'product' or 'gate', got {target!r}")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_threshold_on(self._ptr, lib.PI_FFN_ON_GATE if target == "gate"
+                                                      else lib.PI_FFN_ON_PRODUCT), "threshold target")
+
     def set_ffn_hist(self, hist) -> None:
         """Start (or with ``None`` stop) collecting per-neuron |h| histograms for
         calibration (``pi_context_set_ffn_hist``): every dense FFN layer adds each

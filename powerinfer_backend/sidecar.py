@@ -10,8 +10,9 @@ Contents (format version 1; docs/sparsity.md has the table):
 * keys ``powerinfer.sidecar.*``: format version, model SHA-256 / file name / size,
   text SHA-256 / file name / byte range, tokens seen, context length;
 * keys ``powerinfer.calibration.*``: dense and sparse perplexity on the held-out
-  tail, the budget asked for, mean expected FFN sparsity, per-layer thresholds
-  (float32 array, |h| below it is skipped) and expected sparsities;
+  tail, the budget asked for, mean expected FFN sparsity, what the thresholds
+  compare against (``threshold_on``: "product" |h| or "gate" |act(gate x)|),
+  per-layer thresholds (float32 array) and expected sparsities;
 * ``powerinfer.ffn_act``: the FFN activation the thresholds apply to;
 * tensors, per layer N: ``blk.N.ffn_act_freq`` (F32 [n_ff]: fraction of calibration
   tokens with |h_j| >= the layer's threshold: the per-neuron firing frequency,
@@ -65,6 +66,7 @@ _INFO_KEYS: dict[str, tuple[str, str]] = {
     "mean_sparsity": (_C + "mean_sparsity", "f64"),
     "heldout_sparsity": (_C + "heldout_sparsity", "f64"),
     "method": (_C + "method", "str"),
+    "threshold_on": (_C + "threshold_on", "str"),
 }
 
 

@@ -122,6 +122,7 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
         state = SparseState("threshold", thresholds)
     exact_zeros = hp.act_name in _RELU_FAMILY
     dtype = down_t_dtype(gguf)
+    ctx.set_ffn_threshold_on(state.info.get("threshold_on", "product"))
     for layer in range(hp.n_layer):
         if thresholds[layer] > 0 or exact_zeros:
             ctx.set_ffn_sparsity(layer, transposed_down(gguf, layer, dtype=dtype), float(thresholds[layer]))

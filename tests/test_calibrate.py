@@ -70,13 +70,16 @@ def test_threshold_and_fraction_are_inverse():
     np.testing.assert_allclose(q, np.quantile(vals, [0.5, 0.9]), rtol=0.03)
 
 
-def test_native_histogram_matches_sparse_counts(tmp_path):
-    """Two independent paths: the dense FFN's histogram (C, from h) and the sparse
-    operator's used-neuron counts at a threshold on a bin edge agree exactly."""
+@pytest.mark.parametrize("target", ["product", "gate"])
+def test_native_histogram_matches_sparse_counts(tmp_path, target):
+    """Two independent paths: the dense FFN's histogram (C, from h or from the gate
+    activation) and the sparse operator's used-neuron counts at a threshold on a bin
+    edge agree exactly."""
     m = NativeModel(load_gguf(tiny(tmp_path), verbose=False))
     hp = m.gguf.hparams
     toks = [1, 5, 9, 3, 7, 2, 11, 13]
     ctx = NativeContext(m, n_ctx=16, n_batch=8, n_threads=2)
+    ctx.set_ffn_threshold_on(target)
     hist = np.zeros((hp.n_layer, hp.n_ff, FFN_HIST_BINS), np.uint32)
     ctx.set_ffn_hist(hist)
     ctx.eval(toks)
@@ -88,6 +91,7 @@ def test_native_histogram_matches_sparse_counts(tmp_path):
     v = m.gguf.tensors["blk.0.ffn_down.weight"]
     down_t = np.ascontiguousarray(v.to_float32().reshape(hp.n_embd, hp.n_ff).T)
     sp = NativeContext(m, n_ctx=16, n_batch=8, n_threads=2)
+    sp.set_ffn_threshold_on(target)
     sp.set_ffn_sparsity(0, down_t, edge)
     sp.eval(toks)
     used, total = sp.ffn_stats(per_layer=True)
@@ -95,6 +99,8 @@ def test_native_histogram_matches_sparse_counts(tmp_path):
     assert used[0] == round(fraction_at_or_above(hist[0].sum(axis=0), edge) * total[0])
     with pytest.raises(ValueError, match="uint32"):
         ctx.set_ffn_hist(np.zeros((1, 2, 3), np.uint32))
+    with pytest.raises(ValueError, match="product"):
+        ctx.set_ffn_threshold_on("up")
 
 
 def test_greedy_path_takes_cheapest_steps_first():
@@ -180,6 +186,18 @@ def test_calibrate_target_sparsity_and_measured_stats(tmp_path):
         st = llm.stats()
     assert st["mode"] == "threshold" and 0.3 < st["ffn_sparsity"] < 0.7
     assert len(st["layers"]) == 2 and st["neurons_total"] == 60 * 128 * sum(t > 0 for t in prof.thresholds)
+
+
+def test_calibrate_gate_target_skips_up_rows(tmp_path):
+    """threshold_on="gate" (CATS): thresholds on |silu(gate x)|, recorded in the sidecar
+    and applied at load; perplexity stays finite and sparsity is measured."""
+    path = tiny(tmp_path)
+    prof = _calibrate_tiny(tmp_path, path, target_sparsity=0.4, max_ppl_increase=None, threshold_on="gate")
+    assert read_sidecar(prof.path).info["threshold_on"] == "gate"
+    with Llama(path, n_ctx=64, n_threads=2, verbose=False) as llm:
+        llm.eval(llm.tokenize(TEXT.encode())[:40])
+        assert 0.2 < llm.stats()["ffn_sparsity"] < 0.6
+        assert np.all(np.isfinite(llm.scores))
 
 
 def test_calibration_bad_inputs(tmp_path):

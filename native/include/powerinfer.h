@@ -152,6 +152,12 @@ int pi_context_ffn_stats(pi_context *ctx, int64_t *used, int64_t *total, int32_t
  * (n_layer * n_ff * PI_FFN_HIST_BINS uint32) and keeps it alive while set; NULL stops. */
 enum { PI_FFN_HIST_BINS = 128, PI_FFN_HIST_MIN_EXP = -20 };
 int pi_context_set_ffn_hist(pi_context *ctx, uint32_t *hist);
+/* What the sparse FFN thresholds compare against, for every layer of the context:
+ * PI_FFN_ON_PRODUCT (default) |h| = |act(gate x) * up x| (down-only form, TEAL);
+ * PI_FFN_ON_GATE |act(gate x)| (CATS): a neuron below it skips its up row as well
+ * as its down row. Also selects what pi_context_set_ffn_hist records. */
+enum pi_ffn_threshold_on { PI_FFN_ON_PRODUCT = 0, PI_FFN_ON_GATE = 1 };
+int pi_context_set_ffn_threshold_on(pi_context *ctx, int32_t on);
 
 /* Number of cached positions; positions [0, pi_kv_used) are valid. */
 int32_t pi_kv_used(const pi_context *ctx);

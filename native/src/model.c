@@ -41,6 +41,7 @@ struct pi_context {
     int64_t *ffn_used_tok;                /* n_batch */
     int64_t *ffn_used, *ffn_total;        /* per layer, with the sparse FFN tables */
     uint32_t *ffn_hist;                   /* calibration statistics (pi_context_set_ffn_hist), or NULL */
+    int32_t ffn_on_gate;                  /* enum pi_ffn_threshold_on */
     int32_t n_out;
 };
 
@@ -274,7 +275,8 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
                                       [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const pi_ffn_sparse_args a = {ffn_act[c->m->hp.act], &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
-                                  c->xn, n_tok, NULL, NULL, c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok};
+                                  c->xn, n_tok, NULL, NULL, c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok,
+                                  c->ffn_on_gate};
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
     c->ffn_total[l] += n_tok * c->m->hp.n_ff;
@@ -309,9 +311,10 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     }
     const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, hp->n_ff}, {&lm[PI_L_FFN_UP], c->u, hp->n_ff}};
     pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
+    uint32_t *hist = c->ffn_hist ? c->ffn_hist + (size_t)l * hp->n_ff * PI_FFN_HIST_BINS : NULL;
+    if (hist && c->ffn_on_gate) pi_ffn_hist_add(c->pool, hist, c->g, n_tok, hp->n_ff, hp->act);
     act_mul(c, n_tok);
-    if (c->ffn_hist != NULL)
-        pi_ffn_hist_add(c->pool, c->ffn_hist + (size_t)l * hp->n_ff * PI_FFN_HIST_BINS, c->g, n_tok, hp->n_ff);
+    if (hist && !c->ffn_on_gate) pi_ffn_hist_add(c->pool, hist, c->g, n_tok, hp->n_ff, -1);
     matmul1(c, &lm[PI_L_FFN_DOWN], c->g, n_tok, c->xn);
     add_rows(c->x, c->xn, n_tok * E);
 }
@@ -454,5 +457,13 @@ int pi_context_ffn_stats(pi_context *c, int64_t *used, int64_t *total, int32_t r
 int pi_context_set_ffn_hist(pi_context *c, uint32_t *hist) {
     if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_hist: NULL context");
     c->ffn_hist = hist;
+    return PI_OK;
+}
+
+int pi_context_set_ffn_threshold_on(pi_context *c, int32_t on) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_threshold_on: NULL context");
+    if (on != PI_FFN_ON_PRODUCT && on != PI_FFN_ON_GATE)
+        return pi_set_error(PI_ERR_INVALID, "threshold target must be 0 (product h) or 1 (gate activation), got %d", on);
+    c->ffn_on_gate = on;
     return PI_OK;
 }

@@ -170,7 +170,8 @@ void pi_rope_apply(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, in
 /* h[i] = act(g[i]) * u[i] */
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
 /* Add n_tok rows of n_ff activations to per-neuron |h| histograms (ops/ffn_hist.c). */
-void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *h, int64_t n_tok, int64_t n_ff);
+/* act >= 0: histogram of |pi_act1(act, v)| instead of |v| (the gate activation). */
+void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act);
 float pi_act1(int32_t act, float x);
 void pi_softmax(float *x, int64_t n);
 
@@ -198,6 +199,7 @@ typedef struct {
     float threshold;
     float *y;        /* n_tok rows of n_embd */
     int64_t *n_used; /* optional, n_tok counts */
+    int32_t on_gate; /* threshold |act(gate x)| before reading up (CATS) instead of |h| */
 } pi_ffn_sparse_args;
 
 /* Bytes of scratch pi_ffn_sparse needs (upper bound, independent of the active sets) */

@@ -10,8 +10,9 @@
 
 typedef struct {
     uint32_t *hist; /* n_ff rows of PI_FFN_HIST_BINS */
-    const float *h; /* n_tok rows of n_ff */
+    const float *v; /* n_tok rows of n_ff */
     int64_t n_tok, n_ff;
+    int32_t act; /* >= 0: bin pi_act1(act, v) */
 } hist_job;
 
 static inline int hist_bin(float v) {
@@ -26,13 +27,16 @@ static void hist_task(void *arg, int ith, int nth) {
     const hist_job *j = arg;
     const int64_t lo = j->n_ff * ith / nth, hi = j->n_ff * (ith + 1) / nth;
     for (int64_t t = 0; t < j->n_tok; t++) {
-        const float *row = j->h + t * j->n_ff;
-        for (int64_t i = lo; i < hi; i++) j->hist[i * PI_FFN_HIST_BINS + hist_bin(row[i])]++;
+        const float *row = j->v + t * j->n_ff;
+        if (j->act >= 0)
+            for (int64_t i = lo; i < hi; i++) j->hist[i * PI_FFN_HIST_BINS + hist_bin(pi_act1(j->act, row[i]))]++;
+        else
+            for (int64_t i = lo; i < hi; i++) j->hist[i * PI_FFN_HIST_BINS + hist_bin(row[i])]++;
     }
 }
 
-void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *h, int64_t n_tok, int64_t n_ff) {
-    hist_job j = {hist, h, n_tok, n_ff};
+void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act) {
+    hist_job j = {hist, v, n_tok, n_ff, act};
     if (pool == NULL || n_tok * n_ff < 65536)
         hist_task(&j, 0, 1);
     else

@@ -255,6 +255,14 @@ static void h_task(void *varg, int ith, int nth) {
         }
         float g, u, h;
         dot(s->n_embd, &g, gd + j * wrow, xt);
+        if (a->on_gate) { /* CATS: a small gate activation skips the up row too */
+            const float ga = pi_act1(a->act == PI_FFN_SWIGLU ? PI_ACT_SILU : a->act == PI_FFN_GEGLU ? PI_ACT_GELU
+                                                                                                  : PI_ACT_RELU, g);
+            if (fabsf(ga) < a->threshold) {
+                s->h[k] = 0.0f;
+                continue;
+            }
+        }
         switch (a->act) {
         case PI_FFN_SWIGLU:
             dot(s->n_embd, &u, ud + j * wrow, xt);
@@ -359,7 +367,7 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
     }
 
     /* keep |h| >= threshold and h != 0 (NaN kept); compact in place, in id order */
-    const float thr = a->threshold;
+    const float thr = a->on_gate ? 0.0f : a->threshold; /* gate mode: zeros were made in h_task */
     int64_t m = 0;
     for (int64_t t = 0; t < n_tok; t++) {
         s.koff[t] = m;
