@@ -269,14 +269,26 @@ static void store_kv(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
     }
 }
 
-/* The down-only sparse FFN of layer l (see pi_context_set_ffn_sparsity) */
+static void act_mul(pi_context *c, int64_t n_tok);
+
+/* The sparse FFN of layer l (see pi_context_set_ffn_sparsity). A batch thresholding
+ * the product computes gate and up with the dense batched matmul (each weight row is
+ * read once for the batch instead of once per token; the same bits per row) and
+ * skips rows of down_t per token; decode, and the gate form, gather rows per token. */
 static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     static const int32_t ffn_act[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
                                       [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    float *h = NULL;
+    if (n_tok > 1 && !c->ffn_on_gate) {
+        const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, c->m->hp.n_ff}, {&lm[PI_L_FFN_UP], c->u, c->m->hp.n_ff}};
+        pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
+        act_mul(c, n_tok);
+        h = c->g;
+    }
     const pi_ffn_sparse_args a = {ffn_act[c->m->hp.act], &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
                                   c->xn, n_tok, NULL, NULL, c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok,
-                                  c->ffn_on_gate};
+                                  c->ffn_on_gate, h};
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
     c->ffn_total[l] += n_tok * c->m->hp.n_ff;

@@ -200,6 +200,8 @@ typedef struct {
     float *y;        /* n_tok rows of n_embd */
     int64_t *n_used; /* optional, n_tok counts */
     int32_t on_gate; /* threshold |act(gate x)| before reading up (CATS) instead of |h| */
+    float *h;        /* optional: h already computed (n_tok rows of n_ff, all neurons, active == NULL,
+                        on_gate == 0); gate/up are not read and the rows are overwritten */
 } pi_ffn_sparse_args;
 
 /* Bytes of scratch pi_ffn_sparse needs (upper bound, independent of the active sets) */

@@ -355,7 +355,9 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
     s.off = off;
     s.total = off[n_tok];
 
-    if (s.total > 0) {
+    if (a->h != NULL) {
+        s.h = a->h; /* compacted in place below, like the scratch rows */
+    } else if (s.total > 0) {
         if (vdt == PI_TYPE_F32) {
             s.xq = a->x;
         } else {
