@@ -91,7 +91,9 @@ class Llama:
         chat_format, chat_handler: as llama-cpp-python (default: guessed from the GGUF
             chat template).
         verbose: print load information to stderr.
-        backend: name of a registered backend plugin (default ``"hybrid"``).
+        backend: name of a registered backend plugin; ``"auto"`` (default) = the native
+            engine (``"hybrid"``), or ``"llama_cpp"`` (not accelerated, says so once) for
+            an architecture the native engine does not run.
         **kwargs: any other ``llama_cpp.Llama`` parameter; GPU-layer ones are ignored
             with one warning, ones that would change results and are not implemented
             warn when set, unknown ones are tolerated.
@@ -105,7 +107,7 @@ class Llama:
                  logits_all: bool = False, embedding: bool = False, last_n_tokens_size: int = 64,
                  chat_format: Optional[str] = None, chat_handler=None, spm_infill: bool = False,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, verbose: bool = True,
-                 backend: str = "hybrid", **kwargs):
+                 backend: str = "auto", **kwargs):
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
         if n_ctx is None or n_ctx < 0:
@@ -137,9 +139,20 @@ class Llama:
         self.cache = None
         self.draft_model = None
         # the backend first: it validates the GGUF with messages naming the file and tensor
-        self._backend = create_backend(backend, model_path, n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch),
-                                       n_threads=n_threads, vram_budget=vram_budget, verbose=verbose,
-                                       sparse=sparse)
+        options = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
+                       vram_budget=vram_budget, verbose=verbose, sparse=sparse)
+        if backend == "auto":  # the native engine; llama.cpp for architectures it does not run
+            try:
+                backend = "hybrid"
+                self._backend = create_backend(backend, model_path, **options)
+            except ValueError as e:
+                if "unknown model architecture" not in str(e):
+                    raise
+                backend = "llama_cpp"
+                self._backend = create_backend(backend, model_path, **options)
+        else:
+            self._backend = create_backend(backend, model_path, **options)
+        self.backend = backend
         self._n_ctx = int(self._backend.n_ctx)
         self._tok = LlamaCppTokenizer(model_path, n_ctx=self._n_ctx, chat_format=chat_format)
         self.n_batch = min(n_batch, self._n_ctx)  # as llama_cpp.Llama exposes it
