@@ -18,6 +18,7 @@ for everything above the logits, by calling its code rather than re-writing it:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -277,6 +278,8 @@ class Llama:
 
     def reset(self) -> None:
         """Forget all tokens (the KV cache is reused from position 0)."""
+        if self._backend is _CLOSED:
+            raise RuntimeError("Llama: the model is closed (close() was called or its `with` block ended)")
         self.n_tokens = 0
         self._requires_eval = True
 
@@ -379,6 +382,8 @@ class Llama:
                               f"to eval", file=sys.stderr)
         if reset:
             self.reset()
+        if not tokens and self.n_tokens == 0:
+            raise RuntimeError("generate: empty prompt and nothing cached: no logits to sample from")
         sample_idx = self.n_tokens + len(tokens) - 1
         while True:
             self.eval(tokens)
@@ -422,6 +427,8 @@ class Llama:
             prompt = list(prompt)
         if not isinstance(prompt, (str, list)):
             raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        if not math.isfinite(temperature):  # llama.cpp's chain would sample from NaN logits
+            raise ValueError(f"temperature must be a finite number, got {temperature}")
         return _LlamaCpp.create_completion(
             self, prompt, suffix=suffix, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
             typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop, frequency_penalty=frequency_penalty,

@@ -34,12 +34,15 @@ class TokenDataBuffer:
         ptr = ctypes.cast(self.data.ctypes.data, llama_cpp.llama_token_data_p)
         self.array = llama_cpp.llama_token_data_array(data=ptr, size=self.n_vocab, selected=-1, sorted=False)
         self._data_ptr = ptr
+        self._addr = self.data.ctypes.data
         self.ref = ctypes.byref(self.array)
+        self._ids_intact = False
 
     def fill(self, logits: np.ndarray) -> None:
         """Reset to the whole vocabulary in id order with ``logits`` (as llama_sampler_sample)."""
         d = self.data
-        d["id"] = self._ids
+        if not self._ids_intact:
+            d["id"] = self._ids
         d["logit"] = logits
         d["p"] = 0.0
         a = self.array
@@ -47,6 +50,14 @@ class TokenDataBuffer:
         a.size = self.n_vocab
         a.selected = -1
         a.sorted = False
+        self._ids_intact = False
+
+    def applied(self) -> None:
+        """After a chain ran: the ids are still 0..n-1 in order when no sampler sorted,
+        shrank or moved the array (e.g. penalties + greedy), so the next fill can skip them."""
+        a = self.array
+        self._ids_intact = (a.size == self.n_vocab and not a.sorted
+                            and ctypes.cast(a.data, ctypes.c_void_p).value == self._addr)
 
 
 class ChainSampler:
@@ -67,6 +78,7 @@ class ChainSampler:
         buf.fill(logits)
         smpl = self.chain.sampler
         llama_cpp.llama_sampler_apply(smpl, buf.ref)
+        buf.applied()
         sel = buf.array.selected
         if not 0 <= sel < buf.array.size:
             raise RuntimeError(f"llama.cpp's sampler chain selected no token (selected={sel})")
