@@ -30,7 +30,7 @@ import llama_cpp
 from llama_cpp.llama import Llama as _LlamaCpp
 from llama_cpp.llama import LlamaState
 
-from .backends import create_backend
+from .backends import create_backend, plugin_manager
 from .sampling import ChainSampler, TokenDataBuffer
 from .tokenizer import LlamaCppTokenizer
 
@@ -142,7 +142,10 @@ class Llama:
         # the backend first: it validates the GGUF with messages naming the file and tensor
         options = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
                        vram_budget=vram_budget, verbose=verbose, sparse=sparse)
-        if backend == "auto":  # the native engine; llama.cpp for architectures it does not run
+        if backend == "auto":  # a plugin's choice, else the native engine, else llama.cpp
+            backend = plugin_manager().hook.powerinfer_backend_select(model_path=model_path,
+                                                                       options=dict(options)) or "auto"
+        if backend == "auto":
             try:
                 backend = "hybrid"
                 self._backend = create_backend(backend, model_path, **options)
@@ -178,6 +181,8 @@ class Llama:
         self._sampler: Optional[ChainSampler] = None
         self._eog: dict = {}
         self.set_seed(seed)
+        plugin_manager().hook.powerinfer_backend_model_loaded(llama=self, backend_name=self.backend)
+        self._announced = True
 
     # ---- properties ---------------------------------------------------------
 
@@ -548,6 +553,9 @@ class Llama:
 
     def close(self) -> None:
         """Free the native model, context, tokenizer and sampler."""
+        if getattr(self, "_announced", False):
+            self._announced = False
+            plugin_manager().hook.powerinfer_backend_model_unloaded(llama=self)
         self._last_logits = None  # may be a view of the native context's buffer
         sampler, self._sampler = getattr(self, "_sampler", None), None
         if sampler is not None:
