@@ -281,6 +281,13 @@ def test_chat_tool_choice(ours, ref):
     assert a["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+def test_chat_openai_v1_types(ours, ref):
+    pytest.importorskip("openai")
+    a, b = _both(ours, ref, "create_chat_completion_openai_v1", MESSAGES, max_tokens=8, temperature=0)
+    assert type(a) is type(b)
+    _same(a.model_dump(), b.model_dump())
+
+
 def test_named_chat_format(model_path, ref):
     with Llama(model_path, n_ctx=N_CTX, n_threads=THREADS, chat_format="chatml", sparse="off",
                verbose=False) as m:
