@@ -317,7 +317,11 @@ class Llama:
     def _init_sampler(self, **params) -> ChainSampler:
         """llama.cpp's sampler chain exactly as llama-cpp-python builds it, over our logits."""
         chain = _LlamaCpp._init_sampler(self, **params)
-        return ChainSampler(chain, self._token_data)
+        g = params.get
+        argmax_exact = (g("temp", 0.8) == 0.0 and g("logits_processor") is None and g("grammar") is None
+                        and g("repeat_penalty", 1.0) == 1.0 and g("frequency_penalty", 0.0) == 0.0
+                        and g("presence_penalty", 0.0) == 0.0)
+        return ChainSampler(chain, self._token_data, argmax_exact=argmax_exact)
 
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
                temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
@@ -390,10 +394,14 @@ class Llama:
         if not tokens and self.n_tokens == 0:
             raise RuntimeError("generate: empty prompt and nothing cached: no logits to sample from")
         sample_idx = self.n_tokens + len(tokens) - 1
+        sampler = self._sampler
         while True:
             self.eval(tokens)
             while sample_idx < self.n_tokens:
-                token = self.sample(idx=sample_idx, **params)
+                if sample_idx == self.n_tokens - 1 and self._sampler is sampler:  # the usual case, direct
+                    token = sampler.sample(self._last_logits)
+                else:
+                    token = self.sample(idx=sample_idx, **params)
                 sample_idx += 1
                 if stopping_criteria is not None and stopping_criteria(self._input_ids[:sample_idx],
                                                                        self._scores[-1, :]):

@@ -25,39 +25,54 @@ assert TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 
 
 class TokenDataBuffer:
-    """A reusable ``llama_token_data_array`` over the full vocabulary."""
+    """A reusable ``llama_token_data_array`` over the full vocabulary.
+
+    The C struct's header (data pointer, size, selected, sorted) is also viewed as numpy
+    integers, and the record columns as numpy views, so the per-token work is three
+    column writes, the C call, and a few scalar reads.
+    """
 
     def __init__(self, n_vocab: int):
         self.n_vocab = int(n_vocab)
         self.data = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
         self._ids = np.arange(self.n_vocab, dtype=np.int32)
+        self.id_col, self.logit_col, self.p_col = self.data["id"], self.data["logit"], self.data["p"]
         ptr = ctypes.cast(self.data.ctypes.data, llama_cpp.llama_token_data_p)
         self.array = llama_cpp.llama_token_data_array(data=ptr, size=self.n_vocab, selected=-1, sorted=False)
         self._data_ptr = ptr
         self._addr = self.data.ctypes.data
         self.ref = ctypes.byref(self.array)
+        f = llama_cpp.llama_token_data_array
+        assert (f.data.offset, f.size.offset, f.selected.offset) == (0, 8, 16) and ctypes.sizeof(f) >= 25
+        raw = (ctypes.c_char * ctypes.sizeof(f)).from_address(ctypes.addressof(self.array))
+        self._hdr = np.frombuffer(raw, dtype=np.int64, count=3)  # data pointer, size, selected
+        self._sorted = np.frombuffer(raw, dtype=np.uint8, count=1, offset=f.sorted.offset)
         self._ids_intact = False
 
     def fill(self, logits: np.ndarray) -> None:
         """Reset to the whole vocabulary in id order with ``logits`` (as llama_sampler_sample)."""
-        d = self.data
         if not self._ids_intact:
-            d["id"] = self._ids
-        d["logit"] = logits
-        d["p"] = 0.0
-        a = self.array
-        a.data = self._data_ptr  # a sampler may have pointed it elsewhere
-        a.size = self.n_vocab
-        a.selected = -1
-        a.sorted = False
-        self._ids_intact = False
+            self.id_col[:] = self._ids
+        self.logit_col[:] = logits
+        self.p_col[:] = 0.0
+        hdr = self._hdr
+        hdr[0] = self._addr  # a sampler may have pointed it elsewhere
+        hdr[1] = self.n_vocab
+        hdr[2] = -1
+        self._sorted[0] = 0
 
-    def applied(self) -> None:
-        """After a chain ran: the ids are still 0..n-1 in order when no sampler sorted,
-        shrank or moved the array (e.g. penalties + greedy), so the next fill can skip them."""
-        a = self.array
-        self._ids_intact = (a.size == self.n_vocab and not a.sorted
-                            and ctypes.cast(a.data, ctypes.c_void_p).value == self._addr)
+    def selected_id(self) -> int:
+        """The selected token after a chain ran; notes whether the ids are still 0..n-1 in
+        order (no sampler sorted, shrank or moved the array, e.g. penalties + greedy), so
+        the next fill can skip them."""
+        addr, size, sel = self._hdr.tolist()
+        if not 0 <= sel < size:
+            raise RuntimeError(f"llama.cpp's sampler chain selected no token (selected={sel})")
+        if addr == self._addr:
+            self._ids_intact = size == self.n_vocab and not self._sorted[0]
+            return int(self.id_col[sel])
+        self._ids_intact = False
+        return int(self.array.data[sel].id)
 
 
 class ChainSampler:
@@ -65,24 +80,31 @@ class ChainSampler:
 
     ``sample(logits)`` = fill the buffer, ``llama_sampler_apply``, read the selected id,
     ``llama_sampler_accept`` (what ``llama_sampler_sample`` does inside llama.cpp).
+
+    ``argmax_exact``: the chain is known to be [penalties that are a no-op, greedy]
+    (llama-cpp-python's chain for temp == 0 with default penalties and no logits
+    processor or grammar). Its result is then the first maximum of the logits, which
+    ``np.argmax`` gives without filling the buffer; accepting is skipped too, as it
+    changes nothing such a chain computes (the penalties' history is never used).
     """
 
-    def __init__(self, chain, buffer: TokenDataBuffer):
+    def __init__(self, chain, buffer: TokenDataBuffer, argmax_exact: bool = False):
         self.chain = chain  # keeps the chain (and its custom-sampler callbacks) alive
         self.buffer = buffer
+        self.argmax_exact = argmax_exact
 
     def sample(self, logits: np.ndarray) -> int:
         buf = self.buffer
         if logits.shape[-1] != buf.n_vocab:
             raise ValueError(f"logits have {logits.shape[-1]} entries, the vocabulary {buf.n_vocab}")
-        buf.fill(logits)
         smpl = self.chain.sampler
+        if self.argmax_exact:
+            token = int(np.argmax(logits))  # a NaN would come first: then the chain decides
+            if logits[token] == logits[token]:
+                return token  # accepting is a no-op for this chain (no-op penalties, greedy)
+        buf.fill(logits)
         llama_cpp.llama_sampler_apply(smpl, buf.ref)
-        buf.applied()
-        sel = buf.array.selected
-        if not 0 <= sel < buf.array.size:
-            raise RuntimeError(f"llama.cpp's sampler chain selected no token (selected={sel})")
-        token = int(buf.array.data[sel].id)
+        token = buf.selected_id()
         llama_cpp.llama_sampler_accept(smpl, token)
         return token
 

@@ -40,6 +40,7 @@ class LlamaCppTokenizer:
         self._vocab = m._model.vocab
         self._pieces = ({}, {})  # special=False / True: token -> bytes
         self._buf = ctypes.create_string_buffer(64)
+        self._last = ([], b"", False)  # the last long detokenize: (tokens, joined pieces, special)
 
     @property
     def llama(self):
@@ -72,10 +73,19 @@ class LlamaCppTokenizer:
         leading space dropped after a leading BOS; ``prev_tokens`` ignored, as there),
         from cached pieces: completion and streaming call this once or more per token.
         """
-        out = b"".join([self.piece(t, special) for t in tokens])
-        if out[:1] == b" " and len(tokens) > 0 and tokens[0] == self.token_bos:
-            return out[1:]
-        return out
+        tokens = tokens if isinstance(tokens, list) else list(tokens)
+        last_tokens, last_raw, last_special = self._last
+        n = len(last_tokens)
+        if special == last_special and len(tokens) > n > 0 and tokens[:n] == last_tokens:
+            # the completion loop re-detokenizes its growing token list every step
+            raw = last_raw + b"".join([self.piece(t, special) for t in tokens[n:]])
+        else:
+            raw = b"".join([self.piece(t, special) for t in tokens])
+        if len(tokens) > 8:
+            self._last = (tokens.copy(), raw, special)
+        if raw[:1] == b" " and tokens and tokens[0] == self.token_bos:
+            return raw[1:]
+        return raw
 
     def is_eog(self, token: int) -> bool:
         """Whether ``token`` ends generation (EOS, EOT, <|endoftext|>, ...: llama.cpp's EOG set)."""
