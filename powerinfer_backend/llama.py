@@ -129,6 +129,12 @@ class Llama:
                             if v]
         if unsupported:
             warnings.warn(f"not supported by powerinfer_backend, ignored: {', '.join(unsupported)}", stacklevel=2)
+        # what __getstate__ hands to __init__ again (pickling, as llama-cpp-python)
+        self._init_kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, seed=seed,
+                                 vram_budget=vram_budget, sparse=sparse, logits_all=logits_all, embedding=embedding,
+                                 last_n_tokens_size=last_n_tokens_size, chat_format=chat_format,
+                                 chat_handler=chat_handler, spm_infill=spm_infill, rope_freq_base=rope_freq_base,
+                                 rope_freq_scale=rope_freq_scale, verbose=verbose, backend=backend, **kwargs)
         self.model_path = model_path
         self.verbose = verbose
         self.vram_budget = vram_budget
@@ -575,6 +581,15 @@ class Llama:
                 obj.close()
         if getattr(self, "_model", None) is not None:
             self._model = _CLOSED
+
+    def __getstate__(self):
+        """Pickle as the constructor arguments (the model is loaded again), with the
+        current seed, as llama-cpp-python."""
+        return dict(model_path=self.model_path, **{**self._init_kwargs, "seed": self._seed})
+
+    def __setstate__(self, state):
+        state = dict(state)
+        self.__init__(state.pop("model_path"), **state)
 
     def __enter__(self):
         return self

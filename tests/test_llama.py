@@ -548,3 +548,16 @@ def test_negative_seed_means_random_and_reset_forgets_logits(llm):
 def test_nan_temperature_is_a_clear_error(llm):
     with pytest.raises(ValueError, match="temperature"):
         llm("Hi", max_tokens=1, temperature=float("nan"))
+
+
+def test_pickle_round_trip(small):
+    """Pickled as its constructor arguments (as llama-cpp-python): the copy is a new,
+    working model with the same settings and seed."""
+    import pickle
+
+    small.set_seed(31)
+    with pytest.warns(UserWarning, match="n_gpu_layers ignored"):  # small was built with n_gpu_layers
+        copy = pickle.loads(pickle.dumps(small))
+    with copy:
+        assert copy is not small and copy.n_ctx() == small.n_ctx() == SMALL_CTX and copy._seed == 31
+        assert _text(copy(PROMPT, max_tokens=2, temperature=0)) == _text(small(PROMPT, max_tokens=2, temperature=0))

@@ -394,6 +394,8 @@ def test_max_tokens_clamped_to_context(ours, ref):
 # ---- sampling: our sampler on llama.cpp's logits gives llama.cpp's tokens ------------------------
 
 SAMPLING = [
+    dict(temperature=0.0),  # greedy: the argmax shortcut of sampling.ChainSampler
+    dict(temperature=0.0, repeat_penalty=1.3, presence_penalty=0.2),  # greedy through the whole chain
     dict(temperature=0.8, seed=42),
     dict(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0, seed=7),
     dict(temperature=0.9, top_k=10, top_p=0.8, min_p=0.1, seed=3),
