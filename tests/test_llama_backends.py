@@ -17,6 +17,11 @@ from powerinfer_backend import Llama
 from powerinfer_backend.backends import available_backends, plugin_manager
 from powerinfer_backend.llamacpp_ref import load_reference
 
+try:
+    from fixtures import write_tiny_llama
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.fixtures import write_tiny_llama
+
 PROMPT = "The capital of France is"
 
 PLUGIN_SOURCE = '''
@@ -121,6 +126,27 @@ def test_llama_cpp_backend(model_path):
     finally:
         llm.close()
         ref.close()
+
+
+def test_auto_falls_back_to_llama_cpp_for_other_architectures(tmp_path):
+    """A llama-like GGUF under an architecture name the native engine does not know
+    ("mistral3") still runs: backend="auto" hands it to llama.cpp, with one message."""
+    path = write_tiny_llama(tmp_path / "tiny-mistral3.gguf", arch="mistral3")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm = Llama(path, n_ctx=64, n_threads=1, verbose=False)
+    ref = load_reference(path, n_ctx=64, n_threads=1, n_threads_batch=1)
+    try:
+        assert llm.backend == "llama_cpp"
+        msgs = [str(w.message) for w in caught]
+        assert len(msgs) == 1 and "not accelerated" in msgs[0] and "tiny-mistral3.gguf" in msgs[0]
+        a, b = llm([1, 2, 3], max_tokens=6, temperature=0), ref([1, 2, 3], max_tokens=6, temperature=0)
+        assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+    finally:
+        llm.close()
+        ref.close()
+    with pytest.raises(ValueError, match="unknown model architecture 'mistral3'"):
+        Llama(path, n_ctx=64, n_threads=1, backend="hybrid", verbose=False)
 
 
 def test_sparse_keyword_reaches_backend_and_stats(model_path):
