@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 
 import pluggy
 
@@ -14,11 +15,11 @@ def plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     pm.load_setuptools_entrypoints(hookspecs.PROJECT)
-    if not any(getattr(p, "__name__", "") == "powerinfer_backend.plugins" for p in pm.get_plugins()):
-        # running from a source tree that was never pip-installed: no entry points yet
-        from . import plugins
-
-        pm.register(plugins)
+    for name in ("powerinfer_backend.plugins", "powerinfer_backend.llamacpp_backend"):
+        if not any(getattr(p, "__name__", "") == name for p in pm.get_plugins()):
+            # running from a source tree that was never pip-installed (or installed before
+            # this built-in existed): no entry point yet
+            pm.register(importlib.import_module(name))
     return pm
 
 

@@ -28,3 +28,24 @@ def powerinfer_backend_register() -> dict:
     sidecar path; :mod:`powerinfer_backend.sparsity`). Optional: ``stats(reset=False)
     -> dict`` (measured sparsity; ``Llama.stats()`` returns it).
     """
+
+
+@hookspec(firstresult=True)
+def powerinfer_backend_select(model_path: str, options: dict):
+    """Name of the backend for ``Llama(model_path, backend="auto")`` (the default), or
+    None to leave the choice to other plugins. The first non-None answer wins; when no
+    plugin answers, the native ``"hybrid"`` engine is used, and ``"llama_cpp"`` for an
+    architecture it does not run. ``options``: what the backend factory will receive.
+    """
+
+
+@hookspec
+def powerinfer_backend_model_loaded(llama, backend_name: str) -> None:
+    """Called once a :class:`powerinfer_backend.Llama` is ready (backend and tokenizer
+    loaded); ``backend_name`` is the backend chosen."""
+
+
+@hookspec
+def powerinfer_backend_model_unloaded(llama) -> None:
+    """Called when a :class:`powerinfer_backend.Llama` is closed (once, before its
+    backend is freed)."""

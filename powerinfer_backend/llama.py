@@ -1,53 +1,54 @@
 """``Llama``: the llama-cpp-python-compatible high-level class over a backend.
 
-Design (docs/architecture.md): an own class, not a subclass of ``llama_cpp.Llama``
-(whose ``__init__`` builds a full llama.cpp context); it reuses llama-cpp-python's
-public pieces - the tokenizer (vocab-only llama.cpp), result shapes - and computes
-logits with the native engine through the ``"hybrid"`` backend plugin.
+Design (docs/architecture.md, docs/api.md): an own class, not a subclass of
+``llama_cpp.Llama`` (whose ``__init__`` builds a full llama.cpp context). It computes
+logits with a backend plugin (the native engine, ``"hybrid"``) and reuses llama-cpp-python
+for everything above the logits, by calling its code rather than re-writing it:
+
+* tokenizer, chat templates, ``_model`` (vocab, special tokens): a vocab-only
+  ``llama_cpp.Llama`` (powerinfer_backend.tokenizer);
+* sampling: llama.cpp's sampler chain, built by ``llama_cpp.Llama._init_sampler`` and
+  applied to our logits (powerinfer_backend.sampling);
+* completion (stop strings, streaming, echo, logprobs, suffix, logit_bias, the prompt
+  cache), chat completion (GGUF template, named chat formats, tools, response_format) and
+  ``from_pretrained``: llama-cpp-python's own methods, called with this object as ``self``.
+  They use only the attributes this class provides (``tokenize``, ``detokenize``,
+  ``generate``, ``_scores``, ``_model``, ...), so their behaviour is llama-cpp-python's.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
-import uuid
+import sys
 import warnings
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .backends import create_backend
-from .sampling import SamplingParams, sample_token
+import llama_cpp
+from llama_cpp.llama import Llama as _LlamaCpp
+from llama_cpp.llama import LlamaState
+
+from .backends import create_backend, plugin_manager
+from .sampling import ChainSampler, TokenDataBuffer
 from .tokenizer import LlamaCppTokenizer
 
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "pick a random seed"
+LLAMA_DEFAULT_SEED = llama_cpp.LLAMA_DEFAULT_SEED  # 0xFFFFFFFF: llama.cpp's "pick a random seed"
 
 # Accepted for llama_cpp.Llama compatibility; meaningless here (GPU placement is vram_budget).
 _GPU_PARAMS = ("n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv")
 
+# llama_cpp.Llama parameters that would change results but are not implemented here:
+# a warning when one is given a value other than llama-cpp-python's default.
+_UNSUPPORTED_DEFAULTS = {
+    "kv_overrides": None, "lora_base": None, "lora_path": None, "draft_model": None, "tokenizer": None,
+    "type_k": None, "type_v": None, "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
+    "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
+    "yarn_orig_ctx": 0, "vocab_only": False,
+}
 
-def _utf8_complete_end(data: bytes, end: int) -> int:
-    """Largest e <= end such that data[:e] does not end inside a UTF-8 sequence."""
-    i = end - 1
-    while i >= 0 and i >= end - 4 and (data[i] & 0xC0) == 0x80:
-        i -= 1
-    if i < 0 or i < end - 4:
-        return end
-    lead = data[i]
-    need = 1 if lead < 0x80 else 2 if lead >> 5 == 0x6 else 3 if lead >> 4 == 0xE else 4 if lead >> 3 == 0x1E else 1
-    return end if end - i >= need else i
-
-
-def _stop_hold(text: bytes, stops: Sequence[bytes]) -> int:
-    """Bytes at the end of ``text`` that could begin a stop sequence (held back when streaming)."""
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), hold, -1):
-            if text.endswith(s[:k]):
-                hold = k
-                break
-    return hold
+_STATE_MAGIC = b"powerinfer_backend/replay-v1"
 
 
 class _ClosedPart:
@@ -61,70 +62,143 @@ class _ClosedPart:
 _CLOSED = _ClosedPart()
 
 
+class _NoTimings:
+    """``_ctx`` for llama-cpp-python's completion code, which resets / prints llama.cpp's
+    context timings when verbose (there is no llama.cpp compute context here)."""
+
+    def reset_timings(self) -> None:
+        pass
+
+    def print_timings(self) -> None:
+        pass
+
+
 class Llama:
     """Load a GGUF model and generate text, with llama-cpp-python's API.
 
     Args:
         model_path: path of a GGUF file.
         n_ctx: context length in tokens (0 = the model's training context).
-        n_threads: compute threads (None = the CPUs available to this process).
-        n_batch: most prompt tokens per native call.
+        n_batch: most prompt tokens per native call (capped at n_ctx, as llama-cpp-python).
+        n_threads: compute threads (None or <= 0 = the CPUs available to this process).
         seed: sampling seed (0xFFFFFFFF = random, as llama.cpp).
         vram_budget: GPU memory for hot neurons and dense blocks, in GiB (None or 0
-            = CPU only; the GPU path arrives with the hybrid executor).
+            = CPU only).
         logits_all: keep logits for every position (needed by ``logprobs``).
+        embedding: allow ``embed`` / ``create_embedding``.
+        last_n_tokens_size: window of the repeat / frequency / presence penalties.
+        chat_format, chat_handler: as llama-cpp-python (default: guessed from the GGUF
+            chat template).
         verbose: print load information to stderr.
-        backend: name of a registered backend plugin (default ``"hybrid"``).
         sparse: sparse FFN mode: "auto" (the calibration sidecar when present, exact
             zeros for ReLU models, else dense), "off", "threshold", "predictor", or
             a sidecar path (:mod:`powerinfer_backend.sparsity`).
+        backend: name of a registered backend plugin; ``"auto"`` (default) = the native
+            engine (``"hybrid"``), or ``"llama_cpp"`` (not accelerated, says so once) for
+            an architecture the native engine does not run.
         **kwargs: any other ``llama_cpp.Llama`` parameter; GPU-layer ones are ignored
-            with a warning, unknown ones are tolerated.
+            with one warning, ones that would change results and are not implemented
+            warn when set, unknown ones are tolerated.
 
     Raises:
         ValueError: missing or malformed model file, bad parameter.
     """
 
-    def __init__(self, model_path: str, *, n_ctx: int = 512, n_threads: Optional[int] = None,
-                 n_batch: int = 512, seed: int = LLAMA_DEFAULT_SEED, vram_budget: Optional[float] = None,
-                 logits_all: bool = False, verbose: bool = True, backend: str = "hybrid", sparse="auto",
-                 **kwargs):
+    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads: Optional[int] = None,
+                 seed: int = LLAMA_DEFAULT_SEED, vram_budget: Optional[float] = None, sparse: Any = "auto",
+                 logits_all: bool = False, embedding: bool = False, last_n_tokens_size: int = 64,
+                 chat_format: Optional[str] = None, chat_handler=None, spm_infill: bool = False,
+                 rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, verbose: bool = True,
+                 backend: str = "auto", **kwargs):
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
-        if n_ctx < 0:
+        if n_ctx is None or n_ctx < 0:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
         if n_threads is not None and n_threads < 1:
             n_threads = None  # llama-cpp-python treats -1 / 0 as "default"
+        if vram_budget is not None and not (isinstance(vram_budget, (int, float)) and vram_budget >= 0):
+            raise ValueError(f"vram_budget must be a number of GiB >= 0 or None, got {vram_budget!r}")
         gpu = [k for k in _GPU_PARAMS if k in kwargs]
         if gpu:
             warnings.warn(f"{', '.join(gpu)} ignored: powerinfer_backend places layers by vram_budget (GiB)",
                           stacklevel=2)
+        unsupported = [k for k, d in _UNSUPPORTED_DEFAULTS.items() if k in kwargs and kwargs[k] != d]
+        if rope_freq_base or rope_freq_scale:
+            unsupported += [k for k, v in (("rope_freq_base", rope_freq_base), ("rope_freq_scale", rope_freq_scale))
+                            if v]
+        if unsupported:
+            warnings.warn(f"not supported by powerinfer_backend, ignored: {', '.join(unsupported)}", stacklevel=2)
+        # what __getstate__ hands to __init__ again (pickling, as llama-cpp-python)
+        self._init_kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, seed=seed,
+                                 vram_budget=vram_budget, sparse=sparse, logits_all=logits_all, embedding=embedding,
+                                 last_n_tokens_size=last_n_tokens_size, chat_format=chat_format,
+                                 chat_handler=chat_handler, spm_infill=spm_infill, rope_freq_base=rope_freq_base,
+                                 rope_freq_scale=rope_freq_scale, verbose=verbose, backend=backend, **kwargs)
         self.model_path = model_path
         self.verbose = verbose
         self.vram_budget = vram_budget
-        self._logits_all = logits_all
-        if vram_budget is not None and not (isinstance(vram_budget, (int, float)) and vram_budget >= 0):
-            raise ValueError(f"vram_budget must be a number of GiB >= 0 or None, got {vram_budget!r}")
+        self.sparse = sparse
+        self._logits_all = bool(logits_all)
+        self._embedding = bool(embedding)
+        self.last_n_tokens_size = int(last_n_tokens_size)
+        self.spm_infill = spm_infill
+        self.cache = None
+        self.draft_model = None
         # the backend first: it validates the GGUF with messages naming the file and tensor
-        self._backend = create_backend(backend, model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                                       vram_budget=vram_budget, verbose=verbose, sparse=sparse)
-        self._tok = LlamaCppTokenizer(model_path)
-        self.n_batch = n_batch  # as llama_cpp.Llama exposes it
+        options = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
+                       vram_budget=vram_budget, verbose=verbose, sparse=sparse)
+        if backend == "auto":  # a plugin's choice, else the native engine, else llama.cpp
+            backend = plugin_manager().hook.powerinfer_backend_select(model_path=model_path,
+                                                                       options=dict(options)) or "auto"
+        if backend == "auto":
+            try:
+                backend = "hybrid"
+                self._backend = create_backend(backend, model_path, **options)
+            except ValueError as e:
+                if "unknown model architecture" not in str(e):
+                    raise
+                backend = "llama_cpp"
+                self._backend = create_backend(backend, model_path, **options)
+        else:
+            self._backend = create_backend(backend, model_path, **options)
+        self.backend = backend
+        self._n_ctx = int(self._backend.n_ctx)
+        self._tok = LlamaCppTokenizer(model_path, n_ctx=self._n_ctx, chat_format=chat_format)
+        self.n_batch = min(n_batch, self._n_ctx)  # as llama_cpp.Llama exposes it
         self.n_threads = getattr(self._backend, "n_threads", n_threads)
-        self._input_ids: List[int] = []
-        self._last_logits: Optional[np.ndarray] = None
-        self._pieces: dict = {}
+        self._n_vocab = int(self._backend.n_vocab)
+        self._token_nl = self._tok.token_nl
+        self._token_eos = self._tok.token_eos
+        vocab_llama = self._tok.llama
+        self._model = vocab_llama._model  # LlamaModel (vocab only): special tokens, vocab for EOG / grammar
+        self.tokenizer_ = vocab_llama.tokenizer_
+        self.chat_format = vocab_llama.chat_format  # chat_format as given, else guessed from the GGUF
+        self.chat_handler = chat_handler
+        self._chat_handlers = dict(vocab_llama._chat_handlers)  # from the GGUF's chat templates
+        self._ctx = _NoTimings()
+        self.n_tokens = 0
+        self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
+        # logits of every position (logits_all) or of the last evaluated token
+        self.scores = np.zeros((self._n_ctx if self._logits_all else 1, self._n_vocab), dtype=np.single)
+        self._last_logits: Optional[np.ndarray] = None  # without logits_all: a view of the native buffer
+        self._requires_eval = True  # restored or truncated state must decode before sampling
+        self._token_data = TokenDataBuffer(self._n_vocab)
+        self._sampler: Optional[ChainSampler] = None
         self._eog: dict = {}
         self.set_seed(seed)
+        plugin_manager().hook.powerinfer_backend_model_loaded(llama=self, backend_name=self.backend)
+        self._announced = True
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since load (or the last ``reset``): ``{"mode",
         "ffn_sparsity", "layers", ...}`` (:func:`powerinfer_backend.sparsity.stats`);
         ``{}`` for a backend without statistics."""
         fn = getattr(self._backend, "stats", None)
-        return fn(reset=reset) if fn is not None else {}
+        if fn is None:
+            return {}
+        return fn(reset=True) if reset else fn()  # third-party backends may take no argument
 
     # ---- properties ---------------------------------------------------------
 
@@ -147,19 +221,48 @@ class Llama:
     def token_nl(self) -> int:
         return self._tok.token_nl
 
+    def tokenizer(self):
+        """llama-cpp-python's ``LlamaTokenizer`` for this vocabulary."""
+        return self.tokenizer_
+
+    def pooling_type(self) -> int:
+        """llama.cpp's pooling type of the model (``{arch}.pooling_type``; NONE when absent)."""
+        arch = self.metadata.get("general.architecture", "")
+        return int(self.metadata.get(f"{arch}.pooling_type", llama_cpp.LLAMA_POOLING_TYPE_NONE))
+
     @property
     def metadata(self) -> dict:
         """GGUF metadata as ``{key: str}`` (llama.cpp's view)."""
         return self._tok.metadata
 
     @property
-    def input_ids(self) -> np.ndarray:
-        """Tokens currently in the KV cache, int32."""
-        return np.asarray(self._input_ids, dtype=np.int32)
+    def ctx(self):
+        """The vocab-only llama.cpp context (no weights, no KV cache); it reports n_ctx."""
+        return self._tok.llama.ctx
 
     @property
-    def n_tokens(self) -> int:
-        return len(self._input_ids)
+    def model(self):
+        return self._model.model
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        """Tokens currently in the KV cache (a view of ``input_ids``)."""
+        return self.input_ids[: self.n_tokens]
+
+    @_input_ids.setter
+    def _input_ids(self, tokens) -> None:
+        tokens = list(tokens)
+        self.input_ids[: len(tokens)] = tokens
+        self.n_tokens = len(tokens)
+
+    @property
+    def _scores(self) -> np.ndarray:
+        """Logits rows: every cached position with logits_all, else the last one (1 row)."""
+        if self._logits_all:
+            return self.scores[: self.n_tokens, :]
+        if self._last_logits is None:
+            return self.scores[:0]
+        return self._last_logits[None, :]
 
     # ---- tokens ---------------------------------------------------------------
 
@@ -172,13 +275,6 @@ class Llama:
         """UTF-8 bytes of ``tokens``."""
         return self._tok.detokenize(tokens, prev_tokens=prev_tokens, special=special)
 
-    def _piece(self, token: int) -> bytes:
-        """Bytes of one generated token (cached: pieces concatenate for every vocab type)."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._pieces[token] = self.detokenize([token])
-        return piece
-
     def _is_eog(self, token: int) -> bool:
         """End-of-generation token (EOS, EOT, <|endoftext|>, ...), as llama.cpp decides (cached)."""
         eog = self._eog.get(token)
@@ -188,17 +284,20 @@ class Llama:
 
     # ---- evaluation -------------------------------------------------------------
 
+    def set_cache(self, cache) -> None:
+        """Use a llama-cpp-python prompt cache (``LlamaRAMCache`` / ``LlamaDiskCache``)."""
+        self.cache = cache
+
     def set_seed(self, seed: int) -> None:
-        """Seed the sampler (0xFFFFFFFF = random)."""
+        """Seed for the next sampler chain (0xFFFFFFFF = random)."""
         self._seed = seed
-        random = seed is None or seed < 0 or seed == LLAMA_DEFAULT_SEED  # -1 is "random" in llama.cpp too
-        self._rng = np.random.default_rng(None if random else seed)
 
     def reset(self) -> None:
         """Forget all tokens (the KV cache is reused from position 0)."""
-        self._input_ids = []
-        self._last_logits = None
-        self._backend.truncate(0)
+        if self._backend is _CLOSED:
+            raise RuntimeError("Llama: the model is closed (close() was called or its `with` block ended)")
+        self.n_tokens = 0
+        self._requires_eval = True
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to the sequence and compute their logits.
@@ -209,189 +308,293 @@ class Llama:
         tokens = list(tokens)
         if not tokens:
             return
-        if len(self._input_ids) + len(tokens) > self.n_ctx():
-            raise ValueError(f"Requested tokens ({len(self._input_ids) + len(tokens)}) exceed context window "
-                             f"of {self.n_ctx()}")
-        if self._backend.n_past != len(self._input_ids):  # e.g. a chunk of a failed eval got cached
-            self._backend.truncate(len(self._input_ids))
-        logits = self._backend.eval(tokens, logits_all=self._logits_all)
-        self._input_ids.extend(tokens)
-        # without logits_all this is a view of the native last-token buffer (no copy per token)
-        self._last_logits = logits[-1] if not self._logits_all else logits[-1].copy()
+        n_past = self.n_tokens
+        if n_past + len(tokens) > self._n_ctx:
+            raise ValueError(f"Requested tokens ({n_past + len(tokens)}) exceed context window of {self._n_ctx}")
+        be = self._backend
+        if be.n_past != n_past:  # reset() / truncation, or a chunk of a failed eval got cached
+            be.truncate(n_past)
+        logits = be.eval(tokens, logits_all=self._logits_all)
+        self.input_ids[n_past: n_past + len(tokens)] = tokens
+        if self._logits_all:
+            self.scores[n_past: n_past + len(tokens), :] = logits
+            self._last_logits = self.scores[n_past + len(tokens) - 1]
+        else:
+            # a view of the native last-token buffer (no copy per token)
+            self._last_logits = logits[-1]
+        self.n_tokens = n_past + len(tokens)
+        self._requires_eval = False
 
-    @property
-    def scores(self) -> Optional[np.ndarray]:
-        """Logits of the last evaluated token, float32 (n_vocab,): a copy, so it stays
-        valid after later evals and after close()."""
-        return None if self._last_logits is None else self._last_logits.copy()
+    def _init_sampler(self, **params) -> ChainSampler:
+        """llama.cpp's sampler chain exactly as llama-cpp-python builds it, over our logits."""
+        chain = _LlamaCpp._init_sampler(self, **params)
+        g = params.get
+        argmax_exact = (g("temp", 0.8) == 0.0 and g("logits_processor") is None and g("grammar") is None
+                        and g("repeat_penalty", 1.0) == 1.0 and g("frequency_penalty", 0.0) == 0.0
+                        and g("presence_penalty", 0.0) == 0.0)
+        return ChainSampler(chain, self._token_data, argmax_exact=argmax_exact)
 
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
-               temp: float = 0.80, repeat_penalty: float = 1.0, **_unused) -> int:
-        """Sample a token id from the last logits (temp <= 0 = greedy). Parameters in
-        llama_cpp.Llama.sample's order; ``typical_p`` is accepted and not applied yet."""
-        if self._last_logits is None:
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+               mirostat_eta: float = 0.1, mirostat_tau: float = 5.0, penalize_nl: bool = True,
+               logits_processor=None, grammar=None, idx: Optional[int] = None) -> int:
+        """Sample a token id from the logits at position ``idx`` (default: the last),
+        with llama.cpp's sampler chain (the one of the running ``generate``, else a new
+        one seeded with the current seed, as llama-cpp-python)."""
+        if self.n_tokens == 0 or self._last_logits is None:
             raise RuntimeError("sample() before eval(): no logits yet")
-        params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty)
-        return sample_token(self._last_logits, params, self._rng, self._input_ids)
+        sampler = self._sampler
+        tmp = sampler is None
+        if tmp:
+            sampler = self._init_sampler(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
+                                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                         presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                                         mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                                         penalize_nl=penalize_nl, logits_processor=logits_processor, grammar=grammar)
+        if idx is None or idx == self.n_tokens - 1:
+            logits = self._last_logits
+        elif self._logits_all and 0 <= idx < self.n_tokens:
+            logits = self.scores[idx]
+        else:
+            raise ValueError(f"sample: no logits kept for position {idx} (logits_all=False keeps the last only)")
+        try:
+            return sampler.sample(logits)
+        finally:
+            if tmp:
+                sampler.close()
 
     def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
-                 **_unused) -> Iterator[int]:
-        """Yield sampled tokens after ``tokens``, endlessly (the caller stops).
-        Parameters in llama_cpp.Llama.generate's order (``typical_p`` not applied yet).
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor=None, stopping_criteria=None,
+                 grammar=None) -> Iterator[int]:
+        """Yield sampled tokens after ``tokens``, endlessly (the caller stops); send a
+        list of tokens to the generator to append them after the yielded one.
 
         With ``reset`` the KV cache of the longest common prefix with the previous
-        sequence is kept and only the rest is evaluated (prompt reuse).
+        sequence is kept and only the rest is evaluated (prompt reuse), as
+        llama-cpp-python's ``generate``.
         """
+        params = dict(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
+                      repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                      presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                      mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
+                      logits_processor=logits_processor, grammar=grammar)
+        if self._sampler is not None:
+            self._sampler.close()
+        self._sampler = self._init_sampler(**params)
         tokens = list(tokens)
-        if not tokens:
-            raise ValueError("generate: tokens must not be empty")
-        if reset and self._input_ids:
-            n = 0
-            for a, b in zip(self._input_ids, tokens):
-                if a != b:
-                    break
-                n += 1
-            n = min(n, len(tokens) - 1)  # re-evaluate at least one token for fresh logits
-            self._input_ids = self._input_ids[:n]
-            self._backend.truncate(n)
-            tokens = tokens[n:]
+        if reset and self.n_tokens > 0:
+            prefix = _LlamaCpp.longest_token_prefix(self._input_ids.tolist(), tokens)
+            consumed = prefix == len(tokens)
+            if consumed and self.n_tokens == len(tokens) and not self._requires_eval:
+                reset, tokens = False, []  # the whole prompt is cached with live logits
+            else:
+                keep = prefix - 1 if consumed else prefix  # re-evaluate one token for fresh logits
+                if keep > 0:
+                    reset, tokens = False, tokens[keep:]
+                    self.n_tokens = keep
+                    self._requires_eval = True
+                    if self.verbose:
+                        print(f"Llama.generate: {keep} prefix-match hit, remaining {len(tokens)} prompt tokens "
+                              f"to eval", file=sys.stderr)
+        if reset:
+            self.reset()
+        if not tokens and self.n_tokens == 0:
+            raise RuntimeError("generate: empty prompt and nothing cached: no logits to sample from")
+        sample_idx = self.n_tokens + len(tokens) - 1
+        sampler = self._sampler
         while True:
             self.eval(tokens)
-            token = self.sample(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty)
-            tokens = yield token
-            tokens = [token] if tokens is None else list(tokens)
+            while sample_idx < self.n_tokens:
+                if sample_idx == self.n_tokens - 1 and self._sampler is sampler:  # the usual case, direct
+                    token = sampler.sample(self._last_logits)
+                else:
+                    token = self.sample(idx=sample_idx, **params)
+                sample_idx += 1
+                if stopping_criteria is not None and stopping_criteria(self._input_ids[:sample_idx],
+                                                                       self._scores[-1, :]):
+                    return
+                sent = yield token
+                tokens = [token] if sent is None else [token, *sent]
+                if sample_idx < self.n_tokens and token != self.input_ids[sample_idx]:
+                    self.n_tokens = sample_idx
+                    self._requires_eval = True
+                    break
 
-    # ---- completion ---------------------------------------------------------------
+    # ---- completion, chat, embeddings: llama-cpp-python's own code ----------------------------
 
     def create_completion(self, prompt: Union[str, List[int]], suffix: Optional[str] = None,
                           max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
                           min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None,
-                          echo: bool = False, stop: Optional[Union[str, List[str]]] = None,
+                          echo: bool = False, stop: Optional[Union[str, List[str]]] = [],
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                           repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False,
-                          seed: Optional[int] = None, model: Optional[str] = None, stopping_criteria=None,
-                          **_unused):
-        """Complete ``prompt``; returns llama-cpp-python's completion dict, or an
-        iterator of its stream chunks when ``stream``.
+                          seed: Optional[int] = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                          mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
+                          stopping_criteria=None, logits_processor=None, grammar=None,
+                          logit_bias: Optional[Dict[int, float]] = None):
+        """Complete ``prompt``: llama-cpp-python's ``create_completion`` (its result dict,
+        or an iterator of its stream chunks when ``stream``), running on this model.
 
         Raises:
             ValueError: prompt longer than the context window
-                ("Requested tokens (N) exceed context window of M").
+                ("Requested tokens (N) exceed context window of M"); logprobs without
+                logits_all.
+            TypeError: a prompt that is neither a str nor a list of token ids.
         """
-        if logprobs is not None:
-            if not self._logits_all:
-                raise ValueError("logprobs is not supported for models created with logits_all=False")
-            raise NotImplementedError("logprobs is not implemented yet (the Llama API issue)")
-        if not math.isfinite(temperature):
+        if isinstance(prompt, np.ndarray):
+            prompt = prompt.tolist()
+        elif isinstance(prompt, tuple):
+            prompt = list(prompt)
+        if not isinstance(prompt, (str, list)):
+            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        if not math.isfinite(temperature):  # llama.cpp's chain would sample from NaN logits
             raise ValueError(f"temperature must be a finite number, got {temperature}")
-        ignored = {k: v for k, v in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty),
-                                     ("typical_p", typical_p - 1.0)) if v}
-        ignored.update({k: v for k, v in _unused.items() if k in ("grammar", "mirostat_mode", "logit_bias",
-                                                                   "logits_processor") and v})
-        if ignored:
-            warnings.warn(f"not applied yet by this sampler (the Llama API issue): {', '.join(sorted(ignored))}",
-                          stacklevel=2)
-        gen = self._completion(prompt, suffix, max_tokens, temperature, top_p, min_p, echo, stop,
-                               repeat_penalty, top_k, stream, seed, model, stopping_criteria)
-        if stream:
-            return gen
-        return next(gen)
+        return _LlamaCpp.create_completion(
+            self, prompt, suffix=suffix, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
+            typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
+            seed=seed, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta, model=model, stopping_criteria=stopping_criteria,
+            logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
+
+    def _create_completion(self, *args, **kwargs):
+        return _LlamaCpp._create_completion(self, *args, **kwargs)
 
     __call__ = create_completion
 
-    def _prompt_tokens(self, prompt: Union[str, List[int]]) -> List[int]:
-        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (str, list, tuple, np.ndarray)):
-            raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
-        if len(prompt) == 0:  # "" or []: start from BOS (an empty sequence has no logits to sample from)
-            return [self.token_bos()]
-        if isinstance(prompt, str):
-            return self.tokenize(prompt.encode("utf-8"), special=True)
-        return list(prompt)
+    def create_chat_completion(self, messages, **kwargs):
+        """llama-cpp-python's ``create_chat_completion``: the chat handler of
+        ``chat_handler`` / ``chat_format`` / the GGUF template formats ``messages`` and
+        calls ``create_completion`` (tools, tool_choice, response_format, streaming)."""
+        return _LlamaCpp.create_chat_completion(self, messages, **kwargs)
 
-    def _completion(self, prompt, suffix, max_tokens, temperature, top_p, min_p, echo, stop, repeat_penalty,
-                    top_k, stream, seed, model, stopping_criteria):
-        cid = f"cmpl-{uuid.uuid4()}"
-        created = int(time.time())
-        model_name = model if model is not None else self.model_path
-        prompt_tokens = self._prompt_tokens(prompt)
-        n_ctx = self.n_ctx()
-        if len(prompt_tokens) >= n_ctx:
-            raise ValueError(f"Requested tokens ({len(prompt_tokens)}) exceed context window of {n_ctx}")
-        if max_tokens is None or max_tokens <= 0:
-            max_tokens = n_ctx - len(prompt_tokens)
-        max_tokens = min(max_tokens, n_ctx - len(prompt_tokens))
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        stop_bytes = [s.encode("utf-8") for s in stops if s]
-        if seed is not None:
-            self.set_seed(seed)
-        prompt_text = ""
-        if echo:  # the prompt as given (llama-cpp-python); token prompts are detokenized
-            prompt_text = prompt if isinstance(prompt, str) else \
-                self.detokenize(prompt_tokens, special=True).decode("utf-8", errors="ignore")
+    def create_chat_completion_openai_v1(self, *args, **kwargs):
+        """``create_chat_completion`` as ``openai`` types (needs the openai package)."""
+        return _LlamaCpp.create_chat_completion_openai_v1(self, *args, **kwargs)
 
-        def chunk(text, finish):
-            return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+    from_pretrained = classmethod(_LlamaCpp.from_pretrained.__func__)
 
-        if stream and echo and prompt_text:
-            yield chunk(prompt_text, None)
-        out: List[int] = []
-        data = b""
-        sent = 0
-        finish = "length"
-        if max_tokens > 0:
-            for token in self.generate(prompt_tokens, top_k=top_k, top_p=top_p, min_p=min_p, temp=temperature,
-                                       repeat_penalty=repeat_penalty):
-                if self._is_eog(token):
-                    finish = "stop"
-                    break
-                out.append(token)
-                tail_from = max(0, len(data) - max((len(s) for s in stop_bytes), default=0) + 1)
-                data += self._piece(token)
-                hits = [h for h in (data.find(s, tail_from) for s in stop_bytes) if h >= 0]
-                if hits:
-                    data = data[:min(hits)]
-                    finish = "stop"
-                    break
-                if stopping_criteria is not None and stopping_criteria(self.input_ids, self.scores):
-                    finish = "stop"
-                    break
-                if stream:
-                    end = _utf8_complete_end(data, len(data) - _stop_hold(data, stop_bytes))
-                    if end > sent:
-                        yield chunk(data[sent:end].decode("utf-8", errors="ignore"), None)
-                        sent = end
-                if len(out) >= max_tokens:
-                    break
-            # the sampled token that ended generation is not evaluated: drop nothing, cache stays valid
-        text = data.decode("utf-8", errors="ignore")
-        if stream:
-            rest = data[sent:].decode("utf-8", errors="ignore")
-            if rest:
-                yield chunk(rest, None)
-            yield chunk("", finish)
-            return
-        if echo:
-            text = prompt_text + text
-        if suffix is not None:
-            text = text + suffix
-        result = chunk(text, finish)
-        result["usage"] = {"prompt_tokens": len(prompt_tokens), "completion_tokens": len(out),
-                           "total_tokens": len(prompt_tokens) + len(out)}
-        yield result
+    logits_to_logprobs = staticmethod(_LlamaCpp.logits_to_logprobs)
+    longest_token_prefix = staticmethod(_LlamaCpp.longest_token_prefix)
+
+    def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None):
+        """llama-cpp-python's ``create_embedding`` over :meth:`embed`."""
+        return _LlamaCpp.create_embedding(self, input, model=model)
+
+    def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False):
+        """Embeddings of each input, as llama-cpp-python: per token (pooling NONE, this
+        architecture's default) or pooled (MEAN / CLS / LAST by the model's pooling type).
+
+        Raises:
+            RuntimeError: the model was not created with embedding=True.
+            ValueError: an input longer than n_batch with truncate=False.
+        """
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
+        inputs = [input] if isinstance(input, str) else list(input)
+        pooling = self.pooling_type()
+        data, total = [], 0
+        self.reset()
+        for text in inputs:
+            tokens = self.tokenize(text.encode("utf-8"))
+            if truncate:
+                tokens = tokens[: self.n_batch]
+            if len(tokens) > self.n_batch:
+                raise ValueError(f"Requested tokens ({len(tokens)}) exceed batch size of {self.n_batch}")
+            total += len(tokens)
+            self._backend.truncate(0)
+            self._backend.eval(tokens, logits_all=True)
+            rows = self._backend.embeddings()
+            if pooling == llama_cpp.LLAMA_POOLING_TYPE_NONE:
+                emb = [self._norm(r) if normalize else r.tolist() for r in rows]
+            else:
+                if pooling == llama_cpp.LLAMA_POOLING_TYPE_MEAN:
+                    v = rows.mean(axis=0)
+                elif pooling == llama_cpp.LLAMA_POOLING_TYPE_CLS:
+                    v = rows[0]
+                elif pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST:
+                    v = rows[-1]
+                else:
+                    raise NotImplementedError(f"pooling type {pooling} is not supported")
+                emb = self._norm(v) if normalize else v.tolist()
+            data.append(emb)
+        self._backend.truncate(0)
+        self.reset()
+        out = data[0] if isinstance(input, str) else data
+        return (out, total) if return_count else out
+
+    @staticmethod
+    def _norm(v: np.ndarray) -> List[float]:
+        n = float(np.linalg.norm(v))
+        return (v / n).tolist() if n else v.tolist()
+
+    # ---- state ------------------------------------------------------------------------
+
+    def save_state(self) -> "LlamaState":
+        """The sequence, its logits and the seed (llama-cpp-python's ``LlamaState``). The
+        KV cache is not copied: the engine is deterministic, so :meth:`load_state`
+        re-evaluates what the current cache does not share with the saved tokens."""
+        return LlamaState(input_ids=self.input_ids.copy(), scores=self._scores.copy(), n_tokens=self.n_tokens,
+                          llama_state=_STATE_MAGIC, llama_state_size=len(_STATE_MAGIC), seed=self._seed)
+
+    def load_state(self, state: "LlamaState") -> None:
+        """Restore a state from :meth:`save_state` (tokens, logits, seed, KV cache)."""
+        if bytes(state.llama_state[: len(_STATE_MAGIC)]) != _STATE_MAGIC:
+            raise ValueError("load_state: not a powerinfer_backend state (llama.cpp context states cannot be "
+                             "loaded into this engine)")
+        n = int(state.n_tokens)
+        if n > self._n_ctx:
+            raise ValueError(f"Requested tokens ({n}) exceed context window of {self._n_ctx}")
+        tokens = np.asarray(state.input_ids[:n], dtype=np.intc)
+        be = self._backend
+        keep = min(_LlamaCpp.longest_token_prefix(self.input_ids[: min(self.n_tokens, be.n_past)].tolist(),
+                                                  tokens.tolist()), n)
+        be.truncate(keep)
+        if keep < n:
+            be.eval(tokens[keep:].tolist(), logits_all=False)
+        self.input_ids[:n] = tokens
+        self.n_tokens = n
+        scores = np.asarray(state.scores, dtype=np.single)
+        if self._logits_all:
+            self.scores[: len(scores)] = scores
+            self._last_logits = self.scores[n - 1] if n else None
+        else:
+            self._last_logits = scores[-1].copy() if len(scores) else None
+        self._seed = state.seed
+        self._requires_eval = True
 
     # ---- lifetime -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free the native model, context and tokenizer."""
-        self._last_logits = None  # a view of the native context's buffer
+        """Free the native model, context, tokenizer and sampler."""
+        if getattr(self, "_announced", False):
+            self._announced = False
+            plugin_manager().hook.powerinfer_backend_model_unloaded(llama=self)
+        self._last_logits = None  # may be a view of the native context's buffer
+        sampler, self._sampler = getattr(self, "_sampler", None), None
+        if sampler is not None:
+            sampler.close()
         for part in ("_backend", "_tok"):
             obj = getattr(self, part, None)
             if obj is not None and obj is not _CLOSED:
                 setattr(self, part, _CLOSED)
                 obj.close()
+        if getattr(self, "_model", None) is not None:
+            self._model = _CLOSED
+
+    def __getstate__(self):
+        """Pickle as the constructor arguments (the model is loaded again), with the
+        current seed, as llama-cpp-python."""
+        return dict(model_path=self.model_path, **{**self._init_kwargs, "seed": self._seed})
+
+    def __setstate__(self, state):
+        state = dict(state)
+        self.__init__(state.pop("model_path"), **state)
 
     def __enter__(self):
         return self

@@ -96,7 +96,7 @@ def test_unknown_backend_lists_available(model_path, echo_plugin):
         Llama(model_path, backend="no-such-backend", verbose=False)
     msg = str(e.value)
     assert "no-such-backend" in msg and "'echo'" in msg and "'hybrid'" in msg
-    with pytest.raises(ValueError, match=r"unknown backend 'x'; available: \['echo', 'hybrid'\]"):
+    with pytest.raises(ValueError, match=r"unknown backend 'x'; available: \['echo', 'hybrid', 'llama_cpp'\]"):
         create_backend("x", model_path)
 
 
