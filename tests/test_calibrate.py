@@ -308,3 +308,24 @@ def test_smollm2_budget_on_unseen_tail(model_path, tmp_path):
     (ppl_d, _), (ppl_s, sparsity) = res["off"], res[out]
     assert sparsity >= 0.30, res
     assert ppl_s <= ppl_d * 1.02, res
+
+
+def test_bench_reports_sparse_run_and_density_sweep(tmp_path):
+    """bench: the sparse run appears (with its measured sparsity and ratios to our dense)
+    when the model has a sidecar; the FFN density sweep times every density."""
+    from powerinfer_backend.bench import format_table, run_bench
+    from powerinfer_backend.ffn_sweep import format_sweep, run_sweep
+
+    path = tiny(tmp_path)
+    r = run_bench(path, n_threads=1, n_decode=4, n_prefill=16, repeats=1, include_llama_cpp=False)
+    assert "ours_sparse" not in r  # no sidecar: dense only
+    _calibrate_tiny(tmp_path, path, target_sparsity=0.5, max_ppl_increase=None)
+    r = run_bench(path, n_threads=1, n_decode=4, n_prefill=16, repeats=1, include_llama_cpp=False)
+    assert 0.3 < r["ours_sparse"]["ffn_sparsity"] < 0.7 and r["ratio_sparse"]["decode_vs_dense"] > 0
+    assert "measured FFN sparsity" in format_table(r)
+    s = run_sweep(n_embd=64, n_ff=128, n_threads=1, mib=1, rounds=1, densities=(1.0, 0.1))
+    assert [c["gate_up"] for c in s["configs"]] == ["Q4_0", "F16"]
+    assert [(row["down_t"], row["density"]) for row in s["configs"][1]["rows"]] == [("F16", 1.0), ("F16", 0.1)]
+    assert "density" in format_sweep(s)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        run_sweep(n_embd=65)
