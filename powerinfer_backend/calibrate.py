@@ -14,14 +14,15 @@ per layer from measured quality, in a few passes over the text:
    A layer's threshold for sparsity s is the s-quantile of its histogram.
 2. **Sensitivity**: for each layer alone at a few sparsity levels, the mean
    KL divergence of the next-token distribution from dense on one chunk.
-3. **Allocation** (TEAL-style greedy): starting dense, repeatedly raise the
-   sparsity of the layer whose next step (5 points) costs the least KL, which
-   gives a path of allocations from dense to the highest level.
-4. **Budget**: a binary search along that path for the sparsest allocation whose
+3. **Candidate paths** from dense to sparse: TEAL-style greedy (repeatedly raise
+   the sparsity of the layer whose next 5-point step costs the least KL), and one
+   shared threshold for every layer on a geometric grid (each layer then gets its
+   own sparsity from its histogram; CATS' single cut).
+4. **Budget**: on each path, a binary search for the sparsest point whose
    perplexity on a held-out tail of the text (never used in steps 1-3) rises by at
    most ``margin * max_ppl_increase`` over dense (the margin guards text the
-   calibration never saw); or, with ``target_sparsity``, the first allocation
-   reaching it.
+   calibration never saw), and the path reaching the higher mean sparsity wins;
+   or, with ``target_sparsity``, the first point reaching it.
 
 The result is written as the sparsity sidecar (:mod:`powerinfer_backend.sidecar`).
 """
@@ -196,6 +197,25 @@ def _layer_thresholds(hist_layers: np.ndarray, alloc: np.ndarray) -> np.ndarray:
                     dtype=np.float32)
 
 
+def _greedy_candidates(allocs: np.ndarray, hist_layers: np.ndarray):
+    """(thresholds rows, expected sparsity rows) along a greedy allocation path."""
+    return np.stack([_layer_thresholds(hist_layers, a) for a in allocs]), allocs
+
+
+def _global_candidates(hist_layers: np.ndarray, max_mean: float, n: int = 160):
+    """One threshold for every layer, on a geometric grid, while the expected mean
+    sparsity stays <= max_mean (row 0: dense). Each layer's sparsity is then its own
+    fraction below the shared threshold."""
+    rows_t, rows_a = [np.zeros(len(hist_layers), np.float32)], [np.zeros(len(hist_layers), np.float32)]
+    for t in np.geomspace(1e-4, 16.0, n):
+        alloc = (1.0 - fraction_at_or_above(hist_layers, float(t))).astype(np.float32)
+        if alloc.mean() > max_mean:
+            break
+        rows_t.append(np.full(len(hist_layers), t, np.float32))
+        rows_a.append(alloc)
+    return np.stack(rows_t), np.stack(rows_a)
+
+
 def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
               target_sparsity: Optional[float] = None, tokens: int = 16384, heldout_tokens: int = 2048,
               n_ctx: int = 512, offset_bytes: int = 0, max_bytes: Optional[int] = None,
@@ -318,46 +338,52 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
             ctx.set_ffn_sparsity(layer, None)
         bar.close()
 
-        # 3. allocation path, 4. budget on the held-out tail
-        path_allocs = greedy_path(kl, levels)
+        # 3. candidate paths from dense to sparse, 4. budget on the held-out tail
+        paths = {"kl-greedy": _greedy_candidates(greedy_path(kl, levels), layer_hist),
+                 "global-threshold": _global_candidates(layer_hist, levels[-1])}
 
         def held_ppl(thresholds):
             setup.apply(thresholds)
             ctx.ffn_stats(reset=True)
             r = perplexity(held, setup.eval_all, n_ctx)
             used, total = ctx.ffn_stats(reset=True, per_layer=True)
-            dense = total == 0
-            frac = np.where(dense, 0.0, 1.0 - used / np.maximum(total, 1))
+            frac = np.where(total == 0, 0.0, 1.0 - used / np.maximum(total, 1))
             return r["ppl"], float(frac.mean())
 
         ppl_dense, _ = held_ppl(None)
-        measured: dict[int, tuple[float, float]] = {0: (ppl_dense, 0.0)}
+        measured: dict[tuple[str, int], tuple[float, float]] = {}
 
-        def measure(i: int) -> tuple[float, float]:
-            if i not in measured:
-                measured[i] = held_ppl(_layer_thresholds(layer_hist, path_allocs[i]))
-            return measured[i]
+        def measure(name: str, i: int) -> tuple[float, float]:
+            if i == 0:
+                return ppl_dense, 0.0
+            if (name, i) not in measured:
+                measured[name, i] = held_ppl(paths[name][0][i])
+            return measured[name, i]
 
-        means = path_allocs.mean(axis=1)
-        if target_sparsity is not None:
-            reach = np.nonzero(means >= target_sparsity - 1e-6)[0]
-            best = int(reach[0]) if len(reach) else len(path_allocs) - 1
-            measure(best)
-        else:
+        choices = []  # (mean expected sparsity, name, index)
+        for name, (thr_rows, alloc_rows) in paths.items():
+            means = alloc_rows.mean(axis=1)
+            if target_sparsity is not None:
+                reach = np.nonzero(means >= target_sparsity - 1e-6)[0]
+                i = int(reach[0]) if len(reach) else len(means) - 1
+                measure(name, i)
+                choices.append((-abs(means[i] - target_sparsity), name, i))
+                continue
             goal = margin * max_ppl_increase
-            lo, hi = 0, len(path_allocs) - 1
-            bar = tqdm(total=int(math.ceil(math.log2(hi + 1))), desc="budget search", unit="eval",
+            lo, hi = 0, len(means) - 1
+            bar = tqdm(total=int(math.ceil(math.log2(hi + 1))), desc=f"budget search ({name})", unit="eval",
                        disable=not progress)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                ok = measure(mid)[0] <= ppl_dense * (1.0 + goal)
+                ok = measure(name, mid)[0] <= ppl_dense * (1.0 + goal)
                 lo, hi = (mid, hi) if ok else (lo, mid - 1)
                 bar.update()
             bar.close()
-            best = lo
-        alloc = path_allocs[best]
-        thresholds = _layer_thresholds(layer_hist, alloc)
-        ppl_sparse, held_sparsity = measured[best]
+            choices.append((float(means[lo]), name, lo))
+        _, chosen, best = max(choices)
+        thresholds = paths[chosen][0][best]
+        alloc = paths[chosen][1][best]
+        ppl_sparse, held_sparsity = measure(chosen, best)
     finally:
         ctx.close()
         model.close()
@@ -376,11 +402,11 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
               "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
               "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
               "heldout_sparsity": held_sparsity, "threshold_on": threshold_on,
-              "method": "per-layer thresholds, KL-greedy allocation, held-out budget search"})
+              "method": f"{chosen} path, held-out budget search"})
     write_sidecar(path, prof)
     log(f"calibrated {os.path.basename(model_path)} in {time.time() - t0:.0f} s: mean FFN sparsity "
         f"{alloc.mean():.1%} (held-out {held_sparsity:.1%}), held-out perplexity {ppl_dense:.4f} -> "
-        f"{ppl_sparse:.4f} ({ppl_sparse / ppl_dense - 1:+.2%}); {len(stats_ids)} statistics tokens, "
+        f"{ppl_sparse:.4f} ({ppl_sparse / ppl_dense - 1:+.2%}) with the {chosen} path; {len(stats_ids)} statistics tokens, "
         f"{len(held)} held-out; wrote {path}")
     return prof
 
