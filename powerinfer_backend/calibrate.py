@@ -278,6 +278,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     if threshold_on not in ("product", "gate"):
         raise CalibrationError(f"threshold_on must be 'product' or 'gate', got {threshold_on!r}")
 
+    if os.path.isdir(text_path):
+        raise CalibrationError(f"calibration text {text_path} is a folder")
     if not os.path.isfile(text_path):
         raise CalibrationError(f"calibration text does not exist: {text_path}")
     if os.path.getsize(text_path) == 0:
@@ -298,9 +300,15 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     held = ids[len(ids) - n_held * n_ctx:]
     stats_ids = ids[:min(int(tokens), len(ids) - n_held * n_ctx)]
 
+    if n_ctx > hp.n_ctx_train:
+        raise CalibrationError(f"n_ctx {n_ctx} exceeds the model's training context ({hp.n_ctx_train} tokens)")
     model_sha = model_fingerprint(model_path)
     text_sha = _sha256_bytes(text_bytes)
     path = Path(out) if out else sidecar_path(model_path, create=True)
+    if path.is_dir():
+        raise CalibrationError(f"--out {path} is a folder; give the sidecar's file name")
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        raise CalibrationError(f"cannot write the sidecar into {path.parent} (missing or not writable)")
     check_overwrite(path, model_sha, text_sha, force=force)
 
     t0 = time.time()
@@ -403,6 +411,7 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
               "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
               "heldout_sparsity": held_sparsity, "threshold_on": threshold_on,
               "method": f"{chosen} path, held-out budget search"})
+    check_overwrite(path, model_sha, text_sha, force=force)  # again: another run may have written it since
     write_sidecar(path, prof)
     log(f"calibrated {os.path.basename(model_path)} in {time.time() - t0:.0f} s: mean FFN sparsity "
         f"{alloc.mean():.1%} (held-out {held_sparsity:.1%}), held-out perplexity {ppl_dense:.4f} -> "

@@ -71,6 +71,8 @@ def cmd_perplexity(args) -> int:
     llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads,
                 verbose=args.verbose, sparse=args.sparse)
     with llm:
+        if args.ctx > llm._backend.n_ctx_train:
+            raise ValueError(f"--ctx {args.ctx} exceeds the model's training context ({llm._backend.n_ctx_train} tokens)")
         tokens = llm.tokenize(text.encode("utf-8"))
         backend = llm._backend
 
@@ -147,9 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="decode/prefill tokens/s, ours and llama.cpp's, in one run")
     b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
     b.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
-    b.add_argument("--n-decode", type=int, default=64, help="decoded tokens (default 64)")
-    b.add_argument("--n-prefill", type=int, default=256, help="prompt tokens for prefill (default 256)")
-    b.add_argument("--repeats", type=int, default=3, help="runs per measurement, best kept (default 3)")
+    b.add_argument("--n-decode", type=_positive("--n-decode"), default=64, help="decoded tokens (default 64)")
+    b.add_argument("--n-prefill", type=_positive("--n-prefill"), default=256,
+                   help="prompt tokens for prefill (default 256)")
+    b.add_argument("--repeats", type=_positive("--repeats"), default=3,
+                   help="runs per measurement, best kept (default 3)")
     b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--ffn-density-sweep", action="store_true",
@@ -188,7 +192,7 @@ def main(argv=None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, FileNotFoundError, MemoryError, NotImplementedError) as e:  # MemoryError: KV cache too big
+    except (ValueError, OSError, MemoryError, NotImplementedError) as e:  # MemoryError: KV cache too big
         print(f"powerinfer-backend: error: {e}", file=sys.stderr)
         return 2
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -272,7 +273,16 @@ class Llama:
 
     def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
                    special: bool = False) -> bytes:
-        """UTF-8 bytes of ``tokens``."""
+        """UTF-8 bytes of ``tokens``.
+
+        Raises:
+            ValueError: a token id outside [0, n_vocab) (llama.cpp would abort the process).
+        """
+        n_vocab = self._n_vocab
+        for seq in (tokens, prev_tokens or ()):
+            bad = [t for t in seq if not 0 <= int(t) < n_vocab]
+            if bad:
+                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
         return self._tok.detokenize(tokens, prev_tokens=prev_tokens, special=special)
 
     def _is_eog(self, token: int) -> bool:
@@ -462,7 +472,15 @@ class Llama:
             logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
 
     def _create_completion(self, *args, **kwargs):
-        return _LlamaCpp._create_completion(self, *args, **kwargs)
+        try:
+            yield from _LlamaCpp._create_completion(self, *args, **kwargs)
+        except ValueError as e:
+            # llama-cpp-python names llama_n_ctx(self.ctx), the vocab-only context that
+            # llama.cpp rounds up to >= 256 tokens; the limit it checked is our n_ctx
+            msg = re.sub(r"(exceed context window of )\d+", rf"\g<1>{self._n_ctx}", str(e))
+            if msg == str(e):
+                raise
+            raise ValueError(msg) from None
 
     __call__ = create_completion
 
@@ -538,7 +556,13 @@ class Llama:
     def save_state(self) -> "LlamaState":
         """The sequence, its logits and the seed (llama-cpp-python's ``LlamaState``). The
         KV cache is not copied: the engine is deterministic, so :meth:`load_state`
-        re-evaluates what the current cache does not share with the saved tokens."""
+        re-evaluates what the current cache does not share with the saved tokens.
+
+        Raises:
+            RuntimeError: the model is closed.
+        """
+        if self._backend is _CLOSED:
+            raise RuntimeError("Llama: the model is closed (close() was called or its `with` block ended)")
         return LlamaState(input_ids=self.input_ids.copy(), scores=self._scores.copy(), n_tokens=self.n_tokens,
                           llama_state=_STATE_MAGIC, llama_state_size=len(_STATE_MAGIC), seed=self._seed)
 

@@ -5,6 +5,7 @@ loop gives (and the one ``llama-perplexity`` uses without its half-chunk offset)
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Optional
 
 import numpy as np
@@ -12,22 +13,37 @@ import numpy as np
 
 def read_text(path: str, offset_bytes: int = 0, max_bytes: Optional[int] = None) -> str:
     """UTF-8 text of ``path`` from byte ``offset_bytes``, at most ``max_bytes`` bytes
-    (a character cut at either end is dropped).
+    (a character cut at either end of the slice is dropped).
 
     Raises:
-        ValueError: the file is missing, the offset is past its end, or the slice is empty.
+        ValueError: the file is missing, a folder or empty, the offset is past its end,
+            the slice holds no text, or it is not UTF-8 (naming the first bad byte's offset).
     """
+    if os.path.isdir(path):
+        raise ValueError(f"text file {path} is a folder")
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise ValueError(f"cannot read text file {path}: {e}") from e
+    if not data:
+        raise ValueError(f"text file {path} is empty")
     if max_bytes is not None and max_bytes < 1:
         raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
     if offset_bytes < 0 or offset_bytes >= len(data):
         raise ValueError(f"{path}: offset {offset_bytes} is outside the file ({len(data)} bytes)")
     end = len(data) if max_bytes is None else min(len(data), offset_bytes + max_bytes)
-    text = data[offset_bytes:end].decode("utf-8", errors="ignore")
+    start = offset_bytes
+    while start < end and start - offset_bytes < 3 and (data[start] & 0xC0) == 0x80:
+        start += 1  # the slice began inside a character
+    chunk = data[start:end]
+    try:
+        text = chunk.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.reason != "unexpected end of data" or e.start < len(chunk) - 3:
+            raise ValueError(f"{path} is not UTF-8 text: invalid byte 0x{chunk[e.start]:02x} at offset "
+                             f"{start + e.start}") from None
+        text = chunk[:e.start].decode("utf-8")  # the slice ended inside a character
     if not text.strip():
         raise ValueError(f"{path}: no text in bytes {offset_bytes}..{end}")
     return text

@@ -20,6 +20,7 @@ first use.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -108,7 +109,14 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
     if mode == "dense":
         return SparseState()
     if path is not None:
-        prof = read_sidecar(path, model_path=model_path)
+        try:
+            prof = read_sidecar(path, model_path=model_path)
+        except ValueError as e:
+            if sparse != "auto":
+                raise
+            # "auto" found a stale sidecar (e.g. the model file was replaced): run dense, say why
+            warnings.warn(f"{e}; running dense", stacklevel=3)
+            return SparseState()
         if prof.n_layer != hp.n_layer or prof.neuron_freq.shape[1] != hp.n_ff:
             raise ValueError(f"sparsity sidecar {path}: {prof.n_layer} layers x {prof.neuron_freq.shape[1]} "
                              f"neurons, the model has {hp.n_layer} x {hp.n_ff}")

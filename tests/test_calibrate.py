@@ -329,3 +329,54 @@ def test_bench_reports_sparse_run_and_density_sweep(tmp_path):
     assert "density" in format_sweep(s)
     with pytest.raises(ValueError, match="multiples of 32"):
         run_sweep(n_embd=65)
+
+
+def test_text_must_be_utf8_and_cut_characters_are_dropped(tmp_path):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes("\u00e9t\u00e9 caf\u00e9 ".encode("latin-1") * 100)
+    with pytest.raises(ValueError, match=r"not UTF-8 text: invalid byte 0xe9 at offset 0"):
+        read_text(str(p))
+    q = tmp_path / "utf8.txt"
+    q.write_bytes("\u00e9t\u00e9 caf\u00e9 ".encode() * 100)
+    assert read_text(str(q), offset_bytes=1, max_bytes=12) == "t\u00e9 caf\u00e9 "  # both cut characters dropped
+    with pytest.raises(ValueError, match="is a folder"):
+        read_text(str(tmp_path))
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match="is empty"):
+        read_text(str(tmp_path / "empty.txt"))
+
+
+def test_calibrate_checks_its_output_before_running(tmp_path):
+    path = tiny(tmp_path)
+    with pytest.raises(CalibrationError, match="is a folder"):
+        _calibrate_tiny(tmp_path, path, target_sparsity=0.3, max_ppl_increase=None, out=str(tmp_path))
+    with pytest.raises(CalibrationError, match="not writable"):
+        _calibrate_tiny(tmp_path, path, target_sparsity=0.3, max_ppl_increase=None,
+                        out=str(tmp_path / "no" / "such" / "dir.gguf"))
+    with pytest.raises(CalibrationError, match="training context"):
+        _calibrate_tiny(tmp_path, path, target_sparsity=0.3, max_ppl_increase=None, n_ctx=1024)
+
+
+def test_auto_with_a_stale_sidecar_warns_and_runs_dense(tmp_path):
+    """The model file replaced at the same path: "auto" warns and runs dense; an explicit
+    path still refuses."""
+    path = tiny(tmp_path, seed=1)
+    prof = _calibrate_tiny(tmp_path, path, target_sparsity=0.3, max_ppl_increase=None)
+    write_tiny_llama(path, n_vocab=64, n_embd=64, n_ff=128, n_layer=2, types=F32, seed=2, n_ctx_train=512)
+    with pytest.warns(UserWarning, match="another model"):
+        with Llama(path, n_ctx=64, verbose=False) as llm:
+            assert llm.stats()["mode"] == "dense"
+    with pytest.raises(ValueError, match="another model"):
+        Llama(path, n_ctx=64, verbose=False, sparse=str(prof.path))
+
+
+def test_llama_errors_name_our_context_and_vocabulary(tmp_path, model_path):
+    with Llama(model_path, n_ctx=128, n_threads=1, verbose=False, sparse="off") as llm:
+        with pytest.raises(ValueError, match=r"Requested tokens \(130\) exceed context window of 128"):
+            llm([28] * 130, max_tokens=1)
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            llm.detokenize([28, 999999])
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.save_state()
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--n-decode", "0"])
