@@ -8,8 +8,9 @@ The file is parsed by ``gguf.GGUFReader`` (the gguf package, maintained with
 llama.cpp), with bounds and sanity checks added around it (:class:`_Reader`),
 so that truncated, corrupt or hostile files raise a :class:`ValueError` naming
 the file and the offending key or tensor instead of an arbitrary exception, a
-hang, or a crash later in native code. Tensor data are never copied when their type is one the kernels run (F32, F16, BF16, Q4_0, Q4_1,
-Q8_0); other types are converted once at load with ``gguf.quants`` and a
+hang, or a crash later in native code. Tensor data are never copied when their
+type is one the kernels run (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K,
+Q6_K); other types are converted once at load with ``gguf.quants`` and a
 warning per tensor.
 """
 
@@ -48,7 +49,8 @@ _T = GGMLQuantizationType
 
 #: ggml type ids the native kernels accept for weight matrices.
 KERNEL_TYPES: frozenset[int] = frozenset(
-    int(t) for t in (_T.F32, _T.F16, _T.Q4_0, _T.Q4_1, _T.Q8_0, _T.BF16)
+    int(t)
+    for t in (_T.F32, _T.F16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K, _T.BF16)
 )
 
 # Conversion work is done in chunks of about this many elements (bounds the
@@ -850,7 +852,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
     architecture uses is checked for presence and shape (GGUF ne order).
 
     Tensor data of kernel types (:data:`KERNEL_TYPES`: F32, F16, BF16, Q4_0,
-    Q4_1, Q8_0) are zero-copy read-only views of the memory map. Other types
+    Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) are zero-copy read-only views of the memory map. Other types
     are converted once: weight matrices to Q8_0 (F16 if the row length is not a
     multiple of 32; F32 for F64), with one :class:`UnsupportedTensorTypeWarning`
     per tensor naming it and both types. Norm weights and rope_freqs are always

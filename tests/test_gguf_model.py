@@ -293,9 +293,9 @@ def test_f16_norms_become_f32_silently(tmp_path):
         np.testing.assert_array_equal(t.data.view(np.float32), ref)
 
 
-@pytest.mark.parametrize("qtype,role", [(T.Q5_0, "ffn_down"), (T.Q4_K, "attn_q"), (T.Q6_K, "ffn_down")])
+@pytest.mark.parametrize("qtype,role", [(T.Q5_1, "ffn_down"), (T.Q3_K, "attn_q"), (T.Q2_K, "ffn_down")])
 def test_unsupported_type_converted_to_q8_0(tmp_path, qtype, role):
-    n_embd = 256 if qtype in (T.Q4_K, T.Q6_K) else 64
+    n_embd = 256 if qtype in (T.Q3_K, T.Q2_K) else 64
     name = f"blk.1.{role}.weight"
     p = write_tiny_llama(tmp_path / "m.gguf", n_embd=n_embd, n_ff=256, types={name: qtype})
     with pytest.warns(UnsupportedTensorTypeWarning) as rec:
@@ -314,6 +314,19 @@ def test_unsupported_type_converted_to_q8_0(tmp_path, qtype, role):
     np.testing.assert_allclose(got, ref, atol=scale / 100)
     # the other tensors are untouched views
     assert m.tensors["blk.0.ffn_down.weight"].converted_from is None
+
+
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
+def test_kquant_and_q5_0_kept_as_views(tmp_path, qtype):
+    """The kernels run Q5_0 and the K-quants: no conversion, no warning."""
+    name = "blk.1.attn_q.weight"
+    p = write_tiny_llama(tmp_path / "m.gguf", n_embd=256, n_ff=256, types={name: qtype})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = load_gguf(p, verbose=False)
+    t = m.tensors[name]
+    assert t.type == qtype and t.converted_from is None and _is_memmap_view(t.data)
+    assert t.nbytes == _nbytes(t.ne, qtype)
 
 
 def test_quantized_norm_dequantized_with_warning(tmp_path):

@@ -36,8 +36,13 @@ enum pi_type {
     PI_TYPE_F16 = 1,
     PI_TYPE_Q4_0 = 2,
     PI_TYPE_Q4_1 = 3,
+    PI_TYPE_Q5_0 = 6,
     PI_TYPE_Q8_0 = 8,
     PI_TYPE_Q8_1 = 9, /* activations only */
+    PI_TYPE_Q4_K = 12,
+    PI_TYPE_Q5_K = 13,
+    PI_TYPE_Q6_K = 14,
+    PI_TYPE_Q8_K = 15, /* activations only (of the K-quants) */
     PI_TYPE_BF16 = 30
 };
 
@@ -165,12 +170,16 @@ void pi_pool_free(pi_pool *pool);
 
 /* y[t][r] = dot(w row r, x[t]) for r < n_rows, t < n_tok. w has type `type`,
  * n_rows rows of n_cols elements; x is converted to the weight type's activation
- * type first (Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1, F16 for F16, BF16 for BF16). */
+ * type first (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1, Q8_K for Q4_K/Q5_K/Q6_K,
+ * F16 for F16, BF16 for BF16). */
 int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int64_t n_cols,
                  const float *x, int64_t n_tok, float *y);
 /* Convert n floats (a multiple of the block size) to `type`: the activation
  * quantization used by pi_op_matmul, and the KV cache store. */
 int pi_op_quantize(int32_t type, const float *x, int64_t n, void *y);
+/* Dequantize n elements (a multiple of the block size) of weight type `type` to
+ * floats: the embedding lookup's conversion. */
+int pi_op_dequantize(int32_t type, const void *x, int64_t n, float *y);
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for n_rows rows of n floats; w may be NULL */
 int pi_op_rmsnorm(const float *x, const float *w, int64_t n, int64_t n_rows, float eps, float *y);
 /* In-place rotary embedding of x: n_tok rows of n_head heads of head_dim floats. */

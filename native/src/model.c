@@ -48,7 +48,7 @@ struct pi_context {
 static int check_tensor(const pi_tensor *t, const char *name, int64_t ne0, int64_t ne1, int is_norm) {
     if (t->data == NULL) return pi_set_error(PI_ERR_INVALID, "tensor %s: missing (data is NULL)", name);
     const pi_type_traits *tr = pi_type_get(t->type);
-    if (tr == NULL || t->type == PI_TYPE_Q8_1)
+    if (tr == NULL || !pi_type_is_weight(t->type))
         return pi_set_error(PI_ERR_UNSUPPORTED, "tensor %s: unsupported type %d", name, t->type);
     if (is_norm && t->type != PI_TYPE_F32)
         return pi_set_error(PI_ERR_UNSUPPORTED, "tensor %s: norm weights must be F32, got %s", name, tr->name);
