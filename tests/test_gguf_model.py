@@ -109,7 +109,10 @@ def test_layer_tensor_names():
         "blk.3.attn_norm.weight", "blk.3.attn_q.weight", "blk.3.attn_k.weight",
         "blk.3.attn_v.weight", "blk.3.attn_output.weight", "blk.3.ffn_norm.weight",
         "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight", "blk.3.ffn_down.weight",
-    ]
+    ] + [None] * 7  # the optional slots llama does not have
+    assert layer_tensor_names("gemma3", 0)[9:13] == [
+        "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight", "blk.0.post_attention_norm.weight",
+        "blk.0.post_ffw_norm.weight"]
     assert arch.LLAMA.key("n_head_kv") == "llama.attention.head_count_kv"
     with pytest.raises(KeyError):
         layer_tensor_names("gpt5", 0)
@@ -161,7 +164,9 @@ def test_real_layer_tensors(real_model):
     hp = real_model.hparams
     for i in (0, hp.n_layer - 1):
         ts = real_model.layer_tensors(i)
-        assert [t.name for t in ts] == layer_tensor_names("llama", i)
+        assert ts[9:] == [None] * 7  # optional slots llama does not have
+        ts = ts[:9]
+        assert [t.name for t in ts] == layer_tensor_names("llama", i)[:9]
         assert [t.ne for t in ts] == [
             (576,), (576, 576), (576, 192), (576, 192), (576, 576),
             (576,), (576, 1536), (576, 1536), (1536, 576),
@@ -255,6 +260,8 @@ def test_tiny_loads(tiny, capsys):
     assert len(m.tensors) == 2 + 9 * 2
     for i in range(2):
         ts = m.layer_tensors(i)
+        assert ts[9:] == [None] * 7
+        ts = ts[:9]
         assert [t.type for t in ts] == [0, 8, 8, 8, 8, 0, 8, 8, 8]
         assert all(_is_memmap_view(t.data) for t in ts)
     assert m.get_kv("tokenizer.ggml.model") == "gpt2"

@@ -71,7 +71,15 @@ enum pi_layer_slot {
     PI_L_FFN_GATE = 6,  /* [n_embd, n_ff] */
     PI_L_FFN_UP = 7,    /* [n_embd, n_ff] */
     PI_L_FFN_DOWN = 8,  /* [n_ff, n_embd] */
-    PI_L_COUNT = 9
+    /* optional slots (data NULL = absent) */
+    PI_L_ATTN_Q_NORM = 9,     /* F32 [n_embd_head]: RMSNorm of each query head (Gemma 3) */
+    PI_L_ATTN_K_NORM = 10,    /* F32 [n_embd_head]: RMSNorm of each key head */
+    PI_L_ATTN_POST_NORM = 11, /* F32 [n_embd]: RMSNorm of the attention output before the residual add */
+    PI_L_FFN_POST_NORM = 12,  /* F32 [n_embd]: RMSNorm of the FFN output before the residual add */
+    PI_L_ATTN_Q_BIAS = 13,    /* F32 [n_head*n_embd_head] (Qwen2) */
+    PI_L_ATTN_K_BIAS = 14,    /* F32 [n_head_kv*n_embd_head] */
+    PI_L_ATTN_V_BIAS = 15,    /* F32 [n_head_kv*n_embd_head] */
+    PI_L_COUNT = 16
 };
 
 typedef struct pi_model_params {
@@ -94,6 +102,16 @@ typedef struct pi_model_params {
     pi_tensor output;      /* [n_embd, n_vocab]; data NULL = use tok_embd */
     pi_tensor rope_freqs;  /* optional F32 [n_rot/2] frequency divisors (Llama 3.x) */
     const pi_tensor *layers; /* n_layer * PI_L_COUNT, slot order above */
+    /* Architecture variations; all zero = the llama forward pass. */
+    float embd_scale;      /* token embeddings multiplied by this (Gemma: sqrt(n_embd)); 0 = 1 */
+    float attn_scale;      /* 0: scores scaled by 1/sqrt(n_embd_head); else q is multiplied by
+                            * attn_scale before attention and the scores are not scaled (Gemma) */
+    int32_t n_swa;         /* sliding window of the local layers: a query at position p sees
+                            * keys at positions > p - n_swa; 0 = no local layers */
+    int32_t swa_pattern;   /* with n_swa > 0: layer l is local when swa_pattern == 0 or
+                            * l % swa_pattern < swa_pattern - 1 (Gemma 3: 6, five local then one global) */
+    float rope_freq_base_swa;  /* RoPE of the local layers (Gemma 3: 10000) */
+    float rope_freq_scale_swa;
 } pi_model_params;
 
 typedef struct pi_model pi_model;

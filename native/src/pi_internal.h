@@ -201,6 +201,9 @@ void pi_rope_apply(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, in
 /* h[i] = act(g[i]) * u[i] */
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
 float pi_act1(int32_t act, float x);
+/* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's
+ * forward pass; see act.c) */
+void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n);
 void pi_softmax(float *x, int64_t n);
 
 /* The KV cache has a multiple of PI_KV_PAD cells, so V dot products can run over whole
@@ -208,11 +211,13 @@ void pi_softmax(float *x, int64_t n);
 #define PI_KV_PAD 64
 
 /* Attention (see pi_op_attention) with caller-provided scratch of
- * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats */
+ * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats. Scores are
+ * multiplied by `scale`; n_swa > 0 limits query t to keys at positions
+ * > pos[t] - n_swa (sliding window), 0 = all earlier positions. */
 int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim);
 void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, int32_t n_head_kv,
                   int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
-                  int64_t n_kv, const int32_t *pos, float *out, float *scratch);
+                  int64_t n_kv, const int32_t *pos, float scale, int32_t n_swa, float *out, float *scratch);
 
 /* ---- sparse FFN (ops/sparse_ffn.c; see pi_op_ffn_sparse) ---- */
 typedef struct {
