@@ -120,6 +120,9 @@ class ArchSpec:
         q_pre_scale: queries are multiplied by 1/sqrt(head dim) before
             attention and the scores are left unscaled (Gemma; same values,
             llama.cpp's rounding).
+        sliding_window: the architecture reads ``{arch}.attention.sliding_window``
+            (as llama.cpp: Gemma 3 does; llama-family files such as Mistral's
+            run without a window there, and so here).
         swa_pattern: with a sliding window (key ``sliding_window``), layer l is
             local when ``l % swa_pattern < swa_pattern - 1``; 0 = every layer
             local. An architecture constant (Gemma 3: 6), overridable by the key
@@ -139,6 +142,7 @@ class ArchSpec:
     tied_output_slot: str = "tok_embd"
     embd_scale_sqrt: bool = False
     q_pre_scale: bool = False
+    sliding_window: bool = False
     swa_pattern: int = 0
     rope_freq_base_swa: float = 0.0
 
@@ -254,12 +258,31 @@ GEMMA3 = ArchSpec(
     ),
     embd_scale_sqrt=True,
     q_pre_scale=True,
+    sliding_window=True,
     swa_pattern=6,
     rope_freq_base_swa=10000.0,
 )
 
+# Qwen2 (llama.cpp's qwen2): the llama block with biases on the q/k/v projections
+# and NEOX RoPE.
+QWEN2 = ArchSpec(
+    name="qwen2",
+    keys=_COMMON_KEYS,
+    required_keys=("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train"),
+    rope_type=ROPE_NEOX,
+    act="silu",
+    rope_scaling_types=("none", "linear"),
+    global_tensors=_LLAMA_GLOBALS,
+    layer_tensors=_layers(
+        *[t for t in _LLAMA_LAYERS if t.name],
+        TensorSpec("attn_q_bias", "blk.{i}.attn_q.bias", ("n_embd_q",), KIND_F32, required=False),
+        TensorSpec("attn_k_bias", "blk.{i}.attn_k.bias", ("n_embd_kv",), KIND_F32, required=False),
+        TensorSpec("attn_v_bias", "blk.{i}.attn_v.bias", ("n_embd_kv",), KIND_F32, required=False),
+    ),
+)
+
 #: general.architecture value -> its facts
-ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA, "gemma3": GEMMA3}
+ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA, "gemma3": GEMMA3, "qwen2": QWEN2}
 
 
 def get_arch(name: str) -> ArchSpec:

@@ -749,7 +749,7 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         n_embd_head=src["n_embd_head"],
     )
     # sliding window (Gemma 3, Mistral): local layers by pattern, their own RoPE base
-    n_swa = a.get_int(key("n_swa"), 0, _MAX_N_CTX, default=0)
+    n_swa = a.get_int(key("n_swa"), 0, _MAX_N_CTX, default=0) if spec.sliding_window else 0
     swa_pattern = a.get_int(key("swa_pattern"), 0, _MAX_N_LAYER, default=spec.swa_pattern) if n_swa else 0
     rope_freq_base_swa = 0.0
     if n_swa:

@@ -486,7 +486,8 @@ def test_vocab_mismatch(tmp_path):
 
 def test_unknown_arch(tmp_path):
     p = write_tiny_llama(tmp_path / "m.gguf", arch="gpt5")
-    _expect_error(p, "unknown model architecture 'gpt5'", "general.architecture")
+    _expect_error(p, "unknown model architecture 'gpt5'", "general.architecture",
+                  "supported: gemma3, llama, qwen2")
 
 
 def test_missing_architecture_key(tmp_path):
