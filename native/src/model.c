@@ -162,7 +162,8 @@ void pi_context_free(pi_context *c) {
     pi_pool_free(c->pool);
     free(c->k_cache);
     free(c->v_cache);
-    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows, c->embd, c->rope_cs, c->rope_cs_swa};
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows,
+                     c->embd, c->rope_cs, c->rope_cs_swa};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->act_scratch);
     free(c->down_t);
@@ -215,8 +216,9 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->logits1 = alloc_f(hp->n_vocab);
     c->rope_cs = alloc_f(B * hp->n_rot);
     c->rope_cs_swa = hp->n_swa > 0 ? alloc_f(B * hp->n_rot) : NULL;
-    if ((hp->n_swa > 0 && c->rope_cs_swa == NULL) || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
-        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs) {
+    if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
+        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs ||
+        (hp->n_swa > 0 && c->rope_cs_swa == NULL)) {
         pi_context_free(c);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
                             cp->n_ctx, 2 * kv_bytes);
