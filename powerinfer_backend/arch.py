@@ -55,6 +55,14 @@ LAYER_SLOTS: tuple[str, ...] = (
     "ffn_gate",  # PI_L_FFN_GATE = 6
     "ffn_up",  # PI_L_FFN_UP = 7
     "ffn_down",  # PI_L_FFN_DOWN = 8
+    # optional slots: empty unless the architecture has them
+    "attn_q_norm",  # PI_L_ATTN_Q_NORM = 9
+    "attn_k_norm",  # PI_L_ATTN_K_NORM = 10
+    "attn_post_norm",  # PI_L_ATTN_POST_NORM = 11
+    "ffn_post_norm",  # PI_L_FFN_POST_NORM = 12
+    "attn_q_bias",  # PI_L_ATTN_Q_BIAS = 13
+    "attn_k_bias",  # PI_L_ATTN_K_BIAS = 14
+    "attn_v_bias",  # PI_L_ATTN_V_BIAS = 15
 )
 N_LAYER_SLOTS = len(LAYER_SLOTS)  #: PI_L_COUNT
 
@@ -69,6 +77,7 @@ DIM_NAMES: Mapping[str, str] = {
     "n_embd_q": "n_head * n_embd_head (query projection width)",
     "n_embd_kv": "n_head_kv * n_embd_head (key/value projection width)",
     "n_rot_half": "n_rot / 2 (number of rotary frequencies)",
+    "n_embd_head": "head dimension (key length)",
 }
 
 # Tensor kinds: how the loader treats a tensor's type.
@@ -83,6 +92,7 @@ class TensorSpec:
     Attributes:
         slot: slot name (an entry of :data:`GLOBAL_SLOTS` or :data:`LAYER_SLOTS`).
         name: GGUF tensor name; per-layer names contain ``{i}`` (the layer index).
+            Empty for a slot the architecture does not have (see :func:`_layers`).
         shape: expected ne, as symbolic dimension names from :data:`DIM_NAMES`.
         kind: :data:`KIND_MATRIX` or :data:`KIND_F32`.
         required: False for optional tensors (absent -> the slot is empty).
@@ -115,6 +125,19 @@ class ArchSpec:
         layer_tensors: per-layer tensors, in :data:`LAYER_SLOTS` order.
         tied_output_slot: the slot whose tensor stands in for an absent
             ``output`` tensor (tied embeddings).
+        embd_scale_sqrt: token embeddings are multiplied by sqrt(n_embd) (Gemma).
+        q_pre_scale: queries are multiplied by 1/sqrt(head dim) before
+            attention and the scores are left unscaled (Gemma; same values,
+            llama.cpp's rounding).
+        sliding_window: the architecture reads ``{arch}.attention.sliding_window``
+            (as llama.cpp: Gemma 3 does; llama-family files such as Mistral's
+            run without a window there, and so here).
+        swa_pattern: with a sliding window (key ``sliding_window``), layer l is
+            local when ``l % swa_pattern < swa_pattern - 1``; 0 = every layer
+            local. An architecture constant (Gemma 3: 6), overridable by the key
+            ``{arch}.attention.sliding_window_pattern``.
+        rope_freq_base_swa: RoPE base of the local layers (Gemma 3: 10000),
+            overridable by ``{arch}.rope.freq_base_swa``; 0 = the global base.
     """
 
     name: str
@@ -126,16 +149,21 @@ class ArchSpec:
     global_tensors: tuple[TensorSpec, ...]
     layer_tensors: tuple[TensorSpec, ...]
     tied_output_slot: str = "tok_embd"
+    embd_scale_sqrt: bool = False
+    q_pre_scale: bool = False
+    sliding_window: bool = False
+    swa_pattern: int = 0
+    rope_freq_base_swa: float = 0.0
 
     def key(self, param: str) -> str:
         """Metadata key for hyper-parameter ``param`` (e.g. ``"n_layer"`` ->
         ``"llama.block_count"``). Raises KeyError for an unknown name."""
         return self.keys[param].format(arch=self.name)
 
-    def layer_tensor_names(self, i: int) -> list[str]:
+    def layer_tensor_names(self, i: int) -> list[str | None]:
         """GGUF names of layer ``i``'s tensors, in :data:`LAYER_SLOTS` order
-        (list of 9 str)."""
-        return [t.name.format(i=i) for t in self.layer_tensors]
+        (one entry per slot; None for slots the architecture does not have)."""
+        return [t.name.format(i=i) if t.name else None for t in self.layer_tensors]
 
     def global_tensor_names(self) -> list[str]:
         """GGUF names of the model-wide tensors, in :data:`GLOBAL_SLOTS` order."""
@@ -160,6 +188,9 @@ _COMMON_KEYS: Mapping[str, str] = {
     "rope_scale_linear": "{arch}.rope.scale_linear",  # legacy name of the factor
     "n_vocab": "{arch}.vocab_size",  # else len(tokenizer.ggml.tokens)
     "n_expert": "{arch}.expert_count",  # > 0 means mixture of experts
+    "n_swa": "{arch}.attention.sliding_window",  # 0 / absent = no local layers
+    "swa_pattern": "{arch}.attention.sliding_window_pattern",  # default ArchSpec.swa_pattern
+    "rope_freq_base_swa": "{arch}.rope.freq_base_swa",  # default ArchSpec.rope_freq_base_swa
 }
 
 #: Key holding the token list (fallback for the vocabulary size).
@@ -188,6 +219,18 @@ _LLAMA_LAYERS = (
     TensorSpec("ffn_down", "blk.{i}.ffn_down.weight", ("n_ff", "n_embd")),
 )
 
+
+
+def _layers(*specs: TensorSpec) -> tuple[TensorSpec, ...]:
+    """Per-layer specs in :data:`LAYER_SLOTS` order, slots not given left empty
+    (name "", not required)."""
+    by_slot = {t.slot: t for t in specs}
+    assert set(by_slot) <= set(LAYER_SLOTS), set(by_slot) - set(LAYER_SLOTS)
+    return tuple(by_slot.get(slot, TensorSpec(slot, "", (), required=False)) for slot in LAYER_SLOTS)
+
+
+_LLAMA_LAYERS = _layers(*_LLAMA_LAYERS)
+
 assert tuple(t.slot for t in _LLAMA_GLOBALS) == GLOBAL_SLOTS
 assert tuple(t.slot for t in _LLAMA_LAYERS) == LAYER_SLOTS
 
@@ -204,8 +247,51 @@ LLAMA = ArchSpec(
     layer_tensors=_LLAMA_LAYERS,
 )
 
+# Gemma 3 (llama.cpp's gemma3): GeGLU, q/k RMS norms per head, post-attention and
+# post-FFN norms, embeddings scaled by sqrt(n_embd), 5 sliding-window layers to 1
+# global, the local layers' RoPE base 10000, NEOX RoPE, head size from key_length.
+GEMMA3 = ArchSpec(
+    name="gemma3",
+    keys=_COMMON_KEYS,
+    required_keys=("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train"),
+    rope_type=ROPE_NEOX,
+    act="gelu",
+    rope_scaling_types=("none", "linear"),
+    global_tensors=_LLAMA_GLOBALS,
+    layer_tensors=_layers(
+        *[t for t in _LLAMA_LAYERS if t.name],
+        TensorSpec("attn_q_norm", "blk.{i}.attn_q_norm.weight", ("n_embd_head",), KIND_F32),
+        TensorSpec("attn_k_norm", "blk.{i}.attn_k_norm.weight", ("n_embd_head",), KIND_F32),
+        TensorSpec("attn_post_norm", "blk.{i}.post_attention_norm.weight", ("n_embd",), KIND_F32),
+        TensorSpec("ffn_post_norm", "blk.{i}.post_ffw_norm.weight", ("n_embd",), KIND_F32),
+    ),
+    embd_scale_sqrt=True,
+    q_pre_scale=True,
+    sliding_window=True,
+    swa_pattern=6,
+    rope_freq_base_swa=10000.0,
+)
+
+# Qwen2 (llama.cpp's qwen2): the llama block with biases on the q/k/v projections
+# and NEOX RoPE.
+QWEN2 = ArchSpec(
+    name="qwen2",
+    keys=_COMMON_KEYS,
+    required_keys=("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train"),
+    rope_type=ROPE_NEOX,
+    act="silu",
+    rope_scaling_types=("none", "linear"),
+    global_tensors=_LLAMA_GLOBALS,
+    layer_tensors=_layers(
+        *[t for t in _LLAMA_LAYERS if t.name],
+        TensorSpec("attn_q_bias", "blk.{i}.attn_q.bias", ("n_embd_q",), KIND_F32, required=False),
+        TensorSpec("attn_k_bias", "blk.{i}.attn_k.bias", ("n_embd_kv",), KIND_F32, required=False),
+        TensorSpec("attn_v_bias", "blk.{i}.attn_v.bias", ("n_embd_kv",), KIND_F32, required=False),
+    ),
+)
+
 #: general.architecture value -> its facts
-ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA}
+ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA, "gemma3": GEMMA3, "qwen2": QWEN2}
 
 
 def get_arch(name: str) -> ArchSpec:
@@ -219,7 +305,7 @@ def get_arch(name: str) -> ArchSpec:
 
 def layer_tensor_names(arch: str, i: int) -> list[str]:
     """GGUF tensor names of layer ``i`` of architecture ``arch``, in
-    enum pi_layer_slot order (list of 9 str for llama).
+    enum pi_layer_slot order (None for the slots ``arch`` does not have).
 
     Raises:
         KeyError: unknown architecture.

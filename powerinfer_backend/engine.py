@@ -58,7 +58,9 @@ class NativeModel:
         t = gguf.tensors
         p = ffi.new("pi_model_params *")
         for name in ("n_vocab", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "n_embd_head",
-                     "n_rot", "n_ctx_train", "rms_eps", "rope_freq_base", "rope_freq_scale"):
+                     "n_rot", "n_ctx_train", "rms_eps", "rope_freq_base", "rope_freq_scale",
+                     "embd_scale", "attn_scale", "n_swa", "swa_pattern", "rope_freq_base_swa",
+                     "rope_freq_scale_swa"):
             setattr(p, name, getattr(hp, name))
         p.rope_type = _ROPE[hp.rope_type] if isinstance(hp.rope_type, str) else hp.rope_type
         p.act = _ACT[hp.act] if isinstance(hp.act, str) else hp.act
@@ -68,7 +70,7 @@ class NativeModel:
         layers = ffi.new("pi_tensor[]", hp.n_layer * lib.PI_L_COUNT)
         for i in range(hp.n_layer):
             for s, name in enumerate(layer_tensor_names(gguf.arch, i)):
-                _fill_tensor(layers[i * lib.PI_L_COUNT + s], t[name])
+                _fill_tensor(layers[i * lib.PI_L_COUNT + s], t.get(name) if name else None)
         p.layers = layers
         out = ffi.new("pi_model **")
         check(lib.pi_model_create(p, out), f"{gguf.path}")

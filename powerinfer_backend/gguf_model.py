@@ -8,8 +8,9 @@ The file is parsed by ``gguf.GGUFReader`` (the gguf package, maintained with
 llama.cpp), with bounds and sanity checks added around it (:class:`_Reader`),
 so that truncated, corrupt or hostile files raise a :class:`ValueError` naming
 the file and the offending key or tensor instead of an arbitrary exception, a
-hang, or a crash later in native code. Tensor data are never copied when their type is one the kernels run (F32, F16, BF16, Q4_0, Q4_1,
-Q8_0); other types are converted once at load with ``gguf.quants`` and a
+hang, or a crash later in native code. Tensor data are never copied when their
+type is one the kernels run (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K,
+Q6_K); other types are converted once at load with ``gguf.quants`` and a
 warning per tensor.
 """
 
@@ -48,7 +49,8 @@ _T = GGMLQuantizationType
 
 #: ggml type ids the native kernels accept for weight matrices.
 KERNEL_TYPES: frozenset[int] = frozenset(
-    int(t) for t in (_T.F32, _T.F16, _T.Q4_0, _T.Q4_1, _T.Q8_0, _T.BF16)
+    int(t)
+    for t in (_T.F32, _T.F16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K, _T.BF16)
 )
 
 # Conversion work is done in chunks of about this many elements (bounds the
@@ -116,6 +118,14 @@ class HParams:
         rope_freq_scale: RoPE position multiplier, 1 / linear scaling factor.
         rope_type: enum pi_rope_type (:data:`arch.ROPE_NORM` for llama).
         act: enum pi_act of the FFN gate activation (:data:`arch.ACT_SILU`).
+        embd_scale: token embeddings multiplied by this (0 = not scaled;
+            Gemma: sqrt(n_embd) as float32).
+        attn_scale: 0 = attention scores scaled by 1/sqrt(n_embd_head); else
+            queries are multiplied by it before attention (Gemma).
+        n_swa: sliding window of the local layers in tokens (0 = none).
+        swa_pattern: layer l is local when ``l % swa_pattern < swa_pattern - 1``
+            (0 = all layers local when n_swa > 0).
+        rope_freq_base_swa, rope_freq_scale_swa: RoPE of the local layers.
     """
 
     n_vocab: int
@@ -132,6 +142,17 @@ class HParams:
     rope_freq_scale: float
     rope_type: int
     act: int
+    embd_scale: float = 0.0
+    attn_scale: float = 0.0
+    n_swa: int = 0
+    swa_pattern: int = 0
+    rope_freq_base_swa: float = 0.0
+    rope_freq_scale_swa: float = 0.0
+
+    def is_swa(self, layer: int) -> bool:
+        """True when ``layer`` is a sliding-window (local) layer."""
+        p = self.swa_pattern
+        return self.n_swa > 0 and (p == 0 or layer % p < p - 1)
 
     @property
     def n_embd_q(self) -> int:
@@ -162,6 +183,7 @@ class HParams:
             "n_embd_q": self.n_embd_q,
             "n_embd_kv": self.n_embd_kv,
             "n_rot_half": self.n_rot // 2,
+            "n_embd_head": self.n_embd_head,
         }
 
 
@@ -262,15 +284,16 @@ class GGUFModel:
         tied to tok_embd), ``rope_freqs`` F32 [n_rot/2] (None when absent)."""
         return {t.slot: self.tensors.get(t.name) for t in self.spec.global_tensors}
 
-    def layer_tensors(self, i: int) -> list[TensorView]:
-        """Layer ``i``'s 9 tensors in enum pi_layer_slot order.
+    def layer_tensors(self, i: int) -> list[TensorView | None]:
+        """Layer ``i``'s tensors in enum pi_layer_slot order (None for optional
+        slots the file or architecture does not have).
 
         Raises:
             IndexError: ``i`` not in ``[0, n_layer)``.
         """
         if not 0 <= i < self.hparams.n_layer:
             raise IndexError(f"layer {i} out of range [0, {self.hparams.n_layer})")
-        return [self.tensors[n] for n in self.spec.layer_tensor_names(i)]
+        return [self.tensors.get(n) if n else None for n in self.spec.layer_tensor_names(i)]
 
     def get_kv(self, key: str, default: Any = None) -> Any:
         """Typed value of metadata key ``key`` (``default`` when absent).
@@ -723,7 +746,15 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
             f"* head dim {n_embd_head}"
         ),
         n_rot_half=f"n_rot {n_rot} ({origin('n_rot', 'default = head dim')}) / 2",
+        n_embd_head=src["n_embd_head"],
     )
+    # sliding window (Gemma 3, Mistral): local layers by pattern, their own RoPE base
+    n_swa = a.get_int(key("n_swa"), 0, _MAX_N_CTX, default=0) if spec.sliding_window else 0
+    swa_pattern = a.get_int(key("swa_pattern"), 0, _MAX_N_LAYER, default=spec.swa_pattern) if n_swa else 0
+    rope_freq_base_swa = 0.0
+    if n_swa:
+        rope_freq_base_swa = a.get_float(key("rope_freq_base_swa"), 0.0, 1e12,
+                                         default=spec.rope_freq_base_swa or rope_freq_base)
     hp = HParams(
         n_vocab=n_vocab,
         n_embd=n_embd,
@@ -739,6 +770,12 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         rope_freq_scale=rope_freq_scale,
         rope_type=spec.rope_type,
         act=_ffn_act(a, spec),
+        embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale_sqrt else 0.0,
+        attn_scale=float(np.float32(1.0) / np.sqrt(np.float32(n_embd_head))) if spec.q_pre_scale else 0.0,
+        n_swa=n_swa,
+        swa_pattern=swa_pattern,
+        rope_freq_base_swa=rope_freq_base_swa,
+        rope_freq_scale_swa=1.0 if n_swa else 0.0,
     )
     return hp, src
 
@@ -862,7 +899,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
     architecture uses is checked for presence and shape (GGUF ne order).
 
     Tensor data of kernel types (:data:`KERNEL_TYPES`: F32, F16, BF16, Q4_0,
-    Q4_1, Q8_0) are zero-copy read-only views of the memory map. Other types
+    Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) are zero-copy read-only views of the memory map. Other types
     are converted once: weight matrices to Q8_0 (F16 if the row length is not a
     multiple of 32; F32 for F64), with one :class:`UnsupportedTensorTypeWarning`
     per tensor naming it and both types. Norm weights and rope_freqs are always
@@ -929,7 +966,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
 
     wanted: list[tuple[str, TensorSpec]] = [(ts.name, ts) for ts in spec.global_tensors]
     for i in range(hp.n_layer):
-        wanted += [(ts.name.format(i=i), ts) for ts in spec.layer_tensors]
+        wanted += [(ts.name.format(i=i), ts) for ts in spec.layer_tensors if ts.name]
 
     tensors: dict[str, TensorView] = {}
     for name, ts in wanted:

@@ -499,7 +499,9 @@ def _tampered(model: GGUFModel, name: str, **changes) -> GGUFModel:
     ("blk.0.ffn_down.weight", dict(nbytes=100), ValueError, r"blk\.0\.ffn_down\.weight: 100 bytes"),
     ("blk.1.attn_norm.weight", dict(type=int(T.F16)), NotImplementedError, r"blk\.1\.attn_norm\.weight.*F32"),
     ("blk.0.attn_q.weight", dict(type=int(T.Q8_1)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
-    ("blk.0.attn_v.weight", dict(type=int(T.Q4_K)), NotImplementedError, r"blk\.0\.attn_v\.weight: unsupported"),
+    ("blk.0.attn_v.weight", dict(type=int(T.Q3_K)), NotImplementedError, r"blk\.0\.attn_v\.weight: unsupported"),
+    ("blk.0.attn_v.weight", dict(type=int(T.Q4_K)), ValueError, r"blk\.0\.attn_v\.weight: row length 64 is not a multiple"),
+    ("blk.0.attn_q.weight", dict(type=int(T.Q8_K)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
 ])
 def test_model_create_validates_tensors(models, name, changes, exc, match):
     good = models("q8_0").gguf

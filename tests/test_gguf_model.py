@@ -109,7 +109,10 @@ def test_layer_tensor_names():
         "blk.3.attn_norm.weight", "blk.3.attn_q.weight", "blk.3.attn_k.weight",
         "blk.3.attn_v.weight", "blk.3.attn_output.weight", "blk.3.ffn_norm.weight",
         "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight", "blk.3.ffn_down.weight",
-    ]
+    ] + [None] * 7  # the optional slots llama does not have
+    assert layer_tensor_names("gemma3", 0)[9:13] == [
+        "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight", "blk.0.post_attention_norm.weight",
+        "blk.0.post_ffw_norm.weight"]
     assert arch.LLAMA.key("n_head_kv") == "llama.attention.head_count_kv"
     with pytest.raises(KeyError):
         layer_tensor_names("gpt5", 0)
@@ -161,7 +164,9 @@ def test_real_layer_tensors(real_model):
     hp = real_model.hparams
     for i in (0, hp.n_layer - 1):
         ts = real_model.layer_tensors(i)
-        assert [t.name for t in ts] == layer_tensor_names("llama", i)
+        assert ts[9:] == [None] * 7  # optional slots llama does not have
+        ts = ts[:9]
+        assert [t.name for t in ts] == layer_tensor_names("llama", i)[:9]
         assert [t.ne for t in ts] == [
             (576,), (576, 576), (576, 192), (576, 192), (576, 576),
             (576,), (576, 1536), (576, 1536), (1536, 576),
@@ -255,6 +260,8 @@ def test_tiny_loads(tiny, capsys):
     assert len(m.tensors) == 2 + 9 * 2
     for i in range(2):
         ts = m.layer_tensors(i)
+        assert ts[9:] == [None] * 7
+        ts = ts[:9]
         assert [t.type for t in ts] == [0, 8, 8, 8, 8, 0, 8, 8, 8]
         assert all(_is_memmap_view(t.data) for t in ts)
     assert m.get_kv("tokenizer.ggml.model") == "gpt2"
@@ -293,9 +300,9 @@ def test_f16_norms_become_f32_silently(tmp_path):
         np.testing.assert_array_equal(t.data.view(np.float32), ref)
 
 
-@pytest.mark.parametrize("qtype,role", [(T.Q5_0, "ffn_down"), (T.Q4_K, "attn_q"), (T.Q6_K, "ffn_down")])
+@pytest.mark.parametrize("qtype,role", [(T.Q5_1, "ffn_down"), (T.Q3_K, "attn_q"), (T.Q2_K, "ffn_down")])
 def test_unsupported_type_converted_to_q8_0(tmp_path, qtype, role):
-    n_embd = 256 if qtype in (T.Q4_K, T.Q6_K) else 64
+    n_embd = 256 if qtype in (T.Q3_K, T.Q2_K) else 64
     name = f"blk.1.{role}.weight"
     p = write_tiny_llama(tmp_path / "m.gguf", n_embd=n_embd, n_ff=256, types={name: qtype})
     with pytest.warns(UnsupportedTensorTypeWarning) as rec:
@@ -314,6 +321,19 @@ def test_unsupported_type_converted_to_q8_0(tmp_path, qtype, role):
     np.testing.assert_allclose(got, ref, atol=scale / 100)
     # the other tensors are untouched views
     assert m.tensors["blk.0.ffn_down.weight"].converted_from is None
+
+
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
+def test_kquant_and_q5_0_kept_as_views(tmp_path, qtype):
+    """The kernels run Q5_0 and the K-quants: no conversion, no warning."""
+    name = "blk.1.attn_q.weight"
+    p = write_tiny_llama(tmp_path / "m.gguf", n_embd=256, n_ff=256, types={name: qtype})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = load_gguf(p, verbose=False)
+    t = m.tensors[name]
+    assert t.type == qtype and t.converted_from is None and _is_memmap_view(t.data)
+    assert t.nbytes == _nbytes(t.ne, qtype)
 
 
 def test_quantized_norm_dequantized_with_warning(tmp_path):
@@ -466,7 +486,8 @@ def test_vocab_mismatch(tmp_path):
 
 def test_unknown_arch(tmp_path):
     p = write_tiny_llama(tmp_path / "m.gguf", arch="gpt5")
-    _expect_error(p, "unknown model architecture 'gpt5'", "general.architecture")
+    _expect_error(p, "unknown model architecture 'gpt5'", "general.architecture",
+                  "supported: gemma3, llama, qwen2")
 
 
 def test_missing_architecture_key(tmp_path):

@@ -36,8 +36,13 @@ enum pi_type {
     PI_TYPE_F16 = 1,
     PI_TYPE_Q4_0 = 2,
     PI_TYPE_Q4_1 = 3,
+    PI_TYPE_Q5_0 = 6,
     PI_TYPE_Q8_0 = 8,
     PI_TYPE_Q8_1 = 9, /* activations only */
+    PI_TYPE_Q4_K = 12,
+    PI_TYPE_Q5_K = 13,
+    PI_TYPE_Q6_K = 14,
+    PI_TYPE_Q8_K = 15, /* activations only (of the K-quants) */
     PI_TYPE_BF16 = 30
 };
 
@@ -68,7 +73,15 @@ enum pi_layer_slot {
     PI_L_FFN_GATE = 6,  /* [n_embd, n_ff] */
     PI_L_FFN_UP = 7,    /* [n_embd, n_ff] */
     PI_L_FFN_DOWN = 8,  /* [n_ff, n_embd] */
-    PI_L_COUNT = 9
+    /* optional slots (data NULL = absent) */
+    PI_L_ATTN_Q_NORM = 9,     /* F32 [n_embd_head]: RMSNorm of each query head (Gemma 3) */
+    PI_L_ATTN_K_NORM = 10,    /* F32 [n_embd_head]: RMSNorm of each key head */
+    PI_L_ATTN_POST_NORM = 11, /* F32 [n_embd]: RMSNorm of the attention output before the residual add */
+    PI_L_FFN_POST_NORM = 12,  /* F32 [n_embd]: RMSNorm of the FFN output before the residual add */
+    PI_L_ATTN_Q_BIAS = 13,    /* F32 [n_head*n_embd_head] (Qwen2) */
+    PI_L_ATTN_K_BIAS = 14,    /* F32 [n_head_kv*n_embd_head] */
+    PI_L_ATTN_V_BIAS = 15,    /* F32 [n_head_kv*n_embd_head] */
+    PI_L_COUNT = 16
 };
 
 typedef struct pi_model_params {
@@ -91,6 +104,16 @@ typedef struct pi_model_params {
     pi_tensor output;      /* [n_embd, n_vocab]; data NULL = use tok_embd */
     pi_tensor rope_freqs;  /* optional F32 [n_rot/2] frequency divisors (Llama 3.x) */
     const pi_tensor *layers; /* n_layer * PI_L_COUNT, slot order above */
+    /* Architecture variations; all zero = the llama forward pass. */
+    float embd_scale;      /* token embeddings multiplied by this (Gemma: sqrt(n_embd)); 0 = 1 */
+    float attn_scale;      /* 0: scores scaled by 1/sqrt(n_embd_head); else q is multiplied by
+                            * attn_scale before attention and the scores are not scaled (Gemma) */
+    int32_t n_swa;         /* sliding window of the local layers: a query at position p sees
+                            * keys at positions > p - n_swa; 0 = no local layers */
+    int32_t swa_pattern;   /* with n_swa > 0: layer l is local when swa_pattern == 0 or
+                            * l % swa_pattern < swa_pattern - 1 (Gemma 3: 6, five local then one global) */
+    float rope_freq_base_swa;  /* RoPE of the local layers (Gemma 3: 10000) */
+    float rope_freq_scale_swa;
 } pi_model_params;
 
 typedef struct pi_model pi_model;
@@ -185,12 +208,16 @@ void pi_pool_free(pi_pool *pool);
 
 /* y[t][r] = dot(w row r, x[t]) for r < n_rows, t < n_tok. w has type `type`,
  * n_rows rows of n_cols elements; x is converted to the weight type's activation
- * type first (Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1, F16 for F16, BF16 for BF16). */
+ * type first (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1, Q8_K for Q4_K/Q5_K/Q6_K,
+ * F16 for F16, BF16 for BF16). */
 int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int64_t n_cols,
                  const float *x, int64_t n_tok, float *y);
 /* Convert n floats (a multiple of the block size) to `type`: the activation
  * quantization used by pi_op_matmul, and the KV cache store. */
 int pi_op_quantize(int32_t type, const float *x, int64_t n, void *y);
+/* Dequantize n elements (a multiple of the block size) of weight type `type` to
+ * floats: the embedding lookup's conversion. */
+int pi_op_dequantize(int32_t type, const void *x, int64_t n, float *y);
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for n_rows rows of n floats; w may be NULL */
 int pi_op_rmsnorm(const float *x, const float *w, int64_t n, int64_t n_rows, float eps, float *y);
 /* In-place rotary embedding of x: n_tok rows of n_head heads of head_dim floats. */

@@ -6,7 +6,8 @@
 #include "pi_internal.h"
 
 static const char *const k_slot_names[PI_L_COUNT] = {
-    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+    "attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
 
 struct pi_model {
     pi_model_params hp;   /* copy; tensor views point into caller memory */
@@ -34,6 +35,7 @@ struct pi_context {
     float *logits;                        /* the buffer the last pi_eval wrote */
     float *embd;
     float *rope_cs;                       /* cos/sin per position of this batch: n_batch rows of n_rot */
+    float *rope_cs_swa;                   /* the same for the local (sliding-window) layers' RoPE */
     pi_mat *down_t;                       /* per layer: transposed down for the sparse FFN (data NULL = dense) */
     float *ffn_threshold;                 /* per layer */
     void *ffn_scratch;                    /* sparse FFN scratch and output rows, allocated on first use */
@@ -50,7 +52,7 @@ struct pi_context {
 static int check_tensor(const pi_tensor *t, const char *name, int64_t ne0, int64_t ne1, int is_norm) {
     if (t->data == NULL) return pi_set_error(PI_ERR_INVALID, "tensor %s: missing (data is NULL)", name);
     const pi_type_traits *tr = pi_type_get(t->type);
-    if (tr == NULL || t->type == PI_TYPE_Q8_1)
+    if (tr == NULL || !pi_type_is_weight(t->type))
         return pi_set_error(PI_ERR_UNSUPPORTED, "tensor %s: unsupported type %d", name, t->type);
     if (is_norm && t->type != PI_TYPE_F32)
         return pi_set_error(PI_ERR_UNSUPPORTED, "tensor %s: norm weights must be F32, got %s", name, tr->name);
@@ -88,6 +90,12 @@ static int check_params(const pi_model_params *p) {
         return pi_set_error(PI_ERR_INVALID, "unknown rope type %d", p->rope_type);
     if (p->act < PI_ACT_SILU || p->act > PI_ACT_DRELU)
         return pi_set_error(PI_ERR_INVALID, "unknown activation %d", p->act);
+    if (!(p->embd_scale >= 0.0f && p->embd_scale < INFINITY) || !(p->attn_scale >= 0.0f && p->attn_scale < INFINITY))
+        return pi_set_error(PI_ERR_INVALID, "embd_scale and attn_scale must be finite and >= 0");
+    if (p->n_swa < 0 || p->swa_pattern < 0)
+        return pi_set_error(PI_ERR_INVALID, "n_swa %d and swa_pattern %d must be >= 0", p->n_swa, p->swa_pattern);
+    if (p->n_swa > 0 && (!(p->rope_freq_base_swa > 0.0f) || !(p->rope_freq_scale_swa > 0.0f)))
+        return pi_set_error(PI_ERR_INVALID, "rope_freq_base_swa and rope_freq_scale_swa must be > 0 with n_swa > 0");
     if (p->layers == NULL) return pi_set_error(PI_ERR_INVALID, "layers is NULL");
     int rc;
     const int64_t E = p->n_embd, F = p->n_ff, Q = (int64_t)p->n_head * p->n_embd_head,
@@ -97,14 +105,17 @@ static int check_params(const pi_model_params *p) {
     if (p->output.data != NULL && (rc = check_tensor(&p->output, "output.weight", E, p->n_vocab, 0))) return rc;
     if (p->rope_freqs.data != NULL && (rc = check_tensor(&p->rope_freqs, "rope_freqs.weight", p->n_rot / 2, 1, 1)))
         return rc;
-    const int64_t shapes[PI_L_COUNT][2] = {{E, 1}, {E, Q}, {E, KV}, {E, KV}, {Q, E}, {E, 1}, {E, F}, {E, F}, {F, E}};
+    const int64_t H = p->n_embd_head;
+    const int64_t shapes[PI_L_COUNT][2] = {{E, 1}, {E, Q}, {E, KV}, {E, KV}, {Q, E}, {E, 1}, {E, F}, {E, F}, {F, E},
+                                           {H, 1}, {H, 1}, {E, 1}, {E, 1}, {Q, 1}, {KV, 1}, {KV, 1}};
     for (int l = 0; l < p->n_layer; l++) {
         for (int s = 0; s < PI_L_COUNT; s++) {
+            const pi_tensor *t = &p->layers[l * PI_L_COUNT + s];
+            if (s > PI_L_FFN_DOWN && t->data == NULL) continue; /* optional slot, absent */
             char name[64];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, k_slot_names[s]);
-            const int norm = s == PI_L_ATTN_NORM || s == PI_L_FFN_NORM;
-            if ((rc = check_tensor(&p->layers[l * PI_L_COUNT + s], name, shapes[s][0], shapes[s][1], norm)))
-                return rc;
+            snprintf(name, sizeof name, s >= PI_L_ATTN_Q_BIAS ? "blk.%d.%s" : "blk.%d.%s.weight", l, k_slot_names[s]);
+            const int vec = s == PI_L_ATTN_NORM || s == PI_L_FFN_NORM || s > PI_L_FFN_DOWN; /* F32 vectors */
+            if ((rc = check_tensor(t, name, shapes[s][0], shapes[s][1], vec))) return rc;
         }
     }
     return PI_OK;
@@ -153,7 +164,8 @@ void pi_context_free(pi_context *c) {
     pi_pool_free(c->pool);
     free(c->k_cache);
     free(c->v_cache);
-    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows, c->embd, c->rope_cs};
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows,
+                     c->embd, c->rope_cs, c->rope_cs_swa};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->act_scratch);
     free(c->down_t);
@@ -206,8 +218,10 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->attn_scratch = alloc_f(pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * cp->n_threads);
     c->logits1 = alloc_f(hp->n_vocab);
     c->rope_cs = alloc_f(B * hp->n_rot);
+    c->rope_cs_swa = hp->n_swa > 0 ? alloc_f(B * hp->n_rot) : NULL;
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
-        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs) {
+        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs ||
+        (hp->n_swa > 0 && c->rope_cs_swa == NULL)) {
         pi_context_free(c);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
                             cp->n_ctx, 2 * kv_bytes);
@@ -234,7 +248,10 @@ static void act_task(void *varg, int ith, int nth) {
     const act_job *j = varg;
     int64_t lo, hi;
     pi_split(j->n, ith, nth, &lo, &hi);
-    pi_act_mul(j->act, j->g + lo, j->u + lo, j->g + lo, hi - lo);
+    if (j->act == PI_ACT_GELU) /* half-precision GELU, as llama.cpp's forward pass */
+        pi_gelu16_mul(j->g + lo, j->u + lo, j->g + lo, hi - lo);
+    else
+        pi_act_mul(j->act, j->g + lo, j->u + lo, j->g + lo, hi - lo);
 }
 
 /* g = act(g) * u over n_tok rows; split across the pool for prompt batches */
@@ -295,24 +312,53 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     add_rows(c->x, c->ffn_y, n_tok * c->m->hp.n_embd);
 }
 
+/* x[t] += b for n_tok rows of n floats (projection biases) */
+static void add_bias(float *x, const float *b, int64_t n, int64_t n_tok) {
+    for (int64_t t = 0; t < n_tok; t++) add_rows(x + t * n, b, n);
+}
+
+/* rows = RMSNorm(rows) * w in place, when the optional norm w is present */
+static void norm_opt(const pi_tensor *w, float *rows, int64_t n, int64_t n_rows, float eps) {
+    if (w->data != NULL) pi_rmsnorm_rows(rows, w->data, n, n_rows, eps, rows);
+}
+
+/* sliding-window (local) layer? see pi_model_params.swa_pattern */
+static int is_swa(const pi_model_params *hp, int l) {
+    return hp->n_swa > 0 && (hp->swa_pattern == 0 || l % hp->swa_pattern < hp->swa_pattern - 1);
+}
+
 static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
     const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head, R = c->kv_row;
+    const int64_t H = hp->n_embd_head;
+    const int swa = is_swa(hp, l);
 
-    /* attention block */
+    /* attention block (optional pieces: Qwen2 biases, Gemma q/k norms, post-norm) */
     pi_rmsnorm_rows(c->x, lt[PI_L_ATTN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
     const pi_matmul_out qkv[3] = {{&lm[PI_L_ATTN_Q], c->q, Q}, {&lm[PI_L_ATTN_K], c->k, R}, {&lm[PI_L_ATTN_V], c->v, R}};
     pi_matmul_multi(c->pool, qkv, 3, c->xn, n_tok, c->act_scratch);
-    pi_rope_apply(c->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, c->rope_cs, hp->rope_type);
-    pi_rope_apply(c->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, c->rope_cs, hp->rope_type);
+    if (lt[PI_L_ATTN_Q_BIAS].data != NULL) add_bias(c->q, lt[PI_L_ATTN_Q_BIAS].data, Q, n_tok);
+    if (lt[PI_L_ATTN_K_BIAS].data != NULL) add_bias(c->k, lt[PI_L_ATTN_K_BIAS].data, R, n_tok);
+    if (lt[PI_L_ATTN_V_BIAS].data != NULL) add_bias(c->v, lt[PI_L_ATTN_V_BIAS].data, R, n_tok);
+    norm_opt(&lt[PI_L_ATTN_Q_NORM], c->q, H, n_tok * hp->n_head, hp->rms_eps);
+    norm_opt(&lt[PI_L_ATTN_K_NORM], c->k, H, n_tok * hp->n_head_kv, hp->rms_eps);
+    const float *cs = swa ? c->rope_cs_swa : c->rope_cs;
+    pi_rope_apply(c->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
+    pi_rope_apply(c->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
+    float scale = 1.0f / sqrtf((float)hp->n_embd_head);
+    if (hp->attn_scale > 0.0f) { /* Gemma: q scaled before attention, scores unscaled */
+        for (int64_t i = 0; i < n_tok * Q; i++) c->q[i] *= hp->attn_scale;
+        scale = 1.0f;
+    }
     store_kv(c, l, pos, n_tok);
     const size_t layer_off = (size_t)l * c->n_cells * R * c->kv_esz;
     pi_attention(c->pool, c->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, c->k_cache + layer_off,
-                 c->v_cache + layer_off, c->n_cells, c->cp.kv_type, pos[n_tok - 1] + 1, pos, c->attn,
-                 c->attn_scratch);
+                 c->v_cache + layer_off, c->n_cells, c->cp.kv_type, pos[n_tok - 1] + 1, pos, scale,
+                 swa ? hp->n_swa : 0, c->attn, c->attn_scratch);
     matmul1(c, &lm[PI_L_ATTN_OUT], c->attn, n_tok, c->xn);
+    norm_opt(&lt[PI_L_ATTN_POST_NORM], c->xn, E, n_tok, hp->rms_eps);
     add_rows(c->x, c->xn, n_tok * E);
 
     /* feed-forward block: down(act(gate x) * up x) */
@@ -328,6 +374,7 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     act_mul(c, n_tok);
     if (hist && !c->ffn_on_gate) pi_ffn_hist_add(c->pool, hist, c->g, n_tok, hp->n_ff, -1);
     matmul1(c, &lm[PI_L_FFN_DOWN], c->g, n_tok, c->xn);
+    norm_opt(&lt[PI_L_FFN_POST_NORM], c->xn, E, n_tok, hp->rms_eps);
     add_rows(c->x, c->xn, n_tok * E);
 }
 
@@ -364,9 +411,14 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     const int64_t te_row = pi_row_size(te->type, E);
     for (int32_t t = 0; t < n_tokens; t++)
         pi_dequantize_row(te->type, (const char *)te->data + tokens[t] * te_row, c->x + t * E, E);
+    if (hp->embd_scale > 0.0f)
+        for (int64_t i = 0; i < n_tokens * E; i++) c->x[i] *= hp->embd_scale;
 
     pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base, hp->rope_freq_scale, hp->rope_freqs.data,
                   c->rope_cs); /* once per batch, shared by every layer's q and k */
+    if (hp->n_swa > 0) /* the local layers' RoPE base (Gemma 3: 10000 against 1e6 globally) */
+        pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base_swa, hp->rope_freq_scale_swa, hp->rope_freqs.data,
+                      c->rope_cs_swa);
     c->kv_used = pos[0]; /* positions past pos[0] are overwritten now */
     for (int l = 0; l < hp->n_layer; l++) forward_layer(c, l, pos, n_tokens);
     c->kv_used = pos[n_tokens - 1] + 1;
@@ -426,6 +478,8 @@ int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *d
         return pi_set_error(PI_ERR_UNSUPPORTED, "%s: type %d, expected F32, F16, Q8_0 or Q4_0", name, t);
     int rc = check_tensor(down_t, name, hp->n_embd, hp->n_ff, 0);
     if (rc) return rc;
+    if (hp->layers[layer * PI_L_COUNT + PI_L_FFN_POST_NORM].data != NULL) /* the sparse path adds y unnormed */
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the sparse FFN does not support a post-FFN norm yet", layer);
     const pi_mat *lm = &c->m->mats[layer * PI_L_COUNT];
     if (lm[PI_L_FFN_GATE].type != lm[PI_L_FFN_UP].type)
         return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: ffn_gate and ffn_up types differ; the sparse FFN needs one",

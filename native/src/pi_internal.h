@@ -15,6 +15,32 @@ typedef struct { uint16_t d; uint8_t qs[PI_QK / 2]; } pi_block_q4_0;            
 typedef struct { uint16_t d; uint16_t m; uint8_t qs[PI_QK / 2]; } pi_block_q4_1; /* 20 bytes */
 typedef struct { uint16_t d; int8_t qs[PI_QK]; } pi_block_q8_0;                  /* 34 bytes */
 typedef struct { uint16_t d; uint16_t s; int8_t qs[PI_QK]; } pi_block_q8_1;      /* 36 bytes: s = d * sum(qs) */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[PI_QK / 2]; } pi_block_q5_0; /* 22 bytes: bit 4 of element j in qh bit j */
+
+/* K-quants: super-blocks of 256 in sub-blocks of 32 (Q4_K, Q5_K: 6-bit scale and
+ * min per sub-block, packed in 12 bytes) or of 16 (Q6_K: int8 scale). Element
+ * order inside a super-block: for Q4_K / Q5_K, chunk g of 64 elements takes the low
+ * nibbles of qs[32g..32g+31] then their high nibbles; see pi_dequantize_row. */
+#define PI_QK_K 256
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } pi_block_q4_K;            /* 144 bytes */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } pi_block_q5_K; /* 176 */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } pi_block_q6_K;    /* 210 */
+/* the K-quants' activation block: float scale, and sums of each 16 quants */
+typedef struct { float d; int8_t qs[PI_QK_K]; int16_t bsums[PI_QK_K / 16]; } pi_block_q8_K;           /* 292 */
+
+/* 6-bit scale and min of sub-block j (0..7) from a Q4_K / Q5_K scales[12]: bytes
+ * 0-3 hold scales 0-3 (low 6 bits), bytes 4-7 mins 0-3; sub-blocks 4-7 keep their
+ * low 4 bits in bytes 8-11 (scale low nibble, min high nibble) and their top 2 bits
+ * in the spare top bits of bytes 0-3 (scales) and 4-7 (mins). */
+static inline void pi_k4_scale_min(const uint8_t *q, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
 
 /* ---- errors (errors.c) ---- */
 int pi_set_error(int code, const char *fmt, ...);
@@ -28,6 +54,8 @@ typedef struct {
 } pi_type_traits;
 
 const pi_type_traits *pi_type_get(int32_t type); /* NULL for unsupported types */
+/* 1 for types a weight may have (not the activation-only Q8_1 / Q8_K) */
+int pi_type_is_weight(int32_t type);
 /* bytes of a row of n elements; -1 when n is not a multiple of the block size */
 int64_t pi_row_size(int32_t type, int64_t n);
 
@@ -119,6 +147,9 @@ extern const pi_isa pi_isa_avx512; /* AVX-512 F/BW/VL (+ VNNI where present) */
 
 const pi_isa *pi_isa_current(void);
 
+/* Q8_K activation quantizer, shared by every ISA path (ops/convert.c) */
+void pi_quantize_row_q8_K(const float *x, void *y, int64_t n);
+
 /* ---- thread pool (threads.c) ---- */
 typedef void (*pi_task_fn)(void *arg, int ith, int nth);
 /* Run fn(arg, ith, nth) for ith in [0, nth) on the pool; returns when all are done. */
@@ -173,6 +204,9 @@ void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n
 /* act >= 0: histogram of |pi_act1(act, v)| instead of |v| (the gate activation). */
 void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act);
 float pi_act1(int32_t act, float x);
+/* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's
+ * forward pass; see act.c) */
+void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n);
 void pi_softmax(float *x, int64_t n);
 
 /* The KV cache has a multiple of PI_KV_PAD cells, so V dot products can run over whole
@@ -180,11 +214,13 @@ void pi_softmax(float *x, int64_t n);
 #define PI_KV_PAD 64
 
 /* Attention (see pi_op_attention) with caller-provided scratch of
- * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats */
+ * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats. Scores are
+ * multiplied by `scale`; n_swa > 0 limits query t to keys at positions
+ * > pos[t] - n_swa (sliding window), 0 = all earlier positions. */
 int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim);
 void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, int32_t n_head_kv,
                   int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
-                  int64_t n_kv, const int32_t *pos, float *out, float *scratch);
+                  int64_t n_kv, const int32_t *pos, float scale, int32_t n_swa, float *out, float *scratch);
 
 /* ---- sparse FFN (ops/sparse_ffn.c; see pi_op_ffn_sparse) ---- */
 typedef struct {

@@ -66,6 +66,8 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
 static void vec_dot_q4_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q4_0_BODY(dot4_diff_256) }
 static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) { PI_Q4_1_BODY(dot4_256) }
 static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q8_0_BODY(dot4_256) }
+static void vec_dot_q5_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q5_0_BODY(dot4_diff_256) }
+/* K-quants: vec_dot_q4_K / q5_K / q6_K in x86_256.h */
 
 /* ---- activation conversion ----------------------------------------------------- */
 
@@ -110,6 +112,10 @@ const pi_isa pi_isa_avx2 = {
             [PI_TYPE_Q4_0] = vec_dot_q4_0,
             [PI_TYPE_Q4_1] = vec_dot_q4_1,
             [PI_TYPE_Q8_0] = vec_dot_q8_0,
+            [PI_TYPE_Q5_0] = vec_dot_q5_0,
+            [PI_TYPE_Q4_K] = vec_dot_q4_K,
+            [PI_TYPE_Q5_K] = vec_dot_q5_K,
+            [PI_TYPE_Q6_K] = vec_dot_q6_K,
         },
     .from_float =
         {
@@ -118,5 +124,6 @@ const pi_isa pi_isa_avx2 = {
             [PI_TYPE_BF16] = from_float_bf16,
             [PI_TYPE_Q8_0] = from_float_q8_0,
             [PI_TYPE_Q8_1] = from_float_q8_1,
+            [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,
         },
 };

@@ -19,6 +19,7 @@
  * libm call here (this file is compiled without -mfma; glibc picks the hardware
  * instruction at run time where the CPU has it).
  */
+#include "kquants.h"
 #include "pi_internal.h"
 
 #define NACC 8
@@ -150,6 +151,112 @@ static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) {
     *s = hsum8(acc);
 }
 
+/* Q5_0 weights x Q8_0 activations: w = d * (5-bit value - 16) */
+static void vec_dot_q5_0(int64_t n, float *s, const void *vw, const void *vx) {
+    const pi_block_q5_0 *w = vw;
+    const pi_block_q8_0 *x = vx;
+    const int64_t nb = n / PI_QK;
+    float acc[8] = {0};
+    for (int64_t i = 0; i < nb; i++) {
+        int8_t q[PI_QK];
+        pi_decode_q5_0(&w[i], q);
+        int32_t lane[8];
+        for (int l = 0; l < 8; l++) {
+            int32_t v = 0;
+            for (int k = 4 * l; k < 4 * l + 4; k++) v += (int32_t)q[k] * x[i].qs[k];
+            lane[l] = v;
+        }
+        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
+    }
+    *s = hsum8(acc);
+}
+
+/* K-quants x Q8_K. The 8 lanes of a super-block: lane l sums, over the eight
+ * 32-element chunks, the products of elements 4l..4l+3 of the chunk times their
+ * integer scale (sc16[e / 16] for element e) - exact int32, as the SIMD kernels'
+ * maddubs + madd(scale) - then one FMA per lane with d = d_x * d_w. */
+static inline void k_lanes(const uint8_t *qwu, const int8_t *qx, const int32_t sc16[16],
+                           int32_t lane[8]) {
+    for (int l = 0; l < 8; l++) {
+        int32_t v = 0;
+        for (int c = 0; c < 8; c++)
+            for (int e = 32 * c + 4 * l; e < 32 * c + 4 * l + 4; e++)
+                v += sc16[e / 16] * qwu[e] * qx[e];
+        lane[l] = v;
+    }
+}
+
+/* The min term of Q4_K / Q5_K: 4 lanes, lane m = mins[2m] * (sum of chunk 2m's
+ * quants) + mins[2m+1] * (chunk 2m+1's), accumulated with fma(dmin, ., .) where
+ * dmin = -d_x * dmin_w; the lanes are summed as (m0 + m2) + (m1 + m3) */
+static inline void k_min_lanes(const uint8_t mn[8], const int16_t bsums[16], float dmin, float accm[4]) {
+    for (int m = 0; m < 4; m++) {
+        const int32_t p = mn[2 * m] * (bsums[4 * m] + bsums[4 * m + 1]) +
+                          mn[2 * m + 1] * (bsums[4 * m + 2] + bsums[4 * m + 3]);
+        accm[m] = fmaf(dmin, (float)p, accm[m]);
+    }
+}
+
+static void vec_dot_q4_K(int64_t n, float *s, const void *vw, const void *vx) {
+    const pi_block_q4_K *w = vw;
+    const pi_block_q8_K *x = vx;
+    float acc[8] = {0}, accm[4] = {0};
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        uint8_t q[PI_QK_K], sc[8], mn[8];
+        int32_t sc16[16], lane[8];
+        pi_decode_q4_K(&w[i], q);
+        pi_decode_k4_scales(w[i].scales, sc, mn);
+        for (int j = 0; j < 16; j++) sc16[j] = sc[j / 2];
+        k_lanes(q, x[i].qs, sc16, lane);
+        fma_lanes(acc, lane, x[i].d * pi_fp16_to_fp32(w[i].d));
+        k_min_lanes(mn, x[i].bsums, -x[i].d * pi_fp16_to_fp32(w[i].dmin), accm);
+    }
+    *s = hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+}
+
+/* Q5_K: as Q4_K, but the min term is one exact integer per super-block, added
+ * with fma(dmin, isum, summs) (llama.cpp's AVX2 kernel as its x86 build compiles it) */
+static void vec_dot_q5_K(int64_t n, float *s, const void *vw, const void *vx) {
+    const pi_block_q5_K *w = vw;
+    const pi_block_q8_K *x = vx;
+    float acc[8] = {0}, summs = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        uint8_t q[PI_QK_K], sc[8], mn[8];
+        int32_t sc16[16], lane[8];
+        pi_decode_q5_K(&w[i], q);
+        pi_decode_k4_scales(w[i].scales, sc, mn);
+        for (int j = 0; j < 16; j++) sc16[j] = sc[j / 2];
+        k_lanes(q, x[i].qs, sc16, lane);
+        fma_lanes(acc, lane, x[i].d * pi_fp16_to_fp32(w[i].d));
+        int32_t isum = 0;
+        for (int j = 0; j < 8; j++) isum += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+        summs = fmaf(-x[i].d * pi_fp16_to_fp32(w[i].dmin), (float)isum, summs);
+    }
+    *s = hsum8(acc) + summs;
+}
+
+/* Q6_K: lanes over the unsigned 6-bit values u = q + 32, and the offset taken out
+ * per lane from the activation sums: lane l loses 32 * (scale * sum) of the two
+ * 16-element groups of chunk l (llama.cpp's AVX2 split, so the lanes round alike) */
+static void vec_dot_q6_K(int64_t n, float *s, const void *vw, const void *vx) {
+    const pi_block_q6_K *w = vw;
+    const pi_block_q8_K *x = vx;
+    float acc[8] = {0};
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        int8_t q[PI_QK_K];
+        uint8_t u[PI_QK_K];
+        int32_t sc16[16], lane[8];
+        pi_decode_q6_K(&w[i], q);
+        for (int e = 0; e < PI_QK_K; e++) u[e] = (uint8_t)(q[e] + 32);
+        for (int j = 0; j < 16; j++) sc16[j] = w[i].scales[j];
+        k_lanes(u, x[i].qs, sc16, lane);
+        for (int l = 0; l < 8; l++)
+            lane[l] -= 32 * (sc16[2 * l] * x[i].bsums[2 * l] + sc16[2 * l + 1] * x[i].bsums[2 * l + 1]);
+        fma_lanes(acc, lane, x[i].d * pi_fp16_to_fp32(w[i].d));
+    }
+    *s = hsum8(acc);
+}
+
 /* ---- activation conversion ----------------------------------------------------- */
 
 /* round to nearest, ties to even, for |v| <= 128 without a libm call (adding and
@@ -223,6 +330,10 @@ const pi_isa pi_isa_scalar = {
             [PI_TYPE_Q4_0] = vec_dot_q4_0,
             [PI_TYPE_Q4_1] = vec_dot_q4_1,
             [PI_TYPE_Q8_0] = vec_dot_q8_0,
+            [PI_TYPE_Q5_0] = vec_dot_q5_0,
+            [PI_TYPE_Q4_K] = vec_dot_q4_K,
+            [PI_TYPE_Q5_K] = vec_dot_q5_K,
+            [PI_TYPE_Q6_K] = vec_dot_q6_K,
         },
     .from_float =
         {
@@ -231,5 +342,6 @@ const pi_isa pi_isa_scalar = {
             [PI_TYPE_BF16] = from_float_bf16,
             [PI_TYPE_Q8_0] = from_float_q8_0,
             [PI_TYPE_Q8_1] = from_float_q8_1,
+            [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,
         },
 };

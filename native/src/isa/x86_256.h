@@ -162,6 +162,169 @@ static inline void vec_dot_f16(int64_t n, float *s, const void *vw, const void *
     PI_QLOOP(PI_Q8_0_BLOCK, DOT)                                                                \
     *s = sum;
 
+/* Q5_0 x Q8_0: the nibbles with bit 4 from qh, then as Q4_0 with offset 16.
+ * qh bit j -> byte j: byte j of the broadcast word picks qh byte j / 8, and ORing
+ * every bit but j % 8 makes the bytes whose bit is set all-ones. */
+static inline __m256i q5_0_bytes(const pi_block_q5_0 *b) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    const __m256i pick = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                             _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                                0x0303030303030303LL));
+    const __m256i others = _mm256_set1_epi64x((long long)0x7FBFDFEFF7FBFDFEULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(pick, others), _mm256_set1_epi8(-1));
+    return _mm256_or_si256(unpack_nibbles(b->qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+#define PI_Q5_0_BLOCK(k, a, DOT_DIFF)                                                           \
+    do {                                                                                        \
+        const __m256i y = _mm256_loadu_si256((const __m256i *)x[k].qs);                         \
+        const __m256i d4 = DOT_DIFF(q5_0_bytes(&w[k]), sixteen, y);                             \
+        const __m128 d = _mm_mul_ps(load_halfs(&w[k]), load_halfs(&x[k]));                      \
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(d), a);               \
+    } while (0)
+#define PI_Q5_0_BODY(DOT_DIFF)                                                                  \
+    const pi_block_q5_0 *w = vw;                                                                \
+    const pi_block_q8_0 *x = vx;                                                                \
+    const int64_t nb = n / PI_QK;                                                               \
+    const __m256i sixteen = _mm256_set1_epi8(16);                                               \
+    PI_QLOOP(PI_Q5_0_BLOCK, DOT_DIFF)                                                           \
+    *s = sum;
+
+/* ---- K-quants x Q8_K -------------------------------------------------------------- */
+/* Per super-block the weights are unpacked to unsigned bytes (Q6_K: value + 32),
+ * multiplied with the int8 activations by maddubs (int16 pair sums cannot
+ * saturate: 2 * 63 * 127 < 2^15) and madd'ed with the chunk's int16 scale into 8
+ * exact int32 lanes; one FMA per super-block adds them with d = d_x * d_w. This is
+ * the float order of llama.cpp's AVX2 kernels and of scalar.c. */
+
+/* int16 scale vector: the low 16 bytes' pairs get lo, the high ones hi */
+static inline __m256i scale_pair16(int lo, int hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)), _mm_set1_epi16((short)hi), 1);
+}
+
+/* unpacked Q4_K / Q5_K scales and mins (see pi_k4_scale_min), from 32-bit words */
+static inline void k4_scales(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a, b, c;
+    memcpy(&a, scales, 4);
+    memcpy(&b, scales + 4, 4);
+    memcpy(&c, scales + 8, 4);
+    const uint32_t s_lo = a & 0x3F3F3F3Fu, m_lo = b & 0x3F3F3F3Fu;
+    const uint32_t s_hi = (c & 0x0F0F0F0Fu) | ((a >> 6) & 0x03030303u) << 4;
+    const uint32_t m_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 6) & 0x03030303u) << 4;
+    memcpy(sc, &s_lo, 4);
+    memcpy(sc + 4, &s_hi, 4);
+    memcpy(mn, &m_lo, 4);
+    memcpy(mn + 4, &m_hi, 4);
+}
+
+/* min term lanes (4 int32): mins[2m] * chunk sum 2m + mins[2m+1] * chunk sum 2m+1 */
+static inline __m128i k4_min_lanes(const uint8_t mn[8], const int16_t *bsums) {
+    const __m128i chunk = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                         _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    uint64_t m8;
+    memcpy(&m8, mn, 8);
+    return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8)), chunk);
+}
+
+/* 32 quants (unsigned bytes) x 32 activations, times an int16 scale vector */
+static inline __m256i k_chunk(__m256i q, const int8_t *y, __m256i scale) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)y)), scale);
+}
+
+static inline void vec_dot_q4_K(int64_t n, float *s, const void *vw, const void *vx) {
+    const pi_block_q4_K *w = vw;
+    const pi_block_q8_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        k4_scales(w[i].scales, sc, mn);
+        const float d = x[i].d * pi_fp16_to_fp32(w[i].d), dmin = -x[i].d * pi_fp16_to_fp32(w[i].dmin);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_lanes(mn, x[i].bsums)), accm);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * g));
+            const __m256i lo = k_chunk(_mm256_and_si256(bits, m4), x[i].qs + 64 * g, _mm256_set1_epi16(sc[2 * g]));
+            const __m256i hi = k_chunk(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), x[i].qs + 64 * g + 32,
+                                       _mm256_set1_epi16(sc[2 * g + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    *s = hsum256(acc) + _mm_cvtss_f32(accm);
+}
+
+static inline void vec_dot_q5_K(int64_t n, float *s, const void *vw, const void *vx) {
+    const pi_block_q5_K *w = vw;
+    const pi_block_q8_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        k4_scales(w[i].scales, sc, mn);
+        const float d = x[i].d * pi_fp16_to_fp32(w[i].d), dmin = -x[i].d * pi_fp16_to_fp32(w[i].dmin);
+        /* the min term as one exact integer per super-block (see scalar.c) */
+        __m128i m4l = k4_min_lanes(mn, x[i].bsums);
+        m4l = _mm_add_epi32(m4l, _mm_unpackhi_epi64(m4l, m4l));
+        summs = fmaf(dmin, (float)(_mm_cvtsi128_si32(m4l) + _mm_extract_epi32(m4l, 1)), summs);
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)w[i].qh);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * g));
+            /* bit 2g of each qh byte is the fifth bit of the low-nibble chunk, 2g + 1 of the high one */
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g + 1), one), 4);
+            const __m256i lo = k_chunk(_mm256_or_si256(_mm256_and_si256(bits, m4), h0), x[i].qs + 64 * g,
+                                       _mm256_set1_epi16(sc[2 * g]));
+            const __m256i hi = k_chunk(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1),
+                                       x[i].qs + 64 * g + 32, _mm256_set1_epi16(sc[2 * g + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum256(acc) + summs;
+}
+
+/* Q6_K: lanes over the unsigned 6-bit values q, then per lane l the offset
+ * 32 * (scale * activation sum) of the two 16-element groups of chunk l subtracted
+ * (the lane split of llama.cpp's AVX2 kernel; see scalar.c) */
+static inline void vec_dot_q6_K(int64_t n, float *s, const void *vw, const void *vx) {
+    const pi_block_q6_K *w = vw;
+    const pi_block_q8_K *x = vx;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PI_QK_K; i++) {
+        const float d = x[i].d * pi_fp16_to_fp32(w[i].d);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            const int8_t *sc = w[i].scales + 8 * h;
+            for (int c = 0; c < 4; c++) {
+                sumi = _mm256_add_epi32(sumi, k_chunk(q[c], x[i].qs + 128 * h + 32 * c, scale_pair16(sc[2 * c], sc[2 * c + 1])));
+            }
+        }
+        const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[i].bsums),
+                                              _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[i].scales)));
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = hsum256(acc);
+}
+
 /* ---- activation conversion ----------------------------------------------------- */
 /* The Q8 quantizers run once per matmul right before the 256-bit dot kernels, so
  * they stay 256-bit in the AVX-512 build too: mixing in 512-bit instructions

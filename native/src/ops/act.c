@@ -1,4 +1,6 @@
 /* Elementwise activations (SiLU, GELU tanh approximation, ReLU) and softmax. */
+#include <pthread.h>
+
 #include "pi_internal.h"
 
 #define GELU_COEF_A 0.044715f
@@ -21,6 +23,28 @@ void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n
         return;
     }
     for (int64_t i = 0; i < n; i++) h[i] = pi_act1(act, g[i]) * u[i];
+}
+
+/* GELU at half precision, the way llama.cpp's CPU backend evaluates it in the
+ * forward pass: x rounded to F16, and gelu of each of the 65536 F16 values
+ * rounded to F16 (a table built once); x <= -10 gives 0 and x >= 10 gives x. The
+ * table holds the tanh formula of pi_act1, so only the two F16 roundings differ
+ * from it (relative 2^-11 at most). */
+static float g_gelu16[1 << 16];
+static pthread_once_t g_gelu16_once = PTHREAD_ONCE_INIT;
+
+static void gelu16_init(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++)
+        g_gelu16[i] = pi_fp16_to_fp32(pi_fp32_to_fp16(pi_act1(PI_ACT_GELU, pi_fp16_to_fp32((uint16_t)i))));
+}
+
+void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n) {
+    pthread_once(&g_gelu16_once, gelu16_init);
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        const float a = x <= -10.0f ? 0.0f : x >= 10.0f ? x : g_gelu16[pi_fp32_to_fp16(x)];
+        h[i] = a * u[i];
+    }
 }
 
 /* Sum of 16 floats in the pairwise order of an AVX-512 horizontal add (halves,

@@ -25,6 +25,8 @@ typedef struct {
     float *out;
     float *scratch;
     const pi_isa *isa;
+    float scale;
+    int32_t n_swa;
 } attn_job;
 
 static void attn_task(void *varg, int ith, int nth) {
@@ -35,7 +37,7 @@ static void attn_task(void *varg, int ith, int nth) {
     const int group = j->n_head / j->n_head_kv;
     const pi_vec_dot_fn dot = j->isa->vec_dot[j->kv_type];
     const pi_from_float_fn cvt = j->isa->from_float[j->kv_type];
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = j->scale;
     float *scores = j->scratch + ith * pi_attention_scratch_floats(j->n_kv, hd);
     void *weights = scores + pad_kv(j->n_kv);
     void *qc = scores + 2 * pad_kv(j->n_kv);
@@ -47,7 +49,11 @@ static void attn_task(void *varg, int ith, int nth) {
         const int64_t n = (int64_t)j->pos[t] + 1;
         cvt(j->q + (t * j->n_head + h) * hd, qc, hd);
         const char *kb = (const char *)j->k + g * hd * esz;
-        for (int64_t p = 0; p < n; p++) {
+        /* sliding window: keys before lo are masked like future ones (weight 0, still
+         * in the sums, as in llama.cpp's masked softmax) */
+        const int64_t lo = j->n_swa > 0 && n > j->n_swa ? n - j->n_swa : 0;
+        for (int64_t p = 0; p < lo; p++) scores[p] = -INFINITY;
+        for (int64_t p = lo; p < n; p++) {
             float s;
             dot(hd, &s, kb + p * kv_row * esz, qc);
             scores[p] = s * scale;
@@ -66,9 +72,9 @@ static void attn_task(void *varg, int ith, int nth) {
 
 void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, int32_t n_head_kv,
                   int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
-                  int64_t n_kv, const int32_t *pos, float *out, float *scratch) {
+                  int64_t n_kv, const int32_t *pos, float scale, int32_t n_swa, float *out, float *scratch) {
     attn_job j = {q, n_tok, n_head, n_head_kv, head_dim, k, v, v_ld, kv_type, n_kv, pos, out, scratch,
-                  pi_isa_current()};
+                  pi_isa_current(), scale, n_swa};
     pi_pool_run(pool, attn_task, &j);
 }
 
@@ -89,7 +95,8 @@ int pi_op_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head
     const int64_t per = pi_attention_scratch_floats(n_kv, head_dim);
     float *scratch = malloc((size_t)(per * pi_pool_size(pool)) * sizeof(float));
     if (scratch == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_op_attention: out of memory");
-    pi_attention(pool, q, n_tok, n_head, n_head_kv, head_dim, k, v, v_ld, kv_type, n_kv, pos, out, scratch);
+    pi_attention(pool, q, n_tok, n_head, n_head_kv, head_dim, k, v, v_ld, kv_type, n_kv, pos,
+                 1.0f / sqrtf((float)head_dim), 0, out, scratch);
     free(scratch);
     return PI_OK;
 }

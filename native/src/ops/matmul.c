@@ -95,7 +95,7 @@ int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int
     const pi_type_traits *t = pi_type_get(type);
     if (pool == NULL || w == NULL || x == NULL || y == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_op_matmul: NULL argument");
-    if (t == NULL || type == PI_TYPE_Q8_1)
+    if (t == NULL || !pi_type_is_weight(type))
         return pi_set_error(PI_ERR_UNSUPPORTED, "pi_op_matmul: unsupported weight type %d", type);
     if (n_rows < 1 || n_cols < 1 || n_tok < 1)
         return pi_set_error(PI_ERR_INVALID, "pi_op_matmul: sizes must be positive");

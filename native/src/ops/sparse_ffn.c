@@ -397,8 +397,8 @@ int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const voi
         return pi_set_error(PI_ERR_INVALID, "%s: unknown activation form %d", fn, act);
     const pi_type_traits *tg = pi_type_get(gate_up_type), *td = pi_type_get(down_t_type);
     if (tg == NULL) return pi_set_error(PI_ERR_INVALID, "%s: unknown gate/up type %d", fn, gate_up_type);
-    if (gate_up_type == PI_TYPE_Q8_1)
-        return pi_set_error(PI_ERR_UNSUPPORTED, "%s: q8_1 is not a weight type", fn);
+    if (!pi_type_is_weight(gate_up_type))
+        return pi_set_error(PI_ERR_UNSUPPORTED, "%s: %s is not a weight type", fn, tg->name);
     if (td == NULL) return pi_set_error(PI_ERR_INVALID, "%s: unknown down_t type %d", fn, down_t_type);
     if (!down_type_ok(down_t_type))
         return pi_set_error(PI_ERR_UNSUPPORTED, "%s: down_t type %s not supported (f32, f16, q8_0, q4_0)",
@@ -464,7 +464,7 @@ static void quantize_q4_0_row(const float *x, pi_block_q4_0 *y, int64_t n) {
     }
 }
 
-#define TR_TILE 64 /* source columns per pass */
+#define TR_TILE 256 /* source columns per pass: a whole K-quant block (256), so tiles never split one */
 
 int pi_op_transpose_to(int32_t type_out, const void *src, int32_t src_type, int64_t n_rows,
                        int64_t n_cols, void *dst) {
@@ -473,8 +473,8 @@ int pi_op_transpose_to(int32_t type_out, const void *src, int32_t src_type, int6
     const pi_type_traits *ts = pi_type_get(src_type), *to = pi_type_get(type_out);
     if (ts == NULL || to == NULL)
         return pi_set_error(PI_ERR_INVALID, "%s: unknown type %d", fn, ts == NULL ? src_type : type_out);
-    if (src_type == PI_TYPE_Q8_1)
-        return pi_set_error(PI_ERR_UNSUPPORTED, "%s: q8_1 is not a weight type", fn);
+    if (!pi_type_is_weight(src_type))
+        return pi_set_error(PI_ERR_UNSUPPORTED, "%s: %s is not a weight type", fn, ts->name);
     if (!down_type_ok(type_out))
         return pi_set_error(PI_ERR_UNSUPPORTED, "%s: output type %s not supported (f32, f16, q8_0, q4_0)",
                             fn, to->name);
