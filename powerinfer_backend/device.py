@@ -18,7 +18,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
-__all__ = ["CpuDevice", "DeviceFFN", "FFN_FORMS", "ffn_bytes"]
+__all__ = ["CpuDevice", "DeviceFFN", "FFN_FORMS", "ffn_bytes", "upload_plan", "plan_ffn_bytes"]
 
 #: enum pi_ffn_act: name -> value
 FFN_FORMS = {"swiglu": 0, "geglu": 1, "relu": 2, "drelu": 3}
@@ -150,3 +150,43 @@ class DeviceFFN:
             ffi.cast("float *", ffi.from_buffer(y)),
             ffi.cast("float *", ffi.from_buffer(yd)) if yd is not None else ffi.NULL), "pi_op_ffn_hybrid")
         return (y, yd) if return_device_part else y
+
+
+def upload_plan(dev: CpuDevice, model, plan, *, max_tok: int = 1) -> list[DeviceFFN]:
+    """Every layer's hot rows of ``plan`` (:class:`powerinfer_backend.placement.Plan`)
+    on ``dev``, from the loaded GGUF ``model`` (gate/up as stored, down_t from the
+    down cache, :func:`powerinfer_backend.down_cache.transposed_down`). Returns one
+    :class:`DeviceFFN` per layer (n_hot 0 where the plan places none).
+
+    Raises:
+        ValueError: the plan is for another n_ff or layer count.
+        MemoryError: the rows do not fit the device's reservation.
+    """
+    from .down_cache import down_t_dtype, transposed_down
+
+    hp = model.hparams
+    if plan.n_ff != hp.n_ff or len(plan.layers) != hp.n_layer:
+        raise ValueError(f"plan for n_ff {plan.n_ff} x {len(plan.layers)} layers, model has {hp.n_ff} x {hp.n_layer}")
+    dname = down_t_dtype(model)
+    dtype_id = 0 if dname == "f32" else 1
+    out = []
+    for i, L in enumerate(plan.layers):
+        t = model.layer_tensors(i)
+        gate, up = t[6], t[7]  # PI_L_FFN_GATE, PI_L_FFN_UP
+        dt = transposed_down(model, i, dtype=dname)
+        out.append(dev.upload_ffn(_ACT_FORM[hp.act], gate.type, gate.data, up.data, dtype_id, dt, hp.n_embd, hp.n_ff,
+                                  L.hot_ids, max_tok))
+    return out
+
+
+#: enum pi_act (arch.ACT_*) -> FFN form name
+_ACT_FORM = {0: "swiglu", 1: "geglu", 2: "relu", 3: "drelu"}
+
+
+def plan_ffn_bytes(model, plan, *, max_tok: int = 1) -> int:
+    """Device bytes :func:`upload_plan` takes (sum of :func:`ffn_bytes` over layers)."""
+    from .down_cache import down_t_dtype
+
+    d = 0 if down_t_dtype(model) == "f32" else 1
+    return sum(ffn_bytes(model.layer_tensors(i)[6].type, d, model.hparams.n_embd, L.n_hot, max_tok)
+               for i, L in enumerate(plan.layers))
