@@ -270,12 +270,12 @@ int pi_op_ffn_hybrid(pi_pool *pool, const pi_device_ffn *f, int32_t act, const v
     pi_device *d = f->dev;
     const int64_t E = f->n_embd, n_cold = f->n_ff - f->n_hot;
     if (f->n_hot > 0) { /* x to the device, start the device half */
-        memcpy(f->x, x, (size_t)(n_tok * E) * sizeof(float));
         pthread_mutex_lock(&d->mu);
-        if (d->has_job) {
+        if (d->has_job) { /* checked before touching the device's buffers */
             pthread_mutex_unlock(&d->mu);
             return pi_set_error(PI_ERR_INVALID, "%s: the device is busy (one hybrid op at a time)", fn);
         }
+        memcpy(f->x, x, (size_t)(n_tok * E) * sizeof(float));
         d->job_ffn = f;
         d->job_tok = n_tok;
         d->job_threshold = threshold;
