@@ -1,6 +1,7 @@
 """``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
 text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
-speed against llama.cpp in the same run (or sweeps FFN densities)."""
+speed against llama.cpp in the same run (or sweeps FFN densities), ``plan`` shows the VRAM
+placement for a budget (docs/placement.md)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,35 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from .placement import parse_vram_budget, plan_for_model, write_plot
+
+    model = _model_path(args.model)
+    budget = parse_vram_budget(args.vram_budget)
+    plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch,
+                          sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
+                          disable_gpu_index=args.disable_gpu_index, out=args.out)
+    png = None
+    if not args.no_plot:
+        png = args.png or str(plan.path.with_suffix(".png"))
+        try:
+            write_plot(plan, png)
+        except ImportError:
+            print("powerinfer-backend: matplotlib is not installed (pip install matplotlib): no plot written",
+                  file=sys.stderr)
+            png = None
+    if args.json:
+        d = plan.to_json()
+        for layer in d["layers"]:
+            layer["n_hot"] = len(layer.pop("hot_ids"))
+        d.update(plan_file=str(plan.path), cached=plan.cached, png=png, bytes_by_category=plan.bytes_by_category())
+        print(json.dumps(d))
+    else:
+        print(plan.format_table())
+        print(f"plan: {plan.path}{' (reused)' if plan.cached else ''}" + (f"; plot: {png}" if png else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="powerinfer-backend", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -164,6 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep: MiB of weights rotated over (default 1200)")
     _add_sparse(b)
     b.set_defaults(func=cmd_bench)
+
+    pl = sub.add_parser("plan", help="VRAM placement for a budget: per-layer table and a PNG plot")
+    pl.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    pl.add_argument("--vram-budget", required=True,
+                    help="device budget: GiB as a number, or a size like 512MiB / 8GiB")
+    pl.add_argument("--ctx", type=_positive("--ctx"), default=2048, help="KV cache length in tokens (default 2048)")
+    pl.add_argument("--batch", type=_positive("--batch"), default=512, help="n_batch (default 512)")
+    pl.add_argument("--sidecar", default=None,
+                    help="sparsity sidecar with firing frequencies (default: the model's, else uniform)")
+    pl.add_argument("--out", default=None, help="plan file (default: placement.json in the model's artifact folder)")
+    pl.add_argument("--png", default=None, help="plot file (default: the plan file with .png)")
+    pl.add_argument("--no-plot", action="store_true", help="write no plot")
+    pl.add_argument("--reset-gpu-index", action="store_true", help="recompute even when a stored plan matches")
+    pl.add_argument("--disable-gpu-index", action="store_true", help="place no FFN neurons on the device")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")
+    pl.set_defaults(func=cmd_plan)
     return p
 
 

@@ -288,6 +288,52 @@ int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const voi
 int pi_op_transpose_to(int32_t type_out, const void *src, int32_t src_type, int64_t n_rows,
                        int64_t n_cols, void *dst);
 
+/* ---- Devices for the hybrid executor (device/cpu_device.c; docs/placement.md) ----
+ * A device holds the device half of a placement plan: a memory pool reserved once,
+ * up front (allocations past it fail with PI_ERR_NOMEM and count in n_refused), and
+ * its own thread and workers. kind "cpu-device" is a test device on the CPU; "cuda"
+ * is PI_ERR_UNSUPPORTED in this library (it would live in its own shared object).
+ * One hybrid op at a time per device. */
+typedef struct pi_device pi_device;
+typedef struct pi_device_ffn pi_device_ffn;
+typedef struct pi_device_stats {
+    int64_t reserved;   /* bytes reserved at creation */
+    int64_t used;       /* bytes allocated (each allocation rounded up to 256) */
+    int64_t high_water; /* most bytes ever allocated (<= reserved) */
+    int64_t n_refused;  /* allocations refused */
+    int64_t n_jobs;     /* device halves run */
+    int64_t rows;       /* hot rows processed, summed over tokens */
+    int32_t n_threads;
+} pi_device_stats;
+int pi_device_create(const char *kind, int64_t reserve_bytes, int32_t n_threads, pi_device **out);
+void pi_device_free(pi_device *dev);
+int pi_device_alloc(pi_device *dev, int64_t nbytes, void **out);
+int pi_device_get_stats(const pi_device *dev, pi_device_stats *out);
+/* Device bytes pi_device_ffn_upload takes: gate, up, down_t rows and the int32 map
+ * (n_hot rows each), pi_ffn_sparse scratch, x and y (max_tok rows of n_embd floats),
+ * the active row list (max_tok x n_hot int32) and its max_tok + 1 int64 offsets, each
+ * rounded up to 256; 0 when n_hot == 0; -1 for bad types or sizes. */
+int64_t pi_device_ffn_bytes(int32_t gate_up_type, int32_t down_t_type, int64_t n_embd, int64_t n_hot,
+                            int64_t max_tok);
+/* Copy one layer's hot rows to the device as compact rows: row r = neuron hot_ids[r]
+ * (strictly increasing ids < n_ff). gate, up: n_ff rows of n_embd (gate_up_type);
+ * down_t: n_ff rows of n_embd (down_t_type: F32, F16, Q8_0, Q4_0). All or nothing:
+ * PI_ERR_NOMEM (and nothing allocated) when the rows do not fit the reservation. */
+int pi_device_ffn_upload(pi_device *dev, int32_t gate_up_type, const void *gate, const void *up, int64_t n_embd,
+                         int64_t n_ff, int32_t down_t_type, const void *down_t, const int32_t *hot_ids,
+                         int64_t n_hot, int64_t max_tok, pi_device_ffn **out);
+void pi_device_ffn_free(pi_device_ffn *f);
+int64_t pi_device_ffn_n_hot(const pi_device_ffn *f);
+/* The FFN of n_tok <= max_tok tokens split by the upload: the device computes the hot
+ * rows (pi_op_ffn_sparse semantics over its compact rows) while the calling thread
+ * computes the cold neurons on `pool` from the full gate/up/down_t (the upload's
+ * tensors); then y = y_device + y_cpu, element by element. Both partial sums run in
+ * increasing neuron id order, so the result is bit-identical to two CPU-only
+ * pi_op_ffn_sparse calls (hot ids, cold ids) added the same way. y_device (optional)
+ * receives the device partial. */
+int pi_op_ffn_hybrid(pi_pool *pool, const pi_device_ffn *f, int32_t act, const void *gate, const void *up,
+                     const void *down_t, const float *x, int64_t n_tok, float threshold, float *y, float *y_device);
+
 #ifdef __cplusplus
 }
 #endif

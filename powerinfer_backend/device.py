@@ -1,0 +1,192 @@
+"""Devices for the hybrid executor (issue 6): thin owners of the native ``pi_device``.
+
+``CpuDevice`` is the ``"cpu-device"`` test device: a memory pool that reserves exactly
+the bytes it is given up front and refuses more, with its own thread and workers,
+running the device half of a placement plan (hot FFN rows) while the calling thread
+computes the cold neurons (docs/placement.md). It exists so that the split, the
+concurrency, the byte accounting and the merge are tested without a GPU; a CUDA device
+would implement the same native entry points in its own shared object.
+
+Status: the per-layer FFN split (:meth:`DeviceFFN.run`) works and is tested; running a
+whole model under a plan (attention on the device, every layer) is not wired yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from ._native import ffi, lib
+
+__all__ = ["CpuDevice", "DeviceFFN", "FFN_FORMS", "ffn_bytes", "upload_plan", "plan_ffn_bytes"]
+
+#: enum pi_ffn_act: name -> value
+FFN_FORMS = {"swiglu": 0, "geglu": 1, "relu": 2, "drelu": 3}
+
+
+def _u8(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+
+
+def ffn_bytes(gate_up_type: int, down_t_type: int, n_embd: int, n_hot: int, max_tok: int) -> int:
+    """Device bytes :meth:`CpuDevice.upload_ffn` takes for one layer (see
+    ``pi_device_ffn_bytes``: rows, map, scratch and x/y buffers, each aligned to 256).
+
+    Raises:
+        ValueError: bad types or sizes.
+    """
+    n = int(lib.pi_device_ffn_bytes(gate_up_type, down_t_type, n_embd, n_hot, max_tok))
+    if n < 0:
+        raise ValueError(f"no device FFN of types ({gate_up_type}, {down_t_type}), n_embd {n_embd}, n_hot {n_hot}, "
+                         f"max_tok {max_tok}")
+    return n
+
+
+class CpuDevice:
+    """The ``"cpu-device"``: ``reserve_bytes`` reserved now, ``n_threads`` device workers.
+
+    Raises:
+        ValueError: reserve_bytes < 0 or n_threads outside [1, 512].
+        MemoryError: the reservation cannot be made.
+    """
+
+    def __init__(self, reserve_bytes: int, n_threads: int = 1, kind: str = "cpu-device"):
+        out = ffi.new("pi_device **")
+        _native.check(lib.pi_device_create(kind.encode(), int(reserve_bytes), int(n_threads), out),
+                      "pi_device_create")
+        self._ptr = out[0]
+        self._ffns: list[DeviceFFN] = []
+        pool = ffi.new("pi_pool **")
+        rc = lib.pi_pool_create(int(n_threads), pool)
+        if rc:
+            lib.pi_device_free(self._ptr)
+            _native.check(rc, "pi_pool_create")
+        self._cpu_pool = pool[0]
+
+    def stats(self) -> dict[str, int]:
+        """Byte counters (reserved, used, high_water) and work counters (n_refused,
+        n_jobs: device halves run, rows: hot rows processed summed over tokens)."""
+        s = ffi.new("pi_device_stats *")
+        _native.check(lib.pi_device_get_stats(self._ptr, s), "pi_device_get_stats")
+        return {k: int(getattr(s, k)) for k in ("reserved", "used", "high_water", "n_refused", "n_jobs", "rows",
+                                                 "n_threads")}
+
+    def alloc(self, nbytes: int) -> None:
+        """Allocate ``nbytes`` of device memory (for tests of the reservation).
+
+        Raises:
+            MemoryError: past the reservation.
+        """
+        p = ffi.new("void **")
+        _native.check(lib.pi_device_alloc(self._ptr, int(nbytes), p), "pi_device_alloc")
+
+    def upload_ffn(self, act: str, gate_up_type: int, gate: np.ndarray, up: np.ndarray, down_t_type: int,
+                   down_t: np.ndarray, n_embd: int, n_ff: int, hot_ids, max_tok: int = 1) -> "DeviceFFN":
+        """Put one layer's hot rows on the device.
+
+        Args:
+            act: "swiglu" | "geglu" | "relu" | "drelu".
+            gate, up: n_ff rows of n_embd in ``gate_up_type`` (any array; its bytes are used).
+            down_t: n_ff rows of n_embd in ``down_t_type`` (F32, F16, Q8_0, Q4_0).
+            hot_ids: strictly increasing neuron ids (int32) the device computes.
+            max_tok: most tokens per :meth:`DeviceFFN.run`.
+
+        Raises:
+            ValueError: bad arguments. MemoryError: the rows exceed the reservation.
+        """
+        g, u, d = _u8(gate), _u8(up), _u8(down_t)
+        ids = np.ascontiguousarray(hot_ids, dtype=np.int32)
+        out = ffi.new("pi_device_ffn **")
+        _native.check(lib.pi_device_ffn_upload(
+            self._ptr, gate_up_type, ffi.from_buffer(g), ffi.from_buffer(u), n_embd, n_ff, down_t_type,
+            ffi.from_buffer(d), ffi.cast("const int32_t *", ffi.from_buffer(ids)), ids.shape[0], max_tok, out),
+            "pi_device_ffn_upload")
+        f = DeviceFFN(self, out[0], FFN_FORMS[act], (g, u, d), n_embd, max_tok)
+        self._ffns.append(f)
+        return f
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            for f in self._ffns:
+                lib.pi_device_ffn_free(f._ptr)
+            self._ffns = []
+            lib.pi_device_free(self._ptr)
+            lib.pi_pool_free(self._cpu_pool)
+            self._ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class DeviceFFN:
+    """One layer split between the device (hot rows) and the CPU (the rest)."""
+
+    def __init__(self, dev: CpuDevice, ptr, act: int, host: tuple, n_embd: int, max_tok: int):
+        self._dev, self._ptr, self._act, self._host = dev, ptr, act, host
+        self.n_embd, self.max_tok = n_embd, max_tok
+        self.n_hot = int(lib.pi_device_ffn_n_hot(ptr))
+
+    def run(self, x: np.ndarray, threshold: float = 0.0, *, return_device_part: bool = False):
+        """y = device partial (hot rows) + CPU partial (cold neurons), float32 (n_tok, n_embd).
+
+        Args:
+            x: float32 (n_tok, n_embd), n_tok <= max_tok.
+            threshold: |h| below it is skipped (pi_op_ffn_sparse semantics).
+            return_device_part: also return the device partial.
+        """
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.n_embd)
+        y = np.empty_like(x)
+        yd = np.empty_like(x) if return_device_part else None
+        g, u, d = self._host
+        _native.check(lib.pi_op_ffn_hybrid(
+            self._dev._cpu_pool, self._ptr, self._act, ffi.from_buffer(g), ffi.from_buffer(u), ffi.from_buffer(d),
+            ffi.cast("const float *", ffi.from_buffer(x)), x.shape[0], float(threshold),
+            ffi.cast("float *", ffi.from_buffer(y)),
+            ffi.cast("float *", ffi.from_buffer(yd)) if yd is not None else ffi.NULL), "pi_op_ffn_hybrid")
+        return (y, yd) if return_device_part else y
+
+
+def upload_plan(dev: CpuDevice, model, plan, *, max_tok: int = 1) -> list[DeviceFFN]:
+    """Every layer's hot rows of ``plan`` (:class:`powerinfer_backend.placement.Plan`)
+    on ``dev``, from the loaded GGUF ``model`` (gate/up as stored, down_t from the
+    down cache, :func:`powerinfer_backend.down_cache.transposed_down`). Returns one
+    :class:`DeviceFFN` per layer (n_hot 0 where the plan places none).
+
+    Raises:
+        ValueError: the plan is for another n_ff or layer count.
+        MemoryError: the rows do not fit the device's reservation.
+    """
+    from .down_cache import down_t_dtype, transposed_down
+
+    hp = model.hparams
+    if plan.n_ff != hp.n_ff or len(plan.layers) != hp.n_layer:
+        raise ValueError(f"plan for n_ff {plan.n_ff} x {len(plan.layers)} layers, model has {hp.n_ff} x {hp.n_layer}")
+    dname = down_t_dtype(model)
+    dtype_id = 0 if dname == "f32" else 1
+    out = []
+    for i, L in enumerate(plan.layers):
+        t = model.layer_tensors(i)
+        gate, up = t[6], t[7]  # PI_L_FFN_GATE, PI_L_FFN_UP
+        dt = transposed_down(model, i, dtype=dname)
+        out.append(dev.upload_ffn(_ACT_FORM[hp.act], gate.type, gate.data, up.data, dtype_id, dt, hp.n_embd, hp.n_ff,
+                                  L.hot_ids, max_tok))
+    return out
+
+
+#: enum pi_act (arch.ACT_*) -> FFN form name
+_ACT_FORM = {0: "swiglu", 1: "geglu", 2: "relu", 3: "drelu"}
+
+
+def plan_ffn_bytes(model, plan, *, max_tok: int = 1) -> int:
+    """Device bytes :func:`upload_plan` takes (sum of :func:`ffn_bytes` over layers)."""
+    from .down_cache import down_t_dtype
+
+    d = 0 if down_t_dtype(model) == "f32" else 1
+    return sum(ffn_bytes(model.layer_tensors(i)[6].type, d, model.hparams.n_embd, L.n_hot, max_tok)
+               for i, L in enumerate(plan.layers))
