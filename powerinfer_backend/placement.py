@@ -83,7 +83,8 @@ _T = GGMLQuantizationType
 _F32 = int(_T.F32)
 _F16 = int(_T.F16)
 #: Dense (non-FFN) per-layer slots that travel as the attention block.
-_ATTN_SLOTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_out", "ffn_norm")
+#: Per-layer slots placed neuron by neuron (hot rows), not as part of the dense block.
+_FFN_ROW_SLOTS = ("ffn_gate", "ffn_up", "ffn_down")
 
 
 def align_up(n: int, align: int = DEVICE_ALIGN) -> int:
@@ -167,7 +168,8 @@ class ModelSizes:
         layers = []
         for i in range(hp.n_layer):
             layers.append({slot: TensorSize(int(t.type), tuple(int(x) for x in t.ne))
-                           for slot, t in zip(LAYER_SLOTS, model.layer_tensors(i))})
+                           for slot, t in zip(LAYER_SLOTS, model.layer_tensors(i))
+                           if t is not None})  # optional slots an architecture lacks
         g = model.global_tensors()
         out = g["output"] if g["output"] is not None else g["tok_embd"]
         all_f32 = all(layer["ffn_down"].type == _F32 for layer in layers)
@@ -208,7 +210,8 @@ def kv_bytes_per_layer(s: ModelSizes, n_ctx: int) -> int:
 def attn_block_bytes(s: ModelSizes, i: int, n_ctx: int) -> int:
     """Layer ``i``'s dense block on the device (bytes): attn_norm, attn_q/k/v,
     attn_output, ffn_norm in their stored types, each aligned, plus its KV cache."""
-    return sum(align_up(s.layers[i][slot].nbytes) for slot in _ATTN_SLOTS) + kv_bytes_per_layer(s, n_ctx)
+    dense = [slot for slot in s.layers[i] if slot not in _FFN_ROW_SLOTS]  # incl. optional norms / biases
+    return sum(align_up(s.layers[i][slot].nbytes) for slot in dense) + kv_bytes_per_layer(s, n_ctx)
 
 
 def output_block_bytes(s: ModelSizes, n_batch: int) -> int:
