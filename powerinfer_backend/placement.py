@@ -82,7 +82,6 @@ FORMAT_VERSION = 1
 _T = GGMLQuantizationType
 _F32 = int(_T.F32)
 _F16 = int(_T.F16)
-#: Dense (non-FFN) per-layer slots that travel as the attention block.
 #: Per-layer slots placed neuron by neuron (hot rows), not as part of the dense block.
 _FFN_ROW_SLOTS = ("ffn_gate", "ffn_up", "ffn_down")
 
