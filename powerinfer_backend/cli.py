@@ -1,6 +1,7 @@
 """``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
 text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
-speed against llama.cpp in the same run (or sweeps FFN densities)."""
+speed against llama.cpp in the same run (or sweeps FFN densities), ``serve`` answers
+OpenAI- and llama-server-compatible HTTP requests."""
 
 from __future__ import annotations
 
@@ -61,6 +62,14 @@ def cmd_calibrate(args) -> int:
     else:
         print(format_layers(prof))
     return 0
+
+
+def cmd_serve(args) -> int:
+    try:
+        from .server import serve
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+    return serve(args)
 
 
 def cmd_perplexity(args) -> int:
@@ -160,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweep: MiB of weights rotated over (default 1200)")
     _add_sparse(b)
     b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="OpenAI- and llama-server-compatible HTTP server (docs/serving.md)")
+    from .server_cli import add_arguments
+
+    add_arguments(s)
+    s.set_defaults(func=cmd_serve)
     return p
 
 
