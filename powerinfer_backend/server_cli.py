@@ -13,7 +13,8 @@ def add_arguments(p) -> None:
     p.add_argument("--model", "-m", help="GGUF file (default: the embedded SmolLM2)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--vram-budget", type=float, default=None, help="GPU memory in GiB (default: CPU only)")
+    p.add_argument("--vram-budget", type=float, default=_env_float("POWERINFER_VRAM_BUDGET"),
+                   help="GPU memory in GiB (default: $POWERINFER_VRAM_BUDGET, else CPU only)")
     p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY)")
     p.add_argument("--alias", "-a", default=None, help="model name reported by /v1/models (default: the file name)")
     p.add_argument("--ctx-size", "-c", "--ctx", dest="ctx_size", type=int, default=2048,
@@ -51,6 +52,13 @@ _IGNORED_VALUE = [("--ubatch-size", "-ub"), ("--gpu-layers", "-ngl", "--n-gpu-la
                   ("--cache-reuse",), ("--rpc",)]
 _IGNORED_SWITCH = [("--no-webui",), ("--no-mmap",), ("--mlock",), ("--cpu-moe",), ("--no-kv-offload",),
                    ("--swa-full",), ("--jinja",), ("--cont-batching",), ("--metrics",)]
+
+
+def _env_float(name):
+    import os
+
+    v = os.environ.get(name)
+    return float(v) if v else None
 
 
 def load_llama(args):
