@@ -135,16 +135,19 @@ def apply() -> None:
 
 
 def missing_widgets() -> list:
-    """Parameters the "PowerInfer" loader lists that tgw's model menu does not create
-    and the adapter does not either (should be empty)."""
+    """Parameters the "PowerInfer" loader lists for which neither tgw's model menu
+    (``shared.gradio['name']`` in ``modules/ui_model_menu.py``, read as text: importing it
+    needs tgw's own gradio build) nor this adapter creates a widget (should be empty)."""
+    import modules
     from modules import loaders
 
-    import inspect
-
-    try:
-        from modules import ui_model_menu
-        src = inspect.getsource(sys.modules[ui_model_menu.__name__])
-    except Exception:
-        return list(loaders.loaders_and_params[LOADER])
+    src = ""
+    for d in modules.__path__:
+        try:
+            with open(os.path.join(d, "ui_model_menu.py"), encoding="utf-8") as f:
+                src = f.read()
+            break
+        except OSError:
+            continue
     return [p for p in loaders.loaders_and_params[LOADER]
             if f"shared.gradio['{p}']" not in src and p not in NEW_ELEMENTS]
