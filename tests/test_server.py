@@ -237,13 +237,18 @@ def test_llama_completion(http, local):
 
 @pytest.fixture(scope="module")
 def small_server(model_path):
-    s = ServerProcess("--model", model_path, "--ctx-size", "2048", "--max-queue", "1")
+    s = ServerProcess("--model", model_path, "--ctx-size", "2048", "--max-queue", "1", "--dense")
     yield s
     s.close()
 
 
 def _stats(url):
     return httpx.get(url + "/stats", timeout=30).json()
+
+
+def test_dense_flag_reaches_llama(small_server):
+    p = httpx.get(small_server.url + "/props", timeout=30).json()
+    assert p["sparse"] == "off" and p["stats"]["mode"] == "dense"
 
 
 def test_queue_full_503_and_disconnect_stops_generation(small_server):
