@@ -24,7 +24,6 @@ import math
 import queue
 import threading
 import time
-import uuid
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
