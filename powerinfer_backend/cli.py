@@ -1,7 +1,8 @@
 """``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
 text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
 speed against llama.cpp in the same run (or sweeps FFN densities), ``plan`` shows the VRAM
-placement for a budget (docs/placement.md)."""
+placement for a budget (docs/placement.md), ``serve`` answers OpenAI- and
+llama-server-compatible HTTP requests."""
 
 from __future__ import annotations
 
@@ -62,6 +63,14 @@ def cmd_calibrate(args) -> int:
     else:
         print(format_layers(prof))
     return 0
+
+
+def cmd_serve(args) -> int:
+    try:
+        from .server import serve
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+    return serve(args)
 
 
 def cmd_perplexity(args) -> int:
@@ -210,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--disable-gpu-index", action="store_true", help="place no FFN neurons on the device")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")
     pl.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("serve", help="OpenAI- and llama-server-compatible HTTP server (docs/serving.md)")
+    from .server_cli import add_arguments
+
+    add_arguments(s)
+    s.set_defaults(func=cmd_serve)
     return p
 
 

@@ -34,8 +34,8 @@ def _no_extra_buffer_types():
 def load_reference(model_path: str, **kwargs):
     """A ``llama_cpp.Llama`` on ``model_path`` (kwargs as for llama_cpp.Llama), with
     AMX/repack buffers disabled (see module docstring)."""
-    import llama_cpp
+    from .tokenizer import llama_cpp_class
 
     kwargs.setdefault("verbose", False)
     with _no_extra_buffer_types():
-        return llama_cpp.Llama(model_path=model_path, **kwargs)
+        return llama_cpp_class()(model_path=model_path, **kwargs)

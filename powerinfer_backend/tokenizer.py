@@ -9,6 +9,15 @@ import io
 from typing import List, Optional, Sequence
 
 
+def llama_cpp_class():
+    """llama-cpp-python's own ``Llama`` class, also while the llama-cpp drop-in
+    (``powerinfer_backend.adapters.llamacpp.install()``) has put ours in its place."""
+    import llama_cpp
+
+    cls = llama_cpp.Llama
+    return getattr(cls, "_dropin_original", cls)
+
+
 class LlamaCppTokenizer:
     """Tokenize / detokenize with llama.cpp's vocabulary code for a GGUF file.
 
@@ -27,7 +36,7 @@ class LlamaCppTokenizer:
             # n_ctx: its (weightless, KV-less) context reports our context length to
             # llama-cpp-python code that asks llama_n_ctx(ctx) (an error message in completion).
             with contextlib.redirect_stderr(io.StringIO()):
-                self._vocab_model = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False,
+                self._vocab_model = llama_cpp_class()(model_path=model_path, vocab_only=True, verbose=False,
                                                     n_ctx=max(1, int(n_ctx)), chat_format=chat_format)
         except Exception as e:  # llama-cpp-python raises ValueError or RuntimeError
             raise ValueError(f"{model_path}: llama.cpp could not load the vocabulary: {e}") from e
