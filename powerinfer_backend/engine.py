@@ -250,6 +250,13 @@ class NativeContext:
                       f"blk.{layer}: dense FFN")
             keep.pop(layer, None)
             return
+        if not isinstance(down_t, np.ndarray):  # a TensorView (e.g. a PowerInfer ffn_down_t)
+            t, keep_obj = _pred_tensor(down_t, f"blk.{layer}.ffn_down_t.weight")
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)),
+                      f"blk.{layer}: sparse FFN")
+            keep[layer] = keep_obj
+            return
         arr = np.ascontiguousarray(down_t)
         types = {np.dtype(np.float32): lib.PI_TYPE_F32, np.dtype(np.float16): lib.PI_TYPE_F16}
         if arr.dtype not in types:

@@ -124,7 +124,7 @@ def _np_shape(obj) -> tuple:
     return tuple(reversed(obj.ne))
 
 
-def apply(ctx, gguf, pset: PredictorSet, product_thresholds=None) -> None:
+def apply(ctx, gguf, pset: PredictorSet, product_thresholds=None, down_t=None) -> None:
     """Make every layer of ``pset`` predictor-sparse in ``ctx`` (the transposed down
     from :mod:`powerinfer_backend.down_cache`; ``product_thresholds`` per layer, default 0:
     every predicted neuron with a nonzero h is used)."""
@@ -135,5 +135,6 @@ def apply(ctx, gguf, pset: PredictorSet, product_thresholds=None) -> None:
     dtype = down_t_dtype(gguf)
     for layer in pset.layers:
         thr = 0.0 if product_thresholds is None else float(product_thresholds[layer])
-        ctx.set_ffn_sparsity(layer, transposed_down(gguf, layer, dtype=dtype), thr)
+        dt = (down_t or {}).get(layer)
+        ctx.set_ffn_sparsity(layer, dt if dt is not None else transposed_down(gguf, layer, dtype=dtype), thr)
         ctx.set_ffn_predictor(layer, pset.fc1[layer], pset.fc2[layer], float(pset.thresholds.get(layer, 0.0)))
