@@ -300,6 +300,25 @@ class NativeContext:
                   f"blk.{layer}: predictor")
         keep[layer] = (a1, a2, t1, t2)
 
+    def set_ffn_capture(self, buf) -> None:
+        """Start (``None``: stop) copying every layer's normed FFN input rows into
+        ``buf``, a writable C-contiguous float32 array of shape (n_layer, n_batch, n_embd)
+        kept alive here: after an eval of n tokens, ``buf[:, :n]`` holds them."""
+        if buf is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_capture(self._ptr, ffi.NULL), "ffn_capture")
+            self._capture = None
+            return
+        hp = self.model.gguf.hparams
+        want = (hp.n_layer, self.n_batch, hp.n_embd)
+        if not isinstance(buf, np.ndarray) or buf.dtype != np.float32 or buf.shape != want \
+                or not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise ValueError(f"ffn capture buffer must be a writable C-contiguous float32 array of shape {want}")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_capture(self._ptr, ffi.cast("float *", ffi.from_buffer(buf))),
+                  "ffn_capture")
+        self._capture = buf
+
     def predictor_stats(self, reset: bool = False) -> dict:
         """Per-layer int64 arrays since the last reset: ``predicted`` (neurons
         predicted active, summed over tokens), ``pred_ns`` (time in the predictor),

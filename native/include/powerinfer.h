@@ -175,6 +175,12 @@ int pi_context_set_ffn_predictor(pi_context *ctx, int32_t layer, const pi_tensor
 int pi_context_predictor_stats(pi_context *ctx, int64_t *predicted, int64_t *pred_ns, int64_t *ffn_ns,
                                int32_t reset);
 
+/* Predictor training data: while buf is set, every pi_eval copies each layer's normed
+ * FFN input rows (the x the FFN and a predictor see) to buf[(layer * n_batch + t) *
+ * n_embd ...] for its n_tokens tokens. The caller owns buf (n_layer * n_batch * n_embd
+ * floats); NULL stops. */
+int pi_context_set_ffn_capture(pi_context *ctx, float *buf);
+
 /* Number of cached positions; positions [0, pi_kv_used) are valid. */
 int32_t pi_kv_used(const pi_context *ctx);
 /* Forget cached positions >= n_keep (n_keep = 0 clears the cache). */

@@ -50,6 +50,7 @@ struct pi_context {
     int32_t *pred_active;                 /* n_batch * n_ff ids */
     int64_t *pred_off;                    /* n_batch + 1 */
     int64_t *pred_count, *pred_ns, *ffn_ns; /* per layer counters */
+    float *ffn_capture;                   /* pi_context_set_ffn_capture, or NULL */
     int32_t n_out;
 };
 
@@ -353,6 +354,8 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
 
     /* feed-forward block: down(act(gate x) * up x) */
     pi_rmsnorm_rows(c->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
+    if (c->ffn_capture)
+        memcpy(c->ffn_capture + (size_t)l * c->cp.n_batch * E, c->xn, (size_t)(n_tok * E) * sizeof(float));
     if (c->down_t != NULL && c->down_t[l].data != NULL) {
         ffn_sparse(c, l, n_tok);
         return;
@@ -591,5 +594,11 @@ int pi_context_predictor_stats(pi_context *c, int64_t *predicted, int64_t *pred_
         if (ffn_ns) ffn_ns[l] = c->pred_count ? c->ffn_ns[l] : 0;
     }
     if (reset && c->pred_count) memset(c->pred_count, 0, (size_t)n * 3 * sizeof *c->pred_count);
+    return PI_OK;
+}
+
+int pi_context_set_ffn_capture(pi_context *c, float *buf) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_capture: NULL context");
+    c->ffn_capture = buf;
     return PI_OK;
 }
