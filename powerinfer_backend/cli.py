@@ -170,9 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--recall", type=float, default=None,
                     help="instead of a budget: keep this fraction of the labelled active neurons per layer")
     t.add_argument("--rank", type=_positive("--rank"), default=128, help="predictor rank (default 128)")
-    t.add_argument("--epochs", type=_positive("--epochs"), default=8, help="training epochs (default 8)")
-    t.add_argument("--tokens", type=_positive("--tokens"), default=24576,
-                   help="training tokens captured from the start of the text (default 24576)")
+    t.add_argument("--epochs", type=_positive("--epochs"), default=4, help="training epochs (default 4)")
+    t.add_argument("--tokens", type=_positive("--tokens"), default=12288,
+                   help="training tokens captured from the start of the text (default 12288)")
     t.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
                    help="tokens held out at the end of the text for the budget (default 2048)")
     t.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")

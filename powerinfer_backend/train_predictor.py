@@ -204,9 +204,9 @@ def layer_metrics(scores: np.ndarray, y: np.ndarray, h: np.ndarray, dnorm: np.nd
 
 
 def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = 0.02,
-                     recall: Optional[float] = None, rank: int = 128, epochs: int = 8,
+                     recall: Optional[float] = None, rank: int = 128, epochs: int = 4,
                      offset_bytes: int = 0, max_bytes: Optional[int] = None, force: bool = False,
-                     out: Optional[str] = None, tokens: int = 24576, heldout_tokens: int = 2048,
+                     out: Optional[str] = None, tokens: int = 12288, heldout_tokens: int = 2048,
                      n_ctx: int = 512, label_sparsity: float = 0.5, pos_weight: float = 4.0,
                      weight_cap: float = 20.0, lr: float = 2e-3, batch: int = 256,
                      max_density: float = 0.9, margin: float = 0.75, layers: Optional[Sequence[int]] = None,
@@ -289,16 +289,33 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     model = NativeModel(gguf)
     ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
     try:
-        # 1. capture the FFN inputs
-        xs = np.zeros((hp.n_layer, len(train_ids), hp.n_embd), np.float16)
-        cap = np.zeros((hp.n_layer, n_ctx, hp.n_embd), np.float32)
-        ctx.set_ffn_capture(cap)
-        for s in tqdm(range(0, len(train_ids), n_ctx), desc="capture", unit="chunk", disable=not progress):
-            chunk = train_ids[s:s + n_ctx]
-            ctx.truncate(0)
-            ctx.eval(chunk, logits_all=False)
-            xs[:, s:s + len(chunk)] = cap[:, :len(chunk)]
-        ctx.set_ffn_capture(None)
+        # 1. capture the FFN inputs (cached in the artifact folder, keyed by text slice and n_ctx)
+        from .artifacts import artifact_dir
+        key = _sha256_bytes(repr((text_sha, len(train_ids), n_ctx)).encode())[:16]
+        cache = artifact_dir(model_path, create=True) / f"ffn_inputs.{key}.f16.npy"
+        xs = None
+        if cache.is_file():
+            try:
+                xs = np.load(cache, mmap_mode="r")
+                if xs.shape != (hp.n_layer, len(train_ids), hp.n_embd):
+                    xs = None
+            except (OSError, ValueError):
+                xs = None
+        if xs is None:
+            xs = np.zeros((hp.n_layer, len(train_ids), hp.n_embd), np.float16)
+            cap = np.zeros((hp.n_layer, n_ctx, hp.n_embd), np.float32)
+            ctx.set_ffn_capture(cap)
+            for s in tqdm(range(0, len(train_ids), n_ctx), desc="capture", unit="chunk", disable=not progress):
+                chunk = train_ids[s:s + n_ctx]
+                ctx.truncate(0)
+                ctx.eval(chunk, logits_all=False)
+                xs[:, s:s + len(chunk)] = cap[:, :len(chunk)]
+            ctx.set_ffn_capture(None)
+            try:
+                from .artifacts import atomic_write_path
+                atomic_write_path(cache, lambda tmp: _save_npy(tmp, xs))
+            except OSError:
+                pass
         t_cap = time.time() - t0
 
         # 2-3. per-layer training
@@ -435,6 +452,11 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         f"held-out predicted density {dens_held:.3f}, perplexity {ppl_dense:.4f} -> {ppl_pred:.4f} "
         f"({ppl_pred / ppl_dense - 1:+.2%}); wrote {path}")
     return ps
+
+
+def _save_npy(path, arr) -> None:
+    with open(path, "wb") as f:
+        np.save(f, arr)
 
 
 def _empty_profile(hp):
