@@ -185,7 +185,11 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
     if state.mode == "predictor":
         ps = ctx.predictor_stats(reset=reset)
         pred = ps["predicted"]
-        extra = {"predicted_density": [round(float(x), 6) for x in np.where(total > 0, pred / np.maximum(total, 1), 0)],
+        has = np.zeros(len(total), bool)
+        if state.predictors is not None:
+            has[[x for x in state.predictors.layers if x < len(has)]] = True
+        dens = np.where(has & (total > 0), pred / np.maximum(total, 1), 1.0)  # no predictor: every neuron
+        extra = {"predicted_density": [round(float(x), 6) for x in dens],
                  "predictor_ns": int(ps["pred_ns"].sum()), "sparse_ffn_ns": int(ps["ffn_ns"].sum()),
                  "predictor_share_of_ffn": float(ps["pred_ns"].sum() / max(1, ps["ffn_ns"].sum()))}
     if reset:
