@@ -49,6 +49,23 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_train_predictor(args) -> int:
+    from .train_predictor import train_predictors
+
+    layers = None if args.layers is None else [int(x) for x in args.layers.split(",") if x.strip()]
+    ps = train_predictors(_model_path(args.model), args.text, max_ppl_increase=args.max_ppl_increase,
+                          recall=args.recall, rank=args.rank, epochs=args.epochs, tokens=args.tokens,
+                          heldout_tokens=args.heldout_tokens, n_ctx=args.ctx, offset_bytes=args.offset_bytes,
+                          max_bytes=args.max_bytes, out=args.out, force=args.force, n_threads=args.threads,
+                          label_sparsity=args.label_sparsity, layers=layers, backend=args.backend,
+                          progress=not args.json)
+    if args.json:
+        print(json.dumps({"sidecar": ps.source, "layers": ps.layers,
+                          "thresholds": [float(ps.thresholds[x]) for x in ps.layers],
+                          **{k: v for k, v in ps.info.items()}}))
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from .calibrate import calibrate, format_layers
 
@@ -184,6 +201,35 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     c.set_defaults(func=cmd_calibrate)
+
+    t = sub.add_parser("train-predictor", help="train per-layer activation predictors; writes them into the sidecar")
+    t.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    t.add_argument("--text", required=True, help="UTF-8 training text (its tail is held out)")
+    tb = t.add_mutually_exclusive_group()
+    tb.add_argument("--max-ppl-increase", type=float, default=0.02,
+                    help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
+    tb.add_argument("--recall", type=float, default=None,
+                    help="instead of a budget: keep this fraction of the labelled active neurons per layer")
+    t.add_argument("--rank", type=_positive("--rank"), default=128, help="predictor rank (default 128)")
+    t.add_argument("--epochs", type=_positive("--epochs"), default=4, help="training epochs (default 4)")
+    t.add_argument("--tokens", type=_positive("--tokens"), default=12288,
+                   help="training tokens captured from the start of the text (default 12288)")
+    t.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
+                   help="tokens held out at the end of the text for the budget (default 2048)")
+    t.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    t.add_argument("--label-sparsity", type=float, default=0.5,
+                   help="per layer, the fraction of smallest |h| labelled inactive (default 0.5)")
+    t.add_argument("--layers", default=None, help="comma-separated layers to train (default: all)")
+    t.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
+                   help="auto: torch when installed (the [train] extra), else numpy")
+    t.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
+    t.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+                   help="use at most this many bytes of text")
+    t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
+    t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
+    t.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
+    t.set_defaults(func=cmd_train_predictor)
 
     b = sub.add_parser("bench", help="decode/prefill tokens/s, ours and llama.cpp's, in one run")
     b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")

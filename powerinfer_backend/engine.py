@@ -43,6 +43,32 @@ def _fill_tensor(dst, view) -> None:
     dst.nbytes = view.nbytes
 
 
+_NP_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+
+
+def _pred_tensor(obj, name: str):
+    """-> (pi_tensor*, object to keep alive) for an ndarray or a TensorView."""
+    if obj is None:
+        raise ValueError(f"tensor {name}: missing")
+    t = ffi.new("pi_tensor *")
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype not in _NP_TYPES:
+            raise ValueError(f"tensor {name}: dtype {arr.dtype}, expected float32 or float16")
+        if arr.ndim != 2:
+            raise ValueError(f"tensor {name}: must be 2-D, got shape {arr.shape}")
+        t.data = ffi.from_buffer(arr)
+        t.type = _NP_TYPES[arr.dtype]
+        t.n_dims = 2
+        t.ne[0], t.ne[1], t.ne[2], t.ne[3] = arr.shape[1], arr.shape[0], 1, 1
+        t.nbytes = arr.nbytes
+        return t, arr
+    if len(obj.ne) > 2:
+        raise ValueError(f"tensor {name}: must be 2-D, got ne {list(obj.ne)}")
+    _fill_tensor(t, obj)
+    return t, obj
+
+
 class NativeModel:
     """A model in the C library over the (memory-mapped) tensors of a loaded GGUF.
 
@@ -124,6 +150,7 @@ class NativeContext:
         self._busy = threading.Lock()
         self._down_t = {}  # layer -> transposed down array the C context points into
         self._hist = None  # the calibration histogram the C context writes into
+        self._pred = {}  # layer -> predictor arrays the C context points into
         model._contexts.add(self)
         # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
         self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
@@ -225,6 +252,13 @@ class NativeContext:
                       f"blk.{layer}: dense FFN")
             keep.pop(layer, None)
             return
+        if not isinstance(down_t, np.ndarray):  # a TensorView (e.g. a PowerInfer ffn_down_t)
+            t, keep_obj = _pred_tensor(down_t, f"blk.{layer}.ffn_down_t.weight")
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)),
+                      f"blk.{layer}: sparse FFN")
+            keep[layer] = keep_obj
+            return
         arr = np.ascontiguousarray(down_t)
         types = {np.dtype(np.float32): lib.PI_TYPE_F32, np.dtype(np.float16): lib.PI_TYPE_F16}
         if arr.dtype not in types:
@@ -240,6 +274,63 @@ class NativeContext:
         with self._exclusive():
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
+
+    def set_ffn_predictor(self, layer: int, fc1, fc2=None, threshold: float = 0.0) -> None:
+        """Give layer ``layer`` an activation predictor (docs/predictors.md): only
+        neurons with ``fc2 . relu(fc1 . x) >= threshold`` are computed. ``fc1``/``fc2``:
+        float32/float16 ndarrays of shapes (rank, n_embd) and (n_ff, rank), or
+        :class:`~powerinfer_backend.gguf_model.TensorView` (any kernel type). The layer
+        must also be made sparse with :meth:`set_ffn_sparsity` (the down_t). ``fc1=None``
+        removes the predictor. The arrays are kept alive here.
+
+        Raises:
+            ValueError: bad layer, shape, rank or threshold (naming ``blk.N.fc1.weight``
+                or ``blk.N.fc2.weight``).
+        """
+        layer = int(layer)
+        keep = self.__dict__.setdefault("_pred", {})
+        if fc1 is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_predictor(self._ptr, layer, ffi.NULL, ffi.NULL, 0.0),
+                      f"blk.{layer}: predictor")
+            keep.pop(layer, None)
+            return
+        t1, a1 = _pred_tensor(fc1, f"blk.{layer}.fc1.weight")
+        t2, a2 = _pred_tensor(fc2, f"blk.{layer}.fc2.weight")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_predictor(self._ptr, layer, t1, t2, float(threshold)),
+                  f"blk.{layer}: predictor")
+        keep[layer] = (a1, a2, t1, t2)
+
+    def set_ffn_capture(self, buf) -> None:
+        """Start (``None``: stop) copying every layer's normed FFN input rows into
+        ``buf``, a writable C-contiguous float32 array of shape (n_layer, n_batch, n_embd)
+        kept alive here: after an eval of n tokens, ``buf[:, :n]`` holds them."""
+        if buf is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_capture(self._ptr, ffi.NULL), "ffn_capture")
+            self._capture = None
+            return
+        hp = self.model.gguf.hparams
+        want = (hp.n_layer, self.n_batch, hp.n_embd)
+        if not isinstance(buf, np.ndarray) or buf.dtype != np.float32 or buf.shape != want \
+                or not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise ValueError(f"ffn capture buffer must be a writable C-contiguous float32 array of shape {want}")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_capture(self._ptr, ffi.cast("float *", ffi.from_buffer(buf))),
+                  "ffn_capture")
+        self._capture = buf
+
+    def predictor_stats(self, reset: bool = False) -> dict:
+        """Per-layer int64 arrays since the last reset: ``predicted`` (neurons
+        predicted active, summed over tokens), ``pred_ns`` (time in the predictor),
+        ``ffn_ns`` (time in the sparse FFN of predictor layers, predictor included)."""
+        n = self.model.gguf.hparams.n_layer
+        out = {k: np.zeros(n, np.int64) for k in ("predicted", "pred_ns", "ffn_ns")}
+        check(lib.pi_context_predictor_stats(self._ptr, *(ffi.from_buffer("int64_t[]", out[k])
+                                                          for k in ("predicted", "pred_ns", "ffn_ns")),
+                                             1 if reset else 0), "predictor_stats")
+        return out
 
     def set_ffn_threshold_on(self, target: str) -> None:
         """What every layer's sparse-FFN threshold compares against: ``"product"``

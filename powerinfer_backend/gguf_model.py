@@ -42,6 +42,11 @@ __all__ = [
 ]
 
 GGUF_MAGIC = b"GGUF"
+#: PowerInfer's own files: a GGUF whose first four bytes are "PWRI" (same layout).
+PWRI_MAGIC = b"PWRI"
+_GGUF_MAGIC_U32 = 0x46554747
+#: Tensors of PowerInfer files kept in GGUFModel.extra_tensors (per layer).
+PWRI_LAYER_TENSORS = ("fc1", "fc2", "ffn_down_t")
 _DEFAULT_ALIGNMENT = 32
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 
@@ -265,6 +270,10 @@ class GGUFModel:
     file_size: int = 0
     _kv: dict[str, Any] = field(default_factory=dict, repr=False)
     _mm: Any = field(default=None, repr=False)
+    #: PowerInfer extras (``blk.N.fc1.weight``, ``blk.N.fc2.weight``, ``blk.N.ffn_down_t.weight``)
+    extra_tensors: dict = field(default_factory=dict, repr=False)
+    #: True when the file's magic is "PWRI" (PowerInfer's own GGUF)
+    pwri: bool = False
 
     @property
     def spec(self) -> ArchSpec:
@@ -385,8 +394,9 @@ class _Reader(GGUFReader):
     stops these overrides from taking effect.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, pwri: bool = False):
         self._path = path
+        self._pwri = pwri  # first four bytes "PWRI": read as "GGUF" (the magic patched in memory)
         self._entry: tuple[int, int] | None = None  # (index, file offset) being read
         self._n_entries = 0
         self._building = False
@@ -403,6 +413,8 @@ class _Reader(GGUFReader):
     # -- overrides of GGUFReader internals --
 
     def _get(self, offset, dtype, count=1, override_order=None):
+        if self._pwri and int(offset) == 0 and np.dtype(dtype) == np.uint32 and int(count) == 1:
+            return np.array([_GGUF_MAGIC_U32], dtype=np.uint32)
         itemsize = _ITEMSIZE.get(dtype)
         if itemsize is None:
             itemsize = _ITEMSIZE[dtype] = np.dtype(dtype).itemsize
@@ -883,6 +895,17 @@ def _make_view(path: str, info: _TensorInfo, raw: np.ndarray, kind: str) -> Tens
     return TensorView(info.name, dst, info.ne, data, int(data.nbytes), converted_from=t)
 
 
+def _untranspose(name: str, dt: TensorView) -> TensorView:
+    """ffn_down [n_ff, n_embd] from a transposed ffn_down_t [n_embd, n_ff]: F32 when
+    ffn_down_t is F32, else F16 (exact for F16; rounds quantized values to F16)."""
+    n_embd, n_ff = dt.ne
+    vals = _quants.dequantize(dt.data, dt.type).reshape(n_ff, n_embd)
+    dst = _T.F32 if dt.type == _T.F32 else _T.F16
+    arr = np.ascontiguousarray(vals.T.astype(np.float32 if dst == _T.F32 else np.float16))
+    raw = arr.reshape(-1).view(np.uint8)
+    return TensorView(name, int(dst), (n_ff, n_embd), raw, int(raw.nbytes), converted_from=int(dt.type))
+
+
 def _pad4(ne: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(ne) + (1,) * (_MAX_DIMS - len(ne))
 
@@ -940,10 +963,12 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             magic = f.read(4)
     except OSError as e:
         raise ValueError(f"{path_str}: cannot read the file: {e}") from e
-    if magic != GGUF_MAGIC:
-        raise ValueError(f"{path_str}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    if magic not in (GGUF_MAGIC, PWRI_MAGIC):
+        raise ValueError(f"{path_str}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r} "
+                         f"or PowerInfer's {PWRI_MAGIC!r})")
+    pwri = magic == PWRI_MAGIC
 
-    reader = _Reader(path_str)
+    reader = _Reader(path_str, pwri=pwri)
     kv = _read_kv(path_str, reader)
     infos = _tensor_infos(path_str, reader)
 
@@ -969,8 +994,27 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         wanted += [(ts.name.format(i=i), ts) for ts in spec.layer_tensors if ts.name]
 
     tensors: dict[str, TensorView] = {}
+    extra: dict[str, TensorView] = {}
+    for i in range(hp.n_layer):
+        for stem in PWRI_LAYER_TENSORS:
+            name = f"blk.{i}.{stem}.weight"
+            if name in infos:
+                info = infos[name]
+                if len(info.ne) != 2:
+                    raise ValueError(f"{path_str}: layer {i}: tensor '{name}' has shape {list(info.ne)}, "
+                                     f"expected 2 dimensions")
+                extra[name] = _make_view(path_str, info, info.data, _arch.KIND_MATRIX)
     for name, ts in wanted:
         info = infos.get(name)
+        dt_name = name.replace(".ffn_down.", ".ffn_down_t.")
+        if info is None and name.endswith(".ffn_down.weight") and dt_name in extra:
+            # PowerInfer files store only the transposed down: rebuild ffn_down for the dense path
+            dt = extra[dt_name]
+            if tuple(dt.ne) != (hp.n_embd, hp.n_ff):
+                raise ValueError(f"{path_str}: tensor '{dt_name}' has shape {list(dt.ne)}, expected "
+                                 f"{[hp.n_embd, hp.n_ff]} (n_embd, n_ff)")
+            tensors[name] = _untranspose(name, dt)
+            continue
         if info is None:
             if ts.required:
                 raise ValueError(f"{path_str}: missing tensor '{name}'")
@@ -984,7 +1028,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             )
         tensors[name] = _make_view(path_str, info, info.data, ts.kind)
 
-    unused = [n for n in infos if n not in tensors]
+    unused = [n for n in infos if n not in tensors and n not in extra]
     if unused:
         shown = ", ".join(unused[:5]) + (", ..." if len(unused) > 5 else "")
         warnings.warn(
@@ -1007,6 +1051,8 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         file_size=size,
         _kv=kv,
         _mm=reader.data,
+        extra_tensors=extra,
+        pwri=pwri,
     )
     if verbose:
         _print_summary(model)

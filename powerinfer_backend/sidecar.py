@@ -14,6 +14,10 @@ Contents (format version 1; docs/sparsity.md has the table):
   compare against (``threshold_on``: "product" |h| or "gate" |act(gate x)|),
   per-layer thresholds (float32 array) and expected sparsities;
 * ``powerinfer.ffn_act``: the FFN activation the thresholds apply to;
+* predictors (``powerinfer-backend train-predictor``), per layer N: ``blk.N.fc1.weight``
+  (ne [n_embd, rank]) and ``blk.N.fc2.weight`` (ne [rank, n_ff]) (PowerInfer's names),
+  keys ``powerinfer.predictor.*`` (layers, score thresholds, ranks, measured
+  precision / recall / predicted density per layer, perplexities);
 * tensors, per layer N: ``blk.N.ffn_act_freq`` (F32 [n_ff]: fraction of calibration
   tokens with |h_j| >= the layer's threshold: the per-neuron firing frequency,
   the hot/cold ranking VRAM placement uses), ``blk.N.ffn_act_quantiles``
@@ -45,6 +49,7 @@ QUANTILES = (0.5, 0.9, 0.99)
 _ARCH = "powerinfer-sidecar"
 _S = "powerinfer.sidecar."
 _C = "powerinfer.calibration."
+_P = "powerinfer.predictor."
 
 #: info key -> (GGUF key, type) for the scalar metadata.
 _INFO_KEYS: dict[str, tuple[str, str]] = {
@@ -96,6 +101,8 @@ class SparsityProfile:
     ffn_act: str
     info: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    #: activation predictors (predictor.PredictorSet with ndarray weights) or None
+    predictors: Any = None
 
     @property
     def n_layer(self) -> int:
@@ -140,6 +147,21 @@ def write_sidecar(path: str | os.PathLike, prof: SparsityProfile) -> Path:
             w.add_tensor(f"blk.{i}.ffn_act_freq", np.ascontiguousarray(prof.neuron_freq[i], np.float32))
             w.add_tensor(f"blk.{i}.ffn_act_quantiles", np.ascontiguousarray(prof.neuron_quantiles[i], np.float32))
             w.add_tensor(f"blk.{i}.ffn_act_hist", np.ascontiguousarray(prof.layer_hist[i], np.float32))
+        ps = prof.predictors
+        if ps is not None:
+            layers = ps.layers
+            w.add_array(_P + "layers", [int(x) for x in layers])
+            w.add_array(_P + "thresholds", [float(ps.thresholds[x]) for x in layers])
+            for k, v in ps.info.items():
+                if isinstance(v, (list, tuple, np.ndarray)):
+                    w.add_array(_P + k, [float(x) for x in v])
+                elif isinstance(v, str):
+                    w.add_string(_P + k, v)
+                elif v is not None:
+                    w.add_float64(_P + k, float(v))
+            for x in layers:
+                w.add_tensor(f"blk.{x}.fc1.weight", np.ascontiguousarray(ps.fc1[x]))
+                w.add_tensor(f"blk.{x}.fc2.weight", np.ascontiguousarray(ps.fc2[x]))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -229,10 +251,39 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
             raise ValueError(f"{p}: tensors 'blk.N.{kind}' differ in shape across layers")
         return np.stack(rows)
 
-    return SparsityProfile(thresholds=thresholds, layer_sparsity=layer_sparsity,
+    prof = SparsityProfile(thresholds=thresholds, layer_sparsity=layer_sparsity,
                            neuron_freq=stack("ffn_act_freq"), neuron_quantiles=stack("ffn_act_quantiles"),
                            layer_hist=stack("ffn_act_hist"), ffn_act=str(need("powerinfer.ffn_act")),
                            info=info, path=p)
+    if _P + "layers" in fields or any(k.endswith(".fc1.weight") for k in tensors):
+        prof.predictors = _read_predictors(p, fields, tensors, n_layer, prof.neuron_freq.shape[1])
+    return prof
+
+
+def _read_predictors(p, fields, tensors, n_layer, n_ff):
+    from .predictor import PredictorSet
+
+    layers = [int(x) for x in fields.get(_P + "layers", [])]
+    thr = fields.get(_P + "thresholds", [])
+    if len(thr) != len(layers):
+        raise ValueError(f"{p}: key '{_P}thresholds' has {len(thr)} entries, '{_P}layers' {len(layers)}")
+    ps = PredictorSet(source=str(p))
+    for layer, t in zip(layers, thr):
+        for stem, dst in (("fc1", ps.fc1), ("fc2", ps.fc2)):
+            name = f"blk.{layer}.{stem}.weight"
+            if name not in tensors:
+                raise ValueError(f"{p}: layer {layer}: tensor '{name}' missing")
+            dst[layer] = np.ascontiguousarray(tensors[name])
+        ps.thresholds[layer] = float(t)
+    for k, v in fields.items():
+        if k.startswith(_P) and k not in (_P + "layers", _P + "thresholds"):
+            ps.info[k[len(_P):]] = v
+    n_embd = ps.fc1[layers[0]].shape[1] if layers else 0
+    try:
+        ps.validate(n_layer, n_embd, n_ff)
+    except ValueError as e:
+        raise ValueError(f"{p}: {e}") from None
+    return ps
 
 
 def check_overwrite(path: str | os.PathLike, model_sha256: str, text_sha256: str, *, force: bool) -> None:

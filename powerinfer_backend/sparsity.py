@@ -9,7 +9,10 @@ Modes (docs/sparsity.md):
 * ``"off"``: dense.
 * ``"threshold"``: the sidecar's per-layer |h| thresholds; a ReLU-family model
   without a sidecar uses threshold 0; otherwise an error says to calibrate.
-* ``"predictor"``: activation predictors (not available yet: NotImplementedError).
+* ``"predictor"``: activation predictors (docs/predictors.md): a PowerInfer file's own
+  (``blk.N.fc1/fc2.weight``) or the sidecar's (``powerinfer-backend train-predictor``);
+  none → ValueError saying to train them. ``"auto"`` uses predictors when the model
+  file has them or the sidecar has them.
 * a path: that sidecar file (threshold mode).
 
 The down projection of a sparse layer runs over the cached transposed copy
@@ -37,7 +40,7 @@ class SparseState:
     """What :func:`configure` set up.
 
     Attributes:
-        mode: "dense" or "threshold".
+        mode: "dense", "threshold" or "predictor".
         thresholds: float32 (n_layer,) per-layer |h| thresholds (None when dense).
         sidecar: the sidecar file used, if any.
         expected_sparsity: the sidecar's mean expected FFN sparsity (None if unknown).
@@ -48,11 +51,16 @@ class SparseState:
     sidecar: Optional[str] = None
     expected_sparsity: Optional[float] = None
     info: dict = field(default_factory=dict)
+    predictors: Optional[object] = None  # predictor.PredictorSet in predictor mode
 
     def summary(self) -> str:
         """One line for ``verbose`` output."""
         if self.mode == "dense":
             return "sparse FFN off (dense)"
+        if self.mode == "predictor":
+            n = len(self.predictors.layers) if self.predictors is not None else 0
+            exp = "" if self.expected_sparsity is None else f", expected FFN sparsity {self.expected_sparsity:.1%}"
+            return f"sparse FFN predictor mode from {self.sidecar}: {n} layers with predictors{exp}"
         n_sparse = int((self.thresholds > 0).sum()) if self.thresholds is not None else 0
         src = f"sidecar {self.sidecar}" if self.sidecar else "exact zeros of the ReLU activation"
         exp = "" if self.expected_sparsity is None else f", expected FFN sparsity {self.expected_sparsity:.1%}"
@@ -79,11 +87,10 @@ def _resolve(sparse, model_path: str, act: str):
         raise ValueError(f"sparse must be one of {', '.join(MODES)} or a sidecar path, got {sparse!r}")
     if sparse == "off":
         return "dense", None
-    if sparse == "predictor":
-        raise NotImplementedError("sparse='predictor': activation predictors are not available yet "
-                                  "(use 'threshold' or 'auto')")
     found = sidecar_path(model_path)
     have = found.is_file()
+    if sparse == "predictor":
+        return "predictor", str(found) if have else None
     if sparse == "threshold" and not have and act not in _RELU_FAMILY:
         raise ValueError(f"sparse='threshold' needs a calibration sidecar for {model_path} (looked for {found}); "
                          f"run `powerinfer-backend calibrate --model {model_path} --text FILE` first")
@@ -106,8 +113,13 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
 
     hp = gguf.hparams
     mode, path = _resolve(sparse, model_path, hp.act_name)
+    from .pwri import has_predictors
+    if sparse == "auto" and has_predictors(gguf):
+        mode = "predictor"
     if mode == "dense":
         return SparseState()
+    if mode == "predictor" or (sparse == "auto" and path is not None and _sidecar_has_predictors(path)):
+        return _configure_predictor(ctx, gguf, model_path, path)
     if path is not None:
         try:
             prof = read_sidecar(path, model_path=model_path)
@@ -137,14 +149,60 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
     return state
 
 
+def _sidecar_has_predictors(path) -> bool:
+    try:
+        from .sidecar import read_sidecar
+        return read_sidecar(path).predictors is not None
+    except ValueError:
+        return False
+
+
+def _configure_predictor(ctx, gguf, model_path, path) -> SparseState:
+    from .predictor import apply
+    from .pwri import down_t_views, has_predictors, pwri_predictors
+    from .sidecar import read_sidecar
+
+    hp = gguf.hparams
+    if has_predictors(gguf):
+        pset = pwri_predictors(gguf)
+        src, info = gguf.path, {}
+    else:
+        prof = read_sidecar(path, model_path=model_path) if path is not None else None
+        if prof is None or prof.predictors is None:
+            raise ValueError(f"sparse='predictor': {model_path} has no activation predictors (no blk.N.fc1.weight "
+                             f"in the model file or its sidecar); run `powerinfer-backend train-predictor "
+                             f"--model {model_path} --text FILE` first")
+        pset, src, info = prof.predictors, str(path), dict(prof.info)
+        info.update(pset.info)
+    apply(ctx, gguf, pset, down_t=down_t_views(gguf))
+    dens = pset.info.get("density")
+    state = SparseState("predictor", np.zeros(hp.n_layer, np.float32), src,
+                        None if dens is None else 1.0 - float(np.mean(dens)), info)
+    state.predictors = pset
+    return state
+
+
 def stats(ctx, state: SparseState, reset: bool = False) -> dict:
     """Measured FFN sparsity of ``ctx`` since the last reset: ``{"mode",
     "ffn_sparsity" (mean over all layers, dense layers count 0), "layers"
     (per-layer fractions of neurons skipped), "neurons_used", "neurons_total",
     "sidecar", "expected_sparsity"}``."""
-    used, total = ctx.ffn_stats(reset=reset, per_layer=True)
+    used, total = ctx.ffn_stats(reset=False, per_layer=True)
     frac = np.where(total > 0, 1.0 - used / np.maximum(total, 1), 0.0)
-    return {"mode": state.mode, "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
+    extra = {}
+    if state.mode == "predictor":
+        ps = ctx.predictor_stats(reset=reset)
+        pred = ps["predicted"]
+        has = np.zeros(len(total), bool)
+        if state.predictors is not None:
+            has[[x for x in state.predictors.layers if x < len(has)]] = True
+        dens = np.where(has & (total > 0), pred / np.maximum(total, 1), 1.0)  # no predictor: every neuron
+        extra = {"predicted_density": [round(float(x), 6) for x in dens],
+                 "predictor_ns": int(ps["pred_ns"].sum()), "sparse_ffn_ns": int(ps["ffn_ns"].sum()),
+                 "predictor_share_of_ffn": float(ps["pred_ns"].sum() / max(1, ps["ffn_ns"].sum()))}
+    if reset:
+        ctx.ffn_stats(reset=True)
+    return extra | {"mode": state.mode, "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
             "layers": [round(float(x), 6) for x in frac], "neurons_used": int(used.sum()),
             "neurons_total": int(total.sum()), "sidecar": state.sidecar,
             "expected_sparsity": state.expected_sparsity}

@@ -30,6 +30,8 @@ class LlamaCppTokenizer:
     def __init__(self, model_path: str, n_ctx: int = 512, chat_format: Optional[str] = None):
         import llama_cpp  # heavy import, deferred to first use
 
+        from .pwri import vocab_path
+        model_path = vocab_path(model_path)  # a PowerInfer (PWRI) file: a GGUF copy of its metadata
         try:
             # llama-cpp-python's log callback prints to sys.stderr even with verbose=False
             # ("n_ctx_seq (512) > n_ctx_train (0)": a vocab-only model has no context length).

@@ -141,6 +141,8 @@ def write_tiny_llama(
     arch: str = "llama",
     drop_tensors: Sequence[str] = (),
     shapes: Mapping[str, Sequence[int]] | None = None,
+    extra_tensors: Mapping[str, np.ndarray] | None = None,
+    magic: bytes = b"GGUF",
 ) -> str:
     """Write a tiny llama GGUF file with random weights; returns ``str(path)``.
 
@@ -169,6 +171,9 @@ def write_tiny_llama(
         arch: general.architecture and the key prefix.
         drop_tensors: tensor names to leave out.
         shapes: tensor name -> ne to write instead of the right shape.
+        extra_tensors: more tensors (name -> float32/float16 ndarray, numpy order)
+            written after the model's, e.g. PowerInfer's ``blk.N.fc1.weight``.
+        magic: the first four bytes (``b"PWRI"`` makes a PowerInfer file).
     """
     path = os.fspath(path)
     rng = np.random.default_rng(seed)
@@ -260,10 +265,16 @@ def write_tiny_llama(
         else:
             writer.add_tensor(name, data, raw_dtype=qtype)
 
+    for name, arr in (extra_tensors or {}).items():
+        writer.add_tensor(name, np.ascontiguousarray(arr))
+
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    if magic != b"GGUF":
+        with open(path, "r+b") as f:
+            f.write(magic)
     return path
 
 

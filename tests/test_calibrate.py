@@ -147,7 +147,7 @@ def test_swiglu_auto_is_dense_without_sidecar_and_threshold_needs_one(tmp_path):
         assert llm.stats()["mode"] == "dense" and llm.stats()["ffn_sparsity"] == 0.0
     with pytest.raises(ValueError, match="calibrate"):
         Llama(path, n_ctx=32, verbose=False, sparse="threshold")
-    with pytest.raises(NotImplementedError, match="predictor"):
+    with pytest.raises(ValueError, match="train-predictor"):
         Llama(path, n_ctx=32, verbose=False, sparse="predictor")
     with pytest.raises(ValueError, match="sparse must be one of"):
         Llama(path, n_ctx=32, verbose=False, sparse="sometimes")

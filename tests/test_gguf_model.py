@@ -404,11 +404,18 @@ def test_missing_path(tmp_path):
         load_gguf(tmp_path)
 
 
-@pytest.mark.parametrize("head", [b"PWRI\x01\x00\x00\x00", b"\x00" * 64, b"GG", b""])
+@pytest.mark.parametrize("head", [b"XWRI\x01\x00\x00\x00", b"\x00" * 64, b"GG", b""])
 def test_wrong_magic(tmp_path, head):
     p = tmp_path / "bad.gguf"
     p.write_bytes(head)
     _expect_error(p, "not a GGUF file", "magic")
+
+
+def test_pwri_magic_is_read_as_gguf_but_bad_header_is_an_error(tmp_path):
+    """PowerInfer's magic is accepted (tests/test_pwri.py); a broken header after it is still an error."""
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"PWRI\x01\x00\x00\x00")
+    _expect_error(p, "not a valid GGUF file", "version 1")
 
 
 def test_truncated_everywhere(tiny, tmp_path):

@@ -182,6 +182,28 @@ int pi_context_set_ffn_hist(pi_context *ctx, uint32_t *hist);
 enum pi_ffn_threshold_on { PI_FFN_ON_PRODUCT = 0, PI_FFN_ON_GATE = 1 };
 int pi_context_set_ffn_threshold_on(pi_context *ctx, int32_t on);
 
+/* Activation predictor of layer `layer` (docs/predictors.md): a bias-free low-rank
+ * MLP, score = fc2 . relu(fc1 . x) with x the normed FFN input; fc1 has ne
+ * [n_embd, rank] (rank rows of n_embd), fc2 ne [rank, n_ff]; any dense-matmul weight
+ * type. Only neurons with score >= threshold are computed (gate, up and down rows);
+ * the layer's product/gate threshold (pi_context_set_ffn_sparsity, which must be set
+ * for the layer to be sparse at all) still applies to them. fc1 NULL removes the
+ * predictor. Errors name the tensor, e.g. "blk.3.fc2.weight: shape ...". The bytes
+ * must outlive the context. */
+int pi_context_set_ffn_predictor(pi_context *ctx, int32_t layer, const pi_tensor *fc1, const pi_tensor *fc2,
+                                 float threshold);
+/* Per layer (each array n_layer entries, any may be NULL): neurons predicted active
+ * (summed over tokens), nanoseconds spent in the predictor and in the whole sparse FFN
+ * (predictor included) since creation or the last reset. */
+int pi_context_predictor_stats(pi_context *ctx, int64_t *predicted, int64_t *pred_ns, int64_t *ffn_ns,
+                               int32_t reset);
+
+/* Predictor training data: while buf is set, every pi_eval copies each layer's normed
+ * FFN input rows (the x the FFN and a predictor see) to buf[(layer * n_batch + t) *
+ * n_embd ...] for its n_tokens tokens. The caller owns buf (n_layer * n_batch * n_embd
+ * floats); NULL stops. */
+int pi_context_set_ffn_capture(pi_context *ctx, float *buf);
+
 /* Number of cached positions; positions [0, pi_kv_used) are valid. */
 int32_t pi_kv_used(const pi_context *ctx);
 /* Forget cached positions >= n_keep (n_keep = 0 clears the cache). */
@@ -241,6 +263,15 @@ int pi_op_softmax(float *x, int64_t n);
 int pi_op_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head,
                     int32_t n_head_kv, int32_t head_dim, const void *k, const void *v,
                     int64_t v_ld, int32_t kv_type, int64_t n_kv, const int32_t *pos, float *out);
+
+/* ---- Activation predictor scores (native/src/ops/predictor.c) -------------- */
+/* scores (n_tok rows of n_ff) = fc2 . relu(fc1 . x) for n_tok rows x of n_embd; fc1:
+ * rank rows of n_embd, fc2: n_ff rows of rank, each any weight type of the dense
+ * matmul (x converted to the type's activation type, as pi_op_matmul). Deterministic:
+ * the same bits for any pool size. */
+int pi_op_predictor_scores(pi_pool *pool, int32_t fc1_type, const void *fc1, int32_t fc2_type, const void *fc2,
+                           int64_t n_embd, int64_t rank, int64_t n_ff, const float *x, int64_t n_tok,
+                           float *scores);
 
 /* ---- Sparse FFN (neuron-aware; native/src/ops/sparse_ffn.c) ----------------- */
 

@@ -44,6 +44,15 @@ struct pi_context {
     int64_t *ffn_used, *ffn_total;        /* per layer, with the sparse FFN tables */
     uint32_t *ffn_hist;                   /* calibration statistics (pi_context_set_ffn_hist), or NULL */
     int32_t ffn_on_gate;                  /* enum pi_ffn_threshold_on */
+    pi_mat *pred_fc1, *pred_fc2;          /* per layer: activation predictor (fc1 data NULL = none) */
+    float *pred_threshold;                /* per layer */
+    void *pred_scratch;                   /* matmul scratch + hidden rows, pred_scratch_size bytes */
+    int64_t pred_scratch_size;
+    float *pred_scores;                   /* n_batch rows of n_ff */
+    int32_t *pred_active;                 /* n_batch * n_ff ids */
+    int64_t *pred_off;                    /* n_batch + 1 */
+    int64_t *pred_count, *pred_ns, *ffn_ns; /* per layer counters */
+    float *ffn_capture;                   /* pi_context_set_ffn_capture, or NULL */
     int32_t n_out;
 };
 
@@ -174,6 +183,14 @@ void pi_context_free(pi_context *c) {
     free(c->ffn_y);
     free(c->ffn_used_tok);
     free(c->ffn_used);
+    free(c->pred_fc1);
+    free(c->pred_fc2);
+    free(c->pred_threshold);
+    free(c->pred_scratch);
+    free(c->pred_scores);
+    free(c->pred_active);
+    free(c->pred_off);
+    free(c->pred_count);
     free(c);
 }
 
@@ -296,17 +313,37 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     static const int32_t ffn_act[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
                                       [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int64_t F = c->m->hp.n_ff;
+    const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
+    const int64_t t0 = pred ? pi_now_ns() : 0;
+    const int32_t *active = NULL;
+    const int64_t *active_off = NULL;
+    if (pred) { /* scores -> per-token active lists (increasing ids) */
+        pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
+        c->pred_count[l] += pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], c->pred_active,
+                                                c->pred_off);
+        active = c->pred_active;
+        active_off = c->pred_off;
+        c->pred_ns[l] += pi_now_ns() - t0;
+    }
     float *h = NULL;
     if (n_tok > 1 && !c->ffn_on_gate) {
-        const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, c->m->hp.n_ff}, {&lm[PI_L_FFN_UP], c->u, c->m->hp.n_ff}};
+        const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, F}, {&lm[PI_L_FFN_UP], c->u, F}};
         pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
         act_mul(c, n_tok);
         h = c->g;
+        if (pred) { /* batched: the same bits as gathered rows; unpredicted neurons are zeroed */
+            for (int64_t i = 0; i < n_tok * F; i++)
+                if (!(c->pred_scores[i] >= c->pred_threshold[l])) h[i] = 0.0f;
+            active = NULL;
+            active_off = NULL;
+        }
     }
     const pi_ffn_sparse_args a = {ffn_act[c->m->hp.act], &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
-                                  c->xn, n_tok, NULL, NULL, c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok,
-                                  c->ffn_on_gate, h};
+                                  c->xn, n_tok, active, active_off, c->ffn_threshold[l], c->ffn_y,
+                                  c->ffn_used_tok, c->ffn_on_gate, h};
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
+    if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
     c->ffn_total[l] += n_tok * c->m->hp.n_ff;
     add_rows(c->x, c->ffn_y, n_tok * c->m->hp.n_embd);
@@ -363,6 +400,8 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
 
     /* feed-forward block: down(act(gate x) * up x) */
     pi_rmsnorm_rows(c->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
+    if (c->ffn_capture)
+        memcpy(c->ffn_capture + (size_t)l * c->cp.n_batch * E, c->xn, (size_t)(n_tok * E) * sizeof(float));
     if (c->down_t != NULL && c->down_t[l].data != NULL) {
         ffn_sparse(c, l, n_tok);
         return;
@@ -531,5 +570,89 @@ int pi_context_set_ffn_threshold_on(pi_context *c, int32_t on) {
     if (on != PI_FFN_ON_PRODUCT && on != PI_FFN_ON_GATE)
         return pi_set_error(PI_ERR_INVALID, "threshold target must be 0 (product h) or 1 (gate activation), got %d", on);
     c->ffn_on_gate = on;
+    return PI_OK;
+}
+
+int pi_context_set_ffn_predictor(pi_context *c, int32_t layer, const pi_tensor *fc1, const pi_tensor *fc2,
+                                 float threshold) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_predictor: NULL context");
+    const pi_model_params *hp = &c->m->hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return pi_set_error(PI_ERR_INVALID, "layer %d is outside [0, %d)", layer, hp->n_layer);
+    if (isnan(threshold) || isinf(threshold))
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: predictor threshold must be finite, got %g", layer,
+                            (double)threshold);
+    if (c->pred_fc1 == NULL) {
+        const int64_t B = c->cp.n_batch, F = hp->n_ff;
+        c->pred_fc1 = calloc((size_t)hp->n_layer, sizeof *c->pred_fc1);
+        c->pred_fc2 = calloc((size_t)hp->n_layer, sizeof *c->pred_fc2);
+        c->pred_threshold = calloc((size_t)hp->n_layer, sizeof *c->pred_threshold);
+        c->pred_scores = alloc_f(B * F);
+        c->pred_active = malloc((size_t)(B * F) * sizeof *c->pred_active);
+        c->pred_off = malloc((size_t)(B + 1) * sizeof *c->pred_off);
+        c->pred_count = calloc((size_t)hp->n_layer * 3, sizeof *c->pred_count);
+        if (!c->pred_fc1 || !c->pred_fc2 || !c->pred_threshold || !c->pred_scores || !c->pred_active ||
+            !c->pred_off || !c->pred_count) {
+            free(c->pred_fc1); free(c->pred_fc2); free(c->pred_threshold); free(c->pred_scores);
+            free(c->pred_active); free(c->pred_off); free(c->pred_count);
+            c->pred_fc1 = c->pred_fc2 = NULL;
+            c->pred_threshold = NULL;
+            c->pred_scores = NULL;
+            c->pred_active = NULL;
+            c->pred_off = c->pred_count = NULL;
+            return pi_set_error(PI_ERR_NOMEM, "out of memory for the predictor tables");
+        }
+        c->pred_ns = c->pred_count + hp->n_layer;
+        c->ffn_ns = c->pred_count + 2 * hp->n_layer;
+    }
+    if (fc1 == NULL || fc1->data == NULL) {
+        c->pred_fc1[layer].data = NULL;
+        return PI_OK;
+    }
+    char n1[48], n2[48];
+    snprintf(n1, sizeof n1, "blk.%d.fc1.weight", layer);
+    snprintf(n2, sizeof n2, "blk.%d.fc2.weight", layer);
+    if (fc2 == NULL || fc2->data == NULL) return pi_set_error(PI_ERR_INVALID, "tensor %s: missing", n2);
+    const int64_t rank = fc1->ne[1];
+    if (rank < 1 || rank > hp->n_ff * 4)
+        return pi_set_error(PI_ERR_INVALID, "tensor %s: rank (ne[1]) %lld out of range [1, %lld]", n1,
+                            (long long)rank, (long long)hp->n_ff * 4);
+    int rc = check_tensor(fc1, n1, hp->n_embd, rank, 0);
+    if (rc) return rc;
+    if (fc2->ne[0] != rank)
+        return pi_set_error(PI_ERR_INVALID, "tensor %s: rank %lld does not match %s's rank %lld", n2,
+                            (long long)fc2->ne[0], n1, (long long)rank);
+    if ((rc = check_tensor(fc2, n2, rank, hp->n_ff, 0))) return rc;
+    const pi_mat m1 = mat_of(fc1), m2 = mat_of(fc2);
+    const int64_t need = pi_predictor_scratch_size(&m1, &m2, c->cp.n_batch);
+    if (need > c->pred_scratch_size) {
+        void *p = malloc((size_t)need);
+        if (p == NULL) return pi_set_error(PI_ERR_NOMEM, "out of memory for the predictor scratch");
+        free(c->pred_scratch);
+        c->pred_scratch = p;
+        c->pred_scratch_size = need;
+    }
+    c->pred_fc1[layer] = m1;
+    c->pred_fc2[layer] = m2;
+    c->pred_threshold[layer] = threshold;
+    return PI_OK;
+}
+
+int pi_context_predictor_stats(pi_context *c, int64_t *predicted, int64_t *pred_ns, int64_t *ffn_ns,
+                               int32_t reset) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_predictor_stats: NULL context");
+    const int32_t n = c->m->hp.n_layer;
+    for (int32_t l = 0; l < n; l++) {
+        if (predicted) predicted[l] = c->pred_count ? c->pred_count[l] : 0;
+        if (pred_ns) pred_ns[l] = c->pred_count ? c->pred_ns[l] : 0;
+        if (ffn_ns) ffn_ns[l] = c->pred_count ? c->ffn_ns[l] : 0;
+    }
+    if (reset && c->pred_count) memset(c->pred_count, 0, (size_t)n * 3 * sizeof *c->pred_count);
+    return PI_OK;
+}
+
+int pi_context_set_ffn_capture(pi_context *c, float *buf) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_capture: NULL context");
+    c->ffn_capture = buf;
     return PI_OK;
 }

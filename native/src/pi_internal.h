@@ -245,4 +245,15 @@ int64_t pi_ffn_sparse_scratch_size(int32_t gate_up_type, int64_t n_embd, int64_t
 /* The operator on validated arguments (ids sorted, unique, in range); no allocation. */
 void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch);
 
+/* ---- activation predictors (ops/predictor.c; see pi_op_predictor_scores) ---- */
+int64_t pi_now_ns(void); /* CLOCK_MONOTONIC */
+/* Bytes of scratch pi_predictor_scores needs */
+int64_t pi_predictor_scratch_size(const pi_mat *fc1, const pi_mat *fc2, int64_t n_tok);
+/* scores (n_tok rows of fc2->n_rows) = fc2 . relu(fc1 . x); validated arguments */
+void pi_predictor_scores(pi_pool *pool, const pi_mat *fc1, const pi_mat *fc2, const float *x, int64_t n_tok,
+                         float *scores, void *scratch);
+/* ids with score >= threshold, increasing, CSR per token; returns the total */
+int64_t pi_predictor_select(const float *scores, int64_t n_tok, int64_t n_ff, float threshold, int32_t *active,
+                            int64_t *active_off);
+
 #endif /* PI_INTERNAL_H */
