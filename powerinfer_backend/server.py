@@ -193,17 +193,13 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class CompletionBody(_Body):
-    prompt: Union[str, List[int], List[str]] = ""
-    suffix: Optional[str] = None
-    max_tokens: Optional[int] = 16
-    temperature: float = 0.8
+class _SamplingBody(_Body):
+    """Sampling and stopping fields shared by /v1/completions and /v1/chat/completions."""
+
     top_p: float = 0.95
     min_p: float = 0.05
     typical_p: float = 1.0
     top_k: int = 40
-    logprobs: Optional[int] = Field(default=None, ge=0)
-    echo: bool = False
     stop: Optional[Union[str, List[str]]] = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -219,7 +215,16 @@ class CompletionBody(_Body):
     model: Optional[str] = None
 
 
-class ChatBody(_Body):
+class CompletionBody(_SamplingBody):
+    prompt: Union[str, List[int], List[str]] = ""
+    suffix: Optional[str] = None
+    max_tokens: Optional[int] = 16
+    temperature: float = 0.8
+    logprobs: Optional[int] = Field(default=None, ge=0)
+    echo: bool = False
+
+
+class ChatBody(_SamplingBody):
     messages: List[Dict[str, Any]] = Field(min_length=1)
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Optional[Union[str, Dict[str, Any]]] = None
@@ -229,25 +234,8 @@ class ChatBody(_Body):
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
     temperature: float = 0.2
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    top_k: int = 40
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(default=None, ge=0)
-    stop: Optional[Union[str, List[str]]] = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repeat_penalty: float = 1.0
-    seed: Optional[int] = None
-    mirostat_mode: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    logit_bias: Optional[Dict[str, float]] = None
-    grammar: Optional[str] = None
-    stream: bool = False
-    n: int = 1
-    model: Optional[str] = None
 
 
 class EmbeddingBody(_Body):
