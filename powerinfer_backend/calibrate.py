@@ -278,13 +278,10 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     if threshold_on not in ("product", "gate"):
         raise CalibrationError(f"threshold_on must be 'product' or 'gate', got {threshold_on!r}")
 
-    if os.path.isdir(text_path):
-        raise CalibrationError(f"calibration text {text_path} is a folder")
-    if not os.path.isfile(text_path):
-        raise CalibrationError(f"calibration text does not exist: {text_path}")
-    if os.path.getsize(text_path) == 0:
-        raise CalibrationError(f"calibration text {text_path} is empty")
-    text = read_text(text_path, offset_bytes, max_bytes)
+    try:
+        text = read_text(text_path, offset_bytes, max_bytes)
+    except ValueError as e:  # missing, folder, empty, not UTF-8, offset past the end
+        raise CalibrationError(f"calibration {e}") from None
     text_bytes = text.encode("utf-8")
     gguf = load_gguf(model_path, verbose=False)
     hp = gguf.hparams

@@ -21,6 +21,8 @@ def read_text(path: str, offset_bytes: int = 0, max_bytes: Optional[int] = None)
     """
     if os.path.isdir(path):
         raise ValueError(f"text file {path} is a folder")
+    if not os.path.exists(path):
+        raise ValueError(f"text file {path} does not exist")
     try:
         with open(path, "rb") as f:
             data = f.read()

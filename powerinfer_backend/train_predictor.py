@@ -247,11 +247,10 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         raise TrainError("backend='torch' needs torch: pip install 'powerinfer-backend[train]'")
     use_torch = backend == "torch" or (backend == "auto" and have_torch())
     fit = _fit_torch if use_torch else _fit_numpy
-    if not os.path.isfile(text_path):
-        raise TrainError(f"training text does not exist: {text_path}")
-    if os.path.getsize(text_path) == 0:
-        raise TrainError(f"training text {text_path} is empty")
-    text = read_text(text_path, offset_bytes, max_bytes)
+    try:
+        text = read_text(text_path, offset_bytes, max_bytes)
+    except ValueError as e:  # missing, folder, empty, not UTF-8, offset past the end
+        raise TrainError(f"training {e}") from None
     text_bytes = text.encode("utf-8")
     gguf = load_gguf(model_path, verbose=False)
     hp = gguf.hparams
