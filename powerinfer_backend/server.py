@@ -193,6 +193,29 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _chat_message(m: Dict[str, Any]) -> Dict[str, Any]:
+    """A chat message as the GGUF templates expect it: ``content`` a string. OpenAI
+    clients send ``None`` (an assistant turn that only calls tools) or a list of parts
+    (``{"type": "text", "text": ...}``); text parts are joined, others refused.
+
+    Raises:
+        APIError(400): no string role, or content of another shape.
+    """
+    if not isinstance(m.get("role"), str):
+        raise APIError(400, "every message needs a string 'role'")
+    content = m.get("content")
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise APIError(400, "message content parts must be {'type': 'text', 'text': str} (no images here)")
+        content = "".join(p["text"] for p in content)
+    elif not isinstance(content, str):
+        raise APIError(400, "message 'content' must be a string, a list of text parts or null")
+    return {**m, "content": content}
+
+
 class _SamplingBody(_Body):
     """Sampling and stopping fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -517,10 +540,7 @@ def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, a
                   tools=b.tools, tool_choice=b.tool_choice, functions=b.functions, function_call=b.function_call,
                   response_format=_response_format(b.response_format), logprobs=b.logprobs,
                   top_logprobs=b.top_logprobs, model=state.model_alias)
-        for m in b.messages:
-            if not isinstance(m.get("role"), str):
-                raise APIError(400, "every message needs a string 'role'")
-        messages = b.messages
+        messages = [_chat_message(m) for m in b.messages]
         if b.stream:
             return await run_stream(request,
                                     lambda llm: llm.create_chat_completion(messages, stream=True, **kw), lambda c: c)

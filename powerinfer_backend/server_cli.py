@@ -12,7 +12,7 @@ def add_arguments(p) -> None:
     passes those flags to the server it starts)."""
     p.add_argument("--model", "-m", help="GGUF file (default: the embedded SmolLM2)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=_int_in("--port", 0, 65535), default=8000, help="port (default 8000)")
     p.add_argument("--vram-budget", type=float, default=_env_float("POWERINFER_VRAM_BUDGET"),
                    help="GPU memory in GiB (default: $POWERINFER_VRAM_BUDGET, else CPU only)")
     p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY)")
@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
                    help="context length in tokens (default 2048; 0 = the model's)")
     p.add_argument("--batch-size", "-b", type=int, default=512, help="prompt tokens per native call (default 512)")
     p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (default: all CPUs)")
-    p.add_argument("--max-queue", type=int, default=16,
+    p.add_argument("--max-queue", type=_int_in("--max-queue", 0, 1 << 20), default=16,
                    help="requests that may wait behind the running one; more get 503 (default 16)")
     p.add_argument("--chat-format", default=None, help="llama-cpp-python chat format (default: the GGUF template)")
     p.add_argument("--logits-all", action="store_true",
@@ -71,3 +71,16 @@ def load_llama(args):
                  verbose=args.verbose)
 
 
+def _int_in(name: str, lo: int, hi: int):
+    """argparse type: an int in [lo, hi], else a usage error naming the flag."""
+    import argparse
+
+    def parse(value):
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must be in [{lo}, {hi}], got {n}")
+        return n
+    return parse

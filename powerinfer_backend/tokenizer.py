@@ -71,6 +71,10 @@ class LlamaCppTokenizer:
 
             n = llama_cpp.llama_token_to_piece(self._vocab, llama_cpp.llama_token(int(token)), self._buf,
                                                len(self._buf), 0, bool(special))
+            if n < 0:  # -n is the length the piece needs: grow the buffer once and retry
+                self._buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, llama_cpp.llama_token(int(token)), self._buf,
+                                                   len(self._buf), 0, bool(special))
             if n < 0:
                 raise ValueError(f"detokenize: token {token} has no piece (llama_token_to_piece returned {n})")
             p = cache[token] = self._buf.raw[:n]

@@ -561,3 +561,12 @@ def test_pickle_round_trip(small):
     with copy:
         assert copy is not small and copy.n_ctx() == small.n_ctx() == SMALL_CTX and copy._seed == 31
         assert _text(copy(PROMPT, max_tokens=2, temperature=0)) == _text(small(PROMPT, max_tokens=2, temperature=0))
+
+
+def test_long_token_pieces_detokenize(model_path):
+    """Tokens whose text is longer than the first 64-byte buffer (e.g. 45462, '#' and 64
+    dashes) come back whole, also when sampled (llama.cpp's -n return asks for more room)."""
+    with Llama(model_path, n_ctx=64, n_threads=1, verbose=False, sparse="off") as llm:
+        assert llm.detokenize([45462]) == b"#" + b"-" * 64
+        out = llm("Hi", max_tokens=2, temperature=0, logit_bias={45462: 100.0})
+        assert out["choices"][0]["text"].startswith("#" + "-" * 64)

@@ -294,3 +294,24 @@ def test_disconnect_non_streaming(small_server):
             break
         assert time.monotonic() < deadline, s
         time.sleep(0.1)
+
+
+def test_chat_content_parts_and_null_content_are_normalised():
+    from powerinfer_backend.server import APIError, _chat_message
+
+    assert _chat_message({"role": "user", "content": [{"type": "text", "text": "Hi "},
+                                                      {"type": "text", "text": "there"}]})["content"] == "Hi there"
+    assert _chat_message({"role": "assistant", "content": None, "tool_calls": []})["content"] == ""
+    assert _chat_message({"role": "user"})["content"] == ""
+    for bad in ({"content": "x"}, {"role": "user", "content": [{"type": "image_url"}]},
+                {"role": "user", "content": 5}):
+        with pytest.raises(APIError):
+            _chat_message(bad)
+
+
+def test_serve_flag_ranges():
+    from powerinfer_backend.cli import main
+
+    for argv in (["serve", "--max-queue", "-1"], ["serve", "--port", "99999"]):
+        with pytest.raises(SystemExit):
+            main(argv)
