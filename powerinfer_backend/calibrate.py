@@ -171,6 +171,38 @@ def _sha256_bytes(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+def split_text_tokens(model_path: str, text_path: str, *, offset_bytes: int, max_bytes: Optional[int], n_ctx: int,
+                      tokens: int, heldout_tokens: int, error: type = ValueError, purpose: str = "calibration"):
+    """Read and tokenize the text slice (BOS first) and split it for a fit/check run:
+    the last ``heldout_tokens`` in whole chunks of ``n_ctx`` (at least one, at most a
+    quarter of the chunks) are held out; the head is at most ``tokens`` from the start.
+
+    Returns:
+        (text bytes, head ids, held-out ids).
+
+    Raises:
+        ``error`` (a ValueError subclass): the text is missing, a folder, empty, not
+            UTF-8, or shorter than two chunks (message names ``purpose``, file and byte range).
+    """
+    from .tokenizer import LlamaCppTokenizer
+
+    try:
+        text = read_text(text_path, offset_bytes, max_bytes)
+    except ValueError as e:  # missing, folder, empty, not UTF-8, offset past the end
+        raise error(f"{purpose} {e}") from None
+    text_bytes = text.encode("utf-8")
+    ids = LlamaCppTokenizer(model_path).tokenize(text_bytes, add_bos=True, special=False)
+    n_chunks = len(ids) // n_ctx
+    if n_chunks < 2:
+        raise error(
+            f"{purpose} text {text_path} (bytes {offset_bytes}..{offset_bytes + len(text_bytes)}) has "
+            f"{len(ids)} tokens; at least two chunks of n_ctx={n_ctx} ({2 * n_ctx} tokens) are needed "
+            f"(one to fit on, one held out)")
+    n_held = max(1, min(heldout_tokens // n_ctx, n_chunks // 4))
+    held = ids[len(ids) - n_held * n_ctx:]
+    return text_bytes, ids[:min(int(tokens), len(ids) - n_held * n_ctx)], held
+
+
 @dataclass
 class _Setup:
     """The engine pieces one calibration run drives."""
@@ -258,7 +290,6 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     from .down_cache import build_down_cache, down_t_dtype, load_down_cache
     from .gguf_model import load_gguf
     from .sidecar import QUANTILES, SparsityProfile, check_overwrite, sidecar_path, write_sidecar
-    from .tokenizer import LlamaCppTokenizer
 
     if target_sparsity is not None:
         if not 0.0 < target_sparsity < 1.0:
@@ -278,24 +309,11 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     if threshold_on not in ("product", "gate"):
         raise CalibrationError(f"threshold_on must be 'product' or 'gate', got {threshold_on!r}")
 
-    try:
-        text = read_text(text_path, offset_bytes, max_bytes)
-    except ValueError as e:  # missing, folder, empty, not UTF-8, offset past the end
-        raise CalibrationError(f"calibration {e}") from None
-    text_bytes = text.encode("utf-8")
-    gguf = load_gguf(model_path, verbose=False)
+    gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
     hp = gguf.hparams
-    tok = LlamaCppTokenizer(model_path)
-    ids = tok.tokenize(text_bytes, add_bos=True, special=False)
-    n_chunks = len(ids) // n_ctx
-    if n_chunks < 2:
-        raise CalibrationError(
-            f"calibration text {text_path} (bytes {offset_bytes}..{offset_bytes + len(text_bytes)}) has "
-            f"{len(ids)} tokens; at least two chunks of n_ctx={n_ctx} ({2 * n_ctx} tokens) are needed "
-            f"(one for statistics, one held out)")
-    n_held = max(1, min(heldout_tokens // n_ctx, n_chunks // 4))
-    held = ids[len(ids) - n_held * n_ctx:]
-    stats_ids = ids[:min(int(tokens), len(ids) - n_held * n_ctx)]
+    text_bytes, stats_ids, held = split_text_tokens(
+        model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
+        heldout_tokens=heldout_tokens, error=CalibrationError, purpose="calibration")
 
     if n_ctx > hp.n_ctx_train:
         raise CalibrationError(f"n_ctx {n_ctx} exceeds the model's training context ({hp.n_ctx_train} tokens)")

@@ -224,14 +224,13 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     from tqdm.auto import tqdm
 
     from .artifacts import model_fingerprint
-    from .calibrate import _sha256_bytes
+    from .calibrate import _sha256_bytes, split_text_tokens
     from .down_cache import build_down_cache, down_t_dtype, load_down_cache
     from .engine import NativeContext, NativeModel, default_threads
     from .gguf_model import load_gguf
-    from .perplexity import perplexity, read_text
+    from .perplexity import perplexity
     from .predictor import apply
     from .sidecar import SparsityProfile, check_overwrite, read_sidecar, sidecar_path, write_sidecar
-    from .tokenizer import LlamaCppTokenizer
 
     if recall is not None and not 0.0 < recall <= 1.0:
         raise TrainError(f"recall must be in (0, 1], got {recall}")
@@ -247,21 +246,11 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         raise TrainError("backend='torch' needs torch: pip install 'powerinfer-backend[train]'")
     use_torch = backend == "torch" or (backend == "auto" and have_torch())
     fit = _fit_torch if use_torch else _fit_numpy
-    try:
-        text = read_text(text_path, offset_bytes, max_bytes)
-    except ValueError as e:  # missing, folder, empty, not UTF-8, offset past the end
-        raise TrainError(f"training {e}") from None
-    text_bytes = text.encode("utf-8")
-    gguf = load_gguf(model_path, verbose=False)
+    gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
     hp = gguf.hparams
-    ids = LlamaCppTokenizer(model_path).tokenize(text_bytes, add_bos=True, special=False)
-    n_chunks = len(ids) // n_ctx
-    if n_chunks < 2:
-        raise TrainError(f"training text {text_path} has {len(ids)} tokens; at least two chunks of "
-                         f"n_ctx={n_ctx} are needed (one to train on, one held out)")
-    n_held = max(1, min(heldout_tokens // n_ctx, n_chunks // 4))
-    held = ids[len(ids) - n_held * n_ctx:]
-    train_ids = ids[:min(int(tokens), len(ids) - n_held * n_ctx)]
+    text_bytes, train_ids, held = split_text_tokens(
+        model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
+        heldout_tokens=heldout_tokens, error=TrainError, purpose="training")
     layers = list(range(hp.n_layer)) if layers is None else sorted(set(int(x) for x in layers))
     if any(not 0 <= x < hp.n_layer for x in layers):
         raise TrainError(f"layers must be in [0, {hp.n_layer})")
