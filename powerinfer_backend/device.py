@@ -7,8 +7,9 @@ computes the cold neurons (docs/placement.md). It exists so that the split, the
 concurrency, the byte accounting and the merge are tested without a GPU; a CUDA device
 would implement the same native entry points in its own shared object.
 
-Status: the per-layer FFN split (:meth:`DeviceFFN.run`) works and is tested; running a
-whole model under a plan (attention on the device, every layer) is not wired yet.
+A whole model runs under a plan with :func:`place_model` (the context's placed
+attention blocks, KV caches, output block and hot rows on the device); one layer's
+split alone with :meth:`CpuDevice.upload_ffn` / :meth:`DeviceFFN.run`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
-__all__ = ["CpuDevice", "DeviceFFN", "FFN_FORMS", "ffn_bytes", "upload_plan", "plan_ffn_bytes"]
+__all__ = ["CpuDevice", "DeviceFFN", "FFN_FORMS", "ffn_bytes", "upload_plan", "plan_ffn_bytes", "place_model"]
 
 #: enum pi_ffn_act: name -> value
 FFN_FORMS = {"swiglu": 0, "geglu": 1, "relu": 2, "drelu": 3}
@@ -64,12 +65,13 @@ class CpuDevice:
         self._cpu_pool = pool[0]
 
     def stats(self) -> dict[str, int]:
-        """Byte counters (reserved, used, high_water) and work counters (n_refused,
-        n_jobs: device halves run, rows: hot rows processed summed over tokens)."""
+        """Byte counters (reserved, used, high_water) and work counters (n_refused;
+        n_jobs: jobs run; rows: hot FFN rows processed, summed over tokens; n_attn,
+        n_output: attention and output blocks run for a placed model)."""
         s = ffi.new("pi_device_stats *")
         _native.check(lib.pi_device_get_stats(self._ptr, s), "pi_device_get_stats")
         return {k: int(getattr(s, k)) for k in ("reserved", "used", "high_water", "n_refused", "n_jobs", "rows",
-                                                 "n_threads")}
+                                                 "n_attn", "n_output", "n_threads")}
 
     def alloc(self, nbytes: int) -> None:
         """Allocate ``nbytes`` of device memory (for tests of the reservation).
@@ -190,3 +192,36 @@ def plan_ffn_bytes(model, plan, *, max_tok: int = 1) -> int:
     d = 0 if down_t_dtype(model) == "f32" else 1
     return sum(ffn_bytes(model.layer_tensors(i)[6].type, d, model.hparams.n_embd, L.n_hot, max_tok)
                for i, L in enumerate(plan.layers))
+
+
+def place_model(ctx, plan, *, n_threads: int = 1, kind: str = "cpu-device") -> CpuDevice:
+    """Put ``plan`` (:class:`powerinfer_backend.placement.Plan`, made for ``ctx``'s
+    n_ctx and n_batch) on a new device reserving exactly ``plan.device_bytes``, and
+    run ``ctx`` (:class:`powerinfer_backend.engine.NativeContext`) under it. Every
+    layer without a sparse FFN yet gets its down_t with threshold 0 (exact: all nonzero
+    h computed, hot ones on the device, cold ones on the CPU), so the FFN arithmetic is
+    the same at every budget: the down projection over the transposed copy, as
+    PowerInfer's split (docs/placement.md, "Exactness").
+
+    Returns:
+        the device (its :meth:`CpuDevice.stats` show bytes and work done).
+
+    Raises:
+        ValueError: the plan does not match the model or context, or its byte count
+            differs from the C library's (a placement/engine mismatch).
+        MemoryError: the reservation cannot be made.
+    """
+    from .down_cache import down_t_dtype, transposed_down
+
+    total, _ = ctx.plan_bytes(plan)
+    if total != plan.device_bytes:
+        raise ValueError(f"placement plan accounts {plan.device_bytes} device bytes, the engine needs {total}")
+    gguf = ctx.model.gguf
+    dtype = down_t_dtype(gguf)
+    if plan.device_bytes > 0:
+        for i in range(len(plan.layers)):
+            if i not in ctx._down_t:
+                ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
+    dev = CpuDevice(plan.device_bytes, n_threads=n_threads, kind=kind)
+    ctx.set_device(dev, plan)
+    return dev

@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from ._native import check, ffi, lib
+from ._native import check, ffi, last_error, lib
 from .arch import layer_tensor_names
 from .gguf_model import GGUFModel
 
@@ -274,6 +274,56 @@ class NativeContext:
         with self._exclusive():
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
+
+    def plan_bytes(self, plan) -> tuple[int, int]:
+        """(total, scratch) device bytes :meth:`set_device` takes for ``plan``
+        (:class:`powerinfer_backend.placement.Plan`), by the C library's own count.
+
+        Raises:
+            ValueError: the plan does not match the model.
+        """
+        layers, _keep = self._placements(plan)
+        scratch = ffi.new("int64_t *")
+        n = lib.pi_context_plan_bytes(self._ptr, layers, int(plan.output_on_device), scratch)
+        if n < 0:
+            raise ValueError(f"placement plan: {last_error()}")
+        return int(n), int(scratch[0])
+
+    def _placements(self, plan):
+        hp = self.model.gguf.hparams
+        if len(plan.layers) != hp.n_layer or plan.n_ff != hp.n_ff:
+            raise ValueError(f"placement plan for {len(plan.layers)} layers x n_ff {plan.n_ff}, the model has "
+                             f"{hp.n_layer} x {hp.n_ff}")
+        if (plan.n_ctx, plan.n_batch) != (self.n_ctx, self.n_batch):
+            raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
+                             f"n_ctx {self.n_ctx}, n_batch {self.n_batch}")
+        layers = ffi.new("pi_layer_placement[]", hp.n_layer)
+        keep = []
+        for i, L in enumerate(plan.layers):
+            ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
+            keep.append(ids)
+            layers[i].attn_on_device = int(L.attn_on_device)
+            layers[i].n_hot = ids.shape[0]
+            layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
+        return layers, keep
+
+    def set_device(self, device, plan) -> None:
+        """Run the device half of ``plan`` on ``device`` (a
+        :class:`powerinfer_backend.device.CpuDevice`): its placed attention blocks and
+        KV caches, its output block, and per layer its hot FFN rows (the CPU computes the
+        cold ones concurrently; docs/placement.md). Layers with hot rows must have been
+        made sparse first (:meth:`set_ffn_sparsity`, threshold 0 for exact results). Once
+        per context; the device is kept alive by the context.
+
+        Raises:
+            ValueError: the plan does not match this model/context, or a hot layer has
+                no down_t. MemoryError: the plan does not fit the device's free bytes.
+        """
+        layers, _keep = self._placements(plan)
+        with self._exclusive():
+            check(lib.pi_context_set_device(self._ptr, device._ptr, layers, int(plan.output_on_device)),
+                  "placing the model on the device")
+        self._device = device
 
     def set_ffn_predictor(self, layer: int, fc1, fc2=None, threshold: float = 0.0) -> None:
         """Give layer ``layer`` an activation predictor (docs/predictors.md): only

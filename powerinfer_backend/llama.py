@@ -32,13 +32,16 @@ from llama_cpp.llama import Llama as _LlamaCpp
 from llama_cpp.llama import LlamaState
 
 from .backends import create_backend, plugin_manager
+from .placement import parse_vram_budget
 from .sampling import ChainSampler, TokenDataBuffer
 from .tokenizer import LlamaCppTokenizer
 
 LLAMA_DEFAULT_SEED = llama_cpp.LLAMA_DEFAULT_SEED  # 0xFFFFFFFF: llama.cpp's "pick a random seed"
 
 # Accepted for llama_cpp.Llama compatibility; meaningless here (GPU placement is vram_budget).
-_GPU_PARAMS = ("n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "offload_kqv")
+# device placement options, passed to the backend (powerinfer_backend.offload.offload)
+_DEVICE_PARAMS = ("n_gpu_layers", "device", "placement", "device_threads", "reset_gpu_index", "disable_gpu_index")
+_GPU_PARAMS = ("split_mode", "main_gpu", "tensor_split", "offload_kqv")
 
 # llama_cpp.Llama parameters that would change results but are not implemented here:
 # a warning when one is given a value other than llama-cpp-python's default.
@@ -83,8 +86,18 @@ class Llama:
         n_batch: most prompt tokens per native call (capped at n_ctx, as llama-cpp-python).
         n_threads: compute threads (None or <= 0 = the CPUs available to this process).
         seed: sampling seed (0xFFFFFFFF = random, as llama.cpp).
-        vram_budget: GPU memory for hot neurons and dense blocks, in GiB (None or 0
-            = CPU only).
+        vram_budget: device memory for dense blocks and hot neurons: GiB as a number or
+            a size string ("512MiB", "8GiB"); None = from ``n_gpu_layers`` if given, else
+            free device memory minus a margin (docs/placement.md). Without a GPU: CPU
+            only (a warning when a budget was given).
+        device (keyword): "cuda", "cpu", or "cpu-device" (the CPU test device that runs
+            the split in its own pool and threads); default: "cuda" when built, else CPU.
+        placement (keyword): "neurons" (hot neurons by firing frequency; default) or
+            "layers" (whole layers, llama.cpp's -ngl split).
+        n_gpu_layers (keyword): converted to a budget once when ``vram_budget`` is not
+            given (0 = CPU only, N = N layers' bytes, -1 = all that fits).
+        reset_gpu_index, disable_gpu_index, device_threads (keywords): PowerInfer's
+            --reset-gpu-index / --disable-gpu-index; cpu-device worker threads.
         logits_all: keep logits for every position (needed by ``logprobs``).
         embedding: allow ``embed`` / ``create_embedding``.
         last_n_tokens_size: window of the repeat / frequency / presence penalties.
@@ -119,8 +132,7 @@ class Llama:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
         if n_threads is not None and n_threads < 1:
             n_threads = None  # llama-cpp-python treats -1 / 0 as "default"
-        if vram_budget is not None and not (isinstance(vram_budget, (int, float)) and vram_budget >= 0):
-            raise ValueError(f"vram_budget must be a number of GiB >= 0 or None, got {vram_budget!r}")
+        parse_vram_budget(vram_budget)  # ValueError naming vram_budget before anything loads
         gpu = [k for k in _GPU_PARAMS if k in kwargs]
         if gpu:
             warnings.warn(f"{', '.join(gpu)} ignored: powerinfer_backend places layers by vram_budget (GiB)",
@@ -149,7 +161,8 @@ class Llama:
         self.draft_model = None
         # the backend first: it validates the GGUF with messages naming the file and tensor
         options = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
-                       vram_budget=vram_budget, verbose=verbose, sparse=sparse)
+                       vram_budget=vram_budget, verbose=verbose, sparse=sparse,
+                       **{k: kwargs[k] for k in _DEVICE_PARAMS if k in kwargs})
         if backend == "auto":  # a plugin's choice, else the native engine, else llama.cpp
             backend = plugin_manager().hook.powerinfer_backend_select(model_path=model_path,
                                                                        options=dict(options)) or "auto"
@@ -165,6 +178,8 @@ class Llama:
         else:
             self._backend = create_backend(backend, model_path, **options)
         self.backend = backend
+        for notice in getattr(getattr(self._backend, "offload", None), "notices", ()):
+            warnings.warn(notice, UserWarning, stacklevel=2)  # at the caller's line
         self._n_ctx = int(self._backend.n_ctx)
         self._tok = LlamaCppTokenizer(model_path, n_ctx=self._n_ctx, chat_format=chat_format)
         self.n_batch = min(n_batch, self._n_ctx)  # as llama_cpp.Llama exposes it

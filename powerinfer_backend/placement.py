@@ -54,7 +54,7 @@ __all__ = [
     "FORMAT_VERSION", "TensorSize", "ModelSizes", "LayerPlan", "Plan", "BudgetDecision",
     "row_bytes", "align_up", "scratch_bytes", "kv_bytes_per_layer", "attn_block_bytes",
     "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes", "layer_bytes",
-    "plan_placement", "parse_vram_budget", "resolve_budget", "plan_path", "plan_for_model",
+    "plan_placement", "plan_layer_split", "parse_vram_budget", "resolve_budget", "plan_path", "plan_for_model",
     "load_plan",
 ]
 
@@ -490,6 +490,45 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
     plan = Plan(budget, n_ctx, n_batch, nff, scratch, output_on,
                 output_block_bytes(sizes, n_batch) if output_on else 0, layers)
     assert plan.device_bytes == used and used <= budget, (plan.device_bytes, used, budget)
+    return plan
+
+
+def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int) -> Plan:
+    """The classic split llama.cpp's ``-ngl`` makes, in the same :class:`Plan` form:
+    whole layers (attention block, KV cache and all n_ff neurons) on the device from
+    the last layer backwards while they fit, then the output block (llama.cpp counts it
+    as one more layer after the last); scratch first, as :func:`plan_placement`. For
+    comparing the neuron-level policy with layer offloading at the same budget.
+
+    Raises:
+        ValueError: as :func:`plan_placement`.
+    """
+    budget = _check_int("vram_budget", vram_budget, 0)
+    n_ctx = _check_int("n_ctx", n_ctx, 1)
+    n_batch = _check_int("n_batch", n_batch, 1)
+    nl, nff = sizes.n_layer, sizes.n_ff
+    whole = [False] * nl
+    output_on = False
+    scratch = scratch_bytes(sizes, n_ctx, n_batch)
+    used = scratch
+    if scratch <= budget:
+        for i in reversed(range(nl)):
+            if used + layer_bytes(sizes, i, n_ctx) > budget:
+                break
+            whole[i], used = True, used + layer_bytes(sizes, i, n_ctx)
+        if all(whole) and used + output_block_bytes(sizes, n_batch) <= budget:
+            output_on, used = True, used + output_block_bytes(sizes, n_batch)
+    else:
+        scratch = used = 0
+    if not any(whole) and not output_on:
+        scratch = used = 0
+    layers = [LayerPlan(i, whole[i], attn_block_bytes(sizes, i, n_ctx) if whole[i] else 0,
+                        kv_bytes_per_layer(sizes, n_ctx) if whole[i] else 0,
+                        np.arange(nff if whole[i] else 0, dtype=np.int32),
+                        hot_bytes(sizes, i, nff if whole[i] else 0), 1.0 if whole[i] else 0.0) for i in range(nl)]
+    plan = Plan(budget, n_ctx, n_batch, nff, scratch, output_on,
+                output_block_bytes(sizes, n_batch) if output_on else 0, layers)
+    assert plan.device_bytes == used <= budget, (plan.device_bytes, used, budget)
     return plan
 
 

@@ -1,11 +1,13 @@
 """The built-in ``"hybrid"`` backend: the native engine over a memory-mapped GGUF.
 Registered through the ``powerinfer_backend`` entry-point group like any third-party
-backend. (CPU only so far; the GPU half arrives with the hybrid executor.)"""
+backend. With a device (``vram_budget``, ``device``) part of the model runs there under a
+placement plan (:mod:`powerinfer_backend.offload`)."""
 
 from __future__ import annotations
 
 import sys
 
+from . import offload as offload_mod
 from . import sparsity
 from .engine import NativeContext, NativeModel, default_threads
 from .gguf_model import load_gguf
@@ -13,10 +15,13 @@ from .hookspecs import hookimpl
 
 
 class HybridBackend:
-    """Native CPU engine for one sequence (see hookspecs for the interface)."""
+    """Native engine for one sequence (see hookspecs for the interface); the device
+    options are :func:`powerinfer_backend.offload.offload`'s."""
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
-                 vram_budget=None, verbose: bool = True, sparse="auto", **_ignored):
+                 vram_budget=None, verbose: bool = True, sparse="auto", n_gpu_layers=None, device=None,
+                 placement: str = "neurons", device_threads: int = 1, reset_gpu_index: bool = False,
+                 disable_gpu_index: bool = False, **_ignored):
         self.gguf = load_gguf(model_path, verbose=verbose)
         hp = self.gguf.hparams
         self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
@@ -28,6 +33,13 @@ class HybridBackend:
                                  n_threads=self.n_threads)
         try:
             self.sparse = sparsity.configure(self.ctx, self.gguf, model_path, sparse)
+            if self.sparse.mode == "predictor" and (vram_budget or n_gpu_layers or device not in (None, "cpu")):
+                raise ValueError("sparse='predictor' cannot be combined with a device placement yet; "
+                                 "use sparse='threshold' or 'auto' with vram_budget")
+            self.offload = offload_mod.offload(
+                self.ctx, model_path, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers, device=device,
+                placement=placement, device_threads=device_threads, reset_gpu_index=reset_gpu_index,
+                disable_gpu_index=disable_gpu_index, verbose=verbose)
         except BaseException:
             self.close()
             raise
@@ -35,11 +47,16 @@ class HybridBackend:
             from ._native import isa_name
 
             print(f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}; "
-                  f"{self.sparse.summary()}", file=sys.stderr)
+                  f"{self.sparse.summary()}; {self.offload.summary()}", file=sys.stderr)
 
     def stats(self, reset: bool = False) -> dict:
-        """Measured FFN sparsity since the last reset (:func:`powerinfer_backend.sparsity.stats`)."""
-        return sparsity.stats(self.ctx, self.sparse, reset=reset)
+        """Measured FFN sparsity since the last reset (:func:`powerinfer_backend.sparsity.stats`),
+        and with a device its counters under ``"device"`` (bytes, jobs, hot rows)."""
+        out = sparsity.stats(self.ctx, self.sparse, reset=reset)
+        if self.offload.device is not None:
+            out["device"] = self.offload.stats() | {"kind": self.offload.device_kind,
+                                                    "plan_bytes": self.offload.plan.device_bytes}
+        return out
 
     @property
     def n_past(self) -> int:

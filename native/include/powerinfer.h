@@ -334,6 +334,8 @@ typedef struct pi_device_stats {
     int64_t n_refused;  /* allocations refused */
     int64_t n_jobs;     /* device halves run */
     int64_t rows;       /* hot rows processed, summed over tokens */
+    int64_t n_attn;     /* attention blocks run (a placed model's layers, per eval) */
+    int64_t n_output;   /* output blocks run */
     int32_t n_threads;
 } pi_device_stats;
 int pi_device_create(const char *kind, int64_t reserve_bytes, int32_t n_threads, pi_device **out);
@@ -342,8 +344,7 @@ int pi_device_alloc(pi_device *dev, int64_t nbytes, void **out);
 int pi_device_get_stats(const pi_device *dev, pi_device_stats *out);
 /* Device bytes pi_device_ffn_upload takes: gate, up, down_t rows and the int32 map
  * (n_hot rows each), pi_ffn_sparse scratch, x and y (max_tok rows of n_embd floats),
- * the active row list (max_tok x n_hot int32) and its max_tok + 1 int64 offsets, each
- * rounded up to 256; 0 when n_hot == 0; -1 for bad types or sizes. */
+ * each rounded up to 256; 0 when n_hot == 0; -1 for bad types or sizes. */
 int64_t pi_device_ffn_bytes(int32_t gate_up_type, int32_t down_t_type, int64_t n_embd, int64_t n_hot,
                             int64_t max_tok);
 /* Copy one layer's hot rows to the device as compact rows: row r = neuron hot_ids[r]
@@ -355,15 +356,41 @@ int pi_device_ffn_upload(pi_device *dev, int32_t gate_up_type, const void *gate,
                          int64_t n_hot, int64_t max_tok, pi_device_ffn **out);
 void pi_device_ffn_free(pi_device_ffn *f);
 int64_t pi_device_ffn_n_hot(const pi_device_ffn *f);
-/* The FFN of n_tok <= max_tok tokens split by the upload: the device computes the hot
- * rows (pi_op_ffn_sparse semantics over its compact rows) while the calling thread
- * computes the cold neurons on `pool` from the full gate/up/down_t (the upload's
- * tensors); then y = y_device + y_cpu, element by element. Both partial sums run in
- * increasing neuron id order, so the result is bit-identical to two CPU-only
- * pi_op_ffn_sparse calls (hot ids, cold ids) added the same way. y_device (optional)
- * receives the device partial. */
+/* The FFN of n_tok <= max_tok tokens split by the upload: the device sums the hot rows
+ * (pi_op_ffn_sparse semantics over its compact rows) while the calling thread computes
+ * the cold neurons' activations on `pool` from the full gate/up; then the calling thread
+ * continues the device's partial sum with the cold rows of down_t. Both run in
+ * increasing neuron id order, so y equals, bit for bit, one CPU accumulation over the
+ * hot ids and then the cold ids - and the unsplit pi_op_ffn_sparse when the hot ids are
+ * the lowest ones. y_device (optional) receives the device partial. */
 int pi_op_ffn_hybrid(pi_pool *pool, const pi_device_ffn *f, int32_t act, const void *gate, const void *up,
                      const void *down_t, const float *x, int64_t n_tok, float threshold, float *y, float *y_device);
+
+/* ---- A placed model: the device half of a placement plan (device/placed.c) ----
+ * One layer of a plan (powerinfer_backend.placement.LayerPlan). */
+typedef struct pi_layer_placement {
+    int32_t attn_on_device; /* the layer's non-FFN tensors (norms, q/k/v/o, biases) and KV cache */
+    int32_t reserved0;
+    int64_t n_hot;          /* FFN neurons kept as compact rows on the device */
+    const int32_t *hot_ids; /* n_hot strictly increasing ids < n_ff */
+} pi_layer_placement;
+/* Device bytes pi_context_set_device takes for this plan, each buffer rounded up to
+ * 256: activation scratch for n_batch tokens (when anything is placed), per placed
+ * layer its attention tensors as stored and its KV cache (n_ctx rounded up to 64), per
+ * layer the hot rows (gate, up, down_t, int32 map), and the output block (output_norm,
+ * output matrix, n_batch rows of logits). *scratch_bytes (optional) receives the
+ * scratch part. -1 with pi_last_error() for an invalid plan. */
+int64_t pi_context_plan_bytes(const pi_context *ctx, const pi_layer_placement *layers, int32_t output_on_device,
+                              int64_t *scratch_bytes);
+/* Put the plan on `dev` (copies now; once per context; the device must outlive the
+ * context): from then on pi_eval runs placed attention blocks and the output block on
+ * the device, and each layer with hot rows splits its FFN: the device computes the hot
+ * rows while the calling thread computes the cold ones, merged in a fixed order
+ * (device partial + CPU partial). Layers with hot rows must have a down_t
+ * (pi_context_set_ffn_sparsity; its threshold applies to both halves) and no predictor.
+ * PI_ERR_NOMEM (nothing allocated) when the plan does not fit the device. */
+int pi_context_set_device(pi_context *ctx, pi_device *dev, const pi_layer_placement *layers,
+                          int32_t output_on_device);
 
 #ifdef __cplusplus
 }

@@ -3,58 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "pi_internal.h"
+#include "context.h"
 
 static const char *const k_slot_names[PI_L_COUNT] = {
     "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
     "attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
-
-struct pi_model {
-    pi_model_params hp;   /* copy; tensor views point into caller memory */
-    pi_tensor *layers;    /* own copy of the n_layer * PI_L_COUNT descriptors */
-    pi_mat tok_embd, output;
-    pi_mat *mats;         /* n_layer * PI_L_COUNT, matrix view of each slot */
-    int64_t max_act_row;  /* largest activation row in bytes, over all matrices */
-};
-
-struct pi_context {
-    pi_model *m;
-    pi_context_params cp;
-    pi_pool *pool;
-    int32_t kv_used;
-    int64_t kv_row;                       /* n_head_kv * n_embd_head */
-    size_t kv_esz;
-    int64_t n_cells;                      /* n_ctx rounded up to PI_KV_PAD */
-    char *k_cache, *v_cache;              /* per layer: [n_cells][kv_row] and [kv_row][n_cells] */
-    float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
-    void *act_scratch;                    /* quantized matmul inputs */
-    float *attn_scratch;
-    float *logits1;                       /* last-token logits: never moves, so views of it stay valid */
-    float *logits_rows;                   /* logits_all rows, grown on demand */
-    int64_t rows_cap;                     /* rows allocated in logits_rows */
-    float *logits;                        /* the buffer the last pi_eval wrote */
-    float *embd;
-    float *rope_cs;                       /* cos/sin per position of this batch: n_batch rows of n_rot */
-    float *rope_cs_swa;                   /* the same for the local (sliding-window) layers' RoPE */
-    pi_mat *down_t;                       /* per layer: transposed down for the sparse FFN (data NULL = dense) */
-    float *ffn_threshold;                 /* per layer */
-    void *ffn_scratch;                    /* sparse FFN scratch and output rows, allocated on first use */
-    float *ffn_y;
-    int64_t *ffn_used_tok;                /* n_batch */
-    int64_t *ffn_used, *ffn_total;        /* per layer, with the sparse FFN tables */
-    uint32_t *ffn_hist;                   /* calibration statistics (pi_context_set_ffn_hist), or NULL */
-    int32_t ffn_on_gate;                  /* enum pi_ffn_threshold_on */
-    pi_mat *pred_fc1, *pred_fc2;          /* per layer: activation predictor (fc1 data NULL = none) */
-    float *pred_threshold;                /* per layer */
-    void *pred_scratch;                   /* matmul scratch + hidden rows, pred_scratch_size bytes */
-    int64_t pred_scratch_size;
-    float *pred_scores;                   /* n_batch rows of n_ff */
-    int32_t *pred_active;                 /* n_batch * n_ff ids */
-    int64_t *pred_off;                    /* n_batch + 1 */
-    int64_t *pred_count, *pred_ns, *ffn_ns; /* per layer counters */
-    float *ffn_capture;                   /* pi_context_set_ffn_capture, or NULL */
-    int32_t n_out;
-};
 
 /* ---- validation ---------------------------------------------------------- */
 
@@ -170,6 +123,7 @@ void pi_model_free(pi_model *m) {
 
 void pi_context_free(pi_context *c) {
     if (c == NULL) return;
+    pi_placed_free(c->placed);
     pi_pool_free(c->pool);
     free(c->k_cache);
     free(c->v_cache);
@@ -285,20 +239,18 @@ static void add_rows(float *x, const float *y, int64_t n) {
 }
 
 /* Store this batch's K rows, and V columns (V is cached transposed). */
-static void store_kv(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+static void store_kv(const pi_context *c, const pi_attn_site *s, const int32_t *pos, int64_t n_tok) {
     const int64_t R = c->kv_row, N = c->n_cells;
     const pi_isa *isa = pi_isa_current();
-    char *kc = c->k_cache + (size_t)l * N * R * c->kv_esz;
-    char *vc = c->v_cache + (size_t)l * N * R * c->kv_esz;
     for (int64_t t = 0; t < n_tok; t++) {
-        isa->from_float[c->cp.kv_type](c->k + t * R, kc + (size_t)pos[t] * R * c->kv_esz, R);
+        isa->from_float[c->cp.kv_type](s->k + t * R, s->kc + (size_t)pos[t] * R * c->kv_esz, R);
         for (int64_t e = 0; e < R; e++) {
-            const float val = c->v[t * R + e];
+            const float val = s->v[t * R + e];
             const size_t at = (size_t)(e * N + pos[t]);
             if (c->cp.kv_type == PI_TYPE_F16)
-                ((uint16_t *)vc)[at] = pi_fp32_to_fp16(val);
+                ((uint16_t *)s->vc)[at] = pi_fp32_to_fp16(val);
             else
-                ((float *)vc)[at] = val;
+                ((float *)s->vc)[at] = val;
         }
     }
 }
@@ -309,9 +261,13 @@ static void act_mul(pi_context *c, int64_t n_tok);
  * the product computes gate and up with the dense batched matmul (each weight row is
  * read once for the batch instead of once per token; the same bits per row) and
  * skips rows of down_t per token; decode, and the gate form, gather rows per token. */
+int32_t pi_ffn_form(const pi_model *m) {
+    static const int32_t form[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
+                                   [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
+    return form[m->hp.act];
+}
+
 static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
-    static const int32_t ffn_act[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
-                                      [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const int64_t F = c->m->hp.n_ff;
     const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
@@ -339,7 +295,7 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
             active_off = NULL;
         }
     }
-    const pi_ffn_sparse_args a = {ffn_act[c->m->hp.act], &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
+    const pi_ffn_sparse_args a = {pi_ffn_form(c->m), &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
                                   c->xn, n_tok, active, active_off, c->ffn_threshold[l], c->ffn_y,
                                   c->ffn_used_tok, c->ffn_on_gate, h};
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
@@ -364,44 +320,59 @@ static int is_swa(const pi_model_params *hp, int l) {
     return hp->n_swa > 0 && (hp->swa_pattern == 0 || l % hp->swa_pattern < hp->swa_pattern - 1);
 }
 
-static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
-    const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
-    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const pi_tensor *lt = s->lt;
+    const pi_mat *lm = s->lm;
     const int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head, R = c->kv_row;
     const int64_t H = hp->n_embd_head;
     const int swa = is_swa(hp, l);
 
-    /* attention block (optional pieces: Qwen2 biases, Gemma q/k norms, post-norm) */
-    pi_rmsnorm_rows(c->x, lt[PI_L_ATTN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
-    const pi_matmul_out qkv[3] = {{&lm[PI_L_ATTN_Q], c->q, Q}, {&lm[PI_L_ATTN_K], c->k, R}, {&lm[PI_L_ATTN_V], c->v, R}};
-    pi_matmul_multi(c->pool, qkv, 3, c->xn, n_tok, c->act_scratch);
-    if (lt[PI_L_ATTN_Q_BIAS].data != NULL) add_bias(c->q, lt[PI_L_ATTN_Q_BIAS].data, Q, n_tok);
-    if (lt[PI_L_ATTN_K_BIAS].data != NULL) add_bias(c->k, lt[PI_L_ATTN_K_BIAS].data, R, n_tok);
-    if (lt[PI_L_ATTN_V_BIAS].data != NULL) add_bias(c->v, lt[PI_L_ATTN_V_BIAS].data, R, n_tok);
-    norm_opt(&lt[PI_L_ATTN_Q_NORM], c->q, H, n_tok * hp->n_head, hp->rms_eps);
-    norm_opt(&lt[PI_L_ATTN_K_NORM], c->k, H, n_tok * hp->n_head_kv, hp->rms_eps);
-    const float *cs = swa ? c->rope_cs_swa : c->rope_cs;
-    pi_rope_apply(c->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
-    pi_rope_apply(c->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
+    /* optional pieces: Qwen2 biases, Gemma q/k norms, post-norm */
+    pi_rmsnorm_rows(s->x, lt[PI_L_ATTN_NORM].data, E, n_tok, hp->rms_eps, s->xn);
+    const pi_matmul_out qkv[3] = {{&lm[PI_L_ATTN_Q], s->q, Q}, {&lm[PI_L_ATTN_K], s->k, R}, {&lm[PI_L_ATTN_V], s->v, R}};
+    pi_matmul_multi(s->pool, qkv, 3, s->xn, n_tok, s->act_scratch);
+    if (lt[PI_L_ATTN_Q_BIAS].data != NULL) add_bias(s->q, lt[PI_L_ATTN_Q_BIAS].data, Q, n_tok);
+    if (lt[PI_L_ATTN_K_BIAS].data != NULL) add_bias(s->k, lt[PI_L_ATTN_K_BIAS].data, R, n_tok);
+    if (lt[PI_L_ATTN_V_BIAS].data != NULL) add_bias(s->v, lt[PI_L_ATTN_V_BIAS].data, R, n_tok);
+    norm_opt(&lt[PI_L_ATTN_Q_NORM], s->q, H, n_tok * hp->n_head, hp->rms_eps);
+    norm_opt(&lt[PI_L_ATTN_K_NORM], s->k, H, n_tok * hp->n_head_kv, hp->rms_eps);
+    const float *cs = swa ? s->rope_cs_swa : s->rope_cs;
+    pi_rope_apply(s->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
+    pi_rope_apply(s->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
     float scale = 1.0f / sqrtf((float)hp->n_embd_head);
     if (hp->attn_scale > 0.0f) { /* Gemma: q scaled before attention, scores unscaled */
-        for (int64_t i = 0; i < n_tok * Q; i++) c->q[i] *= hp->attn_scale;
+        for (int64_t i = 0; i < n_tok * Q; i++) s->q[i] *= hp->attn_scale;
         scale = 1.0f;
     }
-    store_kv(c, l, pos, n_tok);
-    const size_t layer_off = (size_t)l * c->n_cells * R * c->kv_esz;
-    pi_attention(c->pool, c->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, c->k_cache + layer_off,
-                 c->v_cache + layer_off, c->n_cells, c->cp.kv_type, pos[n_tok - 1] + 1, pos, scale,
-                 swa ? hp->n_swa : 0, c->attn, c->attn_scratch);
-    matmul1(c, &lm[PI_L_ATTN_OUT], c->attn, n_tok, c->xn);
-    norm_opt(&lt[PI_L_ATTN_POST_NORM], c->xn, E, n_tok, hp->rms_eps);
-    add_rows(c->x, c->xn, n_tok * E);
+    store_kv(c, s, pos, n_tok);
+    pi_attention(s->pool, s->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, s->kc, s->vc, c->n_cells,
+                 c->cp.kv_type, pos[n_tok - 1] + 1, pos, scale, swa ? hp->n_swa : 0, s->attn, s->attn_scratch);
+    const pi_matmul_out o = {&lm[PI_L_ATTN_OUT], s->xn, E};
+    pi_matmul_multi(s->pool, &o, 1, s->attn, n_tok, s->act_scratch);
+    norm_opt(&lt[PI_L_ATTN_POST_NORM], s->xn, E, n_tok, hp->rms_eps);
+    add_rows(s->x, s->xn, n_tok * E);
+    pi_rmsnorm_rows(s->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, s->xn); /* the FFN's input */
+}
 
-    /* feed-forward block: down(act(gate x) * up x) */
-    pi_rmsnorm_rows(c->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, c->xn);
+static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+    const pi_model_params *hp = &c->m->hp;
+    const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int64_t E = hp->n_embd;
+
+    /* attention block and the FFN's input norm: x += attn(norm(x)); xn = ffn_norm(x) */
+    if (!pi_placed_attn(c, l, pos, n_tok)) {
+        const size_t kv_off = (size_t)l * c->n_cells * c->kv_row * c->kv_esz;
+        const pi_attn_site host = {c->pool, lt, lm, c->k_cache + kv_off, c->v_cache + kv_off, c->x, c->xn, c->q,
+                                   c->k, c->v, c->attn, c->act_scratch, c->attn_scratch, c->rope_cs, c->rope_cs_swa};
+        pi_attn_block(c, &host, l, pos, n_tok);
+    }
+
+    /* feed-forward block: down(act(gate x) * up x), split with the device when placed */
     if (c->ffn_capture)
         memcpy(c->ffn_capture + (size_t)l * c->cp.n_batch * E, c->xn, (size_t)(n_tok * E) * sizeof(float));
+    if (pi_placed_ffn(c, l, n_tok)) return;
     if (c->down_t != NULL && c->down_t[l].data != NULL) {
         ffn_sparse(c, l, n_tok);
         return;
@@ -465,9 +436,11 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     c->n_out = (int32_t)n_out;
     if (n_out == 0) return PI_OK;
     const float *xo = c->x + (n_tokens - n_out) * E;
-    pi_rmsnorm_rows(xo, hp->output_norm.data, E, n_out, hp->rms_eps, c->embd);
     c->logits = logits_all > 0 ? c->logits_rows : c->logits1;
-    matmul1(c, &c->m->output, c->embd, n_out, c->logits);
+    if (!pi_placed_output(c, xo, n_out, c->logits)) {
+        pi_rmsnorm_rows(xo, hp->output_norm.data, E, n_out, hp->rms_eps, c->embd);
+        matmul1(c, &c->m->output, c->embd, n_out, c->logits);
+    }
     return PI_OK;
 }
 

@@ -15,17 +15,15 @@
 
 struct pi_device {
     unsigned char *mem; /* the reservation */
-    int64_t reserved, used, high_water, n_refused, n_jobs, rows;
+    int64_t reserved, used, high_water, n_refused, n_jobs, rows, n_attn, n_output;
     int32_t n_threads;
     pi_pool *pool; /* the device's workers; its thread is worker 0 */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int has_job, done, quit;
-    const pi_device_ffn *job_ffn;
-    int64_t job_tok;
-    float job_threshold;
-    int32_t job_act;
+    int busy, go, done, quit; /* claimed; job ready; job finished; thread exits */
+    pi_device_fn job_fn;
+    void *job_arg;
 };
 
 struct pi_device_ffn {
@@ -35,10 +33,13 @@ struct pi_device_ffn {
     void *gate, *up, *down_t; /* device memory: n_hot compact rows each */
     int32_t *map;             /* device memory: row r is neuron map[r] (strictly increasing) */
     void *scratch;            /* device memory: pi_ffn_sparse scratch for max_tok tokens */
-    int32_t *rows;            /* device memory: 0 .. n_hot-1 for each of max_tok tokens (the active list) */
-    int64_t *rows_off;        /* device memory: max_tok + 1 offsets, t * n_hot */
     float *x, *y;             /* device memory: max_tok rows of n_embd */
     int32_t *cold;            /* host: the other n_ff - n_hot ids, increasing */
+    /* the job in flight (pi_device_ffn_start .. pi_device_ffn_finish) */
+    int32_t job_act;
+    int64_t job_tok;
+    float job_threshold;
+    int64_t *job_used;        /* optional per-token counts of kept hot rows */
 };
 
 static int64_t align_up(int64_t n) { return (n + PI_DEVICE_ALIGN - 1) / PI_DEVICE_ALIGN * PI_DEVICE_ALIGN; }
@@ -47,30 +48,65 @@ static void *device_main(void *arg) {
     pi_device *d = arg;
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->has_job && !d->quit) pthread_cond_wait(&d->cv, &d->mu);
+        while (!d->go && !d->quit) pthread_cond_wait(&d->cv, &d->mu);
         if (d->quit) break;
-        const pi_device_ffn *f = d->job_ffn;
-        const int64_t n_tok = d->job_tok;
+        d->go = 0;
         pthread_mutex_unlock(&d->mu);
-        const pi_mat g = {f->gate, f->gate_up_type, f->n_embd, f->n_hot};
-        const pi_mat u = {f->up, f->gate_up_type, f->n_embd, f->n_hot};
-        const pi_mat dt = {f->down_t, f->down_t_type, f->n_embd, f->n_hot};
-        /* an explicit active list (all compact rows), so each row takes the same path as the
-         * CPU's gathered cold neurons and as a CPU-only run of the same split */
-        const pi_ffn_sparse_args a = {.act = d->job_act, .gate = &g, .up = &u, .down_t = &dt, .x = f->x,
-                                      .n_tok = n_tok, .active = f->rows, .active_off = f->rows_off,
-                                      .threshold = d->job_threshold, .y = f->y};
-        pi_ffn_sparse(d->pool, &a, f->scratch);
+        d->job_fn(d->pool, d->job_arg);
         pthread_mutex_lock(&d->mu);
-        d->has_job = 0;
         d->done = 1;
         d->n_jobs++;
-        d->rows += f->n_hot * n_tok;
         pthread_cond_broadcast(&d->cv);
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
 }
+
+int pi_device_claim(pi_device *d) {
+    pthread_mutex_lock(&d->mu);
+    const int busy = d->busy;
+    d->busy = 1;
+    d->done = 0;
+    pthread_mutex_unlock(&d->mu);
+    /* checked before the caller touches the device's buffers */
+    return busy ? pi_set_error(PI_ERR_INVALID, "the device is busy (one job at a time)") : PI_OK;
+}
+
+void pi_device_go(pi_device *d, pi_device_fn fn, void *arg) {
+    pthread_mutex_lock(&d->mu);
+    d->job_fn = fn;
+    d->job_arg = arg;
+    d->go = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void pi_device_wait(pi_device *d) {
+    pthread_mutex_lock(&d->mu);
+    while (!d->done) pthread_cond_wait(&d->cv, &d->mu);
+    d->busy = 0;
+    pthread_mutex_unlock(&d->mu);
+}
+
+int pi_device_run(pi_device *d, pi_device_fn fn, void *arg) {
+    int rc = pi_device_claim(d);
+    if (rc) return rc;
+    pi_device_go(d, fn, arg);
+    pi_device_wait(d);
+    return PI_OK;
+}
+
+void pi_device_count(pi_device *d, int64_t rows, int64_t n_attn, int64_t n_output) {
+    pthread_mutex_lock(&d->mu);
+    d->rows += rows;
+    d->n_attn += n_attn;
+    d->n_output += n_output;
+    pthread_mutex_unlock(&d->mu);
+}
+
+int32_t pi_device_n_threads(const pi_device *d) { return d->n_threads; }
+
+int64_t pi_device_free_bytes(const pi_device *d) { return d->reserved - d->used; }
 
 int pi_device_create(const char *kind, int64_t reserve_bytes, int32_t n_threads, pi_device **out) {
     if (kind == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_device_create: NULL argument");
@@ -156,6 +192,8 @@ int pi_device_get_stats(const pi_device *d, pi_device_stats *out) {
     out->n_refused = d->n_refused;
     out->n_jobs = d->n_jobs;
     out->rows = d->rows;
+    out->n_attn = d->n_attn;
+    out->n_output = d->n_output;
     out->n_threads = d->n_threads;
     pthread_mutex_unlock((pthread_mutex_t *)&d->mu);
     return PI_OK;
@@ -166,41 +204,53 @@ int64_t pi_device_ffn_bytes(int32_t gate_up_type, int32_t down_t_type, int64_t n
     const int64_t rg = pi_row_size(gate_up_type, n_embd), rd = pi_row_size(down_t_type, n_embd);
     if (rg < 0 || rd < 0 || n_hot < 0 || max_tok < 1) return -1;
     if (n_hot == 0) return 0;
-    return 2 * align_up(n_hot * rg) + align_up(n_hot * rd) + align_up(n_hot * 4) +
-           align_up(pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_hot, max_tok)) +
-           2 * align_up(max_tok * n_embd * 4) + align_up(max_tok * n_hot * 4) + align_up((max_tok + 1) * 8);
+    return pi_device_rows_bytes(rg, rd, n_hot) + align_up(pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_hot, max_tok)) +
+           2 * align_up(max_tok * n_embd * 4);
 }
 
-int pi_device_ffn_upload(pi_device *d, int32_t gate_up_type, const void *gate, const void *up, int64_t n_embd,
-                         int64_t n_ff, int32_t down_t_type, const void *down_t, const int32_t *hot_ids,
-                         int64_t n_hot, int64_t max_tok, pi_device_ffn **out) {
+int64_t pi_device_rows_bytes(int64_t gate_row, int64_t down_t_row, int64_t n_hot) {
+    return n_hot == 0 ? 0 : 2 * align_up(n_hot * gate_row) + align_up(n_hot * down_t_row) + align_up(n_hot * 4);
+}
+
+static int down_t_type_ok(int32_t t) {
+    return t == PI_TYPE_F32 || t == PI_TYPE_F16 || t == PI_TYPE_Q8_0 || t == PI_TYPE_Q4_0;
+}
+
+int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, const pi_mat *down_t,
+                         const int32_t *hot_ids, int64_t n_hot, int64_t max_tok, float *x, float *y, void *scratch,
+                         pi_device_ffn **out) {
     static const char *fn = "pi_device_ffn_upload";
-    if (d == NULL || gate == NULL || up == NULL || down_t == NULL || out == NULL || (n_hot > 0 && hot_ids == NULL))
-        return pi_set_error(PI_ERR_INVALID, "%s: NULL argument", fn);
+    const int64_t n_embd = gate->n_cols, n_ff = gate->n_rows;
     *out = NULL;
     if (n_embd < 1 || n_ff < 1 || n_ff > INT32_MAX || n_hot < 0 || n_hot > n_ff || max_tok < 1)
         return pi_set_error(PI_ERR_INVALID, "%s: bad sizes (n_embd %lld, n_ff %lld, n_hot %lld, max_tok %lld)", fn,
                             (long long)n_embd, (long long)n_ff, (long long)n_hot, (long long)max_tok);
-    const int64_t rg = pi_row_size(gate_up_type, n_embd), rd = pi_row_size(down_t_type, n_embd);
-    if (rg < 0 || rd < 0 || gate_up_type == PI_TYPE_Q8_1 ||
-        !(down_t_type == PI_TYPE_F32 || down_t_type == PI_TYPE_F16 || down_t_type == PI_TYPE_Q8_0 ||
-          down_t_type == PI_TYPE_Q4_0))
+    const int64_t rg = pi_row_size(gate->type, n_embd), rd = pi_row_size(down_t->type, n_embd);
+    if (rg < 0 || rd < 0 || gate->type == PI_TYPE_Q8_1 || up->type != gate->type || !down_t_type_ok(down_t->type))
         return pi_set_error(PI_ERR_INVALID, "%s: unsupported types (gate/up %d, down_t %d) or n_embd %lld", fn,
-                            gate_up_type, down_t_type, (long long)n_embd);
+                            gate->type, down_t->type, (long long)n_embd);
     for (int64_t r = 0; r < n_hot; r++)
         if (hot_ids[r] < 0 || hot_ids[r] >= n_ff || (r > 0 && hot_ids[r] <= hot_ids[r - 1]))
             return pi_set_error(PI_ERR_INVALID, "%s: hot ids must be strictly increasing in [0, %lld) (id %d at %lld)",
                                 fn, (long long)n_ff, hot_ids[r], (long long)r);
+    /* all or nothing: the pool is a bump allocator, so a refusal would leave earlier parts
+     * allocated; check the total first */
+    const int64_t need = x != NULL ? pi_device_rows_bytes(rg, rd, n_hot)
+                                   : pi_device_ffn_bytes(gate->type, down_t->type, n_embd, n_hot, max_tok);
+    if (need > d->reserved - d->used) {
+        d->n_refused++;
+        return pi_set_error(PI_ERR_NOMEM, "%s: %lld bytes for %lld hot rows exceed the device reservation: "
+                            "%lld of %lld bytes in use", fn, (long long)need, (long long)n_hot,
+                            (long long)d->used, (long long)d->reserved);
+    }
     pi_device_ffn *f = calloc(1, sizeof *f);
-    if (f == NULL) return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
-    f->cold = malloc((size_t)(n_ff - n_hot + 1) * sizeof *f->cold);
-    if (f->cold == NULL) {
+    if (f == NULL || (f->cold = malloc((size_t)(n_ff - n_hot + 1) * sizeof *f->cold)) == NULL) {
         free(f);
         return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
     }
     f->dev = d;
-    f->gate_up_type = gate_up_type;
-    f->down_t_type = down_t_type;
+    f->gate_up_type = gate->type;
+    f->down_t_type = down_t->type;
     f->n_embd = n_embd;
     f->n_ff = n_ff;
     f->n_hot = n_hot;
@@ -210,41 +260,39 @@ int pi_device_ffn_upload(pi_device *d, int32_t gate_up_type, const void *gate, c
         else f->cold[c++] = (int32_t)j;
     }
     if (n_hot > 0) {
-        /* all or nothing: the pool is a bump allocator, so a refusal leaves earlier parts allocated;
-         * check the total first */
-        const int64_t need = pi_device_ffn_bytes(gate_up_type, down_t_type, n_embd, n_hot, max_tok);
-        if (need > d->reserved - d->used) {
-            d->n_refused++;
-            free(f->cold);
-            free(f);
-            return pi_set_error(PI_ERR_NOMEM, "%s: %lld bytes for %lld hot rows exceed the device reservation: "
-                                "%lld of %lld bytes in use", fn, (long long)need, (long long)n_hot,
-                                (long long)d->used, (long long)d->reserved);
-        }
         pi_device_alloc(d, n_hot * rg, &f->gate);
         pi_device_alloc(d, n_hot * rg, &f->up);
         pi_device_alloc(d, n_hot * rd, &f->down_t);
         pi_device_alloc(d, n_hot * 4, (void **)&f->map);
-        pi_device_alloc(d, pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_hot, max_tok), &f->scratch);
-        pi_device_alloc(d, max_tok * n_embd * 4, (void **)&f->x);
-        pi_device_alloc(d, max_tok * n_embd * 4, (void **)&f->y);
-        pi_device_alloc(d, max_tok * n_hot * 4, (void **)&f->rows);
-        pi_device_alloc(d, (max_tok + 1) * 8, (void **)&f->rows_off);
-        for (int64_t t = 0; t <= max_tok; t++) {
-            f->rows_off[t] = t * n_hot;
-            if (t < max_tok)
-                for (int64_t r = 0; r < n_hot; r++) f->rows[t * n_hot + r] = (int32_t)r;
+        if (x != NULL) { /* a placed model: the device's shared activation scratch */
+            f->x = x;
+            f->y = y;
+            f->scratch = scratch;
+        } else {
+            pi_device_alloc(d, pi_ffn_sparse_scratch_size(gate->type, n_embd, n_hot, max_tok), &f->scratch);
+            pi_device_alloc(d, max_tok * n_embd * 4, (void **)&f->x);
+            pi_device_alloc(d, max_tok * n_embd * 4, (void **)&f->y);
         }
         for (int64_t r = 0; r < n_hot; r++) { /* the "host to device" copies */
             const int64_t j = hot_ids[r];
-            memcpy((char *)f->gate + r * rg, (const char *)gate + j * rg, (size_t)rg);
-            memcpy((char *)f->up + r * rg, (const char *)up + j * rg, (size_t)rg);
-            memcpy((char *)f->down_t + r * rd, (const char *)down_t + j * rd, (size_t)rd);
+            memcpy((char *)f->gate + r * rg, (const char *)gate->data + j * rg, (size_t)rg);
+            memcpy((char *)f->up + r * rg, (const char *)up->data + j * rg, (size_t)rg);
+            memcpy((char *)f->down_t + r * rd, (const char *)down_t->data + j * rd, (size_t)rd);
             f->map[r] = (int32_t)j;
         }
     }
     *out = f;
     return PI_OK;
+}
+
+int pi_device_ffn_upload(pi_device *d, int32_t gate_up_type, const void *gate, const void *up, int64_t n_embd,
+                         int64_t n_ff, int32_t down_t_type, const void *down_t, const int32_t *hot_ids,
+                         int64_t n_hot, int64_t max_tok, pi_device_ffn **out) {
+    if (d == NULL || gate == NULL || up == NULL || down_t == NULL || out == NULL || (n_hot > 0 && hot_ids == NULL))
+        return pi_set_error(PI_ERR_INVALID, "pi_device_ffn_upload: NULL argument");
+    const pi_mat g = {gate, gate_up_type, n_embd, n_ff}, u = {up, gate_up_type, n_embd, n_ff};
+    const pi_mat dt = {down_t, down_t_type, n_embd, n_ff};
+    return pi_device_ffn_create(d, &g, &u, &dt, hot_ids, n_hot, max_tok, NULL, NULL, NULL, out);
 }
 
 void pi_device_ffn_free(pi_device_ffn *f) {
@@ -254,6 +302,89 @@ void pi_device_ffn_free(pi_device_ffn *f) {
 }
 
 int64_t pi_device_ffn_n_hot(const pi_device_ffn *f) { return f ? f->n_hot : -1; }
+
+/* The device half: every compact row is a candidate (active == NULL), each row computed as
+ * the CPU computes a gathered neuron (the same dot products), summed in row order. */
+static void ffn_job(pi_pool *pool, void *arg) {
+    pi_device_ffn *f = arg;
+    const pi_mat g = {f->gate, f->gate_up_type, f->n_embd, f->n_hot};
+    const pi_mat u = {f->up, f->gate_up_type, f->n_embd, f->n_hot};
+    const pi_mat dt = {f->down_t, f->down_t_type, f->n_embd, f->n_hot};
+    const pi_ffn_sparse_args a = {.act = f->job_act, .gate = &g, .up = &u, .down_t = &dt, .x = f->x,
+                                  .n_tok = f->job_tok, .threshold = f->job_threshold, .y = f->y,
+                                  .n_used = f->job_used};
+    pi_ffn_sparse(pool, &a, f->scratch);
+    pi_device_count(f->dev, f->n_hot * f->job_tok, 0, 0);
+}
+
+int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold,
+                        int64_t *n_used) {
+    if (f->n_hot == 0) return PI_OK;
+    int rc = pi_device_claim(f->dev);
+    if (rc) return rc;
+    memcpy(f->x, x, (size_t)(n_tok * f->n_embd) * sizeof(float)); /* x to the device */
+    f->job_act = act;
+    f->job_tok = n_tok;
+    f->job_threshold = threshold;
+    f->job_used = n_used;
+    pi_device_go(f->dev, ffn_job, f);
+    return PI_OK;
+}
+
+int pi_ffn_cold(pi_pool *pool, const pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch,
+                int32_t *ids_buf, int64_t *off_buf) {
+    const int64_t n_tok = base->n_tok, n_cold = f->n_ff - f->n_hot;
+    if (n_cold == 0) {
+        if (base->phase != 2 && base->n_used) memset(base->n_used, 0, (size_t)n_tok * sizeof *base->n_used);
+        return PI_OK;
+    }
+    int32_t *ids = ids_buf ? ids_buf : malloc((size_t)(n_cold * n_tok) * sizeof *ids);
+    int64_t *off = off_buf ? off_buf : malloc((size_t)(n_tok + 1) * sizeof *off);
+    int rc = PI_OK;
+    if (ids == NULL || off == NULL) {
+        rc = pi_set_error(PI_ERR_NOMEM, "pi_ffn_cold: out of memory");
+    } else { /* every token's candidates: the cold ids */
+        for (int64_t t = 0; t <= n_tok; t++) {
+            off[t] = t * n_cold;
+            if (t < n_tok && base->phase != 2) memcpy(ids + t * n_cold, f->cold, (size_t)n_cold * sizeof *ids);
+        }
+        pi_ffn_sparse_args a = *base;
+        a.active = ids;
+        a.active_off = off;
+        pi_ffn_sparse(pool, &a, scratch);
+    }
+    if (ids_buf == NULL) free(ids);
+    if (off_buf == NULL) free(off);
+    return rc;
+}
+
+void pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
+                          const int64_t *n_used_device) {
+    const int64_t n = n_tok * f->n_embd;
+    if (f->n_hot == 0) {
+        memset(y, 0, (size_t)n * sizeof(float));
+        if (y_device != NULL) memset(y_device, 0, (size_t)n * sizeof(float));
+        return;
+    }
+    pi_device_wait(f->dev);
+    memcpy(y, f->y, (size_t)n * sizeof(float)); /* device to host: the CPU continues this sum */
+    if (y_device != NULL) memcpy(y_device, f->y, (size_t)n * sizeof(float));
+    if (n_used != NULL && n_used_device != NULL)
+        for (int64_t t = 0; t < n_tok; t++) n_used[t] += n_used_device[t];
+}
+
+int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch, int32_t *ids_buf,
+                 int64_t *off_buf, int64_t *n_used_device, float *y_device) {
+    int rc = pi_device_ffn_start(f, base->act, base->x, base->n_tok, base->threshold, n_used_device);
+    if (rc) return rc;
+    pi_ffn_sparse_args a = *base;
+    a.phase = 1; /* the cold rows' h on the CPU while the device computes the hot rows */
+    rc = pi_ffn_cold(pool, f, &a, scratch, ids_buf, off_buf);
+    pi_device_ffn_finish(f, a.n_tok, a.y, y_device, a.n_used, n_used_device); /* always waits */
+    if (rc) return rc;
+    a.phase = 2; /* y = the device's partial sum, continued by the cold rows in id order */
+    return pi_ffn_cold(pool, f, &a, scratch, ids_buf, off_buf);
+}
 
 int pi_op_ffn_hybrid(pi_pool *pool, const pi_device_ffn *f, int32_t act, const void *gate, const void *up,
                      const void *down_t, const float *x, int64_t n_tok, float threshold, float *y, float *y_device) {
@@ -267,54 +398,14 @@ int pi_op_ffn_hybrid(pi_pool *pool, const pi_device_ffn *f, int32_t act, const v
         return pi_set_error(PI_ERR_INVALID, "%s: unknown activation form %d", fn, act);
     if (!(threshold >= 0.0f) || isinf(threshold))
         return pi_set_error(PI_ERR_INVALID, "%s: threshold must be finite and >= 0", fn);
-    pi_device *d = f->dev;
-    const int64_t E = f->n_embd, n_cold = f->n_ff - f->n_hot;
-    if (f->n_hot > 0) { /* x to the device, start the device half */
-        pthread_mutex_lock(&d->mu);
-        if (d->has_job) { /* checked before touching the device's buffers */
-            pthread_mutex_unlock(&d->mu);
-            return pi_set_error(PI_ERR_INVALID, "%s: the device is busy (one hybrid op at a time)", fn);
-        }
-        memcpy(f->x, x, (size_t)(n_tok * E) * sizeof(float));
-        d->job_ffn = f;
-        d->job_tok = n_tok;
-        d->job_threshold = threshold;
-        d->job_act = act;
-        d->done = 0;
-        d->has_job = 1;
-        pthread_cond_broadcast(&d->cv);
-        pthread_mutex_unlock(&d->mu);
-    }
-    int rc = PI_OK; /* the CPU half, concurrently: cold neurons */
-    if (n_cold > 0) {
-        int32_t *act_ids = malloc((size_t)(n_cold * n_tok) * sizeof *act_ids);
-        int64_t *off = malloc((size_t)(n_tok + 1) * sizeof *off);
-        if (act_ids == NULL || off == NULL) {
-            rc = pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
-        } else {
-            for (int64_t t = 0; t < n_tok; t++) {
-                memcpy(act_ids + t * n_cold, f->cold, (size_t)n_cold * sizeof *act_ids);
-                off[t] = t * n_cold;
-            }
-            off[n_tok] = n_tok * n_cold;
-            rc = pi_op_ffn_sparse(pool, act, f->gate_up_type, gate, up, E, f->n_ff, f->down_t_type, down_t, x,
-                                  n_tok, act_ids, off, threshold, y, NULL);
-        }
-        free(act_ids);
-        free(off);
-    } else {
-        memset(y, 0, (size_t)(n_tok * E) * sizeof(float));
-    }
-    if (f->n_hot > 0) { /* wait for the device, then merge: y = device partial + CPU partial */
-        pthread_mutex_lock(&d->mu);
-        while (!d->done) pthread_cond_wait(&d->cv, &d->mu);
-        pthread_mutex_unlock(&d->mu);
-        if (rc == PI_OK) {
-            for (int64_t i = 0; i < n_tok * E; i++) y[i] = f->y[i] + y[i];
-            if (y_device != NULL) memcpy(y_device, f->y, (size_t)(n_tok * E) * sizeof(float));
-        }
-    } else if (y_device != NULL) {
-        memset(y_device, 0, (size_t)(n_tok * E) * sizeof(float));
-    }
+    const int64_t E = f->n_embd;
+    const pi_mat g = {gate, f->gate_up_type, E, f->n_ff}, u = {up, f->gate_up_type, E, f->n_ff};
+    const pi_mat dt = {down_t, f->down_t_type, E, f->n_ff};
+    const pi_ffn_sparse_args a = {.act = act, .gate = &g, .up = &u, .down_t = &dt, .x = x, .n_tok = n_tok,
+                                  .threshold = threshold, .y = y};
+    void *scratch = malloc((size_t)pi_ffn_sparse_scratch_size(f->gate_up_type, E, f->n_ff, n_tok));
+    if (scratch == NULL) return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
+    const int rc = pi_ffn_split(pool, (pi_device_ffn *)f, &a, scratch, NULL, NULL, NULL, y_device);
+    free(scratch);
     return rc;
 }

@@ -306,7 +306,7 @@ static void down_task(void *varg, int ith, int nth) {
     const char *dd = (const char *)a->down_t->data + coff;
     for (int64_t t = 0; t < a->n_tok; t++) {
         float *yt = a->y + t * s->n_embd + c0;
-        memset(yt, 0, (size_t)(c1 - c0) * sizeof(float));
+        if (a->phase != 2) memset(yt, 0, (size_t)(c1 - c0) * sizeof(float));
         const int64_t k1 = s->koff[t + 1];
         const char *bufs[2][ROW_GROUP];
         int nr = 0, cur = 0;
@@ -355,6 +355,11 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
     s.off = off;
     s.total = off[n_tok];
 
+    if (a->phase == 2) { /* the kept rows of the phase-1 call, still in scratch (or in a->h) */
+        if (a->h != NULL) s.h = a->h;
+        pi_pool_run(pool, down_task, &s);
+        return;
+    }
     if (a->h != NULL) {
         s.h = a->h; /* compacted in place below, like the scratch rows */
     } else if (s.total > 0) {
@@ -383,7 +388,7 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
         if (a->n_used) a->n_used[t] = m - s.koff[t];
     }
     s.koff[n_tok] = m;
-    pi_pool_run(pool, down_task, &s);
+    if (a->phase != 1) pi_pool_run(pool, down_task, &s);
 }
 
 int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const void *gate,

@@ -1,0 +1,82 @@
+/* The model and context structs, shared by the forward pass (model.c) and the device
+ * half of a placed model (device/placed.c). */
+#ifndef PI_CONTEXT_H
+#define PI_CONTEXT_H
+
+#include "pi_internal.h"
+
+typedef struct pi_placed pi_placed;
+
+struct pi_model {
+    pi_model_params hp;   /* copy; tensor views point into caller memory */
+    pi_tensor *layers;    /* own copy of the n_layer * PI_L_COUNT descriptors */
+    pi_mat tok_embd, output;
+    pi_mat *mats;         /* n_layer * PI_L_COUNT, matrix view of each slot */
+    int64_t max_act_row;  /* largest activation row in bytes, over all matrices */
+};
+
+struct pi_context {
+    pi_model *m;
+    pi_context_params cp;
+    pi_pool *pool;
+    int32_t kv_used;
+    int64_t kv_row;                       /* n_head_kv * n_embd_head */
+    size_t kv_esz;
+    int64_t n_cells;                      /* n_ctx rounded up to PI_KV_PAD */
+    char *k_cache, *v_cache;              /* per layer: [n_cells][kv_row] and [kv_row][n_cells] */
+    float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
+    void *act_scratch;                    /* quantized matmul inputs */
+    float *attn_scratch;
+    float *logits1;                       /* last-token logits: never moves, so views of it stay valid */
+    float *logits_rows;                   /* logits_all rows, grown on demand */
+    int64_t rows_cap;                     /* rows allocated in logits_rows */
+    float *logits;                        /* the buffer the last pi_eval wrote */
+    float *embd;
+    float *rope_cs;                       /* cos/sin per position of this batch: n_batch rows of n_rot */
+    float *rope_cs_swa;                   /* the same for the local (sliding-window) layers' RoPE */
+    pi_mat *down_t;                       /* per layer: transposed down for the sparse FFN (data NULL = dense) */
+    float *ffn_threshold;                 /* per layer */
+    void *ffn_scratch;                    /* sparse FFN scratch and output rows, allocated on first use */
+    float *ffn_y;
+    int64_t *ffn_used_tok;                /* n_batch */
+    int64_t *ffn_used, *ffn_total;        /* per layer, with the sparse FFN tables */
+    uint32_t *ffn_hist;                   /* calibration statistics (pi_context_set_ffn_hist), or NULL */
+    int32_t ffn_on_gate;                  /* enum pi_ffn_threshold_on */
+    pi_mat *pred_fc1, *pred_fc2;          /* per layer: activation predictor (fc1 data NULL = none) */
+    float *pred_threshold;                /* per layer */
+    void *pred_scratch;                   /* matmul scratch + hidden rows, pred_scratch_size bytes */
+    int64_t pred_scratch_size;
+    float *pred_scores;                   /* n_batch rows of n_ff */
+    int32_t *pred_active;                 /* n_batch * n_ff ids */
+    int64_t *pred_off;                    /* n_batch + 1 */
+    int64_t *pred_count, *pred_ns, *ffn_ns; /* per layer counters */
+    float *ffn_capture;                   /* pi_context_set_ffn_capture, or NULL */
+    int32_t n_out;
+    pi_placed *placed;                    /* the device half of a placement (device/placed.c), or NULL */
+};
+
+/* What one attention block reads and writes: the host's buffers and tensors, or the
+ * device's copies (device/placed.c). */
+typedef struct {
+    pi_pool *pool;
+    const pi_tensor *lt;         /* the layer's PI_L_COUNT tensors */
+    const pi_mat *lm;            /* their matrix views */
+    char *kc, *vc;               /* the layer's K and V cache */
+    float *x, *xn, *q, *k, *v, *attn;
+    void *act_scratch;
+    float *attn_scratch;
+    const float *rope_cs, *rope_cs_swa;
+} pi_attn_site;
+
+/* x += attention(norm(x)) and xn = ffn_norm(x) for layer l, in site s (model.c) */
+void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, int64_t n_tok);
+/* pi_ffn_act value of the model's activation */
+int32_t pi_ffn_form(const pi_model *m);
+
+/* device/placed.c: each returns 1 when it ran the step on the device, 0 when the CPU must */
+int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok);
+int pi_placed_ffn(pi_context *c, int l, int64_t n_tok);
+int pi_placed_output(pi_context *c, const float *x, int64_t n_out, float *logits);
+void pi_placed_free(pi_placed *p);
+
+#endif

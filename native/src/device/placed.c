@@ -1,0 +1,302 @@
+/* A placed model: the device half of a placement plan (issue 6; docs/placement.md).
+ *
+ * pi_context_set_device copies what the plan puts on the device - per layer the
+ * attention tensors and KV cache, the hot FFN rows, the output block - into the
+ * device's pool, with one activation scratch area for n_batch tokens, byte for byte
+ * what powerinfer_backend.placement accounts. pi_eval then asks, step by step, whether
+ * the device runs it (pi_placed_attn / _ffn / _output). x goes to the device and the
+ * results come back as copies, as they would over PCIe. */
+#include <stdlib.h>
+
+#include "context.h"
+
+#define ALIGN 256
+
+struct pi_placed {
+    pi_device *dev;
+    pi_context *c;
+    /* activation scratch on the device, allocated in this order: g .. act is one span
+     * (attention scratch, or the sparse FFN's scratch) */
+    float *x, *xn, *y, *q, *attn, *k, *v, *g, *u, *scores;
+    void *act;
+    int64_t span_bytes; /* g .. end of act */
+    pi_tensor *lt;      /* n_layer * PI_L_COUNT device copies (data NULL: absent or on the CPU) */
+    pi_mat *lm;
+    char **kc, **vc;    /* per layer device KV cache, NULL on the CPU */
+    pi_device_ffn **ffn; /* per layer hot rows, NULL without */
+    int64_t *used_dev;  /* n_batch per-token counts of kept hot rows */
+    int32_t *cold_ids;  /* n_batch x max cold neurons: the CPU half's candidate lists */
+    int64_t *cold_off;
+    int out_on;
+    pi_tensor out_norm;
+    pi_mat output;
+    float *logits;
+    /* the job in flight */
+    int job_l;
+    const int32_t *job_pos;
+    int64_t job_tok;
+    const float *job_x;
+    float *job_logits;
+};
+
+static int64_t align_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+static int64_t tensor_bytes(const pi_tensor *t) {
+    return pi_row_size(t->type, t->ne[0]) * t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+static int is_ffn_rows(int slot) { return slot == PI_L_FFN_GATE || slot == PI_L_FFN_UP || slot == PI_L_FFN_DOWN; }
+
+/* scratch buffers in allocation order: x, xn, y (n_embd), q, attn (n_head * head),
+ * k, v (n_head_kv * head), g, u (n_ff), scores (n_head x n_cells), act (quantized
+ * matmul input: max(n_embd, n_embd_q) elements at <= 4 bytes) - F32, n_batch rows each */
+static void scratch_sizes(const pi_context *c, int64_t out[11]) {
+    const pi_model_params *hp = &c->m->hp;
+    const int64_t B = c->cp.n_batch, E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head, R = c->kv_row;
+    const int64_t sizes[11] = {B * E * 4, B * E * 4, B * E * 4, B * Q * 4, B * Q * 4, B * R * 4, B * R * 4,
+                               B * hp->n_ff * 4, B * hp->n_ff * 4, B * hp->n_head * c->n_cells * 4,
+                               B * (E > Q ? E : Q) * 4};
+    memcpy(out, sizes, sizeof sizes);
+}
+
+static int64_t attn_bytes(const pi_context *c, int l) {
+    const pi_tensor *lt = &c->m->hp.layers[l * PI_L_COUNT];
+    int64_t n = 2 * align_up(c->n_cells * c->kv_row * (int64_t)c->kv_esz);
+    for (int s = 0; s < PI_L_COUNT; s++)
+        if (!is_ffn_rows(s) && lt[s].data != NULL) n += align_up(tensor_bytes(&lt[s]));
+    return n;
+}
+
+static int64_t hot_bytes(const pi_context *c, int l, int64_t n_hot) {
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int32_t dt = c->down_t != NULL && c->down_t[l].data != NULL ? c->down_t[l].type : PI_TYPE_F16;
+    return pi_device_rows_bytes(pi_row_size(lm[PI_L_FFN_GATE].type, lm[PI_L_FFN_GATE].n_cols),
+                                pi_row_size(dt, c->m->hp.n_embd), n_hot);
+}
+
+int64_t pi_context_plan_bytes(const pi_context *c, const pi_layer_placement *layers, int32_t output_on_device,
+                              int64_t *scratch_bytes) {
+    if (c == NULL || layers == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_plan_bytes: NULL argument"), -1;
+    const pi_model_params *hp = &c->m->hp;
+    int64_t total = 0, any = output_on_device != 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const pi_layer_placement *L = &layers[l];
+        if (L->n_hot < 0 || L->n_hot > hp->n_ff || (L->n_hot > 0 && L->hot_ids == NULL))
+            return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [0, %lld]", l, (long long)L->n_hot,
+                                (long long)hp->n_ff), -1;
+        if (L->attn_on_device) total += attn_bytes(c, l);
+        total += hot_bytes(c, l, L->n_hot);
+        any |= L->attn_on_device || L->n_hot > 0;
+    }
+    if (output_on_device) {
+        const pi_tensor *o = c->m->hp.output.data != NULL ? &c->m->hp.output : &c->m->hp.tok_embd;
+        total += align_up(tensor_bytes(&hp->output_norm)) + align_up(tensor_bytes(o)) +
+                 align_up((int64_t)c->cp.n_batch * hp->n_vocab * 4);
+    }
+    int64_t sizes[11], scratch = 0;
+    scratch_sizes(c, sizes);
+    for (int i = 0; i < 11 && any; i++) scratch += align_up(sizes[i]);
+    if (scratch_bytes) *scratch_bytes = scratch;
+    return total + scratch;
+}
+
+static void *dev_alloc(pi_device *d, int64_t n) {
+    void *p = NULL;
+    pi_device_alloc(d, n, &p); /* cannot fail: the total was checked first */
+    return p;
+}
+
+static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_placement *layers) {
+    const pi_model_params *hp = &c->m->hp;
+    for (int l = 0; l < hp->n_layer; l++) {
+        if (layers[l].n_hot == 0) continue;
+        if (c->down_t == NULL || c->down_t[l].data == NULL)
+            return pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t "
+                                "(pi_context_set_ffn_sparsity) first", l);
+        if (c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL)
+            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
+        if (c->ffn_on_gate)
+            return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
+    }
+    int64_t sizes[11];
+    scratch_sizes(c, sizes);
+    int64_t span = 0;
+    for (int i = 7; i < 11; i++) span += align_up(sizes[i]);
+    const int64_t attn_need = pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * 4 * pi_device_n_threads(dev);
+    if (attn_need > span)
+        return pi_set_error(PI_ERR_INVALID, "device scratch: attention needs %lld bytes for %d device threads, the "
+                            "plan's scratch has %lld; use fewer device threads", (long long)attn_need,
+                            pi_device_n_threads(dev), (long long)span);
+    const int64_t rope = (int64_t)c->cp.n_batch * hp->n_rot * (hp->n_swa > 0 ? 2 : 1) * 4;
+    if (rope > sizes[2])
+        return pi_set_error(PI_ERR_UNSUPPORTED, "device scratch: RoPE tables (%lld bytes) exceed the y buffer",
+                            (long long)rope);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const int64_t need = pi_ffn_sparse_scratch_size(c->m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].type, hp->n_embd,
+                                                        layers[l].n_hot, c->cp.n_batch);
+        if (layers[l].n_hot > 0 && need > span)
+            return pi_set_error(PI_ERR_INVALID, "blk.%d: device FFN scratch %lld bytes exceeds %lld", l,
+                                (long long)need, (long long)span);
+    }
+    return PI_OK;
+}
+
+int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placement *layers, int32_t output_on_device) {
+    if (c == NULL || dev == NULL || layers == NULL)
+        return pi_set_error(PI_ERR_INVALID, "pi_context_set_device: NULL argument");
+    if (c->placed != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_device: the context already has a device");
+    const pi_model_params *hp = &c->m->hp;
+    int64_t scratch = 0;
+    const int64_t need = pi_context_plan_bytes(c, layers, output_on_device, &scratch);
+    if (need < 0) return PI_ERR_INVALID;
+    int rc = check_plan(c, dev, layers);
+    if (rc) return rc;
+    if (need > pi_device_free_bytes(dev))
+        return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, the device has %lld free",
+                            (long long)need, (long long)pi_device_free_bytes(dev));
+    pi_placed *p = calloc(1, sizeof *p);
+    const size_t nl = (size_t)hp->n_layer;
+    int64_t max_cold = 0;
+    for (int l = 0; l < hp->n_layer; l++)
+        if (layers[l].n_hot > 0 && hp->n_ff - layers[l].n_hot > max_cold) max_cold = hp->n_ff - layers[l].n_hot;
+    if (p == NULL || !(p->lt = calloc(nl * PI_L_COUNT, sizeof *p->lt)) || !(p->lm = calloc(nl * PI_L_COUNT, sizeof *p->lm)) ||
+        !(p->kc = calloc(nl, sizeof *p->kc)) || !(p->vc = calloc(nl, sizeof *p->vc)) ||
+        !(p->ffn = calloc(nl, sizeof *p->ffn)) || !(p->used_dev = calloc((size_t)c->cp.n_batch, sizeof *p->used_dev)) ||
+        !(p->cold_ids = malloc((size_t)(c->cp.n_batch * max_cold + 1) * sizeof *p->cold_ids)) ||
+        !(p->cold_off = malloc((size_t)(c->cp.n_batch + 1) * sizeof *p->cold_off))) {
+        pi_placed_free(p);
+        return pi_set_error(PI_ERR_NOMEM, "pi_context_set_device: out of memory");
+    }
+    p->dev = dev;
+    p->c = c;
+    if (scratch > 0) {
+        int64_t sizes[11];
+        scratch_sizes(c, sizes);
+        float **bufs[10] = {&p->x, &p->xn, &p->y, &p->q, &p->attn, &p->k, &p->v, &p->g, &p->u, &p->scores};
+        for (int i = 0; i < 10; i++) *bufs[i] = dev_alloc(dev, sizes[i]);
+        p->act = dev_alloc(dev, sizes[10]);
+        p->span_bytes = (char *)p->act + align_up(sizes[10]) - (char *)p->g;
+    }
+    const int64_t kv_bytes = c->n_cells * c->kv_row * (int64_t)c->kv_esz;
+    for (int l = 0; l < hp->n_layer && rc == PI_OK; l++) {
+        const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
+        const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+        if (layers[l].attn_on_device) {
+            for (int s = 0; s < PI_L_COUNT; s++) {
+                if (is_ffn_rows(s) || lt[s].data == NULL) continue;
+                const int64_t n = tensor_bytes(&lt[s]);
+                void *d = dev_alloc(dev, n);
+                memcpy(d, lt[s].data, (size_t)n); /* host to device */
+                p->lt[l * PI_L_COUNT + s] = lt[s];
+                p->lt[l * PI_L_COUNT + s].data = d;
+                p->lm[l * PI_L_COUNT + s] = (pi_mat){d, lm[s].type, lm[s].n_cols, lm[s].n_rows};
+            }
+            p->kc[l] = dev_alloc(dev, kv_bytes); /* the pool is zeroed at creation, as the host cache */
+            p->vc[l] = dev_alloc(dev, kv_bytes);
+        }
+        if (layers[l].n_hot > 0)
+            rc = pi_device_ffn_create(dev, &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l], layers[l].hot_ids,
+                                      layers[l].n_hot, c->cp.n_batch, p->x, p->y, p->g, &p->ffn[l]);
+    }
+    if (rc == PI_OK && output_on_device) {
+        const pi_tensor *o = hp->output.data != NULL ? &hp->output : &hp->tok_embd;
+        p->out_on = 1;
+        p->out_norm = hp->output_norm;
+        p->out_norm.data = dev_alloc(dev, tensor_bytes(&hp->output_norm));
+        memcpy((void *)p->out_norm.data, hp->output_norm.data, (size_t)tensor_bytes(&hp->output_norm));
+        void *d = dev_alloc(dev, tensor_bytes(o));
+        memcpy(d, o->data, (size_t)tensor_bytes(o));
+        p->output = (pi_mat){d, c->m->output.type, c->m->output.n_cols, c->m->output.n_rows};
+        p->logits = dev_alloc(dev, (int64_t)c->cp.n_batch * hp->n_vocab * 4);
+    }
+    if (rc) { /* device memory stays with the device (bump pool); the context stays unplaced */
+        pi_placed_free(p);
+        return rc;
+    }
+    c->placed = p;
+    return PI_OK;
+}
+
+void pi_placed_free(pi_placed *p) {
+    if (p == NULL) return;
+    if (p->ffn != NULL)
+        for (int l = 0; l < p->c->m->hp.n_layer; l++) pi_device_ffn_free(p->ffn[l]);
+    free(p->lt);
+    free(p->lm);
+    free(p->kc);
+    free(p->vc);
+    free(p->ffn);
+    free(p->used_dev);
+    free(p->cold_ids);
+    free(p->cold_off);
+    free(p);
+}
+
+/* On the device's thread: x (and this batch's RoPE tables) in, attention, x and xn out. */
+static void attn_job(pi_pool *pool, void *arg) {
+    pi_placed *p = arg;
+    const pi_context *c = p->c;
+    const pi_model_params *hp = &c->m->hp;
+    const int l = p->job_l;
+    const int64_t n = p->job_tok, E = hp->n_embd, nr = n * hp->n_rot;
+    memcpy(p->x, c->x, (size_t)(n * E) * sizeof(float));
+    memcpy(p->y, c->rope_cs, (size_t)nr * sizeof(float));
+    if (hp->n_swa > 0) memcpy(p->y + nr, c->rope_cs_swa, (size_t)nr * sizeof(float));
+    const pi_attn_site s = {pool, &p->lt[l * PI_L_COUNT], &p->lm[l * PI_L_COUNT], p->kc[l], p->vc[l], p->x, p->xn,
+                            p->q, p->k, p->v, p->attn, p->act, p->g, p->y, p->y + nr};
+    pi_attn_block(c, &s, l, p->job_pos, n);
+    memcpy(c->x, p->x, (size_t)(n * E) * sizeof(float)); /* device to host */
+    memcpy(c->xn, p->xn, (size_t)(n * E) * sizeof(float));
+    pi_device_count(p->dev, 0, 1, 0);
+}
+
+int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+    pi_placed *p = c->placed;
+    if (p == NULL || p->kc[l] == NULL) return 0;
+    p->job_l = l;
+    p->job_pos = pos;
+    p->job_tok = n_tok;
+    pi_device_run(p->dev, attn_job, p); /* the context is the device's only client: never busy */
+    return 1;
+}
+
+int pi_placed_ffn(pi_context *c, int l, int64_t n_tok) {
+    pi_placed *p = c->placed;
+    if (p == NULL || p->ffn[l] == NULL) return 0;
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int32_t form = pi_ffn_form(c->m);
+    const float thr = c->ffn_threshold[l];
+    const pi_ffn_sparse_args a = {.act = form, .gate = &lm[PI_L_FFN_GATE], .up = &lm[PI_L_FFN_UP],
+                                  .down_t = &c->down_t[l], .x = c->xn, .n_tok = n_tok, .threshold = thr,
+                                  .y = c->ffn_y, .n_used = c->ffn_used_tok};
+    pi_ffn_split(c->pool, p->ffn[l], &a, c->ffn_scratch, p->cold_ids, p->cold_off, p->used_dev, NULL);
+    for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
+    c->ffn_total[l] += n_tok * c->m->hp.n_ff;
+    const int64_t n = n_tok * c->m->hp.n_embd;
+    for (int64_t i = 0; i < n; i++) c->x[i] += c->ffn_y[i];
+    return 1;
+}
+
+static void output_job(pi_pool *pool, void *arg) {
+    pi_placed *p = arg;
+    const pi_context *c = p->c;
+    const pi_model_params *hp = &c->m->hp;
+    const int64_t n = p->job_tok, E = hp->n_embd;
+    memcpy(p->x, p->job_x, (size_t)(n * E) * sizeof(float));
+    pi_rmsnorm_rows(p->x, p->out_norm.data, E, n, hp->rms_eps, p->xn);
+    const pi_matmul_out o = {&p->output, p->logits, hp->n_vocab};
+    pi_matmul_multi(pool, &o, 1, p->xn, n, p->act);
+    memcpy(c->embd, p->xn, (size_t)(n * E) * sizeof(float));
+    memcpy(p->job_logits, p->logits, (size_t)(n * hp->n_vocab) * sizeof(float));
+    pi_device_count(p->dev, 0, 0, 1);
+}
+
+int pi_placed_output(pi_context *c, const float *x, int64_t n_out, float *logits) {
+    pi_placed *p = c->placed;
+    if (p == NULL || !p->out_on) return 0;
+    p->job_x = x;
+    p->job_tok = n_out;
+    p->job_logits = logits;
+    pi_device_run(p->dev, output_job, p);
+    return 1;
+}
