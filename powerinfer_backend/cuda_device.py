@@ -286,6 +286,7 @@ class CudaFFN:
         self.cold_ids = np.flatnonzero(mask).astype(np.int32)
         #: kept hot rows per token of the last run (device side), int64 (n_tok,)
         self.last_n_used = np.zeros(0, dtype=np.int64)
+        self._cold_lists: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n_tok -> (ids, offsets) for the CPU half
 
     def run(self, x: np.ndarray, threshold: float = 0.0, *, return_device_part: bool = False):
         """y = GPU partial (hot rows) + CPU partial (cold neurons), float32 (n_tok, n_embd).
@@ -317,8 +318,10 @@ class CudaFFN:
             if n_cold > 0:
                 nf = _native.ffi
                 g, u, d = self._host
-                ids = np.tile(self.cold_ids, n_tok)
-                off = np.arange(n_tok + 1, dtype=np.int64) * n_cold
+                if n_tok not in self._cold_lists:
+                    self._cold_lists[n_tok] = (np.tile(self.cold_ids, n_tok),
+                                               np.arange(n_tok + 1, dtype=np.int64) * n_cold)
+                ids, off = self._cold_lists[n_tok]
                 _native.check(_native.lib.pi_op_ffn_sparse(
                     dev._cpu_pool, self._act, self.gate_up_type, nf.from_buffer(g), nf.from_buffer(u), self.n_embd,
                     self.n_ff, self.down_t_type, nf.from_buffer(d), nf.cast("const float *", nf.from_buffer(x)),
