@@ -87,6 +87,11 @@ def ensure_deps() -> None:
                  or w.name.lower().startswith(dist.lower() + "-")]
         if not found:
             raise SystemExit(f"module {mod} is missing and {WHEELS} has no {dist} wheel (see the docstring)")
+        tag = found[-1].name.split("-")[-3]  # name-version-python-abi-platform.whl
+        here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        if tag.startswith("cp") and tag != here:
+            raise SystemExit(f"{found[-1].name} is for {tag}, this Python is {here}: download the wheels for "
+                             f"--python-version {sys.version_info.major}.{sys.version_info.minor} (see the docstring)")
         log(f"installing {found[-1].name} into {DEPS}")
         with zipfile.ZipFile(found[-1]) as z:
             z.extractall(DEPS)
