@@ -108,9 +108,9 @@ def compile_objects(out_dir: str | os.PathLike, archs: list[str] | None = None, 
     return objs
 
 
-def cudart_static(nvcc: str) -> pathlib.Path | None:
-    """libcudart_static.a in the library folders nvcc links from, or None. The folders
-    come from ``nvcc --dryrun`` (nvcc may be a wrapper script outside its toolkit)."""
+def _lib_dirs(nvcc: str) -> list[pathlib.Path]:
+    """The library folders nvcc links from (from ``nvcc --dryrun``: nvcc may be a wrapper
+    script outside its toolkit), then the usual folders beside it."""
     import re
     import shlex
 
@@ -119,29 +119,43 @@ def cudart_static(nvcc: str) -> pathlib.Path | None:
     dirs = [pathlib.Path(m.group(1)) for line in p.stdout.splitlines() if "LIBRARIES=" in line
             for m in map(lambda a: re.match(r"-L(.+)", a), shlex.split(line.split("LIBRARIES=", 1)[1])) if m]
     root = pathlib.Path(os.path.realpath(nvcc)).parent.parent
-    dirs += [root / d for d in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")]
-    for d in dirs:
-        if (d / "libcudart_static.a").is_file():
-            return d / "libcudart_static.a"
+    return dirs + [root / d for d in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")]
+
+
+def cudart_static(nvcc: str) -> pathlib.Path | None:
+    """libcudart_static.a of nvcc's toolkit, or None."""
+    return next((d / "libcudart_static.a" for d in _lib_dirs(nvcc) if (d / "libcudart_static.a").is_file()), None)
+
+
+def cudart_mode(nvcc: str) -> str | None:
+    """How :func:`link` links the CUDA runtime: "static" (preferred: the library then needs
+    only the driver), "shared" (libcudart.so only: it must be on the loader path at run
+    time), or None (neither: no link possible)."""
+    if cudart_static(nvcc) is not None:
+        return "static"
+    if any((d / "libcudart.so").exists() for d in _lib_dirs(nvcc)):
+        return "shared"
     return None
 
 
 def link(objs: list[pathlib.Path], out: str | os.PathLike, *, nvcc: str | None = None) -> pathlib.Path:
-    """Link the objects into a shared object. The CUDA runtime is linked statically, so
-    the .so needs only the driver (libcuda.so.1, which the runtime dlopens at first use):
-    it loads on machines without a driver and reports "no driver" from its first call.
+    """Link the objects into a shared object. The CUDA runtime is linked statically where
+    the toolkit has it, so the .so needs only the driver (libcuda.so.1, which the runtime
+    dlopens at first use): it loads on machines without a driver and reports "no driver"
+    from its first call. Else it links libcudart.so (see :func:`cudart_mode`).
 
     Raises:
-        CudaBuildError: no nvcc, no libcudart_static.a in its toolkit, or a link error.
+        CudaBuildError: no nvcc, no CUDA runtime library in its toolkit, or a link error.
     """
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise CudaBuildError("nvcc not found (set NVCC or put the CUDA toolkit's bin/ on PATH)")
-    if cudart_static(nvcc) is None:
-        raise CudaBuildError(f"libcudart_static.a not found in the toolkit of {nvcc}")
+    mode = cudart_mode(nvcc)
+    if mode is None:
+        raise CudaBuildError(f"neither libcudart_static.a nor libcudart.so found in the toolkit of {nvcc}")
     out = pathlib.Path(out)
     tmp = out.with_name(out.name + ".tmp")
-    _run([nvcc, "-shared", "-cudart", "static", "-o", str(tmp), *map(str, objs)])
+    _run([nvcc, "-shared", "-cudart", mode, "-o", str(tmp), *map(str, objs)])
     os.replace(tmp, out)  # a failed link never leaves a half-written library behind
     return out
 
