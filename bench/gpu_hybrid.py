@@ -33,18 +33,27 @@ registry, at most 64 MiB carried; the run takes about 3-5 minutes):
   here, once: put wheels for the device machine's Python into .wheels/ (ignored by git;
   about 20 MiB), e.g. for Python 3.X:
       python3 -m pip download --only-binary=:all: --platform manylinux2014_x86_64 \\
-          --python-version 3.X --no-deps -d .wheels cffi pycparser gguf pyyaml numpy setuptools tqdm
+          --platform manylinux_2_28_x86_64 --python-version 3.X --no-deps -d .wheels \\
+          cffi pycparser gguf pyyaml numpy setuptools tqdm
   then:
       run(command="python3 bench/gpu_hybrid.py --out $OUT/gpu_hybrid.json",
           carry=[".wheels"], timeout_s=540)
 
 The script extracts the wheels of missing modules from .wheels/ into .pydeps/ (ignored by
-git) before anything else; the wheels must match the device machine's Python. The source tree travels by itself; the package's ``__init__``
+git) before anything else; they must match the device machine's Python (a mismatch is
+refused with a message). The source tree travels by itself; the package's ``__init__``
 (the llama-cpp-python compatible ``Llama``) is bypassed, so llama-cpp-python is not
-needed there. Without nvcc on that machine, build libpi_cuda.so here
-(``POWERINFER_CUDA=1 POWERINFER_CUDA_ARCHS=90 python3 setup.py build_ext --inplace``)
-and carry ``powerinfer_backend/libpi_cuda.so`` as well. ``--device cpu-device`` runs the
-same pipeline on the CPU test device (a dry run of everything but CUDA).
+needed there. Without nvcc or Python headers on that machine, build both libraries here
+(``POWERINFER_CUDA=1 POWERINFER_CUDA_ARCHS=90 python3 setup.py build_ext --inplace``;
+the extension is abi3, the CUDA runtime static) and run with --no-build, carrying them
+too (about 2 MiB):
+
+      run(command="python3 bench/gpu_hybrid.py --no-build --out $OUT/gpu_hybrid.json",
+          carry=[".wheels", "powerinfer_backend/_pi_native.abi3.so",
+                 "powerinfer_backend/libpi_cuda.so"], timeout_s=540)
+
+``--device cpu-device`` runs the same pipeline on the CPU test device (a dry run of
+everything but CUDA), e.g. ``--layers 2 --device cpu-device --no-build``.
 """
 
 from __future__ import annotations
