@@ -4,8 +4,9 @@
 the bytes it is given up front and refuses more, with its own thread and workers,
 running the device half of a placement plan (hot FFN rows) while the calling thread
 computes the cold neurons (docs/placement.md). It exists so that the split, the
-concurrency, the byte accounting and the merge are tested without a GPU; a CUDA device
-would implement the same native entry points in its own shared object.
+concurrency, the byte accounting and the merge are tested without a GPU. The CUDA device
+(``cuda_device.CudaDevice``, same interface) lives in its own shared object, built with
+``POWERINFER_CUDA=1`` and loaded only when asked for (:func:`open_device`).
 
 A whole model runs under a plan with :func:`place_model` (the context's placed
 attention blocks, KV caches, output block and hot rows on the device); one layer's
@@ -19,7 +20,8 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 
-__all__ = ["CpuDevice", "DeviceFFN", "FFN_FORMS", "ffn_bytes", "upload_plan", "plan_ffn_bytes", "place_model"]
+__all__ = ["CpuDevice", "DeviceFFN", "FFN_FORMS", "ffn_bytes", "open_device", "upload_plan", "plan_ffn_bytes",
+           "place_model"]
 
 #: enum pi_ffn_act: name -> value
 FFN_FORMS = {"swiglu": 0, "geglu": 1, "relu": 2, "drelu": 3}
@@ -126,6 +128,25 @@ class CpuDevice:
         self.close()
 
 
+def open_device(kind: str, reserve_bytes: int, n_threads: int = 1, *, device: int = 0):
+    """A device by name: ``"cpu-device"`` (:class:`CpuDevice`) or ``"cuda"``
+    (:class:`powerinfer_backend.cuda_device.CudaDevice` on GPU ``device``; its library is
+    loaded only now).
+
+    Raises:
+        ValueError: unknown kind (or bad arguments, see the classes).
+        RuntimeError: "cuda" without the CUDA library built, a driver or a device (the
+            message says which).
+    """
+    if kind == "cpu-device":
+        return CpuDevice(reserve_bytes, n_threads)
+    if kind == "cuda":
+        from .cuda_device import CudaDevice
+
+        return CudaDevice(reserve_bytes, n_threads, device)
+    raise ValueError(f"unknown device {kind!r} (cpu-device, cuda)")
+
+
 class DeviceFFN:
     """One layer split between the device (hot rows) and the CPU (the rest)."""
 
@@ -135,7 +156,8 @@ class DeviceFFN:
         self.n_hot = int(lib.pi_device_ffn_n_hot(ptr))
 
     def run(self, x: np.ndarray, threshold: float = 0.0, *, return_device_part: bool = False):
-        """y = device partial (hot rows) + CPU partial (cold neurons), float32 (n_tok, n_embd).
+        """y = the device's sum over the hot rows, continued on the CPU by the cold rows
+        (``pi_op_ffn_hybrid``), float32 (n_tok, n_embd).
 
         Args:
             x: float32 (n_tok, n_embd), n_tok <= max_tok.
@@ -156,7 +178,7 @@ class DeviceFFN:
 
 def upload_plan(dev: CpuDevice, model, plan, *, max_tok: int = 1) -> list[DeviceFFN]:
     """Every layer's hot rows of ``plan`` (:class:`powerinfer_backend.placement.Plan`)
-    on ``dev``, from the loaded GGUF ``model`` (gate/up as stored, down_t from the
+    on ``dev`` (a :class:`CpuDevice` or a ``CudaDevice``), from the loaded GGUF ``model`` (gate/up as stored, down_t from the
     down cache, :func:`powerinfer_backend.down_cache.transposed_down`). Returns one
     :class:`DeviceFFN` per layer (n_hot 0 where the plan places none).
 
@@ -185,11 +207,17 @@ def upload_plan(dev: CpuDevice, model, plan, *, max_tok: int = 1) -> list[Device
 _ACT_FORM = {0: "swiglu", 1: "geglu", 2: "relu", 3: "drelu"}
 
 
-def plan_ffn_bytes(model, plan, *, max_tok: int = 1) -> int:
-    """Device bytes :func:`upload_plan` takes (sum of :func:`ffn_bytes` over layers)."""
+def plan_ffn_bytes(model, plan, *, max_tok: int = 1, kind: str = "cpu-device") -> int:
+    """Device bytes :func:`upload_plan` takes on a device of ``kind`` (sum of
+    :func:`ffn_bytes`, or ``cuda_device.cuda_ffn_bytes`` for "cuda", over layers)."""
     from .down_cache import down_t_dtype
 
     d = 0 if down_t_dtype(model) == "f32" else 1
+    if kind == "cuda":
+        from .cuda_device import cuda_ffn_bytes
+
+        return sum(cuda_ffn_bytes(model.layer_tensors(i)[6].type, d, model.hparams.n_embd, L.n_hot, max_tok)
+                   for i, L in enumerate(plan.layers))
     return sum(ffn_bytes(model.layer_tensors(i)[6].type, d, model.hparams.n_embd, L.n_hot, max_tok)
                for i, L in enumerate(plan.layers))
 

@@ -76,7 +76,7 @@ def host_available_bytes() -> int:
 
 
 def _cuda_available() -> bool:
-    return False  # the CUDA part is optional and not built into this library
+    return False  # CudaDevice (cuda_device.py) runs per-layer splits; the engine does not drive it yet
 
 
 def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,
@@ -109,8 +109,9 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
     if device is None:
         device = "cuda" if _cuda_available() else "cpu"
     if device == "cuda" and not _cuda_available():
-        raise NotImplementedError("device='cuda': the CUDA part of powerinfer_backend is not built into this "
-                                  "installation (reinstall with POWERINFER_CUDA=1 on a machine with nvcc and a GPU)")
+        raise NotImplementedError("device='cuda': whole-model CUDA execution is not wired into the engine yet "
+                                  "(the CUDA part runs per-layer FFN splits: powerinfer_backend.cuda_device, "
+                                  "bench/gpu_hybrid.py); use device='cpu-device' to test a placement")
     gguf = ctx.model.gguf
     sizes = P.ModelSizes.from_gguf(gguf)
     if device == "cpu":
