@@ -23,7 +23,8 @@ def cmd_generate(args) -> int:
     from .llama import Llama
 
     llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads,
-                seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose, sparse=args.sparse)
+                seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose, sparse=args.sparse,
+                **_device_kwargs(args))
     with llm:
         for chunk in llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True):
             sys.stdout.write(chunk["choices"][0]["text"])
@@ -96,7 +97,7 @@ def cmd_perplexity(args) -> int:
 
     text = read_text(args.text, args.offset_bytes, args.max_bytes)
     llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads,
-                verbose=args.verbose, sparse=args.sparse)
+                verbose=args.verbose, sparse=args.sparse, **_device_kwargs(args))
     with llm:
         if args.ctx > llm._backend.n_ctx_train:
             raise ValueError(f"--ctx {args.ctx} exceeds the model's training context ({llm._backend.n_ctx_train} tokens)")
@@ -122,9 +123,25 @@ def cmd_plan(args) -> int:
 
     model = _model_path(args.model)
     budget = parse_vram_budget(args.vram_budget)
-    plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch,
-                          sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
-                          disable_gpu_index=args.disable_gpu_index, out=args.out)
+    if args.layer_split:
+        from pathlib import Path
+
+        from .artifacts import artifact_dir, atomic_write_json
+        from .gguf_model import load_gguf
+        from .placement import ModelSizes, plan_layer_split
+
+        g = load_gguf(model, verbose=False)
+        try:
+            sizes = ModelSizes.from_gguf(g)
+        finally:
+            g.close()
+        plan = plan_layer_split(sizes, budget, n_ctx=args.ctx, n_batch=args.batch)
+        plan.path = Path(args.out) if args.out else artifact_dir(model, create=True) / "layer-split.json"
+        atomic_write_json(plan.path, plan.to_json())
+    else:
+        plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch,
+                              sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
+                              disable_gpu_index=args.disable_gpu_index, out=args.out)
     png = None
     if not args.no_plot:
         png = args.png or str(plan.path.with_suffix(".png"))
@@ -161,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
     g.add_argument("--verbose", action="store_true", help="print load information to stderr")
     _add_sparse(g)
+    _add_device(g)
     g.set_defaults(func=cmd_generate)
 
     q = sub.add_parser("perplexity", help="perplexity of a text file in non-overlapping chunks")
@@ -176,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='print {"ppl", "nll", "tokens", "chunks", "ffn_sparsity"} as JSON')
     q.add_argument("--verbose", action="store_true", help="print load information to stderr")
     _add_sparse(q)
+    _add_device(q)
     q.set_defaults(func=cmd_perplexity)
 
     c = sub.add_parser("calibrate", help="choose per-layer sparsity thresholds; writes the sparsity sidecar")
@@ -263,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-plot", action="store_true", help="write no plot")
     pl.add_argument("--reset-gpu-index", action="store_true", help="recompute even when a stored plan matches")
     pl.add_argument("--disable-gpu-index", action="store_true", help="place no FFN neurons on the device")
+    pl.add_argument("--layer-split", action="store_true",
+                    help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")
     pl.set_defaults(func=cmd_plan)
 
@@ -279,6 +300,20 @@ def _add_sparse(p) -> None:
     m.add_argument("--sparse", default="auto", metavar="{auto,off,threshold,predictor,PATH}",
                    help="sparse FFN mode (default auto: the calibration sidecar when present) or a sidecar path")
     m.add_argument("--dense", dest="sparse", action="store_const", const="off", help="same as --sparse off")
+
+
+def _add_device(p) -> None:
+    p.add_argument("--vram-budget", default=None,
+                   help="device budget: GiB as a number, or a size like 512MiB / 8GiB (default: none)")
+    p.add_argument("--device", choices=("cpu", "cpu-device", "cuda"), default=None,
+                   help="cpu-device: the CPU test device that runs the split in its own pool and threads")
+    p.add_argument("--placement", choices=("neurons", "layers"), default="neurons",
+                   help="hot neurons by frequency (default) or whole layers as llama.cpp's -ngl")
+
+
+def _device_kwargs(args) -> dict:
+    return {k: v for k, v in (("vram_budget", args.vram_budget), ("device", args.device),
+                              ("placement", args.placement)) if v is not None}
 
 
 def _positive(name):

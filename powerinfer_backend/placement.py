@@ -694,8 +694,9 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
         model: the loaded GGUFModel (loaded here when None).
         neuron_freq: frequencies to use instead of a sidecar's; then ``freq_source``
             names them in the cache key (default: a hash of the array).
-        sparsity_sidecar: "auto" (the model's sidecar when present, else uniform),
-            a sidecar path, or None (uniform).
+        sparsity_sidecar: "auto" (the model's sidecar when present, else PowerInfer's
+            ``<model>.generated.gpuidx`` beside it - its GPU neurons rank first -, else
+            uniform), a sidecar path, or None (uniform).
         reset_gpu_index: recompute and overwrite even when a stored plan matches,
             and overwrite a plan recorded for another model.
         disable_gpu_index: no FFN neurons on the device.
@@ -704,6 +705,7 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
         ValueError: bad arguments, a sidecar for another model, or a stored plan
             made from another model (without ``reset_gpu_index``).
     """
+    from .pwri import gpuidx_path, read_gpuidx
     from .sidecar import read_sidecar, sidecar_path
 
     budget = _check_int("vram_budget", vram_budget, 0)
@@ -717,10 +719,23 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
             sc = cand if cand.is_file() else None
         elif sparsity_sidecar is not None:
             sc = Path(sparsity_sidecar)
+        gpuidx = Path(gpuidx_path(model_path))
         if sc is not None:
             prof = read_sidecar(sc, model_path=model_path)
             neuron_freq = prof.neuron_freq
             freq_source = "sidecar:" + model_fingerprint(sc)
+        elif sparsity_sidecar == "auto" and gpuidx.is_file():
+            # PowerInfer's own hot/cold split: its hot neurons rank first (frequency 1)
+            from .gguf_model import load_gguf
+
+            g = model if model is not None else load_gguf(model_path, verbose=verbose)
+            try:
+                idx = read_gpuidx(gpuidx, g.hparams.n_layer, g.hparams.n_ff)
+            finally:
+                if model is None:
+                    g.close()
+            neuron_freq = np.stack([np.asarray(m, np.float64) for m in idx.gpu_idx])
+            freq_source = "gpuidx:" + model_fingerprint(gpuidx)
         else:
             freq_source = "uniform"
     fp = model_fingerprint(model_path)

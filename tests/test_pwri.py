@@ -172,3 +172,25 @@ def test_gpuidx_invalid(tmp_path, corrupt, msg):
     p = write_gpuidx(tmp_path / "x.gpuidx", corrupt=corrupt)
     with pytest.raises(ValueError, match=msg):
         read_gpuidx(p, N_LAYER, N_FF)
+
+
+def test_gpuidx_drives_placement(tmp_path):
+    """A PowerInfer .generated.gpuidx beside the model (and no sidecar): its GPU neurons
+    are the plan's hot neurons, first; the plan records the file as its frequency source."""
+    from powerinfer_backend import placement as P
+
+    path = write_tiny_llama(tmp_path / "pw.gguf", n_layer=N_LAYER, n_ff=N_FF)
+    gi = read_gpuidx(write_gpuidx(gpuidx_path(path)), N_LAYER, N_FF)
+    g = load_gguf(path, verbose=False)
+    sizes = P.ModelSizes.from_gguf(g)
+    g.close()
+    n_gpu = [len(b) for b in gi.gpu_bucket]
+    budget = P.full_device_bytes(sizes, 64, 2) - sum(P.hot_bytes(sizes, i, N_FF) - P.hot_bytes(sizes, i, n)
+                                                     for i, n in enumerate(n_gpu))
+    plan = P.plan_for_model(path, budget, n_ctx=64, n_batch=2)
+    assert plan.inputs["freq_source"].startswith("gpuidx:")
+    for L, bucket in zip(plan.layers, gi.gpu_bucket):
+        hot, gpu = set(L.hot_ids.tolist()), set(bucket.tolist())
+        assert 0 < len(hot) and (hot <= gpu or gpu <= hot)  # PowerInfer's GPU neurons rank first
+    assert sum(L.n_hot for L in plan.layers) >= sum(n_gpu) - 2 * 32  # the last groups may be cut
+
