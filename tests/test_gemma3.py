@@ -71,12 +71,21 @@ def test_tiny_bit_identical_to_llama_cpp(tmp_path):
     assert np.array_equal(ours, np.stack(rows)), np.abs(ours - np.stack(rows)).max()
 
 
-def test_sparse_ffn_refused_with_post_norm(tmp_path):
+def test_sparse_ffn_with_post_norm_matches_dense(tmp_path):
+    """GeGLU with the post-FFN norm: the sparse FFN (threshold 0, F32 down_t) normalises
+    its output as the dense path does; only the GELU's precision differs (the dense
+    path uses llama.cpp's half-precision table, the sparse path the float formula)."""
+    from powerinfer_backend.down_cache import transposed_down
+
     m = load_gguf(write_tiny_gemma3(tmp_path / "g.gguf"), verbose=False)
-    ctx = NativeContext(NativeModel(m), n_ctx=32, n_batch=32, n_threads=1)
-    down_t = np.zeros((128, 64), np.float32)
-    with pytest.raises(NotImplementedError, match="post-FFN norm"):
-        ctx.set_ffn_sparsity(0, down_t, 0.0)
+    dense = _eval(m, TOKENS)
+    nm = NativeModel(m)
+    ctx = NativeContext(nm, n_ctx=32, n_batch=32, n_threads=1)
+    for i in range(m.hparams.n_layer):
+        ctx.set_ffn_sparsity(i, transposed_down(m, i, dtype="f32"), 0.0)
+    sparse = np.stack([ctx.eval([t])[-1].copy() for t in TOKENS])
+    np.testing.assert_allclose(sparse, dense, rtol=2e-3, atol=2e-3)
+    assert np.array_equal(sparse.argmax(-1), dense.argmax(-1))
     ctx.close()
 
 

@@ -70,6 +70,8 @@ typedef struct {
 
 /* x += attention(norm(x)) and xn = ffn_norm(x) for layer l, in site s (model.c) */
 void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, int64_t n_tok);
+/* x += post_ffn_norm(ffn_y) (the norm only where the layer has one) over n_tok rows */
+void pi_ffn_residual(pi_context *c, int l, int64_t n_tok);
 /* pi_ffn_act value of the model's activation */
 int32_t pi_ffn_form(const pi_model *m);
 

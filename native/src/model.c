@@ -234,6 +234,11 @@ static void act_mul(pi_context *c, int64_t n_tok) {
         pi_pool_run(c->pool, act_task, &j);
 }
 
+/* rows = RMSNorm(rows) * w in place, when the optional norm w is present */
+static void norm_opt(const pi_tensor *w, float *rows, int64_t n, int64_t n_rows, float eps) {
+    if (w->data != NULL) pi_rmsnorm_rows(rows, w->data, n, n_rows, eps, rows);
+}
+
 static void add_rows(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
@@ -302,7 +307,13 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
     c->ffn_total[l] += n_tok * c->m->hp.n_ff;
-    add_rows(c->x, c->ffn_y, n_tok * c->m->hp.n_embd);
+    pi_ffn_residual(c, l, n_tok);
+}
+
+void pi_ffn_residual(pi_context *c, int l, int64_t n_tok) {
+    const pi_model_params *hp = &c->m->hp;
+    norm_opt(&hp->layers[l * PI_L_COUNT + PI_L_FFN_POST_NORM], c->ffn_y, hp->n_embd, n_tok, hp->rms_eps); /* Gemma */
+    add_rows(c->x, c->ffn_y, n_tok * hp->n_embd);
 }
 
 /* x[t] += b for n_tok rows of n floats (projection biases) */
@@ -310,10 +321,6 @@ static void add_bias(float *x, const float *b, int64_t n, int64_t n_tok) {
     for (int64_t t = 0; t < n_tok; t++) add_rows(x + t * n, b, n);
 }
 
-/* rows = RMSNorm(rows) * w in place, when the optional norm w is present */
-static void norm_opt(const pi_tensor *w, float *rows, int64_t n, int64_t n_rows, float eps) {
-    if (w->data != NULL) pi_rmsnorm_rows(rows, w->data, n, n_rows, eps, rows);
-}
 
 /* sliding-window (local) layer? see pi_model_params.swa_pattern */
 static int is_swa(const pi_model_params *hp, int l) {
@@ -490,8 +497,6 @@ int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *d
         return pi_set_error(PI_ERR_UNSUPPORTED, "%s: type %d, expected F32, F16, Q8_0 or Q4_0", name, t);
     int rc = check_tensor(down_t, name, hp->n_embd, hp->n_ff, 0);
     if (rc) return rc;
-    if (hp->layers[layer * PI_L_COUNT + PI_L_FFN_POST_NORM].data != NULL) /* the sparse path adds y unnormed */
-        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the sparse FFN does not support a post-FFN norm yet", layer);
     const pi_mat *lm = &c->m->mats[layer * PI_L_COUNT];
     if (lm[PI_L_FFN_GATE].type != lm[PI_L_FFN_UP].type)
         return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: ffn_gate and ffn_up types differ; the sparse FFN needs one",

@@ -272,8 +272,7 @@ int pi_placed_ffn(pi_context *c, int l, int64_t n_tok) {
     pi_ffn_split(c->pool, p->ffn[l], &a, c->ffn_scratch, p->cold_ids, p->cold_off, p->used_dev, NULL);
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
     c->ffn_total[l] += n_tok * c->m->hp.n_ff;
-    const int64_t n = n_tok * c->m->hp.n_embd;
-    for (int64_t i = 0; i < n; i++) c->x[i] += c->ffn_y[i];
+    pi_ffn_residual(c, l, n_tok);
     return 1;
 }
 
