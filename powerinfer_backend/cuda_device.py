@@ -281,12 +281,21 @@ class CudaFFN:
         self.gate_up_type, self.down_t_type = gate_up_type, down_t_type
         self.n_embd, self.n_ff, self.max_tok = n_embd, n_ff, max_tok
         self.n_hot = int(dev._lib.pi_cuda_ffn_n_hot(ptr))
+        self.hot_ids = np.ascontiguousarray(hot_ids, dtype=np.int32)
         mask = np.ones(n_ff, dtype=bool)
         mask[hot_ids] = False
         self.cold_ids = np.flatnonzero(mask).astype(np.int32)
         #: kept hot rows per token of the last run (device side), int64 (n_tok,)
         self.last_n_used = np.zeros(0, dtype=np.int64)
         self._cold_lists: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # n_tok -> (ids, offsets) for the CPU half
+
+    def offload_pointers(self) -> tuple[int, int, int]:
+        """Addresses (upload, ``pi_cuda_ffn_run_async``, ``pi_cuda_ffn_wait``) for the
+        engine's ``pi_context_set_ffn_offload``: the whole-model forward pass then runs
+        this layer's hot rows on the GPU (:meth:`NativeContext.set_ffn_offload`)."""
+        ffi, lib = self._dev._ffi, self._dev._lib
+        return tuple(int(ffi.cast("uintptr_t", p)) for p in (self._ptr, lib.pi_cuda_ffn_run_async,
+                                                              lib.pi_cuda_ffn_wait))
 
     def run(self, x: np.ndarray, threshold: float = 0.0, *, return_device_part: bool = False):
         """y = GPU partial (hot rows) + CPU partial (cold neurons), float32 (n_tok, n_embd).

@@ -325,6 +325,26 @@ class NativeContext:
                   "placing the model on the device")
         self._device = device
 
+    def set_ffn_offload(self, layer: int, ffn) -> None:
+        """Give layer ``layer``'s hot rows to an external device's FFN half ``ffn`` (an
+        object with ``offload_pointers()`` -> (handle, start, wait) addresses of C
+        functions with ``pi_ffn_offload_start_fn`` / ``_wait_fn`` signatures, and
+        ``hot_ids``; e.g. :class:`powerinfer_backend.cuda_device.CudaFFN`). The layer
+        must be sparse first (:meth:`set_ffn_sparsity`); ``ffn`` is kept alive here.
+
+        Raises:
+            ValueError: bad layer or ids, no down_t, or the layer already split.
+        """
+        handle, start, wait = ffn.offload_pointers()
+        ids = np.ascontiguousarray(ffn.hot_ids, dtype=np.int32)
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_offload(
+                self._ptr, int(layer), ffi.cast("void *", handle), ffi.cast("pi_ffn_offload_start_fn", start),
+                ffi.cast("pi_ffn_offload_wait_fn", wait), ffi.cast("const int32_t *", ffi.from_buffer(ids)),
+                ids.shape[0]), f"blk.{layer}: FFN offload")
+        self._offload = getattr(self, "_offload", {})
+        self._offload[int(layer)] = ffn
+
     def set_ffn_predictor(self, layer: int, fc1, fc2=None, threshold: float = 0.0) -> None:
         """Give layer ``layer`` an activation predictor (docs/predictors.md): only
         neurons with ``fc2 . relu(fc1 . x) >= threshold`` are computed. ``fc1``/``fc2``:

@@ -90,8 +90,9 @@ class Llama:
             a size string ("512MiB", "8GiB"); None = from ``n_gpu_layers`` if given, else
             free device memory minus a margin (docs/placement.md). Without a GPU: CPU
             only (a warning when a budget was given).
-        device (keyword): "cuda", "cpu", or "cpu-device" (the CPU test device that runs
-            the split in its own pool and threads); default: "cuda" when built, else CPU.
+        device (keyword): "cuda" (hot FFN rows on the GPU; needs the CUDA part built),
+            "cpu", or "cpu-device" (the CPU test device that runs the whole plan in its
+            own pool and threads); default: "cuda" when it loads, else CPU.
         placement (keyword): "neurons" (hot neurons by firing frequency; default) or
             "layers" (whole layers, llama.cpp's -ngl split).
         n_gpu_layers (keyword): converted to a budget once when ``vram_budget`` is not

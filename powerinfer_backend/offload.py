@@ -8,10 +8,11 @@ exactly the plan's bytes, and places the context on it
 (:func:`powerinfer_backend.device.place_model`).
 
 Devices: ``"cpu"`` (none: everything on the CPU), ``"cpu-device"`` (the test device:
-a separate pool and threads on the CPU, so the split is exercised without a GPU; its
-"free memory" is the host's available memory) and ``"cuda"`` (a GPU; needs the CUDA
-part built with ``POWERINFER_CUDA=1``). ``None`` = ``"cuda"`` when it is available,
-else ``"cpu"``.
+a separate pool and threads on the CPU running the whole plan - attention blocks, KV
+caches, output block, hot rows - so the split is exercised without a GPU; its "free
+memory" is the host's available memory) and ``"cuda"`` (a GPU, with the CUDA part built
+with ``POWERINFER_CUDA=1``: hot FFN rows only for now, attention stays on the CPU).
+``None`` = ``"cuda"`` when it loads, else ``"cpu"``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,13 @@ def host_available_bytes() -> int:
 
 
 def _cuda_available() -> bool:
-    return False  # CudaDevice (cuda_device.py) runs per-layer splits; the engine does not drive it yet
+    from .cuda_device import load
+
+    try:
+        load()
+        return True
+    except RuntimeError:
+        return False
 
 
 def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,
@@ -108,10 +115,13 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if device is None:
         device = "cuda" if _cuda_available() else "cpu"
-    if device == "cuda" and not _cuda_available():
-        raise NotImplementedError("device='cuda': whole-model CUDA execution is not wired into the engine yet "
-                                  "(the CUDA part runs per-layer FFN splits: powerinfer_backend.cuda_device, "
-                                  "bench/gpu_hybrid.py); use device='cpu-device' to test a placement")
+    if device == "cuda":
+        from .cuda_device import load
+
+        try:
+            load()
+        except RuntimeError as e:
+            raise NotImplementedError(f"device='cuda': {e}") from e
     gguf = ctx.model.gguf
     sizes = P.ModelSizes.from_gguf(gguf)
     if device == "cpu":
@@ -121,12 +131,11 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         dec = P.resolve_budget(None, n_gpu_layers, sizes, free_bytes=None, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch)
         return Offload("cpu", dec, notices=[f"{', '.join(given)} ignored: no GPU device (the CUDA part is not "
                                             f"built); running on the CPU"] if given else [])
+    if device == "cuda":
+        return _offload_cuda(ctx, model_path, sizes, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers,
+                             device_threads=device_threads, disable_gpu_index=disable_gpu_index, verbose=verbose)
     free = host_available_bytes()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        dec = P.resolve_budget(vram_budget, n_gpu_layers, sizes, free_bytes=free, n_ctx=ctx.n_ctx,
-                               n_batch=ctx.n_batch)
-    notices = [str(w.message) for w in caught]
+    dec, notices = _resolve(vram_budget, n_gpu_layers, sizes, free, ctx)
     if dec.message and verbose:
         import sys
 
@@ -143,3 +152,64 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
 
     dev = place_model(ctx, plan, n_threads=device_threads, kind=device)
     return Offload(device, dec, plan, dev, notices)
+
+
+def _resolve(vram_budget, n_gpu_layers, sizes, free, ctx):
+    """resolve_budget, its warnings collected as notices for the caller's line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dec = P.resolve_budget(vram_budget, n_gpu_layers, sizes, free_bytes=free, n_ctx=ctx.n_ctx,
+                               n_batch=ctx.n_batch)
+    return dec, [str(w.message) for w in caught]
+
+
+def _offload_cuda(ctx, model_path, sizes, *, vram_budget, n_gpu_layers, device_threads, disable_gpu_index,
+                  verbose) -> Offload:
+    """The GPU holds hot FFN rows only (attention, KV cache and output stay on the CPU):
+    the largest neuron plan whose CUDA uploads (rows plus each layer's own buffers for
+    n_batch tokens, ``cuda_ffn_bytes``) fit the budget; each layer is then split by the
+    engine (``pi_context_set_ffn_offload``): GPU partial sum, continued on the CPU."""
+    from .cuda_device import CudaDevice, cuda_ffn_bytes
+    from .down_cache import down_t_dtype, transposed_down
+    from .device import _ACT_FORM
+
+    gguf = ctx.model.gguf
+    hp = gguf.hparams
+    free = CudaDevice.probe()["free_bytes"]  # after the CUDA context and our kernels
+    dec, notices = _resolve(vram_budget, n_gpu_layers, sizes, free, ctx)
+    dname = down_t_dtype(gguf)
+    dtype_id = 0 if dname == "f32" else 1
+    gate_types = [gguf.layer_tensors(i)[6].type for i in range(hp.n_layer)]
+
+    def cuda_bytes(plan):
+        return sum(cuda_ffn_bytes(int(gate_types[i]), dtype_id, hp.n_embd, L.n_hot, ctx.n_batch)
+                   for i, L in enumerate(plan.layers))
+
+    freq, _ = P.neuron_frequencies(model_path, model=gguf)
+    lo, hi = 0, dec.bytes  # the largest planning budget whose real bytes fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cuda_bytes(P.plan_placement(sizes, freq, mid, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch,
+                                       neurons_only=True, disable_gpu_index=disable_gpu_index)) <= dec.bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    plan = P.plan_placement(sizes, freq, lo, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, neurons_only=True,
+                            disable_gpu_index=disable_gpu_index)
+    reserve = cuda_bytes(plan)
+    if reserve == 0:
+        return Offload("cuda", dec, notices=notices)
+    dev = CudaDevice(reserve, n_threads=device_threads)
+    form = _ACT_FORM[hp.act]
+    for i, L in enumerate(plan.layers):
+        dt = transposed_down(gguf, i, dtype=dname)
+        if i not in ctx._down_t:
+            ctx.set_ffn_sparsity(i, dt, 0.0)
+        if L.n_hot:
+            t = gguf.layer_tensors(i)
+            f = dev.upload_ffn(form, int(t[6].type), t[6].data, t[7].data, dtype_id, dt, hp.n_embd, hp.n_ff,
+                               L.hot_ids, max_tok=ctx.n_batch)
+            ctx.set_ffn_offload(i, f)
+    ctx._device = dev
+    return Offload("cuda", dec, plan, dev, notices)
+

@@ -54,7 +54,7 @@ __all__ = [
     "FORMAT_VERSION", "TensorSize", "ModelSizes", "LayerPlan", "Plan", "BudgetDecision",
     "row_bytes", "align_up", "scratch_bytes", "kv_bytes_per_layer", "attn_block_bytes",
     "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes", "layer_bytes",
-    "plan_placement", "plan_layer_split", "parse_vram_budget", "resolve_budget", "plan_path", "plan_for_model",
+    "plan_placement", "plan_layer_split", "neuron_frequencies", "parse_vram_budget", "resolve_budget", "plan_path", "plan_for_model",
     "load_plan",
 ]
 
@@ -403,7 +403,7 @@ def _check_freq(s: ModelSizes, neuron_freq: np.ndarray | None) -> np.ndarray:
 
 
 def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: int, *, n_ctx: int,
-                   n_batch: int, disable_gpu_index: bool = False) -> Plan:
+                   n_batch: int, disable_gpu_index: bool = False, neurons_only: bool = False) -> Plan:
     """Place dense blocks and FFN neurons on the device within ``vram_budget`` bytes.
 
     Args:
@@ -413,6 +413,8 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
         n_ctx: KV cache length in tokens (>= 1).
         n_batch: most tokens per eval call (>= 1), sizes the scratch and logits.
         disable_gpu_index: place no FFN neurons (dense blocks only).
+        neurons_only: no scratch and no dense blocks, FFN neurons only (a device that
+            runs only FFN halves and holds its own buffers, e.g. the CUDA device today).
 
     Returns:
         A :class:`Plan` with ``device_bytes <= vram_budget`` (deterministic: the same
@@ -431,9 +433,9 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
     output_on = False
     n_hot = [0] * nl
     order: list[np.ndarray] = []
-    scratch = scratch_bytes(sizes, n_ctx, n_batch)
+    scratch = 0 if neurons_only else scratch_bytes(sizes, n_ctx, n_batch)
     used = 0
-    if scratch <= budget:
+    if scratch <= budget and not neurons_only:
         used = scratch
         for i in range(nl):
             b = attn_block_bytes(sizes, i, n_ctx)
@@ -676,6 +678,43 @@ def load_plan(path: str | os.PathLike) -> Plan:
     return plan
 
 
+def neuron_frequencies(model_path: str | os.PathLike, *, model=None, sparsity_sidecar: Any = "auto",
+                       verbose: bool = False) -> tuple[np.ndarray | None, str]:
+    """The firing frequencies placement ranks neurons by, and their source name:
+    the calibration sidecar's ``neuron_freq`` ("sidecar:<sha256>"); else, with
+    ``sparsity_sidecar="auto"``, PowerInfer's ``<model>.generated.gpuidx`` beside the
+    model (its GPU neurons 1, the rest 0: "gpuidx:<sha256>"); else None ("uniform").
+
+    Raises:
+        ValueError: a sidecar for another model, or a malformed gpuidx file.
+    """
+    from .pwri import gpuidx_path, read_gpuidx
+    from .sidecar import read_sidecar, sidecar_path
+
+    sc = None
+    if sparsity_sidecar == "auto":
+        cand = sidecar_path(model_path)
+        sc = cand if cand.is_file() else None
+    elif sparsity_sidecar is not None:
+        sc = Path(sparsity_sidecar)
+    if sc is not None:
+        prof = read_sidecar(sc, model_path=model_path)
+        return prof.neuron_freq, "sidecar:" + model_fingerprint(sc)
+    gpuidx = Path(gpuidx_path(model_path))
+    if sparsity_sidecar == "auto" and gpuidx.is_file():
+        # PowerInfer's own hot/cold split: its hot neurons rank first (frequency 1)
+        from .gguf_model import load_gguf
+
+        g = model if model is not None else load_gguf(model_path, verbose=verbose)
+        try:
+            idx = read_gpuidx(gpuidx, g.hparams.n_layer, g.hparams.n_ff)
+        finally:
+            if model is None:
+                g.close()
+        return np.stack([np.asarray(m, np.float64) for m in idx.gpu_idx]), "gpuidx:" + model_fingerprint(gpuidx)
+    return None, "uniform"
+
+
 def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: int, n_batch: int,
                    model=None, neuron_freq: np.ndarray | None = None, freq_source: str | None = None,
                    sparsity_sidecar: str | os.PathLike | None = "auto", reset_gpu_index: bool = False,
@@ -705,39 +744,13 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
         ValueError: bad arguments, a sidecar for another model, or a stored plan
             made from another model (without ``reset_gpu_index``).
     """
-    from .pwri import gpuidx_path, read_gpuidx
-    from .sidecar import read_sidecar, sidecar_path
-
     budget = _check_int("vram_budget", vram_budget, 0)
     if neuron_freq is not None:
         if freq_source is None:
             freq_source = "array:" + hashlib.sha256(np.ascontiguousarray(neuron_freq, np.float32).tobytes()).hexdigest()
     else:
-        sc = None
-        if sparsity_sidecar == "auto":
-            cand = sidecar_path(model_path)
-            sc = cand if cand.is_file() else None
-        elif sparsity_sidecar is not None:
-            sc = Path(sparsity_sidecar)
-        gpuidx = Path(gpuidx_path(model_path))
-        if sc is not None:
-            prof = read_sidecar(sc, model_path=model_path)
-            neuron_freq = prof.neuron_freq
-            freq_source = "sidecar:" + model_fingerprint(sc)
-        elif sparsity_sidecar == "auto" and gpuidx.is_file():
-            # PowerInfer's own hot/cold split: its hot neurons rank first (frequency 1)
-            from .gguf_model import load_gguf
-
-            g = model if model is not None else load_gguf(model_path, verbose=verbose)
-            try:
-                idx = read_gpuidx(gpuidx, g.hparams.n_layer, g.hparams.n_ff)
-            finally:
-                if model is None:
-                    g.close()
-            neuron_freq = np.stack([np.asarray(m, np.float64) for m in idx.gpu_idx])
-            freq_source = "gpuidx:" + model_fingerprint(gpuidx)
-        else:
-            freq_source = "uniform"
+        neuron_freq, freq_source = neuron_frequencies(model_path, model=model, sparsity_sidecar=sparsity_sidecar,
+                                                      verbose=verbose)
     fp = model_fingerprint(model_path)
     inputs = {"format_version": FORMAT_VERSION, "model_sha256": fp, "vram_budget": budget, "n_ctx": int(n_ctx),
               "n_batch": int(n_batch), "disable_gpu_index": bool(disable_gpu_index), "freq_source": freq_source,

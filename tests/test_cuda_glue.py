@@ -53,7 +53,7 @@ int pi_cuda_alloc(pi_cuda_device *d, int64_t n, void **out) {
 int pi_cuda_get_stats(const pi_cuda_device *d, pi_cuda_stats *s) {
     memset(s, 0, sizeof *s);
     s->reserved = d->reserved; s->used = d->used; s->high_water = d->hw; s->n_refused = d->refused;
-    s->n_jobs = d->jobs; s->rows = d->rows; s->total_bytes = 1000; s->free_bytes = 900; s->context_bytes = 100;
+    s->n_jobs = d->jobs; s->rows = d->rows; s->total_bytes = 1LL << 34; s->free_bytes = (1LL << 34) - 100; s->context_bytes = 100;
     strcpy(s->name, "mock"); return 0;
 }
 int64_t pi_cuda_ffn_bytes(int32_t gt, int32_t dt, int64_t E, int64_t n_hot, int64_t max_tok, int32_t has_gate) {
@@ -207,3 +207,29 @@ def test_ungated_needs_every_neuron_on_the_device(mock):
         part = dev.upload_ffn("relu_ungated", 0, None, u, 0, d, E, FF, np.arange(5, dtype=np.int32))
         with pytest.raises(NotImplementedError, match="no ungated FFN form"):
             part.run(x)
+
+
+def test_whole_model_offload_through_the_engine(mock, tmp_path, monkeypatch):
+    """Llama(device="cuda") with the mock library: the engine hands each layer's hot rows
+    to the device's run_async/wait (pi_context_set_ffn_offload), computes the cold neurons
+    and continues the device's partial sum; greedy tokens match the CPU-only run, the
+    device counted every hot row of every token, and its bytes stay within the budget."""
+    from fixtures import write_tiny_llama
+    from gguf import GGMLQuantizationType as GT
+
+    from powerinfer_backend import Llama
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = str(write_tiny_llama(tmp_path / "f32.gguf", n_layer=2, n_ff=128, types={"matrix": GT.F32}))
+    kw = dict(n_ctx=64, n_batch=8, n_threads=2, verbose=False)
+    budget = 40_000
+    with Llama(path, vram_budget=f"{budget}B", device="cuda", **kw) as llm:
+        off = llm._backend.offload
+        assert off.device_kind == "cuda" and off.plan is not None
+        n_hot = sum(L.n_hot for L in off.plan.layers)
+        assert 0 < n_hot < 2 * 128
+        text = llm.create_completion([1, 5, 9], max_tokens=8, temperature=0.0)["choices"][0]["text"]
+        s = off.stats()
+        assert s["used"] == s["reserved"] <= budget and s["rows"] == n_hot * (3 + 7)
+    with Llama(path, sparse="off", **kw) as ref:
+        assert ref.create_completion([1, 5, 9], max_tokens=8, temperature=0.0)["choices"][0]["text"] == text

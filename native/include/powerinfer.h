@@ -392,6 +392,21 @@ int64_t pi_context_plan_bytes(const pi_context *ctx, const pi_layer_placement *l
 int pi_context_set_device(pi_context *ctx, pi_device *dev, const pi_layer_placement *layers,
                           int32_t output_on_device);
 
+/* ---- An FFN half on an external device (device/placed.c) ----
+ * For a device in another shared object (libpi_cuda's pi_cuda_ffn_run_async /
+ * pi_cuda_ffn_wait have these signatures): the device holds `layer`'s hot rows
+ * (hot_ids, strictly increasing); at each eval the engine calls start(handle, form, x,
+ * n_tok, threshold) with the layer's normed FFN input, computes the cold neurons'
+ * activations, calls wait(handle, y_device, n_used) for the device's partial sum (n_tok
+ * rows of n_embd) and kept counts, and continues that sum with the cold rows (as the
+ * cpu-device). Both return 0 on success; a failure fails pi_eval. The layer needs a
+ * down_t (pi_context_set_ffn_sparsity) and no other device half; handle must outlive
+ * the context. */
+typedef int (*pi_ffn_offload_start_fn)(void *handle, int32_t form, const float *x, int64_t n_tok, float threshold);
+typedef int (*pi_ffn_offload_wait_fn)(void *handle, float *y_device, int64_t *n_used);
+int pi_context_set_ffn_offload(pi_context *ctx, int32_t layer, void *handle, pi_ffn_offload_start_fn start,
+                               pi_ffn_offload_wait_fn wait, const int32_t *hot_ids, int64_t n_hot);
+
 #ifdef __cplusplus
 }
 #endif

@@ -80,5 +80,6 @@ int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok);
 int pi_placed_ffn(pi_context *c, int l, int64_t n_tok);
 int pi_placed_output(pi_context *c, const float *x, int64_t n_out, float *logits);
 void pi_placed_free(pi_placed *p);
+int pi_placed_error(pi_context *c); /* an external device's failure during this eval (then cleared) */
 
 #endif

@@ -438,6 +438,8 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
                       c->rope_cs_swa);
     c->kv_used = pos[0]; /* positions past pos[0] are overwritten now */
     for (int l = 0; l < hp->n_layer; l++) forward_layer(c, l, pos, n_tokens);
+    int rc = pi_placed_error(c);
+    if (rc) return rc; /* the cache past pos[0] is invalid: kv_used stays at pos[0] */
     c->kv_used = pos[n_tokens - 1] + 1;
 
     c->n_out = (int32_t)n_out;

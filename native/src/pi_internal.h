@@ -264,6 +264,10 @@ int64_t pi_device_rows_bytes(int64_t gate_row, int64_t down_t_row, int64_t n_hot
 int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, const pi_mat *down_t,
                          const int32_t *hot_ids, int64_t n_hot, int64_t max_tok, float *x, float *y, void *scratch,
                          pi_device_ffn **out);
+/* a layer whose hot rows live on an external device (pi_context_set_ffn_offload) */
+int pi_device_ffn_create_ext(void *handle, pi_ffn_offload_start_fn start, pi_ffn_offload_wait_fn wait,
+                             int64_t n_embd, int64_t n_ff, const int32_t *hot_ids, int64_t n_hot,
+                             pi_device_ffn **out);
 /* start the device half on x (copied to the device); no-op without hot rows */
 int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold,
                         int64_t *n_used);
@@ -272,7 +276,7 @@ int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n
 int pi_ffn_cold(pi_pool *pool, const pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch,
                 int32_t *ids_buf, int64_t *off_buf);
 /* wait for the device half; y = its partial sum (copied back); counts added to n_used */
-void pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
+int pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
                           const int64_t *n_used_device);
 /* The split FFN: the device sums its hot rows while the CPU computes the cold rows' h;
  * then the CPU continues the device's sum with the cold rows (ids increasing). The

@@ -40,6 +40,10 @@ struct pi_device_ffn {
     int64_t job_tok;
     float job_threshold;
     int64_t *job_used;        /* optional per-token counts of kept hot rows */
+    /* or an external device's half (pi_context_set_ffn_offload): no memory here */
+    void *ext;
+    pi_ffn_offload_start_fn ext_start;
+    pi_ffn_offload_wait_fn ext_wait;
 };
 
 static int64_t align_up(int64_t n) { return (n + PI_DEVICE_ALIGN - 1) / PI_DEVICE_ALIGN * PI_DEVICE_ALIGN; }
@@ -317,9 +321,43 @@ static void ffn_job(pi_pool *pool, void *arg) {
     pi_device_count(f->dev, f->n_hot * f->job_tok, 0, 0);
 }
 
+int pi_device_ffn_create_ext(void *handle, pi_ffn_offload_start_fn start, pi_ffn_offload_wait_fn wait,
+                             int64_t n_embd, int64_t n_ff, const int32_t *hot_ids, int64_t n_hot,
+                             pi_device_ffn **out) {
+    *out = NULL;
+    for (int64_t r = 0; r < n_hot; r++)
+        if (hot_ids[r] < 0 || hot_ids[r] >= n_ff || (r > 0 && hot_ids[r] <= hot_ids[r - 1]))
+            return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_offload: hot ids must be strictly increasing "
+                                "in [0, %lld) (id %d at %lld)", (long long)n_ff, hot_ids[r], (long long)r);
+    pi_device_ffn *f = calloc(1, sizeof *f);
+    if (f == NULL || (f->cold = malloc((size_t)(n_ff - n_hot + 1) * sizeof *f->cold)) == NULL) {
+        free(f);
+        return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ffn_offload: out of memory");
+    }
+    f->ext = handle;
+    f->ext_start = start;
+    f->ext_wait = wait;
+    f->n_embd = n_embd;
+    f->n_ff = n_ff;
+    f->n_hot = n_hot;
+    for (int64_t j = 0, r = 0, c = 0; j < n_ff; j++) {
+        if (r < n_hot && hot_ids[r] == j) r++;
+        else f->cold[c++] = (int32_t)j;
+    }
+    *out = f;
+    return PI_OK;
+}
+
 int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold,
                         int64_t *n_used) {
     if (f->n_hot == 0) return PI_OK;
+    if (f->ext != NULL) {
+        f->job_tok = n_tok;
+        f->job_used = n_used;
+        return f->ext_start(f->ext, act, x, n_tok, threshold) == 0
+                   ? PI_OK
+                   : pi_set_error(PI_ERR_INVALID, "the offload device refused to start an FFN half");
+    }
     int rc = pi_device_claim(f->dev);
     if (rc) return rc;
     memcpy(f->x, x, (size_t)(n_tok * f->n_embd) * sizeof(float)); /* x to the device */
@@ -358,19 +396,26 @@ int pi_ffn_cold(pi_pool *pool, const pi_device_ffn *f, const pi_ffn_sparse_args 
     return rc;
 }
 
-void pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
-                          const int64_t *n_used_device) {
+int pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
+                         const int64_t *n_used_device) {
     const int64_t n = n_tok * f->n_embd;
+    int rc = PI_OK;
     if (f->n_hot == 0) {
         memset(y, 0, (size_t)n * sizeof(float));
         if (y_device != NULL) memset(y_device, 0, (size_t)n * sizeof(float));
-        return;
+        return PI_OK;
     }
-    pi_device_wait(f->dev);
-    memcpy(y, f->y, (size_t)n * sizeof(float)); /* device to host: the CPU continues this sum */
-    if (y_device != NULL) memcpy(y_device, f->y, (size_t)n * sizeof(float));
+    if (f->ext != NULL) { /* the device writes its partial sum straight into y */
+        if (f->ext_wait(f->ext, y, (int64_t *)n_used_device) != 0)
+            rc = pi_set_error(PI_ERR_INVALID, "the offload device failed to finish an FFN half");
+    } else {
+        pi_device_wait(f->dev);
+        memcpy(y, f->y, (size_t)n * sizeof(float)); /* device to host: the CPU continues this sum */
+    }
+    if (y_device != NULL) memcpy(y_device, y, (size_t)n * sizeof(float));
     if (n_used != NULL && n_used_device != NULL)
         for (int64_t t = 0; t < n_tok; t++) n_used[t] += n_used_device[t];
+    return rc;
 }
 
 int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch, int32_t *ids_buf,
@@ -380,8 +425,8 @@ int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base
     pi_ffn_sparse_args a = *base;
     a.phase = 1; /* the cold rows' h on the CPU while the device computes the hot rows */
     rc = pi_ffn_cold(pool, f, &a, scratch, ids_buf, off_buf);
-    pi_device_ffn_finish(f, a.n_tok, a.y, y_device, a.n_used, n_used_device); /* always waits */
-    if (rc) return rc;
+    const int rc2 = pi_device_ffn_finish(f, a.n_tok, a.y, y_device, a.n_used, n_used_device); /* always waits */
+    if (rc || rc2) return rc ? rc : rc2;
     a.phase = 2; /* y = the device's partial sum, continued by the cold rows in id order */
     return pi_ffn_cold(pool, f, &a, scratch, ids_buf, off_buf);
 }

@@ -13,8 +13,9 @@
 #define ALIGN 256
 
 struct pi_placed {
-    pi_device *dev;
+    pi_device *dev;     /* NULL when only external FFN halves are set (pi_context_set_ffn_offload) */
     pi_context *c;
+    int error;          /* the first failure of an external device in this eval */
     /* activation scratch on the device, allocated in this order: g .. act is one span
      * (attention scratch, or the sparse FFN's scratch) */
     float *x, *xn, *y, *q, *attn, *k, *v, *g, *u, *scores;
@@ -100,6 +101,23 @@ int64_t pi_context_plan_bytes(const pi_context *c, const pi_layer_placement *lay
     return total + scratch;
 }
 
+/* the tables of a placed context; cold lists for up to max_cold cold neurons per token */
+static pi_placed *placed_new(pi_context *c, int64_t max_cold) {
+    const size_t nl = (size_t)c->m->hp.n_layer;
+    pi_placed *p = calloc(1, sizeof *p);
+    if (p == NULL) return NULL;
+    p->c = c;
+    if (!(p->lt = calloc(nl * PI_L_COUNT, sizeof *p->lt)) || !(p->lm = calloc(nl * PI_L_COUNT, sizeof *p->lm)) ||
+        !(p->kc = calloc(nl, sizeof *p->kc)) || !(p->vc = calloc(nl, sizeof *p->vc)) ||
+        !(p->ffn = calloc(nl, sizeof *p->ffn)) || !(p->used_dev = calloc((size_t)c->cp.n_batch, sizeof *p->used_dev)) ||
+        !(p->cold_ids = malloc((size_t)(c->cp.n_batch * max_cold + 1) * sizeof *p->cold_ids)) ||
+        !(p->cold_off = malloc((size_t)(c->cp.n_batch + 1) * sizeof *p->cold_off))) {
+        pi_placed_free(p);
+        return NULL;
+    }
+    return p;
+}
+
 static void *dev_alloc(pi_device *d, int64_t n) {
     void *p = NULL;
     pi_device_alloc(d, n, &p); /* cannot fail: the total was checked first */
@@ -154,19 +172,11 @@ int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placemen
     if (need > pi_device_free_bytes(dev))
         return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, the device has %lld free",
                             (long long)need, (long long)pi_device_free_bytes(dev));
-    pi_placed *p = calloc(1, sizeof *p);
-    const size_t nl = (size_t)hp->n_layer;
     int64_t max_cold = 0;
     for (int l = 0; l < hp->n_layer; l++)
         if (layers[l].n_hot > 0 && hp->n_ff - layers[l].n_hot > max_cold) max_cold = hp->n_ff - layers[l].n_hot;
-    if (p == NULL || !(p->lt = calloc(nl * PI_L_COUNT, sizeof *p->lt)) || !(p->lm = calloc(nl * PI_L_COUNT, sizeof *p->lm)) ||
-        !(p->kc = calloc(nl, sizeof *p->kc)) || !(p->vc = calloc(nl, sizeof *p->vc)) ||
-        !(p->ffn = calloc(nl, sizeof *p->ffn)) || !(p->used_dev = calloc((size_t)c->cp.n_batch, sizeof *p->used_dev)) ||
-        !(p->cold_ids = malloc((size_t)(c->cp.n_batch * max_cold + 1) * sizeof *p->cold_ids)) ||
-        !(p->cold_off = malloc((size_t)(c->cp.n_batch + 1) * sizeof *p->cold_off))) {
-        pi_placed_free(p);
-        return pi_set_error(PI_ERR_NOMEM, "pi_context_set_device: out of memory");
-    }
+    pi_placed *p = placed_new(c, max_cold);
+    if (p == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_context_set_device: out of memory");
     p->dev = dev;
     p->c = c;
     if (scratch > 0) {
@@ -260,6 +270,39 @@ int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
     return 1;
 }
 
+int pi_context_set_ffn_offload(pi_context *c, int32_t layer, void *handle, pi_ffn_offload_start_fn start,
+                               pi_ffn_offload_wait_fn wait, const int32_t *hot_ids, int64_t n_hot) {
+    if (c == NULL || handle == NULL || start == NULL || wait == NULL || (n_hot > 0 && hot_ids == NULL))
+        return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_offload: NULL argument");
+    const pi_model_params *hp = &c->m->hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return pi_set_error(PI_ERR_INVALID, "layer %d is outside [0, %d)", layer, hp->n_layer);
+    if (n_hot < 1 || n_hot > hp->n_ff)
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [1, %lld]", layer, (long long)n_hot,
+                            (long long)hp->n_ff);
+    int rc = PI_OK;
+    if (c->down_t == NULL || c->down_t[layer].data == NULL)
+        rc = pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t (pi_context_set_ffn_sparsity) "
+                          "first", layer);
+    else if (c->pred_fc1 != NULL && c->pred_fc1[layer].data != NULL)
+        rc = pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", layer);
+    else if (c->ffn_on_gate)
+        rc = pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
+    if (rc) return rc;
+    if (c->placed != NULL && (c->placed->dev != NULL || c->placed->ffn[layer] != NULL))
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: the context already has a device half for this layer", layer);
+    if (c->placed == NULL && (c->placed = placed_new(c, hp->n_ff)) == NULL)
+        return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ffn_offload: out of memory");
+    return pi_device_ffn_create_ext(handle, start, wait, hp->n_embd, hp->n_ff, hot_ids, n_hot, &c->placed->ffn[layer]);
+}
+
+int pi_placed_error(pi_context *c) {
+    if (c->placed == NULL || !c->placed->error) return PI_OK;
+    const int rc = c->placed->error;
+    c->placed->error = 0;
+    return rc;
+}
+
 int pi_placed_ffn(pi_context *c, int l, int64_t n_tok) {
     pi_placed *p = c->placed;
     if (p == NULL || p->ffn[l] == NULL) return 0;
@@ -269,7 +312,8 @@ int pi_placed_ffn(pi_context *c, int l, int64_t n_tok) {
     const pi_ffn_sparse_args a = {.act = form, .gate = &lm[PI_L_FFN_GATE], .up = &lm[PI_L_FFN_UP],
                                   .down_t = &c->down_t[l], .x = c->xn, .n_tok = n_tok, .threshold = thr,
                                   .y = c->ffn_y, .n_used = c->ffn_used_tok};
-    pi_ffn_split(c->pool, p->ffn[l], &a, c->ffn_scratch, p->cold_ids, p->cold_off, p->used_dev, NULL);
+    const int rc = pi_ffn_split(c->pool, p->ffn[l], &a, c->ffn_scratch, p->cold_ids, p->cold_off, p->used_dev, NULL);
+    if (rc && !p->error) p->error = rc; /* pi_eval reports it; the message is already set */
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
     c->ffn_total[l] += n_tok * c->m->hp.n_ff;
     pi_ffn_residual(c, l, n_tok);
