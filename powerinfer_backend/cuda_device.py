@@ -22,6 +22,8 @@ import threading
 
 import numpy as np
 
+from .device import Closing
+
 __all__ = ["CudaDevice", "CudaFFN", "cuda_ffn_bytes", "library_path", "load", "CDEF"]
 
 #: The cffi declarations of native/cuda/pi_cuda.h (its text without comments and
@@ -161,7 +163,7 @@ def _u8(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint8).reshape(-1)
 
 
-class CudaDevice:
+class CudaDevice(Closing):
     """The ``"cuda"`` device: ``reserve_bytes`` cudaMalloc'ed now on GPU ``device``;
     ``n_threads`` CPU threads compute the cold neurons of :meth:`CudaFFN.run`.
 
@@ -261,14 +263,6 @@ class CudaDevice:
             _native.lib.pi_pool_free(self._cpu_pool)
             self._ptr = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
 class CudaFFN:

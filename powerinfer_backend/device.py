@@ -45,7 +45,20 @@ def ffn_bytes(gate_up_type: int, down_t_type: int, n_embd: int, n_hot: int, max_
     return n
 
 
-class CpuDevice:
+class Closing:
+    """``with`` support and closing on garbage collection for an object with ``close()``."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class CpuDevice(Closing):
     """The ``"cpu-device"``: ``reserve_bytes`` reserved now, ``n_threads`` device workers.
 
     Raises:
@@ -118,14 +131,6 @@ class CpuDevice:
             lib.pi_pool_free(self._cpu_pool)
             self._ptr = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
 def open_device(kind: str, reserve_bytes: int, n_threads: int = 1, *, device: int = 0):

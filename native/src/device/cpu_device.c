@@ -220,6 +220,32 @@ static int down_t_type_ok(int32_t t) {
     return t == PI_TYPE_F32 || t == PI_TYPE_F16 || t == PI_TYPE_Q8_0 || t == PI_TYPE_Q4_0;
 }
 
+/* Check hot_ids (strictly increasing in [0, n_ff)), then a new pi_device_ffn with the
+ * sizes and the complementary cold list; fn names the caller in messages. */
+static int check_hot_ids(const char *fn, const int32_t *hot_ids, int64_t n_hot, int64_t n_ff) {
+    for (int64_t r = 0; r < n_hot; r++)
+        if (hot_ids[r] < 0 || hot_ids[r] >= n_ff || (r > 0 && hot_ids[r] <= hot_ids[r - 1]))
+            return pi_set_error(PI_ERR_INVALID, "%s: hot ids must be strictly increasing in [0, %lld) (id %d at %lld)",
+                                fn, (long long)n_ff, hot_ids[r], (long long)r);
+    return PI_OK;
+}
+
+static pi_device_ffn *ffn_new(const int32_t *hot_ids, int64_t n_hot, int64_t n_embd, int64_t n_ff) {
+    pi_device_ffn *f = calloc(1, sizeof *f);
+    if (f == NULL || (f->cold = malloc((size_t)(n_ff - n_hot + 1) * sizeof *f->cold)) == NULL) {
+        free(f);
+        return NULL;
+    }
+    f->n_embd = n_embd;
+    f->n_ff = n_ff;
+    f->n_hot = n_hot;
+    for (int64_t j = 0, r = 0, c = 0; j < n_ff; j++) {
+        if (r < n_hot && hot_ids[r] == j) r++;
+        else f->cold[c++] = (int32_t)j;
+    }
+    return f;
+}
+
 int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, const pi_mat *down_t,
                          const int32_t *hot_ids, int64_t n_hot, int64_t max_tok, float *x, float *y, void *scratch,
                          pi_device_ffn **out) {
@@ -233,10 +259,8 @@ int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, con
     if (rg < 0 || rd < 0 || gate->type == PI_TYPE_Q8_1 || up->type != gate->type || !down_t_type_ok(down_t->type))
         return pi_set_error(PI_ERR_INVALID, "%s: unsupported types (gate/up %d, down_t %d) or n_embd %lld", fn,
                             gate->type, down_t->type, (long long)n_embd);
-    for (int64_t r = 0; r < n_hot; r++)
-        if (hot_ids[r] < 0 || hot_ids[r] >= n_ff || (r > 0 && hot_ids[r] <= hot_ids[r - 1]))
-            return pi_set_error(PI_ERR_INVALID, "%s: hot ids must be strictly increasing in [0, %lld) (id %d at %lld)",
-                                fn, (long long)n_ff, hot_ids[r], (long long)r);
+    int rc = check_hot_ids(fn, hot_ids, n_hot, n_ff);
+    if (rc) return rc;
     /* all or nothing: the pool is a bump allocator, so a refusal would leave earlier parts
      * allocated; check the total first */
     const int64_t need = x != NULL ? pi_device_rows_bytes(rg, rd, n_hot)
@@ -247,22 +271,12 @@ int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, con
                             "%lld of %lld bytes in use", fn, (long long)need, (long long)n_hot,
                             (long long)d->used, (long long)d->reserved);
     }
-    pi_device_ffn *f = calloc(1, sizeof *f);
-    if (f == NULL || (f->cold = malloc((size_t)(n_ff - n_hot + 1) * sizeof *f->cold)) == NULL) {
-        free(f);
-        return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
-    }
+    pi_device_ffn *f = ffn_new(hot_ids, n_hot, n_embd, n_ff);
+    if (f == NULL) return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
     f->dev = d;
     f->gate_up_type = gate->type;
     f->down_t_type = down_t->type;
-    f->n_embd = n_embd;
-    f->n_ff = n_ff;
-    f->n_hot = n_hot;
     f->max_tok = max_tok;
-    for (int64_t j = 0, r = 0, c = 0; j < n_ff; j++) {
-        if (r < n_hot && hot_ids[r] == j) r++;
-        else f->cold[c++] = (int32_t)j;
-    }
     if (n_hot > 0) {
         pi_device_alloc(d, n_hot * rg, &f->gate);
         pi_device_alloc(d, n_hot * rg, &f->up);
@@ -325,25 +339,13 @@ int pi_device_ffn_create_ext(void *handle, pi_ffn_offload_start_fn start, pi_ffn
                              int64_t n_embd, int64_t n_ff, const int32_t *hot_ids, int64_t n_hot,
                              pi_device_ffn **out) {
     *out = NULL;
-    for (int64_t r = 0; r < n_hot; r++)
-        if (hot_ids[r] < 0 || hot_ids[r] >= n_ff || (r > 0 && hot_ids[r] <= hot_ids[r - 1]))
-            return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_offload: hot ids must be strictly increasing "
-                                "in [0, %lld) (id %d at %lld)", (long long)n_ff, hot_ids[r], (long long)r);
-    pi_device_ffn *f = calloc(1, sizeof *f);
-    if (f == NULL || (f->cold = malloc((size_t)(n_ff - n_hot + 1) * sizeof *f->cold)) == NULL) {
-        free(f);
-        return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ffn_offload: out of memory");
-    }
+    int rc = check_hot_ids("pi_context_set_ffn_offload", hot_ids, n_hot, n_ff);
+    if (rc) return rc;
+    pi_device_ffn *f = ffn_new(hot_ids, n_hot, n_embd, n_ff);
+    if (f == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ffn_offload: out of memory");
     f->ext = handle;
     f->ext_start = start;
     f->ext_wait = wait;
-    f->n_embd = n_embd;
-    f->n_ff = n_ff;
-    f->n_hot = n_hot;
-    for (int64_t j = 0, r = 0, c = 0; j < n_ff; j++) {
-        if (r < n_hot && hot_ids[r] == j) r++;
-        else f->cold[c++] = (int32_t)j;
-    }
     *out = f;
     return PI_OK;
 }
