@@ -311,7 +311,7 @@ def read_fingerprint(path: str | os.PathLike) -> str | None:
 
 
 def check_provenance(path: str | os.PathLike, expected_fingerprint: str, *, force: bool = False,
-                     model_path: str | os.PathLike | None = None) -> bool:
+                     model_path: str | os.PathLike | None = None, force_hint: str = "force=True") -> bool:
     """Check that writing artifact ``path`` for the model with fingerprint
     ``expected_fingerprint`` will not clobber a result made from another model.
 
@@ -326,8 +326,9 @@ def check_provenance(path: str | os.PathLike, expected_fingerprint: str, *, forc
         ValueError: an existing artifact records a different model (or its
             metadata cannot be read) and not ``force``. The message names the
             artifact file, its metadata file, the model it was made from (path
-            and fingerprint, as recorded) and the model now in use
-            (``model_path`` when given, and ``expected_fingerprint``).
+            and fingerprint, as recorded), the model now in use (``model_path``
+            when given, and ``expected_fingerprint``) and how to override
+            (``force_hint``).
     """
     p = Path(path)
     mp = metadata_path(p)
@@ -347,4 +348,4 @@ def check_provenance(path: str | os.PathLike, expected_fingerprint: str, *, forc
         why = f"it was made from {src} (sha256 {recorded})"
     raise ValueError(
         f"Refusing to overwrite artifact {p}: {why}, not from {now} "
-        f"(sha256 {expected_fingerprint}). Pass force=True to overwrite.")
+        f"(sha256 {expected_fingerprint}). Pass {force_hint} to overwrite.")

@@ -146,7 +146,7 @@ def cmd_plan(args) -> int:
     if not args.no_plot:
         png = args.png or str(plan.path.with_suffix(".png"))
         try:
-            write_plot(plan, png)
+            write_plot(plan, png, force=args.force)
         except ImportError:
             print("powerinfer-backend: matplotlib is not installed (pip install matplotlib): no plot written",
                   file=sys.stderr)
@@ -282,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-plot", action="store_true", help="write no plot")
     pl.add_argument("--reset-gpu-index", action="store_true", help="recompute even when a stored plan matches")
     pl.add_argument("--disable-gpu-index", action="store_true", help="place no FFN neurons on the device")
+    pl.add_argument("--force", action="store_true", help="replace an existing --png file that is not our plot")
     pl.add_argument("--layer-split", action="store_true",
                     help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")

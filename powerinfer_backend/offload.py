@@ -113,6 +113,8 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         raise ValueError(f"device must be one of {', '.join(DEVICES)} or None, got {device!r}")
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
+        raise ValueError(f"device_threads must be an integer in [1, 512], got {device_threads!r}")
     if device is None:
         device = "cuda" if _cuda_available() else "cpu"
     if device == "cuda":
@@ -155,12 +157,16 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
 
 
 def _resolve(vram_budget, n_gpu_layers, sizes, free, ctx):
-    """resolve_budget, its warnings collected as notices for the caller's line."""
+    """resolve_budget, its warnings (and the n_gpu_layers conversion, said once) as
+    notices for the caller's line."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dec = P.resolve_budget(vram_budget, n_gpu_layers, sizes, free_bytes=free, n_ctx=ctx.n_ctx,
                                n_batch=ctx.n_batch)
-    return dec, [str(w.message) for w in caught]
+    notices = [str(w.message) for w in caught]
+    if dec.source == "n_gpu_layers":
+        notices.append(dec.message)
+    return dec, notices
 
 
 def _offload_cuda(ctx, model_path, sizes, *, vram_budget, n_gpu_layers, device_threads, disable_gpu_index,

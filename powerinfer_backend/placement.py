@@ -479,8 +479,9 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
             used += hot_bytes(sizes, i, start + lo) - cur
             n_hot[i] = start + lo
             closed[i] = True
-    if scratch > budget:
-        scratch = 0
+    if scratch > budget or (not any(attn_on) and not output_on and not any(n_hot)):
+        used -= scratch if scratch <= budget else 0
+        scratch = 0  # scratch alone is no plan: nothing goes to the device
     layers = []
     for i in range(nl):
         ids = np.sort(order[i][:n_hot[i]]).astype(np.int32) if order else np.zeros(0, np.int32)
@@ -765,7 +766,8 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
                 return plan
             except ValueError:
                 pass  # unreadable: recompute
-    check_provenance(path, fp, force=reset_gpu_index, model_path=model_path)
+    check_provenance(path, fp, force=reset_gpu_index, model_path=model_path,
+                     force_hint="reset_gpu_index=True (--reset-gpu-index)")
     own = model is None
     if own:
         from .gguf_model import load_gguf
@@ -795,12 +797,14 @@ def _layer_rows(plan: Plan) -> Sequence[tuple[int, float, float]]:
     return [(L.layer, L.n_hot / plan.n_ff, L.freq_mass) for L in plan.layers]
 
 
-def write_plot(plan: Plan, path: str | os.PathLike) -> Path:
+def write_plot(plan: Plan, path: str | os.PathLike, *, force: bool = False) -> Path:
     """PNG with two panels: hot fraction (and frequency mass) per layer, and device
-    bytes by category. Needs matplotlib (``pip install matplotlib``).
+    bytes by category. Needs matplotlib (``pip install matplotlib``). An existing file
+    is replaced only when it is one of these plots (or ``force``).
 
     Raises:
         ImportError: matplotlib is not installed.
+        ValueError: ``path`` holds another file and not ``force``.
     """
     import matplotlib
 
@@ -826,6 +830,14 @@ def write_plot(plan: Plan, path: str | os.PathLike) -> Path:
     b.set_title(f"budget {_human(plan.budget_bytes)}, used {_human(plan.device_bytes)}")
     fig.tight_layout()
     out = Path(path)
-    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))
+    if out.exists() and not force and _PLOT_MARK.encode() not in out.read_bytes()[:4096]:
+        plt.close(fig)
+        raise ValueError(f"Refusing to overwrite {out}: it is not a plot written by powerinfer-backend plan "
+                         f"(pass --force / force=True to replace it)")
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100, metadata={"Software": _PLOT_MARK}))
     plt.close(fig)
     return out
+
+
+#: PNG text written into our plots, so a later run may replace them and nothing else
+_PLOT_MARK = "powerinfer-backend plan"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 from . import offload as offload_mod
 from . import sparsity
 from .engine import NativeContext, NativeModel, default_threads
@@ -40,6 +42,9 @@ class HybridBackend:
                 self.ctx, model_path, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers, device=device,
                 placement=placement, device_threads=device_threads, reset_gpu_index=reset_gpu_index,
                 disable_gpu_index=disable_gpu_index, verbose=verbose)
+            if self.offload.plan is not None and self.sparse.mode == "dense":
+                # the split computes every FFN over the transposed down: say so in stats()
+                self.sparse = sparsity.SparseState("exact", np.zeros(hp.n_layer, np.float32))
         except BaseException:
             self.close()
             raise

@@ -13,6 +13,9 @@ Modes (docs/sparsity.md):
   (``blk.N.fc1/fc2.weight``) or the sidecar's (``powerinfer-backend train-predictor``);
   none → ValueError saying to train them. ``"auto"`` uses predictors when the model
   file has them or the sidecar has them.
+* ``"exact"``: every layer over the transposed down with threshold 0 (only exact
+  zeros skipped): the FFN arithmetic of a device split (docs/placement.md), on the
+  CPU; a placed context uses it whenever the mode would be dense.
 * a path: that sidecar file (threshold mode).
 
 The down projection of a sparse layer runs over the cached transposed copy
@@ -31,7 +34,7 @@ import numpy as np
 
 __all__ = ["MODES", "SparseState", "configure"]
 
-MODES = ("auto", "off", "threshold", "predictor")
+MODES = ("auto", "off", "threshold", "predictor", "exact")
 _RELU_FAMILY = ("relu", "drelu")
 
 
@@ -40,7 +43,7 @@ class SparseState:
     """What :func:`configure` set up.
 
     Attributes:
-        mode: "dense", "threshold" or "predictor".
+        mode: "dense", "threshold", "predictor" or "exact".
         thresholds: float32 (n_layer,) per-layer |h| thresholds (None when dense).
         sidecar: the sidecar file used, if any.
         expected_sparsity: the sidecar's mean expected FFN sparsity (None if unknown).
@@ -61,6 +64,8 @@ class SparseState:
             n = len(self.predictors.layers) if self.predictors is not None else 0
             exp = "" if self.expected_sparsity is None else f", expected FFN sparsity {self.expected_sparsity:.1%}"
             return f"sparse FFN predictor mode from {self.sidecar}: {n} layers with predictors{exp}"
+        if self.mode == "exact":
+            return "FFN over the transposed down, threshold 0 (the arithmetic of a device split)"
         n_sparse = int((self.thresholds > 0).sum()) if self.thresholds is not None else 0
         src = f"sidecar {self.sidecar}" if self.sidecar else "exact zeros of the ReLU activation"
         exp = "" if self.expected_sparsity is None else f", expected FFN sparsity {self.expected_sparsity:.1%}"
@@ -87,6 +92,8 @@ def _resolve(sparse, model_path: str, act: str):
         raise ValueError(f"sparse must be one of {', '.join(MODES)} or a sidecar path, got {sparse!r}")
     if sparse == "off":
         return "dense", None
+    if sparse == "exact":
+        return "exact", None
     found = sidecar_path(model_path)
     have = found.is_file()
     if sparse == "predictor":
@@ -139,8 +146,8 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
         state = SparseState("threshold", thresholds, str(path), float(prof.layer_sparsity.mean()), prof.info)
     else:
         thresholds = np.zeros(hp.n_layer, np.float32)
-        state = SparseState("threshold", thresholds)
-    exact_zeros = hp.act_name in _RELU_FAMILY
+        state = SparseState(mode, thresholds)
+    exact_zeros = hp.act_name in _RELU_FAMILY or mode == "exact"
     dtype = down_t_dtype(gguf)
     ctx.set_ffn_threshold_on(state.info.get("threshold_on", "product"))
     for layer in range(hp.n_layer):

@@ -212,11 +212,36 @@ def test_llama_budget_rules(tiny, tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="n_gpu_layers=2 ignored"):
         llm = Llama(path, vram_budget="1MiB", n_gpu_layers=2, device="cpu-device", **kw)
     llm.close()
-    llm = Llama(path, n_gpu_layers=1, device="cpu-device", **kw)  # one whole layer's bytes
+    with pytest.warns(UserWarning, match="n_gpu_layers=1 converted to vram_budget"):
+        llm = Llama(path, n_gpu_layers=1, device="cpu-device", **kw)  # one whole layer's bytes, said once
     sizes = P.ModelSizes.from_gguf(tiny[1])
     want = P.scratch_bytes(sizes, 64, 8) + P.layer_bytes(sizes, 0, 64)
     assert llm._backend.offload.decision.bytes == want and llm.stats()["device"]["used"] <= want
     llm.close()
-    llm = Llama(path, n_gpu_layers=0, device="cpu-device", **kw)
+    with pytest.warns(UserWarning, match="n_gpu_layers=0: CPU only"):
+        llm = Llama(path, n_gpu_layers=0, device="cpu-device", **kw)
     assert llm._backend.offload.plan is None
     llm.close()
+
+
+def test_scratch_alone_is_no_plan_and_exact_mode_is_the_cpu_twin(tiny, tmp_path, monkeypatch):
+    """A budget that holds the scratch but nothing else runs on the CPU (no device); a
+    placed context reports mode "exact" and equals Llama(sparse="exact") on the CPU."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path, g, _ = tiny
+    sizes = P.ModelSizes.from_gguf(g)
+    kw = dict(n_ctx=64, n_batch=8, n_threads=2, verbose=False)
+    scratch = P.scratch_bytes(sizes, 64, 8)
+    for extra in (0, 255, 256):
+        plan = P.plan_placement(sizes, None, scratch + extra, n_ctx=64, n_batch=8, disable_gpu_index=True)
+        assert plan.device_bytes == 0 and plan.scratch_bytes == 0
+        with Llama(str(path), vram_budget=f"{scratch + extra}B", device="cpu-device", **kw) as llm:
+            assert llm._backend.offload.plan is None and "device" not in llm.stats()
+    with Llama(str(path), vram_budget=f"{scratch * 3}B", device="cpu-device", **kw) as placed, \
+            Llama(str(path), sparse="exact", **kw) as cpu:
+        assert placed.stats()["mode"] == cpu.stats()["mode"] == "exact"
+        a = placed.create_completion([1, 5, 9], max_tokens=12, temperature=0.0)["choices"][0]["text"]
+        assert a == cpu.create_completion([1, 5, 9], max_tokens=12, temperature=0.0)["choices"][0]["text"]
+    for bad in (0, -1, 1000, None, 2.5, "2", True):
+        with pytest.raises(ValueError, match="device_threads must be an integer"):
+            Llama(str(path), vram_budget="1MiB", device="cpu-device", device_threads=bad, **kw)

@@ -278,5 +278,14 @@ def test_cli_plan(tmp_path, capsys):
                      "--no-plot"]) == 0
     text = capsys.readouterr().out
     assert "vram budget 61440 B" in text and text.count("\n") >= 5 and "KV cache: split" in text
+    user = tmp_path / "mine.png"
+    user.write_bytes(b"USER DATA")
+    argv = ["plan", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4", "--png", str(user)]
+    if out["png"]:  # matplotlib present: a file that is not our plot is kept unless --force
+        assert cli_main(argv) == 2 and user.read_bytes() == b"USER DATA"
+        assert "Refusing to overwrite" in capsys.readouterr().err
+        assert cli_main(argv + ["--force"]) == 0 and user.read_bytes()[:4] == b"\x89PNG"
+        assert cli_main(argv) == 0  # our own plot may be replaced
+        capsys.readouterr()
     assert cli_main(["plan", "--model", path, "--vram-budget", "-3"]) == 2
     assert "vram_budget must be >= 0" in capsys.readouterr().err
