@@ -176,6 +176,9 @@ class ArchSpec:
             (OPT: 2).
         powerinfer_relu: a file with :data:`POWERINFER_THRESHOLD_KEY` is a ReLU
             model (PowerInfer's llama and falcon conversions).
+        llamacpp_loads: llama.cpp proper loads the architecture (False for
+            OPT: its vocabulary is read from a metadata copy labelled llama,
+            :func:`powerinfer_backend.pwri.vocab_path`).
     """
 
     name: str
@@ -196,6 +199,7 @@ class ArchSpec:
     parallel_residual: bool = False
     pos_offset: int = 0
     powerinfer_relu: bool = False
+    llamacpp_loads: bool = True
 
     def key(self, param: str) -> str:
         """Metadata key for hyper-parameter ``param`` (e.g. ``"n_layer"`` ->
@@ -414,6 +418,7 @@ OPT = ArchSpec(
     ),
     layer_norm=True,
     pos_offset=2,
+    llamacpp_loads=False,
 )
 
 #: general.architecture value -> its facts

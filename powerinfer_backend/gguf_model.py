@@ -778,6 +778,8 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         ),
         n_rot_half=f"n_rot {n_rot} ({origin('n_rot', 'default = head dim')}) / 2",
         n_embd_head=src["n_embd_head"],
+        n_embd_qkv=f"(n_head {n_head} + 2 * n_head_kv {n_head_kv}) * head dim {n_embd_head}",
+        n_ctx_train=key("n_ctx_train"),
     )
     # sliding window (Gemma 3, Mistral): local layers by pattern, their own RoPE base
     n_swa = a.get_int(key("n_swa"), 0, _MAX_N_CTX, default=0) if spec.sliding_window else 0
