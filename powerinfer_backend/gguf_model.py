@@ -1015,6 +1015,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         return _arch.resolve_shape(ts.shape, dims)
 
     wanted: list[tuple[str, TensorSpec]] = [(ts.name, ts) for ts in spec.global_tensors if ts.name]
+    alternative: dict[str, str] = {}  # fallback name -> the primary it stands in for (error messages)
     for i in range(hp.n_layer):
         for ts in spec.layer_tensors:
             if not ts.name:
@@ -1023,6 +1024,8 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             stem = name.rsplit(".", 1)[0] + "."
             if ts.fallback and not any(n.startswith(stem) for n in infos):
                 # e.g. Falcon 7B: no blk.N.attn_norm_2.*, the one attn_norm serves attention too
+                if ts.fallback not in {t.name for t in spec.layer_tensors}:  # not a tensor in its own right
+                    alternative[ts.fallback.format(i=i)] = name
                 name = ts.fallback.format(i=i)
             wanted.append((name, ts))
 
@@ -1050,7 +1053,8 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             continue
         if info is None:
             if ts.required:
-                raise ValueError(f"{path_str}: missing tensor '{name}'")
+                alt = f" (or '{alternative[name]}')" if name in alternative else ""
+                raise ValueError(f"{path_str}: missing tensor '{name}'{alt}")
             continue
         exp = expected(ts)
         if _pad4(info.ne) != _pad4(exp):
