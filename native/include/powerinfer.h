@@ -174,7 +174,8 @@ const float *pi_get_embeddings(pi_context *ctx);
  * layer's ffn_down transposed: n_ff rows of n_embd elements, type F32, F16, Q8_0 or
  * Q4_0, see pi_op_transpose_to) skipping neurons whose |h| < threshold. down_t NULL
  * makes the layer dense again. down_t's bytes must outlive the context; the layer's
- * gate and up must share one type. */
+ * gate and up must share one type. An ungated layer (no ffn_gate: Falcon, OPT) runs
+ * the PI_FFN_RELU_UP form and needs a ReLU activation (else PI_ERR_UNSUPPORTED). */
 int pi_context_set_ffn_sparsity(pi_context *ctx, int32_t layer, const pi_tensor *down_t, float threshold);
 /* Per layer (used and total each point to n_layer entries): neurons used in the
  * sparse down projection and neurons the layer has (n_ff per token), summed over

@@ -9,7 +9,8 @@
  *     of row j of the dense product.
  *  2. (pool job) h_j for each active (token, neuron), split across threads by
  *     neuron; each h_j is independent, so its bits do not depend on the split.
- *     The ReLU forms skip the up row when gate_j.x <= 0.
+ *     The ReLU forms skip the up row when gate_j.x <= 0; the ungated form
+ *     (PI_FFN_RELU_UP) reads only the up row: h_j = relu(up_j.x + b_j).
  *  3. (serial, O(n_active)) the kept neurons (|h| >= threshold, h != 0) are
  *     compacted per token, and counted for n_used.
  *  4. (pool job) the down accumulation, split across threads by output column in
