@@ -147,3 +147,27 @@ def test_bad_tensors_named(tmp_path, kw, fragment):
     with pytest.raises(ValueError) as e:
         load_gguf(path, verbose=False)
     assert fragment in str(e.value) and path in str(e.value)
+
+
+def test_relu_predictor_active_lists(tmp_path):
+    """The predictor path gathers the ungated form's rows per token from active lists:
+    a predictor that selects every neuron gives the threshold-0 result bit for bit
+    (decode), and one that selects none leaves only the attention."""
+    m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", ffn_act="relu"), verbose=False)
+    hp = m.hparams
+    rng = np.random.default_rng(5)
+    fc1 = rng.standard_normal((8, hp.n_embd)).astype(np.float32)
+    fc2 = rng.standard_normal((hp.n_ff, 8)).astype(np.float32)
+    base, _ = _eval(m, sparse=True, decode=True)
+    out = {}
+    for name, thr in (("all", -1e30), ("none", 1e30)):
+        ctx = NativeContext(NativeModel(m), n_ctx=32, n_batch=32, n_threads=2)
+        for layer in range(hp.n_layer):
+            down_t = np.ascontiguousarray(m.layer_tensors(layer)[8].to_float32().T)
+            ctx.set_ffn_sparsity(layer, down_t, 0.0)
+            ctx.set_ffn_predictor(layer, fc1, fc2, thr)
+        out[name] = np.concatenate([ctx.eval([t], logits_all=True).copy() for t in TOKENS])
+        out[name + "_used"] = ctx.ffn_stats()[0]
+        ctx.close()
+    assert np.array_equal(out["all"], base)
+    assert out["none_used"] == 0 and np.abs(out["none"] - base).max() > 1e-3

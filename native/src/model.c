@@ -268,9 +268,9 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->rope_cs = alloc_f(B * hp->n_rot);
     c->rope_cs_swa = hp->n_swa > 0 ? alloc_f(B * hp->n_rot) : NULL;
     c->x_par = hp->parallel_residual ? alloc_f(B * E) : NULL;
-    if ((hp->parallel_residual && c->x_par == NULL) || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
+    if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
         !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs ||
-        (hp->n_swa > 0 && c->rope_cs_swa == NULL)) {
+        (hp->n_swa > 0 && c->rope_cs_swa == NULL) || (hp->parallel_residual && c->x_par == NULL)) {
         pi_context_free(c);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
                             cp->n_ctx, 2 * kv_bytes);
