@@ -79,11 +79,12 @@ def test_matches_numpy_reference(tmp_path, two_norms, ffn_act):
     assert err <= 5e-5 * np.abs(ref).max(), err
 
 
-@pytest.mark.parametrize("two_norms", [False, True], ids=["7b", "40b"])
-def test_bit_identical_to_llama_cpp(tmp_path, two_norms):
+@pytest.mark.parametrize("two_norms, n_head_kv, mtype", [(False, 1, T.Q8_0), (True, 2, T.Q8_0), (False, 1, T.F16)],
+                         ids=["7b-q8_0", "40b-q8_0", "7b-f16"])
+def test_bit_identical_to_llama_cpp(tmp_path, two_norms, n_head_kv, mtype):
     from powerinfer_backend.llamacpp_ref import load_reference
 
-    path = write_tiny_falcon(tmp_path / "f8.gguf", two_norms=two_norms, matrix_type=T.Q8_0)
+    path = write_tiny_falcon(tmp_path / "f8.gguf", two_norms=two_norms, n_head_kv=n_head_kv, matrix_type=mtype)
     ours, _ = _eval(load_gguf(path, verbose=False), decode=True)
     ref = load_reference(path, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
     rows = []
