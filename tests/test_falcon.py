@@ -172,3 +172,19 @@ def test_relu_predictor_active_lists(tmp_path):
         ctx.close()
     assert np.array_equal(out["all"], base)
     assert out["none_used"] == 0 and np.abs(out["none"] - base).max() > 1e-3
+
+
+def test_hybrid_split_refused_but_plan_computes(tmp_path):
+    """The placement plan sizes an ungated model (no gate rows); the device FFN split
+    (pi_op_ffn_hybrid) needs a gated FFN and says so."""
+    from powerinfer_backend import placement as P
+    from powerinfer_backend.device import CpuDevice, upload_plan
+
+    m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", ffn_act="relu"), verbose=False)
+    sizes = P.ModelSizes.from_gguf(m)
+    assert P.neuron_bytes(sizes, 0)[0] == 0  # no gate row
+    freq = np.random.default_rng(0).random((m.hparams.n_layer, m.hparams.n_ff))
+    plan = P.plan_placement(sizes, freq, P.full_device_bytes(sizes, 64, 2) // 2, n_ctx=64, n_batch=2)
+    with CpuDevice(1 << 20, n_threads=1) as dev:
+        with pytest.raises(NotImplementedError, match="gated FFN"):
+            upload_plan(dev, m, plan, max_tok=2)
