@@ -114,7 +114,7 @@ def test_relu_sparse_threshold0_equals_dense(tmp_path, decode):
 
 def test_llama_sparse_auto(tmp_path):
     """Llama(sparse="auto") runs a ReLU Falcon sparse at threshold 0 (no sidecar) and a
-    GELU Falcon dense; the GELU model's sparse FFN is refused by the engine."""
+    GELU Falcon dense (its thresholds need a calibration sidecar)."""
     relu = write_tiny_falcon(tmp_path / "relu.gguf", ffn_act="relu")
     with Llama(relu, n_ctx=32, n_threads=2, verbose=False, sparse="off", logits_all=True) as d:
         dense = d._backend.eval(TOKENS, logits_all=True).copy()
@@ -129,11 +129,28 @@ def test_llama_sparse_auto(tmp_path):
     with Llama(gelu, n_ctx=32, n_threads=2, verbose=False) as g:
         g.eval(TOKENS[:3])
         assert g.stats()["mode"] == "dense"
-    m = load_gguf(gelu, verbose=False)
-    ctx = NativeContext(NativeModel(m), n_ctx=8, n_batch=8, n_threads=1)
-    with pytest.raises(NotImplementedError, match="ungated layer needs ReLU"):
-        ctx.set_ffn_sparsity(0, np.zeros((m.hparams.n_ff, m.hparams.n_embd), np.float32), 0.0)
+    with pytest.raises(ValueError, match="calibrate"):
+        Llama(gelu, n_ctx=32, verbose=False, sparse="threshold")
+
+
+def test_gelu_threshold_sparse(tmp_path):
+    """Falcon's own GELU MLP runs sparse with |h| thresholds (the calibrated mode): at
+    threshold 0 (nothing skipped but exact zeros) it follows dense to the GELU
+    rounding (the sparse form evaluates GELU in float, dense at half precision, as
+    llama.cpp); a threshold skips neurons and moves the logits a little."""
+    m = load_gguf(write_tiny_falcon(tmp_path / "g.gguf"), verbose=False)
+    dense, _ = _eval(m, decode=True)
+    sparse0, (used0, total) = _eval(m, sparse=True, decode=True)
+    assert used0 == total
+    np.testing.assert_allclose(sparse0, dense, rtol=0, atol=3e-3 * np.abs(dense).max())
+    ctx = NativeContext(NativeModel(m), n_ctx=32, n_batch=32, n_threads=2)
+    for layer in range(m.hparams.n_layer):
+        ctx.set_ffn_sparsity(layer, np.ascontiguousarray(m.layer_tensors(layer)[8].to_float32().T), 0.05)
+    thr = np.concatenate([ctx.eval([t], logits_all=True).copy() for t in TOKENS])
+    used, total = ctx.ffn_stats()
     ctx.close()
+    assert 0.02 < 1 - used / total < 0.5
+    assert 0 < np.abs(thr - dense).max() < 0.1 * np.abs(dense).max()
 
 
 @pytest.mark.parametrize("kw, fragment", [
@@ -188,3 +205,20 @@ def test_hybrid_split_refused_but_plan_computes(tmp_path):
     with CpuDevice(1 << 20, n_threads=1) as dev:
         with pytest.raises(NotImplementedError, match="gated FFN"):
             upload_plan(dev, m, plan, max_tok=2)
+
+
+def test_gelu_calibrate_then_auto(tmp_path):
+    """calibrate (statistics of |gelu(up x)|, held-out budget search) writes a sidecar
+    for a GELU Falcon, and sparse="auto" then runs its thresholds."""
+    from powerinfer_backend.calibrate import calibrate
+
+    path = write_tiny_falcon(tmp_path / "g.gguf")
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40 + "to be or not to be. " * 40)
+    prof = calibrate(path, str(text), tokens=256, heldout_tokens=64, n_ctx=64, sens_tokens=32, levels=(0.3, 0.6),
+                     n_threads=2, progress=False, log=lambda s: None, max_ppl_increase=0.05)
+    assert prof.ffn_act == "gelu" and np.all(prof.thresholds > 0)
+    with Llama(path, n_ctx=64, n_threads=2, verbose=False) as llm:
+        llm.eval(TOKENS)
+        st = llm.stats()
+    assert st["mode"] == "threshold" and st["sidecar"] is not None and st["ffn_sparsity"] > 0.1

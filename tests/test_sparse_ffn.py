@@ -428,7 +428,7 @@ def test_transposed_down_matches_dense_down(pool):
 # ---- ungated ReLU form (OPT, ReluFalcon): h = relu(up x + b) ---------------------------
 
 
-def sparse_ungated(pool, f, x, bias, active=None, threshold=0.0):
+def sparse_ungated(pool, f, x, bias, active=None, threshold=0.0, act=lib.PI_FFN_RELU_UP):
     """pi_op_ffn_sparse_ungated over f.up (f.gate unused); returns (y, n_used)."""
     x = np.ascontiguousarray(x, np.float32)
     n_tok = x.shape[0]
@@ -441,7 +441,8 @@ def sparse_ungated(pool, f, x, bias, active=None, threshold=0.0):
         ids = ffi.from_buffer("int32_t[]", flat) if flat.size else ffi.new("int32_t[1]")
         off = ffi.from_buffer("int64_t[]", np.cumsum([0] + [len(a) for a in active]).astype(np.int64))
     b = ffi.NULL if bias is None else ffi.from_buffer("float[]", np.ascontiguousarray(bias, np.float32))
-    _native.check(lib.pi_op_ffn_sparse_ungated(pool, TYPE_ID[f.gtype], ffi.from_buffer(f.up), b, f.n_embd, f.n_ff,
+    _native.check(lib.pi_op_ffn_sparse_ungated(pool, act, TYPE_ID[f.gtype], ffi.from_buffer(f.up), b, f.n_embd,
+                                               f.n_ff,
                                                TYPE_ID[f.dtype], ffi.from_buffer(f.down_t),
                                                ffi.from_buffer("float[]", x), n_tok, ids, off, threshold,
                                                ffi.from_buffer("float[]", y), ffi.from_buffer("int64_t[]", n_used)),
@@ -487,6 +488,29 @@ def test_ungated_threshold_and_errors(pool):
     assert_down_close(y, kept, f.down_f)
     with pytest.raises(ValueError, match="threshold"):
         sparse_ungated(pool, f, x, None, threshold=-1.0)
-    # the gated entry point refuses the ungated form (it has no bias argument)
+    # the gated entry point refuses the ungated forms (it has no bias argument), and back
     with pytest.raises(ValueError, match="pi_op_ffn_sparse_ungated"):
         f.sparse(pool, lib.PI_FFN_RELU_UP, x)
+    with pytest.raises(ValueError, match="not an ungated one"):
+        sparse_ungated(pool, f, x, None, act=RELU)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+def test_ungated_gelu(isa, pool, dtype):
+    """Falcon's form h = gelu_tanh(up x + b): all neurons at threshold 0, and a threshold."""
+    f = FFN("Q8_0", dtype, 128, 96, seed=15)
+    rng = np.random.default_rng(16)
+    x = rand_x(rng, 2, 128)
+    bias = (0.3 * rng.standard_normal(96)).astype(np.float32)
+    pre = (matmul(pool, "Q8_0", f.up, 96, 128, x) + bias).astype(np.float64)
+    h = 0.5 * pre * (1 + np.tanh(0.7978845608028654 * pre * (1 + 0.044715 * pre * pre)))
+    y, n_used = sparse_ungated(pool, f, x, bias, act=lib.PI_FFN_GELU_UP)
+    assert_down_close(y, h, f.down_f)
+    np.testing.assert_array_equal(n_used, np.count_nonzero(h, axis=1))
+    t = float(np.quantile(np.abs(h), 0.6))
+    y, n_used = sparse_ungated(pool, f, x, bias, threshold=t, act=lib.PI_FFN_GELU_UP)
+    margin = np.abs(np.abs(h) - t) < 1e-5 * t
+    assert not margin.any()
+    kept = np.where(np.abs(h) >= t, h, 0)
+    assert_down_close(y, kept, f.down_f)
+    np.testing.assert_array_equal(n_used, np.count_nonzero(kept, axis=1))

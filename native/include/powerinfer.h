@@ -175,7 +175,8 @@ const float *pi_get_embeddings(pi_context *ctx);
  * Q4_0, see pi_op_transpose_to) skipping neurons whose |h| < threshold. down_t NULL
  * makes the layer dense again. down_t's bytes must outlive the context; the layer's
  * gate and up must share one type. An ungated layer (no ffn_gate: Falcon, OPT) runs
- * the PI_FFN_RELU_UP form and needs a ReLU activation (else PI_ERR_UNSUPPORTED). */
+ * the PI_FFN_RELU_UP or PI_FFN_GELU_UP form (ReLU / GELU activation; SiLU is
+ * PI_ERR_UNSUPPORTED). */
 int pi_context_set_ffn_sparsity(pi_context *ctx, int32_t layer, const pi_tensor *down_t, float threshold);
 /* Per layer (used and total each point to n_layer entries): neurons used in the
  * sparse down projection and neurons the layer has (n_ff per token), summed over
@@ -302,7 +303,8 @@ enum pi_ffn_act {
     PI_FFN_GEGLU = 1,  /* gelu_tanh(g) * u */
     PI_FFN_RELU = 2,   /* relu(g) * u (ReLU-gated; "ReLUfied" models) */
     PI_FFN_DRELU = 3,  /* relu(g) * relu(u) (dReLU, TurboSparse) */
-    PI_FFN_RELU_UP = 4 /* ungated: relu(u + b) (OPT, ReluFalcon); see pi_op_ffn_sparse_ungated */
+    PI_FFN_RELU_UP = 4, /* ungated: relu(u + b) (OPT, ReluFalcon); see pi_op_ffn_sparse_ungated */
+    PI_FFN_GELU_UP = 5  /* ungated: gelu_tanh(u + b) (Falcon) */
 };
 
 /* Sparse FFN of n_tok tokens over the active neurons only.
@@ -332,10 +334,11 @@ int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const voi
                      const void *down_t, const float *x, int64_t n_tok, const int32_t *active,
                      const int64_t *active_off, float threshold, float *y, int64_t *n_used);
 
-/* The ungated ReLU form (OPT, ReluFalcon): h_j = relu(up_j.x + up_bias[j]) (up_bias
- * NULL = no bias), y[t] = sum over kept j of h_j * down_t[j]. Arguments, active sets,
- * threshold, n_used and determinism as pi_op_ffn_sparse (gate and act absent). */
-int pi_op_ffn_sparse_ungated(pi_pool *pool, int32_t up_type, const void *up, const float *up_bias,
+/* The ungated forms (no gate): act PI_FFN_RELU_UP (OPT, ReluFalcon) h_j = relu(up_j.x +
+ * up_bias[j]), or PI_FFN_GELU_UP (Falcon) h_j = gelu_tanh(up_j.x + up_bias[j]); up_bias
+ * NULL = no bias. y[t] = sum over kept j of h_j * down_t[j]. Arguments, active sets,
+ * threshold, n_used and determinism as pi_op_ffn_sparse. */
+int pi_op_ffn_sparse_ungated(pi_pool *pool, int32_t act, int32_t up_type, const void *up, const float *up_bias,
                              int64_t n_embd, int64_t n_ff, int32_t down_t_type, const void *down_t,
                              const float *x, int64_t n_tok, const int32_t *active, const int64_t *active_off,
                              float threshold, float *y, int64_t *n_used);

@@ -367,7 +367,7 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const pi_tensor *lt = &c->m->hp.layers[l * PI_L_COUNT];
     const int64_t F = c->m->hp.n_ff;
-    const int gated = lm[PI_L_FFN_GATE].data != NULL; /* else the ungated ReLU form (OPT, ReluFalcon) */
+    const int gated = lm[PI_L_FFN_GATE].data != NULL; /* else an ungated form (Falcon, OPT) */
     const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
     const int64_t t0 = pred ? pi_now_ns() : 0;
     const int32_t *active = NULL;
@@ -391,7 +391,8 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
             active_off = NULL;
         }
     }
-    const pi_ffn_sparse_args a = {gated ? ffn_act[c->m->hp.act] : PI_FFN_RELU_UP, gated ? &lm[PI_L_FFN_GATE] : NULL,
+    const int32_t form = gated ? ffn_act[c->m->hp.act] : c->m->hp.act == PI_ACT_GELU ? PI_FFN_GELU_UP : PI_FFN_RELU_UP;
+    const pi_ffn_sparse_args a = {form, gated ? &lm[PI_L_FFN_GATE] : NULL,
                                   &lm[PI_L_FFN_UP], &c->down_t[l], c->xn, n_tok, active, active_off,
                                   c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok, c->ffn_on_gate, h,
                                   lt[PI_L_FFN_UP_BIAS].data};
@@ -601,9 +602,8 @@ int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *d
     if (hp->layers[layer * PI_L_COUNT + PI_L_FFN_POST_NORM].data != NULL) /* the sparse path adds y unnormed */
         return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the sparse FFN does not support a post-FFN norm yet", layer);
     const pi_mat *lm = &c->m->mats[layer * PI_L_COUNT];
-    if (lm[PI_L_FFN_GATE].data == NULL && hp->act != PI_ACT_RELU && hp->act != PI_ACT_DRELU)
-        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the sparse FFN of an ungated layer needs ReLU (activation %d)",
-                            layer, hp->act);
+    if (lm[PI_L_FFN_GATE].data == NULL && hp->act == PI_ACT_SILU)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the sparse FFN of an ungated layer needs ReLU or GELU", layer);
     if (lm[PI_L_FFN_GATE].data != NULL && lm[PI_L_FFN_GATE].type != lm[PI_L_FFN_UP].type)
         return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: ffn_gate and ffn_up types differ; the sparse FFN needs one",
                             layer);

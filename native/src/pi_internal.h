@@ -228,7 +228,7 @@ void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, 
 /* ---- sparse FFN (ops/sparse_ffn.c; see pi_op_ffn_sparse) ---- */
 typedef struct {
     int32_t act;          /* enum pi_ffn_act */
-    const pi_mat *gate;   /* n_ff rows of n_embd; unused (may be NULL) for PI_FFN_RELU_UP */
+    const pi_mat *gate;   /* n_ff rows of n_embd; unused (may be NULL) for the ungated forms */
     const pi_mat *up;     /* same type and shape as gate */
     const pi_mat *down_t; /* n_ff rows of n_embd: F32, F16, Q8_0 or Q4_0 */
     const float *x;       /* n_tok rows of n_embd */
@@ -241,7 +241,7 @@ typedef struct {
     int32_t on_gate; /* threshold |act(gate x)| before reading up (CATS) instead of |h| */
     float *h;        /* optional: h already computed (n_tok rows of n_ff, all neurons, active == NULL,
                         on_gate == 0); gate/up are not read and the rows are overwritten */
-    const float *up_bias; /* PI_FFN_RELU_UP only: n_ff floats added to up.x (NULL = none) */
+    const float *up_bias; /* ungated forms only: n_ff floats added to up.x (NULL = none) */
 } pi_ffn_sparse_args;
 
 /* Bytes of scratch pi_ffn_sparse needs (upper bound, independent of the active sets) */

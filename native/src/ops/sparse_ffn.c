@@ -10,7 +10,7 @@
  *  2. (pool job) h_j for each active (token, neuron), split across threads by
  *     neuron; each h_j is independent, so its bits do not depend on the split.
  *     The ReLU forms skip the up row when gate_j.x <= 0; the ungated form
- *     (PI_FFN_RELU_UP) reads only the up row: h_j = relu(up_j.x + b_j).
+ *     forms (PI_FFN_RELU_UP, PI_FFN_GELU_UP) read only the up row: h_j = act(up_j.x + b_j).
  *  3. (serial, O(n_active)) the kept neurons (|h| >= threshold, h != 0) are
  *     compacted per token, and counted for n_used.
  *  4. (pool job) the down accumulation, split across threads by output column in
@@ -240,7 +240,7 @@ static void h_task(void *varg, int ith, int nth) {
     if (lo >= hi) return;
     const pi_vec_dot_fn dot = s->isa->vec_dot[a->up->type];
     const int64_t wrow = pi_row_size(a->up->type, s->n_embd);
-    const int ungated = a->act == PI_FFN_RELU_UP;
+    const int ungated = a->act == PI_FFN_RELU_UP || a->act == PI_FFN_GELU_UP;
     const char *gd = ungated ? a->up->data : a->gate->data, *ud = a->up->data; /* ungated: up is the first row read */
     int64_t t = 0;
     while (s->off[t + 1] <= lo) t++;
@@ -257,10 +257,10 @@ static void h_task(void *varg, int ith, int nth) {
         }
         float g, u, h;
         dot(s->n_embd, &g, gd + j * wrow, xt);
-        if (ungated) { /* h = relu(up x + b); "gate" thresholding is then the product's */
+        if (ungated) { /* h = act(up x + b); "gate" thresholding is then the product's */
             if (a->up_bias != NULL) g += a->up_bias[j];
-            h = g > 0.0f ? g : 0.0f;
-            s->h[k] = a->on_gate && h < a->threshold ? 0.0f : h;
+            h = a->act == PI_FFN_RELU_UP ? (g > 0.0f ? g : 0.0f) : pi_act1(PI_ACT_GELU, g);
+            s->h[k] = a->on_gate && fabsf(h) < a->threshold ? 0.0f : h;
             continue;
         }
         if (a->on_gate) { /* CATS: a small gate activation skips the up row too */
@@ -468,16 +468,19 @@ int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const voi
                   threshold, y, n_used, pool, fn);
 }
 
-int pi_op_ffn_sparse_ungated(pi_pool *pool, int32_t up_type, const void *up, const float *up_bias,
+int pi_op_ffn_sparse_ungated(pi_pool *pool, int32_t act, int32_t up_type, const void *up, const float *up_bias,
                              int64_t n_embd, int64_t n_ff, int32_t down_t_type, const void *down_t,
                              const float *x, int64_t n_tok, const int32_t *active, const int64_t *active_off,
                              float threshold, float *y, int64_t *n_used) {
     static const char *fn = "pi_op_ffn_sparse_ungated";
     if (pool == NULL || up == NULL || down_t == NULL || x == NULL || y == NULL)
         return pi_set_error(PI_ERR_INVALID, "%s: NULL argument", fn);
+    if (act != PI_FFN_RELU_UP && act != PI_FFN_GELU_UP)
+        return pi_set_error(PI_ERR_INVALID, "%s: activation form %d is not an ungated one (%d, %d)", fn, act,
+                            PI_FFN_RELU_UP, PI_FFN_GELU_UP);
     int rc = check_op_args(fn, up_type, n_embd, n_ff, down_t_type, n_tok, active, active_off, threshold);
     if (rc) return rc;
-    return run_op(PI_FFN_RELU_UP, up_type, NULL, up, up_bias, n_embd, n_ff, down_t_type, down_t, x, n_tok, active,
+    return run_op(act, up_type, NULL, up, up_bias, n_embd, n_ff, down_t_type, down_t, x, n_tok, active,
                   active_off, threshold, y, n_used, pool, fn);
 }
 
