@@ -306,7 +306,10 @@ class GGUFModel:
 
     def layer_tensors(self, i: int) -> list[TensorView | None]:
         """Layer ``i``'s tensors in enum pi_layer_slot order (None for optional
-        slots the file or architecture does not have).
+        slots the file or architecture does not have). A slot with a fallback
+        (:attr:`arch.TensorSpec.fallback`) gives the fallback's tensor when the
+        file lacks the primary (Falcon 7B: ``attn_norm`` fills both norm slots),
+        so one tensor may appear in two slots.
 
         Raises:
             IndexError: ``i`` not in ``[0, n_layer)``.
