@@ -16,6 +16,19 @@ Conventions
   resolved against the model's hyper-parameters by :func:`resolve_shape`.
 * The per-layer tensor order is the C enum ``pi_layer_slot`` in
   ``native/include/powerinfer.h``; keep both in sync.
+
+Architectures (docs/architecture.md has the table of what runs dense, sparse and
+hybrid, and how each was verified):
+
+* ``llama``, ``gemma3``, ``qwen2``: RMSNorm, gated FFN (SwiGLU / GeGLU), RoPE.
+* ``falcon``: LayerNorm with bias, fused q/k/v (multi-query), parallel residual
+  (attention and MLP both read the layer input), ungated MLP ``down(act(up x))``
+  with GELU, NEOX RoPE. PowerInfer's ReluFalcon uses ReLU there; see
+  :data:`FFN_ACT_KEY` and :data:`POWERINFER_THRESHOLD_KEY` for how it is recognised.
+* ``opt`` (PowerInfer's llama.cpp fork): LayerNorm with bias, q/k/v/output and
+  FFN biases, ungated ReLU FFN, learned absolute positions (row ``pos + 2`` of
+  ``position_embd.weight``, as the fork adds 2 to every position), no RoPE,
+  output tied to the token embedding.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from typing import Mapping
 
 # ---- enum values mirrored from native/include/powerinfer.h -------------------
 
+ROPE_NONE = -1  #: enum pi_rope_type PI_ROPE_NONE (no rotary embedding: OPT)
 ROPE_NORM = 0  #: enum pi_rope_type PI_ROPE_NORM (consecutive pairs rotated)
 ROPE_NEOX = 2  #: enum pi_rope_type PI_ROPE_NEOX (halves rotated)
 
@@ -38,10 +52,13 @@ ACT_IDS: Mapping[str, int] = {"silu": ACT_SILU, "gelu": ACT_GELU, "relu": ACT_RE
 
 #: GGUF key that overrides an architecture's FFN activation (values: the names of
 #: :data:`ACT_IDS`). Written by our tools and tests for ReLU-fied llama files
-#: (ReluLLaMA, ProSparse: "relu"; Bamboo: "drelu"); docs/sparsity.md.
+#: (ReluLLaMA, ProSparse: "relu"; Bamboo: "drelu") and ReluFalcon files; docs/sparsity.md.
+#: In an ungated FFN (Falcon, OPT) the activation applies to ``up x + bias``.
 FFN_ACT_KEY = "powerinfer.ffn_act"
-#: PowerInfer's converted (sparse) files carry this key; its llama files are all
-#: ReLU models, so a llama file with it and no :data:`FFN_ACT_KEY` is read as "relu".
+#: PowerInfer's converted (sparse) files carry this key; its llama and falcon files
+#: are all ReLU models (ReluLLaMA, ProSparse, ReluFalcon), so a file of an
+#: architecture with :attr:`ArchSpec.powerinfer_relu` that has this key and no
+#: :data:`FFN_ACT_KEY` is read as "relu".
 POWERINFER_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 
 #: Per-layer slot names, in the order of enum pi_layer_slot.
@@ -63,11 +80,17 @@ LAYER_SLOTS: tuple[str, ...] = (
     "attn_q_bias",  # PI_L_ATTN_Q_BIAS = 13
     "attn_k_bias",  # PI_L_ATTN_K_BIAS = 14
     "attn_v_bias",  # PI_L_ATTN_V_BIAS = 15
+    "attn_norm_b",  # PI_L_ATTN_NORM_B = 16 (LayerNorm bias)
+    "ffn_norm_b",  # PI_L_FFN_NORM_B = 17
+    "attn_qkv",  # PI_L_ATTN_QKV = 18 (fused q, k, v rows; attn_q/k/v then empty)
+    "attn_out_bias",  # PI_L_ATTN_OUT_BIAS = 19
+    "ffn_up_bias",  # PI_L_FFN_UP_BIAS = 20
+    "ffn_down_bias",  # PI_L_FFN_DOWN_BIAS = 21
 )
 N_LAYER_SLOTS = len(LAYER_SLOTS)  #: PI_L_COUNT
 
 #: Global tensor slots, in the order of the pi_model_params fields.
-GLOBAL_SLOTS: tuple[str, ...] = ("tok_embd", "output_norm", "output", "rope_freqs")
+GLOBAL_SLOTS: tuple[str, ...] = ("tok_embd", "output_norm", "output", "rope_freqs", "output_norm_b", "pos_embd")
 
 #: Symbolic dimension names allowed in tensor shapes, and their meaning.
 DIM_NAMES: Mapping[str, str] = {
@@ -76,6 +99,8 @@ DIM_NAMES: Mapping[str, str] = {
     "n_ff": "feed-forward inner size",
     "n_embd_q": "n_head * n_embd_head (query projection width)",
     "n_embd_kv": "n_head_kv * n_embd_head (key/value projection width)",
+    "n_embd_qkv": "n_embd_q + 2 * n_embd_kv (fused q/k/v projection width)",
+    "n_ctx_train": "training context length (rows of a learned position table)",
     "n_rot_half": "n_rot / 2 (number of rotary frequencies)",
     "n_embd_head": "head dimension (key length)",
 }
@@ -96,6 +121,10 @@ class TensorSpec:
         shape: expected ne, as symbolic dimension names from :data:`DIM_NAMES`.
         kind: :data:`KIND_MATRIX` or :data:`KIND_F32`.
         required: False for optional tensors (absent -> the slot is empty).
+        fallback: GGUF name of the tensor that fills the slot when the file has
+            no tensor of ``name``'s stem (``blk.N.attn_norm_2.*`` for
+            ``blk.N.attn_norm_2.weight``): Falcon 7B's one norm serves both
+            blocks where Falcon 40B has two. "" = none.
     """
 
     slot: str
@@ -103,6 +132,7 @@ class TensorSpec:
     shape: tuple[str, ...]
     kind: str = KIND_MATRIX
     required: bool = True
+    fallback: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,6 +168,17 @@ class ArchSpec:
             ``{arch}.attention.sliding_window_pattern``.
         rope_freq_base_swa: RoPE base of the local layers (Gemma 3: 10000),
             overridable by ``{arch}.rope.freq_base_swa``; 0 = the global base.
+        layer_norm: every norm is a LayerNorm (with the optional bias slots)
+            rather than RMSNorm; its epsilon is key ``norm_eps`` (Falcon, OPT).
+        parallel_residual: attention and FFN both read the layer input,
+            x + attn(attn_norm(x)) + ffn(ffn_norm(x)) (Falcon).
+        pos_offset: with a ``pos_embd`` tensor, position p uses row p + pos_offset
+            (OPT: 2).
+        powerinfer_relu: a file with :data:`POWERINFER_THRESHOLD_KEY` is a ReLU
+            model (PowerInfer's llama and falcon conversions).
+        llamacpp_loads: llama.cpp proper loads the architecture (False for
+            OPT: its vocabulary is read from a metadata copy labelled llama,
+            :func:`powerinfer_backend.pwri.vocab_path`).
     """
 
     name: str
@@ -154,6 +195,11 @@ class ArchSpec:
     sliding_window: bool = False
     swa_pattern: int = 0
     rope_freq_base_swa: float = 0.0
+    layer_norm: bool = False
+    parallel_residual: bool = False
+    pos_offset: int = 0
+    powerinfer_relu: bool = False
+    llamacpp_loads: bool = True
 
     def key(self, param: str) -> str:
         """Metadata key for hyper-parameter ``param`` (e.g. ``"n_layer"`` ->
@@ -162,7 +208,8 @@ class ArchSpec:
 
     def layer_tensor_names(self, i: int) -> list[str | None]:
         """GGUF names of layer ``i``'s tensors, in :data:`LAYER_SLOTS` order
-        (one entry per slot; None for slots the architecture does not have)."""
+        (one entry per slot; None for slots the architecture does not have).
+        A slot with a fallback gives its primary name."""
         return [t.name.format(i=i) if t.name else None for t in self.layer_tensors]
 
     def global_tensor_names(self) -> list[str]:
@@ -193,6 +240,10 @@ _COMMON_KEYS: Mapping[str, str] = {
     "rope_freq_base_swa": "{arch}.rope.freq_base_swa",  # default ArchSpec.rope_freq_base_swa
 }
 
+# LayerNorm architectures (Falcon, OPT): the norm epsilon has its own key; the
+# loader reads it into HParams.rms_eps (the engine's one norm epsilon).
+_LAYERNORM_KEYS: Mapping[str, str] = {**_COMMON_KEYS, "rms_eps": "{arch}.attention.layer_norm_epsilon"}
+
 #: Key holding the token list (fallback for the vocabulary size).
 TOKENS_KEY = "tokenizer.ggml.tokens"
 
@@ -205,6 +256,8 @@ _LLAMA_GLOBALS = (
     TensorSpec("output_norm", "output_norm.weight", ("n_embd",), KIND_F32),
     TensorSpec("output", "output.weight", ("n_embd", "n_vocab"), required=False),
     TensorSpec("rope_freqs", "rope_freqs.weight", ("n_rot_half",), KIND_F32, required=False),
+    TensorSpec("output_norm_b", "", (), required=False),
+    TensorSpec("pos_embd", "", (), required=False),
 )
 
 _LLAMA_LAYERS = (
@@ -236,6 +289,7 @@ assert tuple(t.slot for t in _LLAMA_LAYERS) == LAYER_SLOTS
 
 LLAMA = ArchSpec(
     name="llama",
+    powerinfer_relu=True,
     keys=_COMMON_KEYS,
     required_keys=("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train"),
     rope_type=ROPE_NORM,
@@ -290,8 +344,86 @@ QWEN2 = ArchSpec(
     ),
 )
 
+def _ln(slot: str, stem: str, fallback_stem: str = "") -> tuple[TensorSpec, TensorSpec]:
+    """A LayerNorm's weight and bias (F32 [n_embd]) for ``slot`` / ``slot + "_b"``."""
+    fb = (f"{fallback_stem}.weight", f"{fallback_stem}.bias") if fallback_stem else ("", "")
+    return (TensorSpec(slot, f"{stem}.weight", ("n_embd",), KIND_F32, fallback=fb[0]),
+            TensorSpec(slot + "_b", f"{stem}.bias", ("n_embd",), KIND_F32, fallback=fb[1]))
+
+
+_LAYERNORM_GLOBALS = (
+    _LLAMA_GLOBALS[0],
+    TensorSpec("output_norm", "output_norm.weight", ("n_embd",), KIND_F32),
+    _LLAMA_GLOBALS[2],
+    _LLAMA_GLOBALS[3],
+    TensorSpec("output_norm_b", "output_norm.bias", ("n_embd",), KIND_F32),
+    TensorSpec("pos_embd", "", (), required=False),
+)
+
+# Falcon (llama.cpp's falcon): LayerNorm with bias; fused q/k/v rows (q heads, then
+# the k heads, then the v heads: the converter reorders them so); parallel residual;
+# ungated MLP down(gelu(up x)) without biases; NEOX RoPE; multi-query (n_head_kv 1
+# in 7B). Falcon 40B has two norms per layer: llama.cpp's attn_norm_2 (HF ln_attn)
+# feeds the attention and attn_norm (HF ln_mlp) the MLP; 7B's one attn_norm feeds
+# both. PowerInfer's fork stores ffn_down transposed (blk.N.ffn_down_t.weight).
+FALCON = ArchSpec(
+    name="falcon",
+    keys=_LAYERNORM_KEYS,
+    required_keys=("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train", "rms_eps"),
+    rope_type=ROPE_NEOX,
+    act="gelu",
+    rope_scaling_types=("none", "linear"),
+    global_tensors=_LAYERNORM_GLOBALS,
+    layer_tensors=_layers(
+        *_ln("attn_norm", "blk.{i}.attn_norm_2", "blk.{i}.attn_norm"),
+        *_ln("ffn_norm", "blk.{i}.attn_norm"),
+        TensorSpec("attn_qkv", "blk.{i}.attn_qkv.weight", ("n_embd", "n_embd_qkv")),
+        TensorSpec("attn_out", "blk.{i}.attn_output.weight", ("n_embd_q", "n_embd")),
+        TensorSpec("ffn_up", "blk.{i}.ffn_up.weight", ("n_embd", "n_ff")),
+        TensorSpec("ffn_down", "blk.{i}.ffn_down.weight", ("n_ff", "n_embd")),
+    ),
+    layer_norm=True,
+    parallel_residual=True,
+    powerinfer_relu=True,
+)
+
+# OPT as PowerInfer's llama.cpp fork defines it (llama.cpp proper has no OPT):
+# learned positions (position_embd.weight, n_ctx_train rows; the fork adds 2 to every
+# position, HF OPT's offset), LayerNorm with bias, q/k/v/output biases, ungated ReLU
+# FFN with biases, no RoPE, output tied to token_embd. The fork's converter writes
+# ffn_down transposed with its bias as blk.N.ffn_down_t.bias; a file with
+# blk.N.ffn_down.* is read as well.
+OPT = ArchSpec(
+    name="opt",
+    keys=_LAYERNORM_KEYS,
+    required_keys=("n_layer", "n_embd", "n_ff", "n_head", "n_ctx_train"),
+    rope_type=ROPE_NONE,
+    act="relu",
+    rope_scaling_types=("none",),
+    global_tensors=(
+        *_LAYERNORM_GLOBALS[:5],
+        TensorSpec("pos_embd", "position_embd.weight", ("n_embd", "n_ctx_train")),
+    ),
+    layer_tensors=_layers(
+        *_ln("attn_norm", "blk.{i}.attn_norm"),
+        *_ln("ffn_norm", "blk.{i}.ffn_norm"),
+        *[t for t in _LLAMA_LAYERS if t.slot in ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_up", "ffn_down")],
+        TensorSpec("attn_q_bias", "blk.{i}.attn_q.bias", ("n_embd_q",), KIND_F32),
+        TensorSpec("attn_k_bias", "blk.{i}.attn_k.bias", ("n_embd_kv",), KIND_F32),
+        TensorSpec("attn_v_bias", "blk.{i}.attn_v.bias", ("n_embd_kv",), KIND_F32),
+        TensorSpec("attn_out_bias", "blk.{i}.attn_output.bias", ("n_embd",), KIND_F32),
+        TensorSpec("ffn_up_bias", "blk.{i}.ffn_up.bias", ("n_ff",), KIND_F32),
+        TensorSpec("ffn_down_bias", "blk.{i}.ffn_down.bias", ("n_embd",), KIND_F32,
+                   fallback="blk.{i}.ffn_down_t.bias"),
+    ),
+    layer_norm=True,
+    pos_offset=2,
+    llamacpp_loads=False,
+)
+
 #: general.architecture value -> its facts
-ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA, "gemma3": GEMMA3, "qwen2": QWEN2}
+ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA, "gemma3": GEMMA3, "qwen2": QWEN2, "falcon": FALCON,
+                                         "opt": OPT}
 
 
 def get_arch(name: str) -> ArchSpec:

@@ -190,6 +190,7 @@ def upload_plan(dev: CpuDevice, model, plan, *, max_tok: int = 1) -> list[Device
     Raises:
         ValueError: the plan is for another n_ff or layer count.
         MemoryError: the rows do not fit the device's reservation.
+        NotImplementedError: an ungated FFN (Falcon, OPT).
     """
     from .down_cache import down_t_dtype, transposed_down
 
@@ -202,6 +203,8 @@ def upload_plan(dev: CpuDevice, model, plan, *, max_tok: int = 1) -> list[Device
     for i, L in enumerate(plan.layers):
         t = model.layer_tensors(i)
         gate, up = t[6], t[7]  # PI_L_FFN_GATE, PI_L_FFN_UP
+        if gate is None:
+            raise NotImplementedError(f"blk.{i}: the hybrid FFN split needs a gated FFN; {model.arch} is ungated")
         dt = transposed_down(model, i, dtype=dname)
         out.append(dev.upload_ffn(_ACT_FORM[hp.act], gate.type, gate.data, up.data, dtype_id, dt, hp.n_embd, hp.n_ff,
                                   L.hot_ids, max_tok))
@@ -221,9 +224,9 @@ def plan_ffn_bytes(model, plan, *, max_tok: int = 1, kind: str = "cpu-device") -
     if kind == "cuda":
         from .cuda_device import cuda_ffn_bytes
 
-        return sum(cuda_ffn_bytes(model.layer_tensors(i)[6].type, d, model.hparams.n_embd, L.n_hot, max_tok)
+        return sum(cuda_ffn_bytes(model.layer_tensors(i)[7].type, d, model.hparams.n_embd, L.n_hot, max_tok)
                    for i, L in enumerate(plan.layers))
-    return sum(ffn_bytes(model.layer_tensors(i)[6].type, d, model.hparams.n_embd, L.n_hot, max_tok)
+    return sum(ffn_bytes(model.layer_tensors(i)[7].type, d, model.hparams.n_embd, L.n_hot, max_tok)
                for i, L in enumerate(plan.layers))
 
 

@@ -11,7 +11,6 @@ import weakref
 import numpy as np
 
 from ._native import check, ffi, last_error, lib
-from .arch import layer_tensor_names
 from .gguf_model import GGUFModel
 
 #: Bins per neuron of the calibration histograms (see NativeContext.set_ffn_hist).
@@ -19,7 +18,7 @@ FFN_HIST_BINS = lib.PI_FFN_HIST_BINS
 #: log2 of the lower edge of the first log-spaced bin.
 FFN_HIST_MIN_EXP = lib.PI_FFN_HIST_MIN_EXP
 
-_ROPE = {"norm": lib.PI_ROPE_NORM, "neox": lib.PI_ROPE_NEOX}
+_ROPE = {"none": lib.PI_ROPE_NONE, "norm": lib.PI_ROPE_NORM, "neox": lib.PI_ROPE_NEOX}
 _ACT = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_RELU, "drelu": lib.PI_ACT_DRELU}
 
 
@@ -81,22 +80,20 @@ class NativeModel:
     def __init__(self, gguf: GGUFModel):
         self.gguf = gguf
         hp = gguf.hparams
-        t = gguf.tensors
         p = ffi.new("pi_model_params *")
         for name in ("n_vocab", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "n_embd_head",
                      "n_rot", "n_ctx_train", "rms_eps", "rope_freq_base", "rope_freq_scale",
                      "embd_scale", "attn_scale", "n_swa", "swa_pattern", "rope_freq_base_swa",
-                     "rope_freq_scale_swa"):
+                     "rope_freq_scale_swa", "layer_norm", "parallel_residual", "pos_offset"):
             setattr(p, name, getattr(hp, name))
         p.rope_type = _ROPE[hp.rope_type] if isinstance(hp.rope_type, str) else hp.rope_type
         p.act = _ACT[hp.act] if isinstance(hp.act, str) else hp.act
-        for field, name in (("tok_embd", "token_embd.weight"), ("output_norm", "output_norm.weight"),
-                            ("output", "output.weight"), ("rope_freqs", "rope_freqs.weight")):
-            _fill_tensor(getattr(p, field), t.get(name))
+        for field, view in gguf.global_tensors().items():  # slot names = pi_model_params fields
+            _fill_tensor(getattr(p, field), view)
         layers = ffi.new("pi_tensor[]", hp.n_layer * lib.PI_L_COUNT)
         for i in range(hp.n_layer):
-            for s, name in enumerate(layer_tensor_names(gguf.arch, i)):
-                _fill_tensor(layers[i * lib.PI_L_COUNT + s], t.get(name) if name else None)
+            for s, view in enumerate(gguf.layer_tensors(i)):
+                _fill_tensor(layers[i * lib.PI_L_COUNT + s], view)
         p.layers = layers
         out = ffi.new("pi_model **")
         check(lib.pi_model_create(p, out), f"{gguf.path}")

@@ -118,10 +118,11 @@ class HParams:
         n_embd_head: head dimension.
         n_rot: rotated dimensions per head (even, <= n_embd_head).
         n_ctx_train: training context length in tokens.
-        rms_eps: RMSNorm epsilon.
+        rms_eps: norm epsilon (RMSNorm, or LayerNorm when ``layer_norm``).
         rope_freq_base: RoPE base frequency (theta).
         rope_freq_scale: RoPE position multiplier, 1 / linear scaling factor.
-        rope_type: enum pi_rope_type (:data:`arch.ROPE_NORM` for llama).
+        rope_type: enum pi_rope_type (:data:`arch.ROPE_NORM` for llama,
+            :data:`arch.ROPE_NONE` for OPT).
         act: enum pi_act of the FFN gate activation (:data:`arch.ACT_SILU`).
         embd_scale: token embeddings multiplied by this (0 = not scaled;
             Gemma: sqrt(n_embd) as float32).
@@ -131,6 +132,9 @@ class HParams:
         swa_pattern: layer l is local when ``l % swa_pattern < swa_pattern - 1``
             (0 = all layers local when n_swa > 0).
         rope_freq_base_swa, rope_freq_scale_swa: RoPE of the local layers.
+        layer_norm: 1 = LayerNorm with bias (Falcon, OPT), 0 = RMSNorm.
+        parallel_residual: 1 = attention and FFN both read the layer input (Falcon).
+        pos_offset: row of position 0 in ``position_embd.weight`` (OPT: 2).
     """
 
     n_vocab: int
@@ -153,6 +157,9 @@ class HParams:
     swa_pattern: int = 0
     rope_freq_base_swa: float = 0.0
     rope_freq_scale_swa: float = 0.0
+    layer_norm: int = 0
+    parallel_residual: int = 0
+    pos_offset: int = 0
 
     def is_swa(self, layer: int) -> bool:
         """True when ``layer`` is a sliding-window (local) layer."""
@@ -187,6 +194,8 @@ class HParams:
             "n_ff": self.n_ff,
             "n_embd_q": self.n_embd_q,
             "n_embd_kv": self.n_embd_kv,
+            "n_embd_qkv": self.n_embd_q + 2 * self.n_embd_kv,
+            "n_ctx_train": self.n_ctx_train,
             "n_rot_half": self.n_rot // 2,
             "n_embd_head": self.n_embd_head,
         }
@@ -290,19 +299,30 @@ class GGUFModel:
         """Slot name -> tensor for the model-wide slots, in
         :data:`arch.GLOBAL_SLOTS` order: ``tok_embd`` [n_embd, n_vocab],
         ``output_norm`` F32 [n_embd], ``output`` [n_embd, n_vocab] (None when
-        tied to tok_embd), ``rope_freqs`` F32 [n_rot/2] (None when absent)."""
-        return {t.slot: self.tensors.get(t.name) for t in self.spec.global_tensors}
+        tied to tok_embd), ``rope_freqs`` F32 [n_rot/2], ``output_norm_b`` F32
+        [n_embd] (LayerNorm bias), ``pos_embd`` [n_embd, n_ctx_train] (learned
+        positions, OPT); None when absent."""
+        return {t.slot: self.tensors.get(t.name) if t.name else None for t in self.spec.global_tensors}
 
     def layer_tensors(self, i: int) -> list[TensorView | None]:
         """Layer ``i``'s tensors in enum pi_layer_slot order (None for optional
-        slots the file or architecture does not have).
+        slots the file or architecture does not have). A slot with a fallback
+        (:attr:`arch.TensorSpec.fallback`) gives the fallback's tensor when the
+        file lacks the primary (Falcon 7B: ``attn_norm`` fills both norm slots),
+        so one tensor may appear in two slots.
 
         Raises:
             IndexError: ``i`` not in ``[0, n_layer)``.
         """
         if not 0 <= i < self.hparams.n_layer:
             raise IndexError(f"layer {i} out of range [0, {self.hparams.n_layer})")
-        return [self.tensors.get(n) if n else None for n in self.spec.layer_tensor_names(i)]
+        out = []
+        for ts in self.spec.layer_tensors:  # a slot with a fallback: the primary, else the fallback
+            t = self.tensors.get(ts.name.format(i=i)) if ts.name else None
+            if t is None and ts.fallback:
+                t = self.tensors.get(ts.fallback.format(i=i))
+            out.append(t)
+        return out
 
     def get_kv(self, key: str, default: Any = None) -> Any:
         """Typed value of metadata key ``key`` (``default`` when absent).
@@ -708,7 +728,9 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
     if n_rot % 2:
         raise a.fail(f"key '{key('n_rot')}' = {n_rot} must be even")
 
-    rms_eps = a.get_float(key("rms_eps"), 0.0, 1.0, default=_arch.DEFAULT_RMS_EPS)
+    # (Falcon requires its layer_norm_epsilon, as llama.cpp does; OPT files have none: HF's 1e-5)
+    rms_eps = a.get_float(key("rms_eps"), 0.0, 1.0,
+                          default=_MISSING if "rms_eps" in spec.required_keys else _arch.DEFAULT_RMS_EPS)
     rope_freq_base = a.get_float(key("rope_freq_base"), 0.0, 1e12, default=_arch.DEFAULT_ROPE_FREQ_BASE)
     scaling = a.get_str(key("rope_scaling_type"), default="none")
     if scaling not in spec.rope_scaling_types:
@@ -759,6 +781,8 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         ),
         n_rot_half=f"n_rot {n_rot} ({origin('n_rot', 'default = head dim')}) / 2",
         n_embd_head=src["n_embd_head"],
+        n_embd_qkv=f"(n_head {n_head} + 2 * n_head_kv {n_head_kv}) * head dim {n_embd_head}",
+        n_ctx_train=key("n_ctx_train"),
     )
     # sliding window (Gemma 3, Mistral): local layers by pattern, their own RoPE base
     n_swa = a.get_int(key("n_swa"), 0, _MAX_N_CTX, default=0) if spec.sliding_window else 0
@@ -788,16 +812,20 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         swa_pattern=swa_pattern,
         rope_freq_base_swa=rope_freq_base_swa,
         rope_freq_scale_swa=1.0 if n_swa else 0.0,
+        layer_norm=int(spec.layer_norm),
+        parallel_residual=int(spec.parallel_residual),
+        pos_offset=spec.pos_offset,
     )
     return hp, src
 
 
 def _ffn_act(a, spec) -> int:
     """The FFN activation: :data:`arch.FFN_ACT_KEY` when present, "relu" for a
-    PowerInfer-converted llama file, else the architecture's own."""
+    PowerInfer-converted llama or falcon file (:data:`arch.POWERINFER_THRESHOLD_KEY`),
+    else the architecture's own."""
     name = a.get_str(_arch.FFN_ACT_KEY, None)
     if name is None:
-        relu_file = spec.name == "llama" and _arch.POWERINFER_THRESHOLD_KEY in a.kv
+        relu_file = spec.powerinfer_relu and _arch.POWERINFER_THRESHOLD_KEY in a.kv
         return _arch.ACT_IDS["relu" if relu_file else spec.act]
     if name not in _arch.ACT_IDS:
         raise a.fail(f"key '{_arch.FFN_ACT_KEY}' = {name!r}; supported: {sorted(_arch.ACT_IDS)}")
@@ -989,9 +1017,20 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
     def expected(ts: TensorSpec) -> tuple[int, ...]:
         return _arch.resolve_shape(ts.shape, dims)
 
-    wanted: list[tuple[str, TensorSpec]] = [(ts.name, ts) for ts in spec.global_tensors]
+    wanted: list[tuple[str, TensorSpec]] = [(ts.name, ts) for ts in spec.global_tensors if ts.name]
+    alternative: dict[str, str] = {}  # fallback name -> the primary it stands in for (error messages)
     for i in range(hp.n_layer):
-        wanted += [(ts.name.format(i=i), ts) for ts in spec.layer_tensors if ts.name]
+        for ts in spec.layer_tensors:
+            if not ts.name:
+                continue
+            name = ts.name.format(i=i)
+            stem = name.rsplit(".", 1)[0] + "."
+            if ts.fallback and not any(n.startswith(stem) for n in infos):
+                # e.g. Falcon 7B: no blk.N.attn_norm_2.*, the one attn_norm serves attention too
+                if ts.fallback not in {t.name for t in spec.layer_tensors}:  # not a tensor in its own right
+                    alternative[ts.fallback.format(i=i)] = name
+                name = ts.fallback.format(i=i)
+            wanted.append((name, ts))
 
     tensors: dict[str, TensorView] = {}
     extra: dict[str, TensorView] = {}
@@ -1017,7 +1056,8 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             continue
         if info is None:
             if ts.required:
-                raise ValueError(f"{path_str}: missing tensor '{name}'")
+                alt = f" (or '{alternative[name]}')" if name in alternative else ""
+                raise ValueError(f"{path_str}: missing tensor '{name}'{alt}")
             continue
         exp = expected(ts)
         if _pad4(info.ne) != _pad4(exp):
@@ -1026,6 +1066,8 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
                 f"{path_str}: tensor '{name}' has shape {list(info.ne)}, expected {list(exp)} "
                 f"({notes})"
             )
+        if name in tensors:  # a fallback already loaded for another slot
+            continue
         tensors[name] = _make_view(path_str, info, info.data, ts.kind)
 
     unused = [n for n in infos if n not in tensors and n not in extra]

@@ -185,7 +185,7 @@ def _offload_cuda(ctx, model_path, sizes, *, vram_budget, n_gpu_layers, device_t
     dec, notices = _resolve(vram_budget, n_gpu_layers, sizes, free, ctx)
     dname = down_t_dtype(gguf)
     dtype_id = 0 if dname == "f32" else 1
-    gate_types = [gguf.layer_tensors(i)[6].type for i in range(hp.n_layer)]
+    gate_types = [gguf.layer_tensors(i)[7].type for i in range(hp.n_layer)]  # up: gate's type, always present
 
     def cuda_bytes(plan):
         return sum(cuda_ffn_bytes(int(gate_types[i]), dtype_id, hp.n_embd, L.n_hot, ctx.n_batch)

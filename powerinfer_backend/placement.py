@@ -222,11 +222,11 @@ def output_block_bytes(s: ModelSizes, n_batch: int) -> int:
 
 def neuron_bytes(s: ModelSizes, i: int) -> tuple[int, int, int]:
     """Bytes of one hot neuron's rows in layer ``i``: (gate row, up row, down_t row)
-    — gate and up rows of n_embd in their stored types, the down_t row of n_embd
-    at ``s.down_t_bytes`` per element."""
+    — gate and up rows of n_embd in their stored types (gate 0 without one), the
+    down_t row of n_embd at ``s.down_t_bytes`` per element."""
     L = s.layers[i]
-    return (row_bytes(L["ffn_gate"].type, s.n_embd), row_bytes(L["ffn_up"].type, s.n_embd),
-            s.n_embd * s.down_t_bytes)
+    gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0  # ungated FFN (Falcon, OPT)
+    return (gate, row_bytes(L["ffn_up"].type, s.n_embd), s.n_embd * s.down_t_bytes)
 
 
 def hot_bytes(s: ModelSizes, i: int, n_hot: int) -> int:

@@ -65,15 +65,48 @@ def down_t_views(gguf) -> dict:
     return out
 
 
+def _first_kv_string(f) -> tuple[str, str] | None:
+    """(key, value) of a GGUF's first metadata entry when it is a string (the writers
+    put general.architecture first), else None. ``f`` is positioned after the magic."""
+    import struct
+
+    try:
+        hdr = f.read(20)  # version u32, tensor count u64, kv count u64
+        (n_kv,) = struct.unpack("<Q", hdr[12:20])
+        if n_kv < 1:
+            return None
+        (klen,) = struct.unpack("<Q", f.read(8))
+        if klen > 256:
+            return None
+        key = f.read(klen).decode("utf-8", "replace")
+        (vtype,) = struct.unpack("<I", f.read(4))
+        if vtype != 8:  # GGUFValueType.STRING
+            return None
+        (vlen,) = struct.unpack("<Q", f.read(8))
+        return (key, f.read(min(vlen, 256)).decode("utf-8", "replace")) if vlen <= 256 else None
+    except (struct.error, OSError):
+        return None
+
+
 def vocab_path(model_path) -> str:
-    """``model_path`` itself, or for a PWRI file (which llama.cpp rejects) a GGUF holding
-    only its metadata (for the llama.cpp vocabulary), made once in the artifact folder."""
+    """``model_path`` itself, or a GGUF holding only its metadata (for the llama.cpp
+    vocabulary), made once in the artifact folder, for a PWRI file (which llama.cpp
+    rejects) and for an architecture llama.cpp does not load (``opt``: the copy says
+    ``llama``, its ``opt.*`` keys renamed ``llama.*``)."""
+    from .arch import ARCHITECTURES
+
     model_path = os.fspath(model_path)
     try:
         with open(model_path, "rb") as f:
-            if f.read(4) != b"PWRI":
-                return model_path
+            pwri = f.read(4) == b"PWRI"
+            first = _first_kv_string(f)
     except OSError:
+        return model_path
+    foreign = None  # an architecture llama.cpp proper lacks: its vocabulary is read as llama's
+    if first is not None and first[0] == "general.architecture":
+        spec = ARCHITECTURES.get(first[1])
+        foreign = first[1] if spec is not None and not spec.llamacpp_loads else None
+    if not pwri and foreign is None:
         return model_path
     import gguf as _g
 
@@ -91,6 +124,9 @@ def vocab_path(model_path) -> str:
         for f in r.fields.values():
             if f.name.startswith("GGUF."):
                 continue
+            name = f.name
+            if foreign is not None and name.startswith(foreign + "."):
+                name = "llama." + name[len(foreign) + 1:]
             vt = _g.GGUFValueType(f.types[0])
             if vt == _g.GGUFValueType.ARRAY:
                 sub = _g.GGUFValueType(f.types[-1])
@@ -98,11 +134,16 @@ def vocab_path(model_path) -> str:
                     val = [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
                 else:
                     val = [f.parts[i].tolist()[0] for i in f.data]
-                w.add_key_value(f.name, val, vt, sub_type=sub)
+                w.add_key_value(name, val, vt, sub_type=sub)
+            elif foreign is not None and name == "general.architecture":
+                w.add_key_value(name, "llama", vt)
             elif vt == _g.GGUFValueType.STRING:
-                w.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode("utf-8", "replace"), vt)
+                w.add_key_value(name, bytes(f.parts[f.data[0]]).decode("utf-8", "replace"), vt)
             else:
-                w.add_key_value(f.name, f.parts[f.data[0]].tolist()[0], vt)
+                w.add_key_value(name, f.parts[f.data[0]].tolist()[0], vt)
+        if foreign is not None and "llama.attention.layer_norm_rms_epsilon" not in (
+                "llama." + n[len(foreign) + 1:] for n in r.fields if n.startswith(foreign + ".")):
+            w.add_key_value("llama.attention.layer_norm_rms_epsilon", 1e-5, _g.GGUFValueType.FLOAT32)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

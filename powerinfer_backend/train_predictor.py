@@ -248,6 +248,9 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     fit = _fit_torch if use_torch else _fit_numpy
     gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
     hp = gguf.hparams
+    if gguf.layer_tensors(0)[6] is None:  # the labels below are act(gate x) * up x
+        raise TrainError(f"{model_path}: predictor training needs a gated FFN; {gguf.arch}'s is ungated "
+                         "(not implemented yet)")
     text_bytes, train_ids, held = split_text_tokens(
         model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
         heldout_tokens=heldout_tokens, error=TrainError, purpose="training")

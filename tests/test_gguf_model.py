@@ -109,7 +109,7 @@ def test_layer_tensor_names():
         "blk.3.attn_norm.weight", "blk.3.attn_q.weight", "blk.3.attn_k.weight",
         "blk.3.attn_v.weight", "blk.3.attn_output.weight", "blk.3.ffn_norm.weight",
         "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight", "blk.3.ffn_down.weight",
-    ] + [None] * 7  # the optional slots llama does not have
+    ] + [None] * 13  # the optional slots llama does not have
     assert layer_tensor_names("gemma3", 0)[9:13] == [
         "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight", "blk.0.post_attention_norm.weight",
         "blk.0.post_ffw_norm.weight"]
@@ -164,7 +164,7 @@ def test_real_layer_tensors(real_model):
     hp = real_model.hparams
     for i in (0, hp.n_layer - 1):
         ts = real_model.layer_tensors(i)
-        assert ts[9:] == [None] * 7  # optional slots llama does not have
+        assert ts[9:] == [None] * 13  # optional slots llama does not have
         ts = ts[:9]
         assert [t.name for t in ts] == layer_tensor_names("llama", i)[:9]
         assert [t.ne for t in ts] == [
@@ -260,7 +260,7 @@ def test_tiny_loads(tiny, capsys):
     assert len(m.tensors) == 2 + 9 * 2
     for i in range(2):
         ts = m.layer_tensors(i)
-        assert ts[9:] == [None] * 7
+        assert ts[9:] == [None] * 13
         ts = ts[:9]
         assert [t.type for t in ts] == [0, 8, 8, 8, 8, 0, 8, 8, 8]
         assert all(_is_memmap_view(t.data) for t in ts)
@@ -494,7 +494,7 @@ def test_vocab_mismatch(tmp_path):
 def test_unknown_arch(tmp_path):
     p = write_tiny_llama(tmp_path / "m.gguf", arch="gpt5")
     _expect_error(p, "unknown model architecture 'gpt5'", "general.architecture",
-                  "supported: gemma3, llama, qwen2")
+                  "supported: falcon, gemma3, llama, opt, qwen2")
 
 
 def test_missing_architecture_key(tmp_path):

@@ -65,6 +65,32 @@ def test_rmsnorm_zero_row_and_zero_rows(isa):
     _native.check(lib.pi_op_rmsnorm(fbuf(x), ffi.NULL, 8, 0, 1e-5, fbuf(y)), "rmsnorm")
 
 
+# ---- LayerNorm (Falcon, OPT) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 7, 576])
+@pytest.mark.parametrize("affine", [False, True])
+def test_layernorm(isa, n, affine):
+    rng = np.random.default_rng(n + 1)
+    n_rows = 3
+    x = (rng.standard_normal((n_rows, n)) * [[0.01], [1.0], [100.0]] + [[5.0], [-1.0], [300.0]]).astype(np.float32)
+    w = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32) if affine else None
+    b = (0.5 * rng.standard_normal(n)).astype(np.float32) if affine else None
+    y = np.full_like(x, np.nan)
+    nul = lambda a: fbuf(a) if a is not None else ffi.NULL  # noqa: E731
+    _native.check(lib.pi_op_layernorm(fbuf(x), nul(w), nul(b), n, n_rows, 1e-5, fbuf(y)), "layernorm")
+    x64 = x.astype(np.float64)
+    mu = x64.mean(axis=-1, keepdims=True)
+    ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+    if affine:
+        ref = ref * w + b
+    # the float32 mean's rounding (2^-24 of |mean|) carries into x - mean, scaled by 1/std
+    std = np.sqrt(((x64 - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6 + 2e-7 * float((np.abs(mu) / std).max()))
+    with pytest.raises(ValueError, match="bad sizes"):
+        _native.check(lib.pi_op_layernorm(fbuf(x), ffi.NULL, ffi.NULL, 0, 1, 1e-5, fbuf(y)), "layernorm")
+
+
 # ---- activations --------------------------------------------------------------------
 
 

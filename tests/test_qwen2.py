@@ -29,9 +29,9 @@ def test_loads_biases(tmp_path):
     m = load_gguf(write_tiny_qwen2(tmp_path / "q.gguf"), verbose=False)
     assert m.hparams.rope_type == 2 and m.hparams.act_name == "silu"
     ts = m.layer_tensors(1)
-    assert [t.name for t in ts[13:]] == ["blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias"]
-    assert [t.ne for t in ts[13:]] == [(64,), (32,), (32,)]
-    assert ts[9:13] == [None] * 4
+    assert [t.name for t in ts[13:16]] == ["blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias"]
+    assert [t.ne for t in ts[13:16]] == [(64,), (32,), (32,)]
+    assert ts[9:13] == [None] * 4 and ts[16:] == [None] * 6
 
 
 def test_matches_llama_cpp(tmp_path):

@@ -423,3 +423,94 @@ def test_transposed_down_matches_dense_down(pool):
     y, _ = f.sparse(pool, SWIGLU, x)
     h = h_ref(SWIGLU, g, u)
     assert_down_close(y, h, f.down_f)
+
+
+# ---- ungated ReLU form (OPT, ReluFalcon): h = relu(up x + b) ---------------------------
+
+
+def sparse_ungated(pool, f, x, bias, active=None, threshold=0.0, act=lib.PI_FFN_RELU_UP):
+    """pi_op_ffn_sparse_ungated over f.up (f.gate unused); returns (y, n_used)."""
+    x = np.ascontiguousarray(x, np.float32)
+    n_tok = x.shape[0]
+    y = np.full((n_tok, f.n_embd), np.nan, np.float32)
+    n_used = np.full(n_tok, -1, np.int64)
+    if active is None:
+        ids, off = ffi.NULL, ffi.NULL
+    else:
+        flat = np.array([j for a in active for j in a], np.int32)
+        ids = ffi.from_buffer("int32_t[]", flat) if flat.size else ffi.new("int32_t[1]")
+        off = ffi.from_buffer("int64_t[]", np.cumsum([0] + [len(a) for a in active]).astype(np.int64))
+    b = ffi.NULL if bias is None else ffi.from_buffer("float[]", np.ascontiguousarray(bias, np.float32))
+    _native.check(lib.pi_op_ffn_sparse_ungated(pool, act, TYPE_ID[f.gtype], ffi.from_buffer(f.up), b, f.n_embd,
+                                               f.n_ff,
+                                               TYPE_ID[f.dtype], ffi.from_buffer(f.down_t),
+                                               ffi.from_buffer("float[]", x), n_tok, ids, off, threshold,
+                                               ffi.from_buffer("float[]", y), ffi.from_buffer("int64_t[]", n_used)),
+                  "pi_op_ffn_sparse_ungated")
+    return y, n_used
+
+
+@pytest.mark.parametrize("gtype", ["F32", "F16", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("dtype", DOWN_TYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_ungated_relu_active_set_exact(isa, pool, gtype, dtype, with_bias):
+    """Threshold 0 over all neurons, and over exactly the active set {up x + b > 0},
+    give the same bits, and those of the documented float32 order over h = relu(u + b)
+    with u the dense matmul's row (so h equals the dense h exactly)."""
+    n_embd, n_ff, n_tok = 256, 160, 3
+    f = FFN(gtype, dtype, n_embd, n_ff, seed=11)
+    rng = np.random.default_rng(12)
+    x = rand_x(rng, n_tok, n_embd)
+    bias = (0.3 * rng.standard_normal(n_ff)).astype(np.float32) if with_bias else None
+    u = matmul(pool, gtype, f.up, n_ff, n_embd, x)
+    pre = u + bias if with_bias else u  # float32 add, as the operator
+    active = [list(np.nonzero(pre[t] > 0)[0]) for t in range(n_tok)]
+    y_all, used_all = sparse_ungated(pool, f, x, bias)
+    y_act, used_act = sparse_ungated(pool, f, x, bias, active)
+    np.testing.assert_array_equal(y_all.view(np.uint32), y_act.view(np.uint32))
+    np.testing.assert_array_equal(used_all, used_act)
+    for t in range(n_tok):
+        h32 = np.maximum(pre[t], 0).astype(np.float32)
+        np.testing.assert_array_equal(y_all[t].view(np.uint32), down_exact(h32, f.down_f).view(np.uint32))
+        assert used_all[t] == np.count_nonzero(h32) and 0 < used_all[t] < n_ff
+    assert_down_close(y_all, np.maximum(pre.astype(np.float64), 0), f.down_f)
+
+
+def test_ungated_threshold_and_errors(pool):
+    f = FFN("Q8_0", "F16", 128, 96, seed=13)
+    x = rand_x(np.random.default_rng(14), 2, 128)
+    u = matmul(pool, "Q8_0", f.up, 96, 128, x)
+    h = np.maximum(u, 0).astype(np.float64)
+    t = float(np.quantile(h[h > 0], 0.5))
+    y, n_used = sparse_ungated(pool, f, x, None, threshold=t)
+    kept = np.where(h >= t, h, 0)
+    np.testing.assert_array_equal(n_used, np.count_nonzero(kept, axis=1))
+    assert_down_close(y, kept, f.down_f)
+    with pytest.raises(ValueError, match="threshold"):
+        sparse_ungated(pool, f, x, None, threshold=-1.0)
+    # the gated entry point refuses the ungated forms (it has no bias argument), and back
+    with pytest.raises(ValueError, match="pi_op_ffn_sparse_ungated"):
+        f.sparse(pool, lib.PI_FFN_RELU_UP, x)
+    with pytest.raises(ValueError, match="not an ungated one"):
+        sparse_ungated(pool, f, x, None, act=RELU)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+def test_ungated_gelu(isa, pool, dtype):
+    """Falcon's form h = gelu_tanh(up x + b): all neurons at threshold 0, and a threshold."""
+    f = FFN("Q8_0", dtype, 128, 96, seed=15)
+    rng = np.random.default_rng(16)
+    x = rand_x(rng, 2, 128)
+    bias = (0.3 * rng.standard_normal(96)).astype(np.float32)
+    pre = (matmul(pool, "Q8_0", f.up, 96, 128, x) + bias).astype(np.float64)
+    h = 0.5 * pre * (1 + np.tanh(0.7978845608028654 * pre * (1 + 0.044715 * pre * pre)))
+    y, n_used = sparse_ungated(pool, f, x, bias, act=lib.PI_FFN_GELU_UP)
+    assert_down_close(y, h, f.down_f)
+    np.testing.assert_array_equal(n_used, np.count_nonzero(h, axis=1))
+    t = float(np.quantile(np.abs(h), 0.6))
+    y, n_used = sparse_ungated(pool, f, x, bias, threshold=t, act=lib.PI_FFN_GELU_UP)
+    margin = np.abs(np.abs(h) - t) < 1e-5 * t
+    assert not margin.any()
+    kept = np.where(np.abs(h) >= t, h, 0)
+    assert_down_close(y, kept, f.down_f)
+    np.testing.assert_array_equal(n_used, np.count_nonzero(kept, axis=1))

@@ -46,10 +46,12 @@ enum pi_type {
     PI_TYPE_BF16 = 30
 };
 
-enum pi_rope_type { PI_ROPE_NORM = 0, PI_ROPE_NEOX = 2 };
+/* NONE: no rotary embedding (OPT: learned absolute positions, pi_model_params.pos_embd) */
+enum pi_rope_type { PI_ROPE_NONE = -1, PI_ROPE_NORM = 0, PI_ROPE_NEOX = 2 };
 
 /* FFN activation h = f(gate x, up x): SiLU, GELU (tanh) and ReLU gate the up
- * product; DRELU is relu(gate x) * relu(up x) (dReLU). */
+ * product; DRELU is relu(gate x) * relu(up x) (dReLU). A layer without ffn_gate
+ * (Falcon, OPT) is ungated: h = act(up x + up bias). */
 enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1, PI_ACT_RELU = 2, PI_ACT_DRELU = 3 };
 
 /* A tensor handed to the library: a view of caller-owned (usually memory-mapped)
@@ -70,7 +72,7 @@ enum pi_layer_slot {
     PI_L_ATTN_V = 3,    /* [n_embd, n_head_kv*n_embd_head] */
     PI_L_ATTN_OUT = 4,  /* [n_head*n_embd_head, n_embd] */
     PI_L_FFN_NORM = 5,  /* F32 [n_embd] */
-    PI_L_FFN_GATE = 6,  /* [n_embd, n_ff] */
+    PI_L_FFN_GATE = 6,  /* [n_embd, n_ff]; absent = ungated FFN (Falcon, OPT) */
     PI_L_FFN_UP = 7,    /* [n_embd, n_ff] */
     PI_L_FFN_DOWN = 8,  /* [n_ff, n_embd] */
     /* optional slots (data NULL = absent) */
@@ -81,7 +83,14 @@ enum pi_layer_slot {
     PI_L_ATTN_Q_BIAS = 13,    /* F32 [n_head*n_embd_head] (Qwen2) */
     PI_L_ATTN_K_BIAS = 14,    /* F32 [n_head_kv*n_embd_head] */
     PI_L_ATTN_V_BIAS = 15,    /* F32 [n_head_kv*n_embd_head] */
-    PI_L_COUNT = 16
+    PI_L_ATTN_NORM_B = 16,    /* F32 [n_embd]: LayerNorm bias (with pi_model_params.layer_norm) */
+    PI_L_FFN_NORM_B = 17,     /* F32 [n_embd] */
+    PI_L_ATTN_QKV = 18,       /* [n_embd, (n_head + 2*n_head_kv)*n_embd_head]: q, k and v rows fused, in
+                               * that order (Falcon); attn_q/k/v are then absent */
+    PI_L_ATTN_OUT_BIAS = 19,  /* F32 [n_embd] (OPT) */
+    PI_L_FFN_UP_BIAS = 20,    /* F32 [n_ff] (OPT) */
+    PI_L_FFN_DOWN_BIAS = 21,  /* F32 [n_embd] (OPT) */
+    PI_L_COUNT = 22
 };
 
 typedef struct pi_model_params {
@@ -114,6 +123,14 @@ typedef struct pi_model_params {
                             * l % swa_pattern < swa_pattern - 1 (Gemma 3: 6, five local then one global) */
     float rope_freq_base_swa;  /* RoPE of the local layers (Gemma 3: 10000) */
     float rope_freq_scale_swa;
+    int32_t layer_norm;        /* 1: every norm is a LayerNorm (mean removed, then the optional bias
+                                * slots added; Falcon, OPT) with eps rms_eps; 0: RMSNorm */
+    int32_t parallel_residual; /* 1: x + attn(norm(x)) + ffn(ffn_norm(x)), both blocks reading the layer
+                                * input (Falcon); 0: sequential */
+    pi_tensor output_norm_b;   /* optional F32 [n_embd]: the final LayerNorm's bias */
+    pi_tensor pos_embd;        /* optional [n_embd, n_pos]: learned absolute positions, row pos + pos_offset
+                                * added to the token embedding (OPT); positions past n_pos are refused */
+    int32_t pos_offset;        /* OPT: 2 (its position table starts two rows in) */
 } pi_model_params;
 
 typedef struct pi_model pi_model;
@@ -157,7 +174,9 @@ const float *pi_get_embeddings(pi_context *ctx);
  * layer's ffn_down transposed: n_ff rows of n_embd elements, type F32, F16, Q8_0 or
  * Q4_0, see pi_op_transpose_to) skipping neurons whose |h| < threshold. down_t NULL
  * makes the layer dense again. down_t's bytes must outlive the context; the layer's
- * gate and up must share one type. */
+ * gate and up must share one type. An ungated layer (no ffn_gate: Falcon, OPT) runs
+ * the PI_FFN_RELU_UP or PI_FFN_GELU_UP form (ReLU / GELU activation; SiLU is
+ * PI_ERR_UNSUPPORTED). */
 int pi_context_set_ffn_sparsity(pi_context *ctx, int32_t layer, const pi_tensor *down_t, float threshold);
 /* Per layer (used and total each point to n_layer entries): neurons used in the
  * sparse down projection and neurons the layer has (n_ff per token), summed over
@@ -242,6 +261,9 @@ int pi_op_quantize(int32_t type, const float *x, int64_t n, void *y);
 int pi_op_dequantize(int32_t type, const void *x, int64_t n, float *y);
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for n_rows rows of n floats; w may be NULL */
 int pi_op_rmsnorm(const float *x, const float *w, int64_t n, int64_t n_rows, float eps, float *y);
+/* LayerNorm: y[r] = (x[r] - mean) / sqrt(var + eps) * w + b, for n_rows rows of n floats (mean and
+ * variance summed in double, as ggml_norm); w and b may be NULL. */
+int pi_op_layernorm(const float *x, const float *w, const float *b, int64_t n, int64_t n_rows, float eps, float *y);
 /* In-place rotary embedding of x: n_tok rows of n_head heads of head_dim floats. */
 int pi_op_rope(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                const int32_t *pos, float freq_base, float freq_scale, const float *freq_factors,
@@ -280,7 +302,9 @@ enum pi_ffn_act {
     PI_FFN_SWIGLU = 0, /* silu(g) * u */
     PI_FFN_GEGLU = 1,  /* gelu_tanh(g) * u */
     PI_FFN_RELU = 2,   /* relu(g) * u (ReLU-gated; "ReLUfied" models) */
-    PI_FFN_DRELU = 3   /* relu(g) * relu(u) (dReLU, TurboSparse) */
+    PI_FFN_DRELU = 3,  /* relu(g) * relu(u) (dReLU, TurboSparse) */
+    PI_FFN_RELU_UP = 4, /* ungated: relu(u + b) (OPT, ReluFalcon); see pi_op_ffn_sparse_ungated */
+    PI_FFN_GELU_UP = 5  /* ungated: gelu_tanh(u + b) (Falcon) */
 };
 
 /* Sparse FFN of n_tok tokens over the active neurons only.
@@ -309,6 +333,15 @@ int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const voi
                      const void *up, int64_t n_embd, int64_t n_ff, int32_t down_t_type,
                      const void *down_t, const float *x, int64_t n_tok, const int32_t *active,
                      const int64_t *active_off, float threshold, float *y, int64_t *n_used);
+
+/* The ungated forms (no gate): act PI_FFN_RELU_UP (OPT, ReluFalcon) h_j = relu(up_j.x +
+ * up_bias[j]), or PI_FFN_GELU_UP (Falcon) h_j = gelu_tanh(up_j.x + up_bias[j]); up_bias
+ * NULL = no bias. y[t] = sum over kept j of h_j * down_t[j]. Arguments, active sets,
+ * threshold, n_used and determinism as pi_op_ffn_sparse. */
+int pi_op_ffn_sparse_ungated(pi_pool *pool, int32_t act, int32_t up_type, const void *up, const float *up_bias,
+                             int64_t n_embd, int64_t n_ff, int32_t down_t_type, const void *down_t,
+                             const float *x, int64_t n_tok, const int32_t *active, const int64_t *active_off,
+                             float threshold, float *y, int64_t *n_used);
 
 /* dst = transpose(src) in type_out: src is n_rows rows of n_cols elements of
  * src_type (any weight type), dst n_cols rows of n_rows elements of type_out

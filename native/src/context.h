@@ -25,6 +25,7 @@ struct pi_context {
     int64_t n_cells;                      /* n_ctx rounded up to PI_KV_PAD */
     char *k_cache, *v_cache;              /* per layer: [n_cells][kv_row] and [kv_row][n_cells] */
     float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
+    float *x_par;                         /* parallel residual: the layer input the FFN reads */
     void *act_scratch;                    /* quantized matmul inputs */
     float *attn_scratch;
     float *logits1;                       /* last-token logits: never moves, so views of it stay valid */
@@ -66,14 +67,15 @@ typedef struct {
     void *act_scratch;
     float *attn_scratch;
     const float *rope_cs, *rope_cs_swa;
+    float *x_par; /* parallel residual (Falcon): a copy of the layer input; NULL otherwise */
 } pi_attn_site;
 
 /* x += attention(norm(x)) and xn = ffn_norm(x) for layer l, in site s (model.c) */
 void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, int64_t n_tok);
 /* x += post_ffn_norm(ffn_y) (the norm only where the layer has one) over n_tok rows */
 void pi_ffn_residual(pi_context *c, int l, int64_t n_tok);
-/* pi_ffn_act value of the model's activation */
-int32_t pi_ffn_form(const pi_model *m);
+/* pi_ffn_act value of layer l's FFN (an ungated form without a gate) */
+int32_t pi_ffn_form(const pi_model *m, int l);
 
 /* device/placed.c: each returns 1 when it ran the step on the device, 0 when the CPU must */
 int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok);

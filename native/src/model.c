@@ -6,8 +6,10 @@
 #include "context.h"
 
 static const char *const k_slot_names[PI_L_COUNT] = {
-    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
-    "attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight",
+    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+    "post_attention_norm.weight", "post_ffw_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
+    "attn_norm.bias", "ffn_norm.bias", "attn_qkv.weight", "attn_output.bias", "ffn_up.bias", "ffn_down.bias"};
 
 /* ---- validation ---------------------------------------------------------- */
 
@@ -48,12 +50,15 @@ static int check_params(const pi_model_params *p) {
                             p->n_embd_head);
     if (!(p->rope_freq_base > 0.0f) || !(p->rope_freq_scale > 0.0f) || !(p->rms_eps >= 0.0f))
         return pi_set_error(PI_ERR_INVALID, "rope_freq_base, rope_freq_scale must be > 0 and rms_eps >= 0");
-    if (p->rope_type != PI_ROPE_NORM && p->rope_type != PI_ROPE_NEOX)
+    if (p->rope_type != PI_ROPE_NORM && p->rope_type != PI_ROPE_NEOX && p->rope_type != PI_ROPE_NONE)
         return pi_set_error(PI_ERR_INVALID, "unknown rope type %d", p->rope_type);
     if (p->act < PI_ACT_SILU || p->act > PI_ACT_DRELU)
         return pi_set_error(PI_ERR_INVALID, "unknown activation %d", p->act);
     if (!(p->embd_scale >= 0.0f && p->embd_scale < INFINITY) || !(p->attn_scale >= 0.0f && p->attn_scale < INFINITY))
         return pi_set_error(PI_ERR_INVALID, "embd_scale and attn_scale must be finite and >= 0");
+    if ((p->layer_norm != 0 && p->layer_norm != 1) || (p->parallel_residual != 0 && p->parallel_residual != 1))
+        return pi_set_error(PI_ERR_INVALID, "layer_norm %d and parallel_residual %d must be 0 or 1", p->layer_norm,
+                            p->parallel_residual);
     if (p->n_swa < 0 || p->swa_pattern < 0)
         return pi_set_error(PI_ERR_INVALID, "n_swa %d and swa_pattern %d must be >= 0", p->n_swa, p->swa_pattern);
     if (p->n_swa > 0 && (!(p->rope_freq_base_swa > 0.0f) || !(p->rope_freq_scale_swa > 0.0f)))
@@ -67,16 +72,31 @@ static int check_params(const pi_model_params *p) {
     if (p->output.data != NULL && (rc = check_tensor(&p->output, "output.weight", E, p->n_vocab, 0))) return rc;
     if (p->rope_freqs.data != NULL && (rc = check_tensor(&p->rope_freqs, "rope_freqs.weight", p->n_rot / 2, 1, 1)))
         return rc;
+    if (p->output_norm_b.data != NULL && (rc = check_tensor(&p->output_norm_b, "output_norm.bias", E, 1, 1)))
+        return rc;
+    if (p->pos_embd.data != NULL) {
+        if (p->pos_offset < 0 || p->pos_offset >= p->pos_embd.ne[1])
+            return pi_set_error(PI_ERR_INVALID, "pos_offset %d is outside position_embd.weight's %lld rows",
+                                p->pos_offset, (long long)p->pos_embd.ne[1]);
+        if ((rc = check_tensor(&p->pos_embd, "position_embd.weight", E, p->pos_embd.ne[1], 0))) return rc;
+    }
     const int64_t H = p->n_embd_head;
     const int64_t shapes[PI_L_COUNT][2] = {{E, 1}, {E, Q}, {E, KV}, {E, KV}, {Q, E}, {E, 1}, {E, F}, {E, F}, {F, E},
-                                           {H, 1}, {H, 1}, {E, 1}, {E, 1}, {Q, 1}, {KV, 1}, {KV, 1}};
+                                           {H, 1}, {H, 1}, {E, 1}, {E, 1}, {Q, 1}, {KV, 1}, {KV, 1},
+                                           {E, 1}, {E, 1}, {E, Q + 2 * KV}, {E, 1}, {F, 1}, {E, 1}};
     for (int l = 0; l < p->n_layer; l++) {
+        const pi_tensor *lt = &p->layers[l * PI_L_COUNT];
+        const int fused = lt[PI_L_ATTN_QKV].data != NULL; /* Falcon: q, k, v rows of one tensor */
         for (int s = 0; s < PI_L_COUNT; s++) {
-            const pi_tensor *t = &p->layers[l * PI_L_COUNT + s];
-            if (s > PI_L_FFN_DOWN && t->data == NULL) continue; /* optional slot, absent */
+            const pi_tensor *t = &lt[s];
+            const int optional = s > PI_L_FFN_DOWN || s == PI_L_FFN_GATE ||
+                                 (fused && (s == PI_L_ATTN_Q || s == PI_L_ATTN_K || s == PI_L_ATTN_V));
+            if (optional && t->data == NULL) continue; /* absent */
             char name[64];
-            snprintf(name, sizeof name, s >= PI_L_ATTN_Q_BIAS ? "blk.%d.%s" : "blk.%d.%s.weight", l, k_slot_names[s]);
-            const int vec = s == PI_L_ATTN_NORM || s == PI_L_FFN_NORM || s > PI_L_FFN_DOWN; /* F32 vectors */
+            snprintf(name, sizeof name, "blk.%d.%s", l, k_slot_names[s]);
+            if (fused && (s == PI_L_ATTN_Q || s == PI_L_ATTN_K || s == PI_L_ATTN_V))
+                return pi_set_error(PI_ERR_INVALID, "tensor %s: not expected with blk.%d.attn_qkv.weight", name, l);
+            const int vec = s == PI_L_ATTN_NORM || s == PI_L_FFN_NORM || (s > PI_L_FFN_DOWN && s != PI_L_ATTN_QKV);
             if ((rc = check_tensor(t, name, shapes[s][0], shapes[s][1], vec))) return rc;
         }
     }
@@ -108,6 +128,16 @@ int pi_model_create(const pi_model_params *params, pi_model **out) {
         const int64_t s = pi_matmul_scratch_size(m->mats[i].type, m->mats[i].n_cols, 1);
         if (s > m->max_act_row) m->max_act_row = s;
     }
+    for (int l = 0; l < params->n_layer; l++) { /* a fused qkv tensor: q, k, v are row ranges of it */
+        pi_mat *lm = &m->mats[l * PI_L_COUNT];
+        const pi_mat f = lm[PI_L_ATTN_QKV];
+        if (f.data == NULL) continue;
+        const int64_t row = pi_row_size(f.type, f.n_cols), Q = (int64_t)params->n_head * params->n_embd_head,
+                      KV = (int64_t)params->n_head_kv * params->n_embd_head;
+        lm[PI_L_ATTN_Q] = (pi_mat){f.data, f.type, f.n_cols, Q};
+        lm[PI_L_ATTN_K] = (pi_mat){(const char *)f.data + Q * row, f.type, f.n_cols, KV};
+        lm[PI_L_ATTN_V] = (pi_mat){(const char *)f.data + (Q + KV) * row, f.type, f.n_cols, KV};
+    }
     *out = m;
     return PI_OK;
 }
@@ -128,7 +158,7 @@ void pi_context_free(pi_context *c) {
     free(c->k_cache);
     free(c->v_cache);
     float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows,
-                     c->embd, c->rope_cs, c->rope_cs_swa};
+                     c->embd, c->rope_cs, c->rope_cs_swa, c->x_par};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->act_scratch);
     free(c->down_t);
@@ -190,9 +220,10 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->logits1 = alloc_f(hp->n_vocab);
     c->rope_cs = alloc_f(B * hp->n_rot);
     c->rope_cs_swa = hp->n_swa > 0 ? alloc_f(B * hp->n_rot) : NULL;
+    c->x_par = hp->parallel_residual ? alloc_f(B * E) : NULL;
     if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
         !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs ||
-        (hp->n_swa > 0 && c->rope_cs_swa == NULL)) {
+        (hp->n_swa > 0 && c->rope_cs_swa == NULL) || (hp->parallel_residual && c->x_par == NULL)) {
         pi_context_free(c);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
                             cp->n_ctx, 2 * kv_bytes);
@@ -220,14 +251,14 @@ static void act_task(void *varg, int ith, int nth) {
     int64_t lo, hi;
     pi_split(j->n, ith, nth, &lo, &hi);
     if (j->act == PI_ACT_GELU) /* half-precision GELU, as llama.cpp's forward pass */
-        pi_gelu16_mul(j->g + lo, j->u + lo, j->g + lo, hi - lo);
+        pi_gelu16_mul(j->g + lo, j->u ? j->u + lo : NULL, j->g + lo, hi - lo);
     else
-        pi_act_mul(j->act, j->g + lo, j->u + lo, j->g + lo, hi - lo);
+        pi_act_mul(j->act, j->g + lo, j->u ? j->u + lo : NULL, j->g + lo, hi - lo);
 }
 
-/* g = act(g) * u over n_tok rows; split across the pool for prompt batches */
-static void act_mul(pi_context *c, int64_t n_tok) {
-    act_job j = {c->m->hp.act, c->g, c->u, n_tok * c->m->hp.n_ff};
+/* g = act(g) * u over n_tok rows (ungated: g = act(g)); split across the pool for prompt batches */
+static void act_mul(pi_context *c, int64_t n_tok, int gated) {
+    act_job j = {c->m->hp.act, c->g, gated ? c->u : NULL, n_tok * c->m->hp.n_ff};
     if (n_tok == 1)
         act_task(&j, 0, 1);
     else
@@ -260,21 +291,45 @@ static void store_kv(const pi_context *c, const pi_attn_site *s, const int32_t *
     }
 }
 
-static void act_mul(pi_context *c, int64_t n_tok);
+static void act_mul(pi_context *c, int64_t n_tok, int gated);
+
+/* x[t] += b for n_tok rows of n floats, when the optional bias b is present */
+static void bias_opt(const pi_tensor *b, float *x, int64_t n, int64_t n_tok) {
+    if (b->data != NULL)
+        for (int64_t t = 0; t < n_tok; t++) add_rows(x + t * n, b->data, n);
+}
+
+/* The FFN's input products of layer l for the normed rows c->xn: c->g = gate x and
+ * c->u = up x (+ bias); an ungated layer (Falcon, OPT) has only c->g = up x + bias.
+ * Returns 1 when gated. */
+static int ffn_gate_up(pi_context *c, int l, int64_t n_tok) {
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int64_t F = c->m->hp.n_ff;
+    const int gated = lm[PI_L_FFN_GATE].data != NULL;
+    float *up = gated ? c->u : c->g;
+    const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_UP], up, F}, {&lm[PI_L_FFN_GATE], c->g, F}};
+    pi_matmul_multi(c->pool, gu, gated ? 2 : 1, c->xn, n_tok, c->act_scratch);
+    bias_opt(&c->m->hp.layers[l * PI_L_COUNT + PI_L_FFN_UP_BIAS], up, F, n_tok);
+    return gated;
+}
 
 /* The sparse FFN of layer l (see pi_context_set_ffn_sparsity). A batch thresholding
  * the product computes gate and up with the dense batched matmul (each weight row is
  * read once for the batch instead of once per token; the same bits per row) and
  * skips rows of down_t per token; decode, and the gate form, gather rows per token. */
-int32_t pi_ffn_form(const pi_model *m) {
+int32_t pi_ffn_form(const pi_model *m, int l) {
     static const int32_t form[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
                                    [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
+    if (m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL) /* ungated (Falcon, OPT) */
+        return m->hp.act == PI_ACT_GELU ? PI_FFN_GELU_UP : PI_FFN_RELU_UP;
     return form[m->hp.act];
 }
 
 static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const pi_tensor *lt = &c->m->hp.layers[l * PI_L_COUNT];
     const int64_t F = c->m->hp.n_ff;
+    const int gated = lm[PI_L_FFN_GATE].data != NULL; /* else an ungated form (Falcon, OPT) */
     const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
     const int64_t t0 = pred ? pi_now_ns() : 0;
     const int32_t *active = NULL;
@@ -289,9 +344,7 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
     }
     float *h = NULL;
     if (n_tok > 1 && !c->ffn_on_gate) {
-        const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, F}, {&lm[PI_L_FFN_UP], c->u, F}};
-        pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
-        act_mul(c, n_tok);
+        act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
         h = c->g;
         if (pred) { /* batched: the same bits as gathered rows; unpredicted neurons are zeroed */
             for (int64_t i = 0; i < n_tok * F; i++)
@@ -300,9 +353,10 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
             active_off = NULL;
         }
     }
-    const pi_ffn_sparse_args a = {pi_ffn_form(c->m), &lm[PI_L_FFN_GATE], &lm[PI_L_FFN_UP], &c->down_t[l],
-                                  c->xn, n_tok, active, active_off, c->ffn_threshold[l], c->ffn_y,
-                                  c->ffn_used_tok, c->ffn_on_gate, h};
+    const pi_ffn_sparse_args a = {pi_ffn_form(c->m, l), gated ? &lm[PI_L_FFN_GATE] : NULL,
+                                  &lm[PI_L_FFN_UP], &c->down_t[l], c->xn, n_tok, active, active_off,
+                                  c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok, c->ffn_on_gate, h,
+                                  lt[PI_L_FFN_UP_BIAS].data};
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
     if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
@@ -312,6 +366,7 @@ static void ffn_sparse(pi_context *c, int l, int64_t n_tok) {
 
 void pi_ffn_residual(pi_context *c, int l, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
+    bias_opt(&hp->layers[l * PI_L_COUNT + PI_L_FFN_DOWN_BIAS], c->ffn_y, hp->n_embd, n_tok); /* OPT, Falcon files */
     norm_opt(&hp->layers[l * PI_L_COUNT + PI_L_FFN_POST_NORM], c->ffn_y, hp->n_embd, n_tok, hp->rms_eps); /* Gemma */
     add_rows(c->x, c->ffn_y, n_tok * hp->n_embd);
 }
@@ -321,6 +376,16 @@ static void add_bias(float *x, const float *b, int64_t n, int64_t n_tok) {
     for (int64_t t = 0; t < n_tok; t++) add_rows(x + t * n, b, n);
 }
 
+
+/* y = the norm of n_rows rows x with weight w: RMSNorm, or LayerNorm plus the optional
+ * bias b (Falcon, OPT) */
+static void norm_rows(const pi_model_params *hp, const float *x, const pi_tensor *w, const pi_tensor *b,
+                      int64_t n_rows, float *y) {
+    if (hp->layer_norm)
+        pi_layernorm_rows(x, w->data, b->data, hp->n_embd, n_rows, hp->rms_eps, y);
+    else
+        pi_rmsnorm_rows(x, w->data, hp->n_embd, n_rows, hp->rms_eps, y);
+}
 
 /* sliding-window (local) layer? see pi_model_params.swa_pattern */
 static int is_swa(const pi_model_params *hp, int l) {
@@ -335,8 +400,10 @@ void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int3
     const int64_t H = hp->n_embd_head;
     const int swa = is_swa(hp, l);
 
-    /* optional pieces: Qwen2 biases, Gemma q/k norms, post-norm */
-    pi_rmsnorm_rows(s->x, lt[PI_L_ATTN_NORM].data, E, n_tok, hp->rms_eps, s->xn);
+    /* optional pieces: Qwen2/OPT biases, Gemma q/k norms, post-norm */
+    if (hp->parallel_residual) /* Falcon: the FFN reads the layer input, not x + attention */
+        memcpy(s->x_par, s->x, (size_t)(n_tok * E) * sizeof(float));
+    norm_rows(hp, s->x, &lt[PI_L_ATTN_NORM], &lt[PI_L_ATTN_NORM_B], n_tok, s->xn);
     const pi_matmul_out qkv[3] = {{&lm[PI_L_ATTN_Q], s->q, Q}, {&lm[PI_L_ATTN_K], s->k, R}, {&lm[PI_L_ATTN_V], s->v, R}};
     pi_matmul_multi(s->pool, qkv, 3, s->xn, n_tok, s->act_scratch);
     if (lt[PI_L_ATTN_Q_BIAS].data != NULL) add_bias(s->q, lt[PI_L_ATTN_Q_BIAS].data, Q, n_tok);
@@ -345,8 +412,10 @@ void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int3
     norm_opt(&lt[PI_L_ATTN_Q_NORM], s->q, H, n_tok * hp->n_head, hp->rms_eps);
     norm_opt(&lt[PI_L_ATTN_K_NORM], s->k, H, n_tok * hp->n_head_kv, hp->rms_eps);
     const float *cs = swa ? s->rope_cs_swa : s->rope_cs;
-    pi_rope_apply(s->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
-    pi_rope_apply(s->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
+    if (hp->rope_type != PI_ROPE_NONE) { /* OPT: learned positions were added to the embeddings */
+        pi_rope_apply(s->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
+        pi_rope_apply(s->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
+    }
     float scale = 1.0f / sqrtf((float)hp->n_embd_head);
     if (hp->attn_scale > 0.0f) { /* Gemma: q scaled before attention, scores unscaled */
         for (int64_t i = 0; i < n_tok * Q; i++) s->q[i] *= hp->attn_scale;
@@ -357,9 +426,11 @@ void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int3
                  c->cp.kv_type, pos[n_tok - 1] + 1, pos, scale, swa ? hp->n_swa : 0, s->attn, s->attn_scratch);
     const pi_matmul_out o = {&lm[PI_L_ATTN_OUT], s->xn, E};
     pi_matmul_multi(s->pool, &o, 1, s->attn, n_tok, s->act_scratch);
+    bias_opt(&lt[PI_L_ATTN_OUT_BIAS], s->xn, E, n_tok);
     norm_opt(&lt[PI_L_ATTN_POST_NORM], s->xn, E, n_tok, hp->rms_eps);
     add_rows(s->x, s->xn, n_tok * E);
-    pi_rmsnorm_rows(s->x, lt[PI_L_FFN_NORM].data, E, n_tok, hp->rms_eps, s->xn); /* the FFN's input */
+    /* the FFN's input */
+    norm_rows(hp, hp->parallel_residual ? s->x_par : s->x, &lt[PI_L_FFN_NORM], &lt[PI_L_FFN_NORM_B], n_tok, s->xn);
 }
 
 static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
@@ -372,11 +443,13 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     if (!pi_placed_attn(c, l, pos, n_tok)) {
         const size_t kv_off = (size_t)l * c->n_cells * c->kv_row * c->kv_esz;
         const pi_attn_site host = {c->pool, lt, lm, c->k_cache + kv_off, c->v_cache + kv_off, c->x, c->xn, c->q,
-                                   c->k, c->v, c->attn, c->act_scratch, c->attn_scratch, c->rope_cs, c->rope_cs_swa};
+                                   c->k, c->v, c->attn, c->act_scratch, c->attn_scratch, c->rope_cs, c->rope_cs_swa,
+                                   c->x_par};
         pi_attn_block(c, &host, l, pos, n_tok);
     }
 
-    /* feed-forward block: down(act(gate x) * up x), split with the device when placed */
+    /* feed-forward block: down(act(gate x) * up x), or down(act(up x + b)) + b without a gate (Falcon, OPT);
+     * split with the device when placed */
     if (c->ffn_capture)
         memcpy(c->ffn_capture + (size_t)l * c->cp.n_batch * E, c->xn, (size_t)(n_tok * E) * sizeof(float));
     if (pi_placed_ffn(c, l, n_tok)) return;
@@ -384,13 +457,13 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
         ffn_sparse(c, l, n_tok);
         return;
     }
-    const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_GATE], c->g, hp->n_ff}, {&lm[PI_L_FFN_UP], c->u, hp->n_ff}};
-    pi_matmul_multi(c->pool, gu, 2, c->xn, n_tok, c->act_scratch);
+    const int gated = ffn_gate_up(c, l, n_tok);
     uint32_t *hist = c->ffn_hist ? c->ffn_hist + (size_t)l * hp->n_ff * PI_FFN_HIST_BINS : NULL;
     if (hist && c->ffn_on_gate) pi_ffn_hist_add(c->pool, hist, c->g, n_tok, hp->n_ff, hp->act);
-    act_mul(c, n_tok);
+    act_mul(c, n_tok, gated);
     if (hist && !c->ffn_on_gate) pi_ffn_hist_add(c->pool, hist, c->g, n_tok, hp->n_ff, -1);
     matmul1(c, &lm[PI_L_FFN_DOWN], c->g, n_tok, c->xn);
+    bias_opt(&lt[PI_L_FFN_DOWN_BIAS], c->xn, E, n_tok);
     norm_opt(&lt[PI_L_FFN_POST_NORM], c->xn, E, n_tok, hp->rms_eps);
     add_rows(c->x, c->xn, n_tok * E);
 }
@@ -414,6 +487,9 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     if (pos[n_tokens - 1] >= c->cp.n_ctx)
         return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval: position %d exceeds the context window of %d",
                             pos[n_tokens - 1], c->cp.n_ctx);
+    if (hp->pos_embd.data != NULL && pos[n_tokens - 1] + (int64_t)hp->pos_offset >= hp->pos_embd.ne[1])
+        return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval: position %d is past the model's %lld learned positions",
+                            pos[n_tokens - 1], (long long)(hp->pos_embd.ne[1] - hp->pos_offset));
     /* logits_all < 0: a prompt chunk whose outputs nobody reads - skip the output layer */
     const int64_t n_out = logits_all > 0 ? n_tokens : logits_all == 0 ? 1 : 0;
     if (logits_all > 0 && n_out > c->rows_cap) {
@@ -430,9 +506,18 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
         pi_dequantize_row(te->type, (const char *)te->data + tokens[t] * te_row, c->x + t * E, E);
     if (hp->embd_scale > 0.0f)
         for (int64_t i = 0; i < n_tokens * E; i++) c->x[i] *= hp->embd_scale;
+    if (hp->pos_embd.data != NULL) { /* learned absolute positions (OPT) */
+        const int64_t pe_row = pi_row_size(hp->pos_embd.type, E);
+        for (int32_t t = 0; t < n_tokens; t++) {
+            pi_dequantize_row(hp->pos_embd.type, (const char *)hp->pos_embd.data + (pos[t] + hp->pos_offset) * pe_row,
+                              c->xn, E);
+            add_rows(c->x + t * E, c->xn, E);
+        }
+    }
 
-    pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base, hp->rope_freq_scale, hp->rope_freqs.data,
-                  c->rope_cs); /* once per batch, shared by every layer's q and k */
+    if (hp->rope_type != PI_ROPE_NONE)
+        pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base, hp->rope_freq_scale, hp->rope_freqs.data,
+                      c->rope_cs); /* once per batch, shared by every layer's q and k */
     if (hp->n_swa > 0) /* the local layers' RoPE base (Gemma 3: 10000 against 1e6 globally) */
         pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base_swa, hp->rope_freq_scale_swa, hp->rope_freqs.data,
                       c->rope_cs_swa);
@@ -447,7 +532,7 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     const float *xo = c->x + (n_tokens - n_out) * E;
     c->logits = logits_all > 0 ? c->logits_rows : c->logits1;
     if (!pi_placed_output(c, xo, n_out, c->logits)) {
-        pi_rmsnorm_rows(xo, hp->output_norm.data, E, n_out, hp->rms_eps, c->embd);
+        norm_rows(hp, xo, &hp->output_norm, &hp->output_norm_b, n_out, c->embd);
         matmul1(c, &c->m->output, c->embd, n_out, c->logits);
     }
     return PI_OK;
@@ -500,13 +585,15 @@ int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *d
     int rc = check_tensor(down_t, name, hp->n_embd, hp->n_ff, 0);
     if (rc) return rc;
     const pi_mat *lm = &c->m->mats[layer * PI_L_COUNT];
-    if (lm[PI_L_FFN_GATE].type != lm[PI_L_FFN_UP].type)
+    if (lm[PI_L_FFN_GATE].data == NULL && hp->act == PI_ACT_SILU)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the sparse FFN of an ungated layer needs ReLU or GELU", layer);
+    if (lm[PI_L_FFN_GATE].data != NULL && lm[PI_L_FFN_GATE].type != lm[PI_L_FFN_UP].type)
         return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: ffn_gate and ffn_up types differ; the sparse FFN needs one",
                             layer);
-    if (c->ffn_scratch == NULL) { /* sized for the largest activation row of any gate type */
+    if (c->ffn_scratch == NULL) { /* sized for the largest activation row of any up type (= gate type) */
         int64_t need = 0;
         for (int i = 0; i < hp->n_layer; i++) {
-            const int64_t s = pi_ffn_sparse_scratch_size(c->m->mats[i * PI_L_COUNT + PI_L_FFN_GATE].type, hp->n_embd,
+            const int64_t s = pi_ffn_sparse_scratch_size(c->m->mats[i * PI_L_COUNT + PI_L_FFN_UP].type, hp->n_embd,
                                                          hp->n_ff, c->cp.n_batch);
             need = s > need ? s : need;
         }

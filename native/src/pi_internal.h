@@ -192,20 +192,23 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
 void pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
 
 void pi_rmsnorm_rows(const float *x, const float *w, int64_t n, int64_t n_rows, float eps, float *y);
+/* LayerNorm rows (see pi_op_layernorm); w, b may be NULL; y may be x */
+void pi_layernorm_rows(const float *x, const float *w, const float *b, int64_t n, int64_t n_rows, float eps,
+                       float *y);
 /* cos/sin of every rotated pair for n_tok positions: n_tok rows of n_rot floats */
 void pi_rope_cache(int64_t n_tok, int32_t n_rot, const int32_t *pos, float freq_base, float freq_scale,
                    const float *freq_factors, float *cs);
 /* rotate n_tok rows of n_head heads in place with a pi_rope_cache table */
 void pi_rope_apply(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot, const float *cs,
                    int32_t rope_type);
-/* h[i] = act(g[i]) * u[i] */
+/* h[i] = act(g[i]) * u[i]; u NULL: h[i] = act(g[i]) (ungated FFN) */
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
 /* Add n_tok rows of n_ff activations to per-neuron |h| histograms (ops/ffn_hist.c). */
 /* act >= 0: histogram of |pi_act1(act, v)| instead of |v| (the gate activation). */
 void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act);
 float pi_act1(int32_t act, float x);
 /* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's
- * forward pass; see act.c) */
+ * forward pass; see act.c); u NULL: h[i] = gelu(g[i]) */
 void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n);
 void pi_softmax(float *x, int64_t n);
 
@@ -225,7 +228,7 @@ void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, 
 /* ---- sparse FFN (ops/sparse_ffn.c; see pi_op_ffn_sparse) ---- */
 typedef struct {
     int32_t act;          /* enum pi_ffn_act */
-    const pi_mat *gate;   /* n_ff rows of n_embd */
+    const pi_mat *gate;   /* n_ff rows of n_embd; unused (may be NULL) for the ungated forms */
     const pi_mat *up;     /* same type and shape as gate */
     const pi_mat *down_t; /* n_ff rows of n_embd: F32, F16, Q8_0 or Q4_0 */
     const float *x;       /* n_tok rows of n_embd */
@@ -238,6 +241,7 @@ typedef struct {
     int32_t on_gate; /* threshold |act(gate x)| before reading up (CATS) instead of |h| */
     float *h;        /* optional: h already computed (n_tok rows of n_ff, all neurons, active == NULL,
                         on_gate == 0); gate/up are not read and the rows are overwritten */
+    const float *up_bias; /* ungated forms only: n_ff floats added to up.x (NULL = none) */
     int32_t phase;   /* 0: everything; 1: h and the kept rows only (held in scratch); 2: the down
                         accumulation of a phase-1 call's kept rows onto y as it is (not zeroed) */
 } pi_ffn_sparse_args;

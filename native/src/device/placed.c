@@ -124,7 +124,8 @@ static void *dev_alloc(pi_device *d, int64_t n) {
     return p;
 }
 
-static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_placement *layers) {
+static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_placement *layers,
+                      int32_t output_on_device) {
     const pi_model_params *hp = &c->m->hp;
     for (int l = 0; l < hp->n_layer; l++) {
         if (layers[l].n_hot == 0) continue;
@@ -135,7 +136,15 @@ static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_
             return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
         if (c->ffn_on_gate)
             return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
+        if (c->m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL)
+            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN (Falcon/OPT "
+                                "are ungated)", l);
     }
+    int dense_on = output_on_device;
+    for (int l = 0; l < hp->n_layer; l++) dense_on |= layers[l].attn_on_device;
+    if (dense_on && (hp->layer_norm || hp->parallel_residual || hp->pos_embd.data != NULL))
+        return pi_set_error(PI_ERR_UNSUPPORTED, "dense blocks on the device: LayerNorm, parallel-residual and "
+                            "learned-position models (Falcon, OPT) are not supported yet");
     int64_t sizes[11];
     scratch_sizes(c, sizes);
     int64_t span = 0;
@@ -167,7 +176,7 @@ int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placemen
     int64_t scratch = 0;
     const int64_t need = pi_context_plan_bytes(c, layers, output_on_device, &scratch);
     if (need < 0) return PI_ERR_INVALID;
-    int rc = check_plan(c, dev, layers);
+    int rc = check_plan(c, dev, layers, output_on_device);
     if (rc) return rc;
     if (need > pi_device_free_bytes(dev))
         return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, the device has %lld free",
@@ -253,7 +262,7 @@ static void attn_job(pi_pool *pool, void *arg) {
     memcpy(p->y, c->rope_cs, (size_t)nr * sizeof(float));
     if (hp->n_swa > 0) memcpy(p->y + nr, c->rope_cs_swa, (size_t)nr * sizeof(float));
     const pi_attn_site s = {pool, &p->lt[l * PI_L_COUNT], &p->lm[l * PI_L_COUNT], p->kc[l], p->vc[l], p->x, p->xn,
-                            p->q, p->k, p->v, p->attn, p->act, p->g, p->y, p->y + nr};
+                            p->q, p->k, p->v, p->attn, p->act, p->g, p->y, p->y + nr, NULL};
     pi_attn_block(c, &s, l, p->job_pos, n);
     memcpy(c->x, p->x, (size_t)(n * E) * sizeof(float)); /* device to host */
     memcpy(c->xn, p->xn, (size_t)(n * E) * sizeof(float));
@@ -288,6 +297,9 @@ int pi_context_set_ffn_offload(pi_context *c, int32_t layer, void *handle, pi_ff
         rc = pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", layer);
     else if (c->ffn_on_gate)
         rc = pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
+    else if (c->m->mats[layer * PI_L_COUNT + PI_L_FFN_GATE].data == NULL)
+        rc = pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN (Falcon/OPT are ungated)",
+                          layer);
     if (rc) return rc;
     if (c->placed != NULL && (c->placed->dev != NULL || c->placed->ffn[layer] != NULL))
         return pi_set_error(PI_ERR_INVALID, "blk.%d: the context already has a device half for this layer", layer);
@@ -307,7 +319,7 @@ int pi_placed_ffn(pi_context *c, int l, int64_t n_tok) {
     pi_placed *p = c->placed;
     if (p == NULL || p->ffn[l] == NULL) return 0;
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
-    const int32_t form = pi_ffn_form(c->m);
+    const int32_t form = pi_ffn_form(c->m, l);
     const float thr = c->ffn_threshold[l];
     const pi_ffn_sparse_args a = {.act = form, .gate = &lm[PI_L_FFN_GATE], .up = &lm[PI_L_FFN_UP],
                                   .down_t = &c->down_t[l], .x = c->xn, .n_tok = n_tok, .threshold = thr,

@@ -18,6 +18,10 @@ float pi_act1(int32_t act, float x) {
 }
 
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n) {
+    if (u == NULL) { /* ungated FFN: h = act(up x); dReLU's relu(up) is then relu */
+        for (int64_t i = 0; i < n; i++) h[i] = pi_act1(act == PI_ACT_DRELU ? PI_ACT_RELU : act, g[i]);
+        return;
+    }
     if (act == PI_ACT_DRELU) {
         for (int64_t i = 0; i < n; i++) h[i] = (g[i] > 0.0f ? g[i] : 0.0f) * (u[i] > 0.0f ? u[i] : 0.0f);
         return;
@@ -43,7 +47,7 @@ void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float x = g[i];
         const float a = x <= -10.0f ? 0.0f : x >= 10.0f ? x : g_gelu16[pi_fp32_to_fp16(x)];
-        h[i] = a * u[i];
+        h[i] = u != NULL ? a * u[i] : a;
     }
 }
 

@@ -9,7 +9,8 @@
  *     of row j of the dense product.
  *  2. (pool job) h_j for each active (token, neuron), split across threads by
  *     neuron; each h_j is independent, so its bits do not depend on the split.
- *     The ReLU forms skip the up row when gate_j.x <= 0.
+ *     The ReLU forms skip the up row when gate_j.x <= 0; the ungated form
+ *     forms (PI_FFN_RELU_UP, PI_FFN_GELU_UP) read only the up row: h_j = act(up_j.x + b_j).
  *  3. (serial, O(n_active)) the kept neurons (|h| >= threshold, h != 0) are
  *     compacted per token, and counted for n_used.
  *  4. (pool job) the down accumulation, split across threads by output column in
@@ -237,9 +238,10 @@ static void h_task(void *varg, int ith, int nth) {
     int64_t lo, hi;
     pi_split(s->total, ith, nth, &lo, &hi);
     if (lo >= hi) return;
-    const pi_vec_dot_fn dot = s->isa->vec_dot[a->gate->type];
-    const int64_t wrow = pi_row_size(a->gate->type, s->n_embd);
-    const char *gd = a->gate->data, *ud = a->up->data;
+    const pi_vec_dot_fn dot = s->isa->vec_dot[a->up->type];
+    const int64_t wrow = pi_row_size(a->up->type, s->n_embd);
+    const int ungated = a->act == PI_FFN_RELU_UP || a->act == PI_FFN_GELU_UP;
+    const char *gd = ungated ? a->up->data : a->gate->data, *ud = a->up->data; /* ungated: up is the first row read */
     int64_t t = 0;
     while (s->off[t + 1] <= lo) t++;
     for (int64_t k = lo; k < hi; k++) {
@@ -255,6 +257,12 @@ static void h_task(void *varg, int ith, int nth) {
         }
         float g, u, h;
         dot(s->n_embd, &g, gd + j * wrow, xt);
+        if (ungated) { /* h = act(up x + b); "gate" thresholding is then the product's */
+            if (a->up_bias != NULL) g += a->up_bias[j];
+            h = a->act == PI_FFN_RELU_UP ? (g > 0.0f ? g : 0.0f) : pi_act1(PI_ACT_GELU, g);
+            s->h[k] = a->on_gate && fabsf(h) < a->threshold ? 0.0f : h;
+            continue;
+        }
         if (a->on_gate) { /* CATS: a small gate activation skips the up row too */
             const float ga = pi_act1(a->act == PI_FFN_SWIGLU ? PI_ACT_SILU : a->act == PI_FFN_GEGLU ? PI_ACT_GELU
                                                                                                   : PI_ACT_RELU, g);
@@ -335,8 +343,8 @@ int64_t pi_ffn_sparse_scratch_size(int32_t gate_up_type, int64_t n_embd, int64_t
 
 void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
     const pi_isa *isa = pi_isa_current();
-    const int64_t n_embd = a->gate->n_cols, n_ff = a->gate->n_rows, n_tok = a->n_tok;
-    const int32_t vdt = pi_type_get(a->gate->type)->vec_dot_type;
+    const int64_t n_embd = a->up->n_cols, n_ff = a->up->n_rows, n_tok = a->n_tok;
+    const int32_t vdt = pi_type_get(a->up->type)->vec_dot_type;
     char *p = scratch;
     sparse_job s = {a, isa, pick_avx2(isa), n_embd, n_ff, NULL, pi_row_size(vdt, n_embd),
                     NULL, 0, NULL, NULL, NULL};
@@ -391,15 +399,9 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
     if (a->phase != 1) pi_pool_run(pool, down_task, &s);
 }
 
-int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const void *gate,
-                     const void *up, int64_t n_embd, int64_t n_ff, int32_t down_t_type,
-                     const void *down_t, const float *x, int64_t n_tok, const int32_t *active,
-                     const int64_t *active_off, float threshold, float *y, int64_t *n_used) {
-    static const char *fn = "pi_op_ffn_sparse";
-    if (pool == NULL || gate == NULL || up == NULL || down_t == NULL || x == NULL || y == NULL)
-        return pi_set_error(PI_ERR_INVALID, "%s: NULL argument", fn);
-    if (act < PI_FFN_SWIGLU || act > PI_FFN_DRELU)
-        return pi_set_error(PI_ERR_INVALID, "%s: unknown activation form %d", fn, act);
+/* The checks both entry points share (arguments of pi_op_ffn_sparse) */
+static int check_op_args(const char *fn, int32_t gate_up_type, int64_t n_embd, int64_t n_ff, int32_t down_t_type,
+                         int64_t n_tok, const int32_t *active, const int64_t *active_off, float threshold) {
     const pi_type_traits *tg = pi_type_get(gate_up_type), *td = pi_type_get(down_t_type);
     if (tg == NULL) return pi_set_error(PI_ERR_INVALID, "%s: unknown gate/up type %d", fn, gate_up_type);
     if (!pi_type_is_weight(gate_up_type))
@@ -435,14 +437,56 @@ int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const voi
             }
         }
     }
+    return PI_OK;
+}
+
+/* Allocate the scratch and run; gate NULL for the ungated form */
+static int run_op(int32_t act, int32_t gate_up_type, const void *gate, const void *up, const float *up_bias,
+                  int64_t n_embd, int64_t n_ff, int32_t down_t_type, const void *down_t, const float *x,
+                  int64_t n_tok, const int32_t *active, const int64_t *active_off, float threshold, float *y,
+                  int64_t *n_used, pi_pool *pool, const char *fn) {
     void *scratch = malloc((size_t)pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_ff, n_tok));
     if (scratch == NULL) return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
     const pi_mat g = {gate, gate_up_type, n_embd, n_ff}, u = {up, gate_up_type, n_embd, n_ff};
     const pi_mat d = {down_t, down_t_type, n_embd, n_ff};
-    const pi_ffn_sparse_args a = {act, &g, &u, &d, x, n_tok, active, active_off, threshold, y, n_used};
+    const pi_ffn_sparse_args a = {.act = act, .gate = gate ? &g : NULL, .up = &u, .down_t = &d, .x = x,
+                                  .n_tok = n_tok, .active = active, .active_off = active_off,
+                                  .threshold = threshold, .y = y, .n_used = n_used, .up_bias = up_bias};
     pi_ffn_sparse(pool, &a, scratch);
     free(scratch);
     return PI_OK;
+}
+
+int pi_op_ffn_sparse(pi_pool *pool, int32_t act, int32_t gate_up_type, const void *gate,
+                     const void *up, int64_t n_embd, int64_t n_ff, int32_t down_t_type,
+                     const void *down_t, const float *x, int64_t n_tok, const int32_t *active,
+                     const int64_t *active_off, float threshold, float *y, int64_t *n_used) {
+    static const char *fn = "pi_op_ffn_sparse";
+    if (pool == NULL || gate == NULL || up == NULL || down_t == NULL || x == NULL || y == NULL)
+        return pi_set_error(PI_ERR_INVALID, "%s: NULL argument", fn);
+    if (act < PI_FFN_SWIGLU || act > PI_FFN_DRELU)
+        return pi_set_error(PI_ERR_INVALID, "%s: unknown activation form %d (the ungated form is "
+                            "pi_op_ffn_sparse_ungated)", fn, act);
+    int rc = check_op_args(fn, gate_up_type, n_embd, n_ff, down_t_type, n_tok, active, active_off, threshold);
+    if (rc) return rc;
+    return run_op(act, gate_up_type, gate, up, NULL, n_embd, n_ff, down_t_type, down_t, x, n_tok, active, active_off,
+                  threshold, y, n_used, pool, fn);
+}
+
+int pi_op_ffn_sparse_ungated(pi_pool *pool, int32_t act, int32_t up_type, const void *up, const float *up_bias,
+                             int64_t n_embd, int64_t n_ff, int32_t down_t_type, const void *down_t,
+                             const float *x, int64_t n_tok, const int32_t *active, const int64_t *active_off,
+                             float threshold, float *y, int64_t *n_used) {
+    static const char *fn = "pi_op_ffn_sparse_ungated";
+    if (pool == NULL || up == NULL || down_t == NULL || x == NULL || y == NULL)
+        return pi_set_error(PI_ERR_INVALID, "%s: NULL argument", fn);
+    if (act != PI_FFN_RELU_UP && act != PI_FFN_GELU_UP)
+        return pi_set_error(PI_ERR_INVALID, "%s: activation form %d is not an ungated one (%d, %d)", fn, act,
+                            PI_FFN_RELU_UP, PI_FFN_GELU_UP);
+    int rc = check_op_args(fn, up_type, n_embd, n_ff, down_t_type, n_tok, active, active_off, threshold);
+    if (rc) return rc;
+    return run_op(act, up_type, NULL, up, up_bias, n_embd, n_ff, down_t_type, down_t, x, n_tok, active,
+                  active_off, threshold, y, n_used, pool, fn);
 }
 
 /* ---- transpose (done once per model; portable, single thread) ---------------- */
