@@ -323,6 +323,8 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         raise TrainError(f"allocate must be sensitivity, error or uniform, got {allocate!r}")
     if probe_density not in LAYER_DENSITIES or probe_density >= 1.0:
         raise TrainError(f"probe_density must be one of {[d for d in LAYER_DENSITIES if d < 1]}")
+    if not 0.0 < max_density <= 1.0:
+        raise TrainError(f"max_density must be in (0, 1], got {max_density}")
     if quantize not in ("f16", "q8_0"):
         raise TrainError(f"quantize must be f16 or q8_0, got {quantize!r}")
     use_torch = backend == "torch" or (backend == "auto" and have_torch())
@@ -495,10 +497,12 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         costs, sens = curves, {}
         if select == "density" and allocate == "sensitivity":
             # measured sensitivity: each layer alone at the probe density, the rise of the
-            # held-out NLL (first probe_tokens); a layer's error curve is rescaled so that
-            # its probe point costs that rise (allocate_densities then trades real loss)
+            # NLL on the last probe_tokens captured (the validation slice's chunks, not the
+            # held-out tail the budget is judged on); a layer's error curve is rescaled so
+            # that its probe point costs that rise (allocate_densities then trades real loss)
             i_p = LAYER_DENSITIES.index(probe_density)
-            probe = held[:max(n_ctx, (min(probe_tokens, len(held)) // n_ctx) * n_ctx)]
+            n_probe = max(1, min(probe_tokens, n_val) // n_ctx) * n_ctx
+            probe = list(train_ids[len(train_ids) - n_probe:]) if len(train_ids) >= n_probe else held
             install(None)
             nll0 = perplexity(probe, eval_chunk, n_ctx)["nll"]
             costs = {}
