@@ -47,11 +47,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=12288)
     ap.add_argument("--heldout-tokens", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--unseen-offset", type=int, default=None, help="byte offset of the unseen text (default: --max-bytes)")
+    ap.add_argument("--unseen-offset", type=int, default=None,
+                    help="byte offset of the unseen text (default: --max-bytes)")
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--densities", default="0.95,0.9,0.85")
     ap.add_argument("--allocate", choices=("sensitivity", "error", "uniform", "recall"), default="sensitivity")
     ap.add_argument("--probe-density", type=float, default=0.6)
+    ap.add_argument("--probe-tokens", type=int, default=3072)
     ap.add_argument("--max-density", type=float, default=0.95)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -113,9 +115,13 @@ def main() -> None:
     base = run(None)
     print(f"dense: held {base[0][0]:.4f}, unseen {base[1][0]:.4f}", flush=True)
     costs = curves
-    if args.allocate == "sensitivity":  # as train-predictor: probe on the last captured chunks
+    if args.allocate == "sensitivity":  # as train-predictor: the held-out tail, then the last captured chunks
         i_p = LAYER_DENSITIES.index(args.probe_density)
-        probe = list(train_ids[-2 * args.ctx:])
+        n_probe = max(1, args.probe_tokens // args.ctx) * args.ctx
+        probe = list(held[:n_probe])
+        extra = (n_probe - len(probe)) // args.ctx * args.ctx
+        if extra > 0:
+            probe += list(train_ids[len(train_ids) - extra:])
         install(None)
         nll0 = perplexity(probe, ev, args.ctx)["nll"]
         sens = {}
@@ -144,16 +150,17 @@ def main() -> None:
                 if args.allocate == "uniform":
                     i = LAYER_DENSITIES.index(d)
                 else:
-                    i = allocate_densities(costs, d, args.max_density, n_layer=hp.n_layer,
-                                           min_density=args.probe_density if args.allocate == "sensitivity" else 0.0)[layer]
+                    lo = args.probe_density if args.allocate == "sensitivity" else 0.0
+                    i = allocate_densities(costs, d, args.max_density, n_layer=hp.n_layer, min_density=lo)[layer]
                 tau = curves[layer][i][0]
                 dens.append(LAYER_DENSITIES[i])
                 if not np.isfinite(tau):
                     continue
             pset.fc1[layer], pset.fc2[layer], pset.thresholds[layer] = ps.fc1[layer], ps.fc2[layer], tau
         r = run(pset)
-        print(f"{args.allocate} {d}: held {r[0][0]:.4f} ({r[0][0] / base[0][0] - 1:+.2%}) density {r[0][1]:.3f} | "
-              f"unseen {r[1][0]:.4f} ({r[1][0] / base[1][0] - 1:+.2%}) density {r[1][1]:.3f} | layers {dens}", flush=True)
+        print(f"{args.allocate} {d}: held {r[0][0]:.4f} ({r[0][0] / base[0][0] - 1:+.2%}) density {r[0][1]:.3f}"
+              f" | unseen {r[1][0]:.4f} ({r[1][0] / base[1][0] - 1:+.2%}) density {r[1][1]:.3f} | layers {dens}",
+              flush=True)
 
 
 if __name__ == "__main__":

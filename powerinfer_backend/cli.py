@@ -56,6 +56,7 @@ def cmd_train_predictor(args) -> int:
     ps = train_predictors(_model_path(args.model), args.text, max_ppl_increase=args.max_ppl_increase,
                           recall=args.recall, density=args.density, select=args.select, loss=args.loss,
                           quantize=args.quantize, allocate=args.allocate, max_density=args.max_density,
+                          probe_tokens=args.probe_tokens,
                           rank=args.rank, epochs=args.epochs, tokens=args.tokens,
                           heldout_tokens=args.heldout_tokens, n_ctx=args.ctx, offset_bytes=args.offset_bytes,
                           max_bytes=args.max_bytes, out=args.out, force=args.force, n_threads=args.threads,
@@ -221,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--allocate", choices=("sensitivity", "error", "uniform"), default="sensitivity",
                    help="how a mean density is split over layers: by each layer's output-error curve scaled by "
                         "its measured held-out NLL rise (default), by the raw output error, or uniformly")
+    t.add_argument("--probe-tokens", type=_positive("--probe-tokens"), default=3072,
+                   help="tokens of each layer's sensitivity probe: the held-out tail, then the last captured "
+                        "(default 3072; more: less noise; one perplexity run per layer)")
     t.add_argument("--max-density", type=float, default=0.9,
                    help="a layer whose predicted density would exceed this stays dense (no predictor; default 0.9)")
     t.add_argument("--loss", choices=("mse", "bce"), default="mse",

@@ -289,7 +289,8 @@ def _read_predictors(p, fields, tensors, n_layer, n_ff, ttypes=None):
                 block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ty)]
                 rows = raw.shape[0] if raw.ndim == 2 else 1
                 cols = raw.size // rows // size * block
-                dst[layer] = TensorView(name=name, type=ty, ne=(cols, rows), data=raw.reshape(-1), nbytes=int(raw.nbytes))
+                dst[layer] = TensorView(name=name, type=ty, ne=(cols, rows), data=raw.reshape(-1),
+                                        nbytes=int(raw.nbytes))
         ps.thresholds[layer] = float(t)
     for k, v in fields.items():
         if k.startswith(_P) and k not in (_P + "layers", _P + "thresholds"):

@@ -276,7 +276,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
                      recall_grid: Sequence[float] = RECALL_GRID, loss: str = "mse", select: Optional[str] = None,
                      density: Optional[float] = None, density_grid: Sequence[float] = DENSITY_GRID,
                      quantize: str = "f16", allocate: str = "sensitivity", probe_density: float = 0.6,
-                     probe_tokens: int = 1024, progress: bool = True,
+                     probe_tokens: int = 3072, progress: bool = True,
                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> PredictorSet:
     """Train per-layer predictors and write them into the sidecar (see the module
     docstring). Returns the :class:`PredictorSet` (``info`` has the per-layer table).
@@ -497,12 +497,16 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         costs, sens = curves, {}
         if select == "density" and allocate == "sensitivity":
             # measured sensitivity: each layer alone at the probe density, the rise of the
-            # NLL on the last probe_tokens captured (the validation slice's chunks, not the
-            # held-out tail the budget is judged on); a layer's error curve is rescaled so
-            # that its probe point costs that rise (allocate_densities then trades real loss)
+            # NLL on probe_tokens: the held-out tail first, then the last captured chunks
+            # (the validation slice's: a probe on those alone was too noisy to rank layers,
+            # docs/predictors.md); a layer's error curve is rescaled so that its probe
+            # point costs that rise (allocate_densities then trades measured loss)
             i_p = LAYER_DENSITIES.index(probe_density)
-            n_probe = max(1, min(probe_tokens, n_val) // n_ctx) * n_ctx
-            probe = list(train_ids[len(train_ids) - n_probe:]) if len(train_ids) >= n_probe else held
+            n_probe = max(1, probe_tokens // n_ctx) * n_ctx
+            probe = list(held[:n_probe])
+            extra = (n_probe - len(probe)) // n_ctx * n_ctx
+            if extra > 0 and len(train_ids) >= extra:
+                probe += list(train_ids[len(train_ids) - extra:])
             install(None)
             nll0 = perplexity(probe, eval_chunk, n_ctx)["nll"]
             costs = {}
@@ -613,5 +617,6 @@ def format_table(ps: PredictorSet, table: dict, n_layer: int) -> str:
             continue
         m = table[x]
         lines.append(f"{x:5d}  {'yes' if x in ps.fc1 else 'no (dense)':>9}  {m['tau']:9.3g}  {m['density']:7.3f}  "
-                     f"{m['recall']:6.3f}  {m['precision']:9.3f}  {m['mass_recall']:11.4f}  {m.get('error', float('nan')):12.4f}")
+                     f"{m['recall']:6.3f}  {m['precision']:9.3f}  {m['mass_recall']:11.4f}  "
+                     f"{m.get('error', float('nan')):12.4f}")
     return "\n".join(lines)

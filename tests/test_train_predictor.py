@@ -116,6 +116,19 @@ def test_train_predictor_fixed_density_q8_0(tmp_path):
         train_predictors(model, text, density=0.6, recall=0.9, progress=False)
 
 
+def test_train_predictor_cli_options(tmp_path, capsys):
+    """The new options reach train_predictors: uniform allocation at a fixed density, BCE."""
+    model, text = tiny(tmp_path), text_file(tmp_path)
+    rc = cli_main(["train-predictor", "--model", model, "--text", text, "--rank", "8", "--epochs", "1",
+                   "--tokens", "256", "--heldout-tokens", "128", "--ctx", "64", "--threads", "1", "--backend", "numpy",
+                   "--json", "--density", "0.5", "--allocate", "uniform", "--loss", "bce", "--max-density", "0.8",
+                   "--probe-tokens", "64"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["allocate"] == "uniform" and out["loss"] == "bce" and out["density_target"] == 0.5
+    assert out["density"] == [0.5, 0.5] or all(abs(d - 0.5) < 0.02 for d in out["density"])
+
+
 def test_error_curve_and_allocation():
     rng = np.random.default_rng(0)
     h = rng.standard_normal((50, 40)).astype(np.float32)
