@@ -11,24 +11,26 @@ PowerInfer ships predictors but not the code that trains them; this is ours.
 2. **Labels.** Per layer, a neuron is "active" when ``|h| >= t_l``, t_l the
    ``label_sparsity``-quantile of the layer's |h| (for SwiGLU/GeGLU the product, not
    the gate alone). ``label_sparsity`` defaults to 0.5.
-3. **Loss (magnitude-aware).** Binary cross-entropy on the logits ``fc2.relu(fc1.x)``
-   with every positive weighted by ``pos_weight * min(|h| * ||down_j|| / m_l, cap)``
-   (m_l: the layer's mean positive |h|*||down_j||): a missed neuron costs in
-   proportion to what it would have added to the FFN output, so the predictor
-   spends its capacity on the neurons that matter (the naive unweighted BCE missed
-   large ones; docs/predictors.md). fc1 is initialised from the top right singular
-   vectors of the gate weights, in +/- pairs (relu(v.x) - relu(-v.x) = v.x, so the
-   predictor starts with a linear view of the gate's main subspace). Adam, cosine
-   learning rate. torch when installed (the ``[train]`` extra), else the same
-   model and loss in numpy (slower; exact gradients written out).
-4. **Thresholds.** On a validation slice (the last 10% of the captured tokens) each
-   layer's score threshold is the one that keeps a fraction ``R`` of the labelled
-   active neurons (recall R). With ``--recall`` R is fixed; otherwise R is chosen
-   from a grid by binary search as the lowest recall whose held-out perplexity is
-   within ``margin * max_ppl_increase`` of dense. A layer whose predicted density
-   at R exceeds ``max_density`` gets no predictor (it stays dense: a predictor
-   costing bytes and skipping little is a loss).
-5. **Output.** The predictors (float16 ``blk.N.fc1.weight`` / ``blk.N.fc2.weight``),
+3. **Loss.** ``loss="mse"`` (default): the score ``fc2.relu(fc1.x)`` regresses onto each
+   neuron's importance ``|h_j| * ||down_j|| / m_l`` (m_l the layer's mean), so the
+   predictor ranks neurons by what they add to the FFN output. ``loss="bce"``: binary
+   cross-entropy on the labels with every positive weighted by
+   ``pos_weight * clip(|h| * ||down_j|| / m_l, 0.25, cap)`` (the earlier scheme). fc1 is
+   initialised from the top right singular vectors of the gate weights, in +/- pairs.
+   Adam, cosine learning rate. torch when installed (the ``[train]`` extra), else the
+   same model and losses in numpy (slower; exact gradients written out).
+4. **Thresholds.** On a validation slice (the last 10% of the captured tokens) every
+   layer gets an error curve: per density d the score threshold keeping a fraction d and
+   the relative FFN output error (:func:`error_curve`). ``select="density"`` (default):
+   a mean density D is split over the layers by :func:`allocate_densities`, on the
+   error curves scaled by each layer's measured NLL rise at ``probe_density``
+   (``allocate="sensitivity"``), on the raw curves (``"error"``) or evenly
+   (``"uniform"``); ``density`` fixes D, otherwise D is the lowest grid value whose
+   held-out perplexity is within ``margin * max_ppl_increase`` of dense.
+   ``select="recall"`` (or ``recall=R``): every layer keeps a fraction R of its
+   labelled-active neurons. A layer above ``max_density`` gets no predictor.
+5. **Output.** The predictors (``blk.N.fc1.weight`` / ``blk.N.fc2.weight``, float16 or
+   ``quantize="q8_0"``),
    thresholds and per-layer precision / recall / predicted density go into the
    sparsity sidecar (created if missing, its calibration kept otherwise).
 """
