@@ -55,7 +55,10 @@ def cmd_train_predictor(args) -> int:
 
     layers = None if args.layers is None else [int(x) for x in args.layers.split(",") if x.strip()]
     ps = train_predictors(_model_path(args.model), args.text, max_ppl_increase=args.max_ppl_increase,
-                          recall=args.recall, rank=args.rank, epochs=args.epochs, tokens=args.tokens,
+                          recall=args.recall, density=args.density, select=args.select, loss=args.loss,
+                          quantize=args.quantize, allocate=args.allocate, max_density=args.max_density,
+                          probe_tokens=args.probe_tokens,
+                          rank=args.rank, epochs=args.epochs, tokens=args.tokens,
                           heldout_tokens=args.heldout_tokens, n_ctx=args.ctx, offset_bytes=args.offset_bytes,
                           max_bytes=args.max_bytes, out=args.out, force=args.force, n_threads=args.threads,
                           label_sparsity=args.label_sparsity, layers=layers, backend=args.backend,
@@ -229,8 +232,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
     tb.add_argument("--recall", type=float, default=None,
                     help="instead of a budget: keep this fraction of the labelled active neurons per layer")
+    tb.add_argument("--density", type=float, default=None,
+                    help="instead of a budget: this mean predicted density, allocated over layers by measured "
+                         "output error")
+    t.add_argument("--select", choices=("density", "recall"), default=None,
+                   help="what the budget search varies: the mean density allocated over layers (default) or "
+                        "one recall for every layer (the old scheme)")
+    t.add_argument("--allocate", choices=("sensitivity", "error", "uniform"), default="sensitivity",
+                   help="how a mean density is split over layers: by each layer's output-error curve scaled by "
+                        "its measured held-out NLL rise (default), by the raw output error, or uniformly")
+    t.add_argument("--probe-tokens", type=_positive("--probe-tokens"), default=3072,
+                   help="tokens of each layer's sensitivity probe: the held-out tail, then the last captured "
+                        "(default 3072; more: less noise; one perplexity run per layer)")
+    t.add_argument("--max-density", type=float, default=0.9,
+                   help="a layer whose predicted density would exceed this stays dense (no predictor; default 0.9)")
+    t.add_argument("--loss", choices=("mse", "bce"), default="mse",
+                   help="mse: regress the score onto |h_j|*||down_j|| (default); bce: magnitude-weighted BCE "
+                        "on the --label-sparsity labels")
     t.add_argument("--rank", type=_positive("--rank"), default=128, help="predictor rank (default 128)")
-    t.add_argument("--epochs", type=_positive("--epochs"), default=4, help="training epochs (default 4)")
+    t.add_argument("--quantize", choices=("f16", "q8_0"), default="f16",
+                   help="predictor storage: f16 (default) or q8_0 (about half the bytes; rank %% 32 == 0)")
+    t.add_argument("--epochs", type=_positive("--epochs"), default=16, help="training epochs (default 16)")
     t.add_argument("--tokens", type=_positive("--tokens"), default=12288,
                    help="training tokens captured from the start of the text (default 12288)")
     t.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._native import check, ffi, lib
 
-__all__ = ["scores", "scores_reference", "PredictorSet", "apply", "validate_layer"]
+__all__ = ["scores", "scores_reference", "PredictorSet", "apply", "validate_layer", "quantize_q8_0", "as_float"]
 
 _TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
 _POOLS: dict[int, object] = {}
@@ -33,21 +33,55 @@ def _pool(n_threads: int):
     return _POOLS[n_threads]
 
 
-def scores(fc1: np.ndarray, fc2: np.ndarray, x: np.ndarray, n_threads: int = 1) -> np.ndarray:
+def quantize_q8_0(w: np.ndarray, name: str = ""):
+    """A (rows, cols) float array as a Q8_0 :class:`~powerinfer_backend.gguf_model.TensorView`
+    (ne [cols, rows]; cols % 32 == 0), the type the native predictor reads as any matmul
+    weight (docs/predictors.md: ``--quantize q8_0``)."""
+    from gguf import GGMLQuantizationType, quants
+
+    from .gguf_model import TensorView
+
+    w = np.ascontiguousarray(w, np.float32)
+    if w.ndim != 2 or w.shape[1] % 32:
+        raise ValueError(f"{name or 'tensor'}: Q8_0 needs rows whose length is a multiple of 32, got shape {w.shape}")
+    q = np.ascontiguousarray(quants.quantize(w, GGMLQuantizationType.Q8_0)).reshape(-1)
+    return TensorView(name=name, type=int(GGMLQuantizationType.Q8_0), ne=(w.shape[1], w.shape[0]), data=q,
+                      nbytes=int(q.nbytes))
+
+
+def as_float(w) -> np.ndarray:
+    """ndarray (as is) or TensorView (dequantized float32, numpy shape (rows, cols))."""
+    return w if isinstance(w, np.ndarray) else w.to_float32()
+
+
+def _operand(w):
+    """-> (type id, buffer, numpy-order shape) for an ndarray (F32/F16) or a TensorView."""
+    if isinstance(w, np.ndarray):
+        w = np.ascontiguousarray(w)
+        if w.dtype not in _TYPES:
+            raise ValueError(f"predictor dtype {w.dtype}: expected float32 or float16 (or a quantized TensorView)")
+        if w.ndim != 2:
+            raise ValueError(f"predictor weights must be 2-D, got shape {w.shape}")
+        return _TYPES[w.dtype], w, w.shape
+    if len(w.ne) != 2:
+        raise ValueError(f"predictor weights must be 2-D, got ne {list(w.ne)}")
+    return int(w.type), w.data, (w.ne[1], w.ne[0])
+
+
+def scores(fc1, fc2, x: np.ndarray, n_threads: int = 1) -> np.ndarray:
     """C predictor scores ``fc2 . relu(fc1 . x)`` for rows x (n_tok, n_embd) float32;
-    fc1 (rank, n_embd), fc2 (n_ff, rank), float32 or float16. -> (n_tok, n_ff) float32."""
-    fc1 = np.ascontiguousarray(fc1)
-    fc2 = np.ascontiguousarray(fc2)
+    fc1 (rank, n_embd), fc2 (n_ff, rank), float32 or float16 ndarrays or TensorViews of
+    any matmul type (Q8_0: :func:`quantize_q8_0`). -> (n_tok, n_ff) float32."""
+    t1, b1, s1 = _operand(fc1)
+    t2, b2, s2 = _operand(fc2)
     x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
-    if fc1.dtype not in _TYPES or fc2.dtype not in _TYPES:
-        raise ValueError(f"predictor dtypes {fc1.dtype}/{fc2.dtype}: expected float32 or float16")
-    if fc1.ndim != 2 or fc2.ndim != 2 or fc2.shape[1] != fc1.shape[0] or x.shape[1] != fc1.shape[1]:
-        raise ValueError(f"predictor shapes fc1 {fc1.shape}, fc2 {fc2.shape}, x {x.shape} do not fit")
-    rank, n_embd = fc1.shape
-    n_ff = fc2.shape[0]
+    if s2[1] != s1[0] or x.shape[1] != s1[1]:
+        raise ValueError(f"predictor shapes fc1 {s1}, fc2 {s2}, x {x.shape} do not fit")
+    rank, n_embd = s1
+    n_ff = s2[0]
     out = np.empty((x.shape[0], n_ff), np.float32)
-    check(lib.pi_op_predictor_scores(_pool(n_threads), _TYPES[fc1.dtype], ffi.from_buffer(fc1),
-                                     _TYPES[fc2.dtype], ffi.from_buffer(fc2), n_embd, rank, n_ff,
+    check(lib.pi_op_predictor_scores(_pool(n_threads), t1, ffi.from_buffer(b1),
+                                     t2, ffi.from_buffer(b2), n_embd, rank, n_ff,
                                      ffi.cast("float *", ffi.from_buffer(x)), x.shape[0],
                                      ffi.cast("float *", ffi.from_buffer(out))), "predictor scores")
     return out

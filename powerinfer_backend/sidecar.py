@@ -160,8 +160,13 @@ def write_sidecar(path: str | os.PathLike, prof: SparsityProfile) -> Path:
                 elif v is not None:
                     w.add_float64(_P + k, float(v))
             for x in layers:
-                w.add_tensor(f"blk.{x}.fc1.weight", np.ascontiguousarray(ps.fc1[x]))
-                w.add_tensor(f"blk.{x}.fc2.weight", np.ascontiguousarray(ps.fc2[x]))
+                for stem, t in (("fc1", ps.fc1[x]), ("fc2", ps.fc2[x])):
+                    if isinstance(t, np.ndarray):
+                        w.add_tensor(f"blk.{x}.{stem}.weight", np.ascontiguousarray(t))
+                    else:  # a quantized TensorView (train-predictor --quantize q8_0)
+                        from gguf import GGMLQuantizationType
+                        w.add_tensor(f"blk.{x}.{stem}.weight", np.asarray(t.data, np.uint8).reshape(t.ne[1], -1),
+                                     raw_dtype=GGMLQuantizationType(t.type))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -208,6 +213,7 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
         r = _Reader(str(p))
         fields = {f.name: _field_value(f) for f in r.fields.values()}
         tensors = {t.name: np.array(t.data) for t in r.tensors}
+        ttypes = {t.name: int(t.tensor_type) for t in r.tensors}
     except ValueError:
         raise
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad file here
@@ -256,11 +262,12 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
                            layer_hist=stack("ffn_act_hist"), ffn_act=str(need("powerinfer.ffn_act")),
                            info=info, path=p)
     if _P + "layers" in fields or any(k.endswith(".fc1.weight") for k in tensors):
-        prof.predictors = _read_predictors(p, fields, tensors, n_layer, prof.neuron_freq.shape[1])
+        prof.predictors = _read_predictors(p, fields, tensors, n_layer, prof.neuron_freq.shape[1], ttypes)
     return prof
 
 
-def _read_predictors(p, fields, tensors, n_layer, n_ff):
+def _read_predictors(p, fields, tensors, n_layer, n_ff, ttypes=None):
+    from .gguf_model import TensorView
     from .predictor import PredictorSet
 
     layers = [int(x) for x in fields.get(_P + "layers", [])]
@@ -273,12 +280,23 @@ def _read_predictors(p, fields, tensors, n_layer, n_ff):
             name = f"blk.{layer}.{stem}.weight"
             if name not in tensors:
                 raise ValueError(f"{p}: layer {layer}: tensor '{name}' missing")
-            dst[layer] = np.ascontiguousarray(tensors[name])
+            ty = (ttypes or {}).get(name, 0)
+            if ty in (0, 1):  # F32, F16
+                dst[layer] = np.ascontiguousarray(tensors[name])
+            else:  # quantized (Q8_0): bytes (rows, row bytes) -> a TensorView for the kernels
+                from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+                raw = np.ascontiguousarray(tensors[name], np.uint8)
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ty)]
+                rows = raw.shape[0] if raw.ndim == 2 else 1
+                cols = raw.size // rows // size * block
+                dst[layer] = TensorView(name=name, type=ty, ne=(cols, rows), data=raw.reshape(-1),
+                                        nbytes=int(raw.nbytes))
         ps.thresholds[layer] = float(t)
     for k, v in fields.items():
         if k.startswith(_P) and k not in (_P + "layers", _P + "thresholds"):
             ps.info[k[len(_P):]] = v
-    n_embd = ps.fc1[layers[0]].shape[1] if layers else 0
+    f1 = ps.fc1[layers[0]] if layers else None
+    n_embd = 0 if f1 is None else (f1.shape[1] if isinstance(f1, np.ndarray) else f1.ne[0])
     try:
         ps.validate(n_layer, n_embd, n_ff)
     except ValueError as e:

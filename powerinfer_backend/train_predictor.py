@@ -11,24 +11,26 @@ PowerInfer ships predictors but not the code that trains them; this is ours.
 2. **Labels.** Per layer, a neuron is "active" when ``|h| >= t_l``, t_l the
    ``label_sparsity``-quantile of the layer's |h| (for SwiGLU/GeGLU the product, not
    the gate alone). ``label_sparsity`` defaults to 0.5.
-3. **Loss (magnitude-aware).** Binary cross-entropy on the logits ``fc2.relu(fc1.x)``
-   with every positive weighted by ``pos_weight * min(|h| * ||down_j|| / m_l, cap)``
-   (m_l: the layer's mean positive |h|*||down_j||): a missed neuron costs in
-   proportion to what it would have added to the FFN output, so the predictor
-   spends its capacity on the neurons that matter (the naive unweighted BCE missed
-   large ones; docs/predictors.md). fc1 is initialised from the top right singular
-   vectors of the gate weights, in +/- pairs (relu(v.x) - relu(-v.x) = v.x, so the
-   predictor starts with a linear view of the gate's main subspace). Adam, cosine
-   learning rate. torch when installed (the ``[train]`` extra), else the same
-   model and loss in numpy (slower; exact gradients written out).
-4. **Thresholds.** On a validation slice (the last 10% of the captured tokens) each
-   layer's score threshold is the one that keeps a fraction ``R`` of the labelled
-   active neurons (recall R). With ``--recall`` R is fixed; otherwise R is chosen
-   from a grid by binary search as the lowest recall whose held-out perplexity is
-   within ``margin * max_ppl_increase`` of dense. A layer whose predicted density
-   at R exceeds ``max_density`` gets no predictor (it stays dense: a predictor
-   costing bytes and skipping little is a loss).
-5. **Output.** The predictors (float16 ``blk.N.fc1.weight`` / ``blk.N.fc2.weight``),
+3. **Loss.** ``loss="mse"`` (default): the score ``fc2.relu(fc1.x)`` regresses onto each
+   neuron's importance ``|h_j| * ||down_j|| / m_l`` (m_l the layer's mean), so the
+   predictor ranks neurons by what they add to the FFN output. ``loss="bce"``: binary
+   cross-entropy on the labels with every positive weighted by
+   ``pos_weight * clip(|h| * ||down_j|| / m_l, 0.25, cap)`` (the earlier scheme). fc1 is
+   initialised from the top right singular vectors of the gate weights, in +/- pairs.
+   Adam, cosine learning rate. torch when installed (the ``[train]`` extra), else the
+   same model and losses in numpy (slower; exact gradients written out).
+4. **Thresholds.** On a validation slice (the last 10% of the captured tokens) every
+   layer gets an error curve: per density d the score threshold keeping a fraction d and
+   the relative FFN output error (:func:`error_curve`). ``select="density"`` (default):
+   a mean density D is split over the layers by :func:`allocate_densities`, on the
+   error curves scaled by each layer's measured NLL rise at ``probe_density``
+   (``allocate="sensitivity"``), on the raw curves (``"error"``) or evenly
+   (``"uniform"``); ``density`` fixes D, otherwise D is the lowest grid value whose
+   held-out perplexity is within ``margin * max_ppl_increase`` of dense.
+   ``select="recall"`` (or ``recall=R``): every layer keeps a fraction R of its
+   labelled-active neurons. A layer above ``max_density`` gets no predictor.
+5. **Output.** The predictors (``blk.N.fc1.weight`` / ``blk.N.fc2.weight``, float16 or
+   ``quantize="q8_0"``),
    thresholds and per-layer precision / recall / predicted density go into the
    sparsity sidecar (created if missing, its calibration kept otherwise).
 """
@@ -45,9 +47,14 @@ import numpy as np
 
 from .predictor import PredictorSet
 
-__all__ = ["train_predictors", "TrainError", "have_torch", "RECALL_GRID", "format_table"]
+__all__ = ["train_predictors", "TrainError", "have_torch", "RECALL_GRID", "DENSITY_GRID", "format_table",
+           "error_curve", "allocate_densities"]
 
 RECALL_GRID = (0.80, 0.85, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
+#: mean predicted densities tried by the budget search (``select="density"``)
+DENSITY_GRID = (0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+#: per-layer densities the allocation chooses from (1.0: the layer stays dense)
+LAYER_DENSITIES = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
 
 
 class TrainError(ValueError):
@@ -76,13 +83,14 @@ def _act(name: str, g: np.ndarray) -> np.ndarray:
     return np.maximum(g, 0.0)
 
 
-def layer_h(x: np.ndarray, wg: np.ndarray, wu: np.ndarray, act: str) -> np.ndarray:
-    """|h| = |act(gate.x) * up.x| (drelu: relu(up)) for rows x; float32."""
+def layer_h(x: np.ndarray, wg: np.ndarray, wu: np.ndarray, act: str, signed: bool = False) -> np.ndarray:
+    """|h| = |act(gate.x) * up.x| (drelu: relu(up)) for rows x; float32 (h itself with ``signed``)."""
     g = x @ wg.T
     u = x @ wu.T
     if act == "drelu":
         u = np.maximum(u, 0.0)
-    return np.abs(_act(act, g) * u).astype(np.float32)
+    h = (_act(act, g) * u).astype(np.float32)
+    return h if signed else np.abs(h)
 
 
 # ---- fitting -------------------------------------------------------------------------------
@@ -107,7 +115,7 @@ def _weights(h: np.ndarray, t: float, dnorm: np.ndarray, pos_weight: float, cap:
     return y, w
 
 
-def _fit_torch(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_cb):
+def _fit_torch(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_cb, loss_kind="bce"):
     import torch
 
     torch.manual_seed(seed)
@@ -132,8 +140,11 @@ def _fit_torch(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_
             xb = torch.from_numpy(x[idx].astype(np.float32))
             yb, wb = (torch.from_numpy(a) for a in y_fn(idx))
             logits = l2(torch.relu(l1(xb)))
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, yb, weight=wb, reduction="sum")
-            loss = loss / xb.shape[0]
+            if loss_kind == "mse":
+                loss = (wb * (logits - yb) ** 2).sum() / xb.shape[0]
+            else:
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, yb, weight=wb, reduction="sum")
+                loss = loss / xb.shape[0]
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -143,8 +154,8 @@ def _fit_torch(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_
             l2.weight.detach().numpy().astype(np.float32).copy())
 
 
-def _fit_numpy(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_cb):
-    """The same model, loss and optimiser as _fit_torch, in numpy."""
+def _fit_numpy(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_cb, loss_kind="bce"):
+    """The same model, losses and optimiser as _fit_torch, in numpy."""
     rng = np.random.default_rng(seed)
     rank = fc1.shape[0]
     w1 = fc1.astype(np.float32).copy()
@@ -164,8 +175,11 @@ def _fit_numpy(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_
             a = xb @ w1.T
             z = np.maximum(a, 0.0)
             logits = z @ w2.T
-            p = 1.0 / (1.0 + np.exp(-np.clip(logits, -30, 30)))
-            d = (wb * (p - yb) / xb.shape[0]).astype(np.float32)  # dL/dlogits
+            if loss_kind == "mse":
+                d = (2.0 * wb * (logits - yb) / xb.shape[0]).astype(np.float32)  # dL/dlogits
+            else:
+                p = 1.0 / (1.0 + np.exp(-np.clip(logits, -30, 30)))
+                d = (wb * (p - yb) / xb.shape[0]).astype(np.float32)
             g2 = d.T @ z
             dz = d @ w2
             dz[a <= 0] = 0.0
@@ -200,18 +214,71 @@ def layer_metrics(scores: np.ndarray, y: np.ndarray, h: np.ndarray, dnorm: np.nd
             "mass_recall": float(mag[pred].sum() / max(1e-30, mag.sum()))}
 
 
+def error_curve(scores: np.ndarray, h: np.ndarray, down: np.ndarray, densities=LAYER_DENSITIES):
+    """Per density d: (threshold keeping a fraction d of the (token, neuron) scores,
+    relative squared error of the FFN output ||down.(h*(1-mask))||^2 / ||down.h||^2).
+    h signed (n_tok, n_ff), down (n_embd, n_ff)."""
+    y = h @ down.T
+    ref = max(float((y * y).sum()), 1e-30)
+    flat = np.sort(scores, axis=None)
+    out = []
+    for d in densities:
+        if d >= 1.0:
+            out.append((-np.inf, 0.0))
+            continue
+        k = min(flat.size - 1, max(0, int(round((1.0 - d) * flat.size))))
+        tau = float(flat[k])
+        e = (h * (scores < tau)) @ down.T
+        out.append((tau, float((e * e).sum()) / ref))
+    return out
+
+
+def allocate_densities(curves: dict, target: float, max_density: float = 0.9,
+                       densities=LAYER_DENSITIES, n_layer: Optional[int] = None, min_density: float = 0.0) -> dict:
+    """Per-layer densities with mean <= ``target`` (layers missing from ``curves`` count
+    as dense), chosen greedily: each step lowers the layer whose next allowed density
+    adds the least output error per unit of density saved. Allowed: 1.0 (dense, no
+    predictor) or a grid value in [``min_density``, ``max_density``]. -> layer -> index
+    into ``densities``."""
+    allowed = [i for i, d in enumerate(densities)
+               if d >= 1.0 or min_density - 1e-9 <= d <= max_density + 1e-9]
+    pos = {layer: 0 for layer in curves}  # position in `allowed`
+    n_layer = max(n_layer or len(curves), len(curves), 1)
+    n_dense = n_layer - len(curves)
+
+    def mean_density():
+        return (n_dense + sum(densities[allowed[p]] for p in pos.values())) / n_layer
+
+    while mean_density() > target + 1e-9:
+        best, best_cost = None, np.inf
+        for layer, p in pos.items():
+            if p + 1 >= len(allowed):
+                continue
+            i0, i1 = allowed[p], allowed[p + 1]
+            cost = (curves[layer][i1][1] - curves[layer][i0][1]) / (densities[i0] - densities[i1])
+            if cost < best_cost:
+                best, best_cost = layer, cost
+        if best is None:
+            break
+        pos[best] += 1
+    return {layer: allowed[p] for layer, p in pos.items()}
+
+
 # ---- the command ---------------------------------------------------------------------------
 
 
 def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = 0.02,
-                     recall: Optional[float] = None, rank: int = 128, epochs: int = 4,
+                     recall: Optional[float] = None, rank: int = 128, epochs: int = 16,
                      offset_bytes: int = 0, max_bytes: Optional[int] = None, force: bool = False,
                      out: Optional[str] = None, tokens: int = 12288, heldout_tokens: int = 2048,
                      n_ctx: int = 512, label_sparsity: float = 0.5, pos_weight: float = 4.0,
                      weight_cap: float = 20.0, lr: float = 2e-3, batch: int = 256,
                      max_density: float = 0.9, margin: float = 0.75, layers: Optional[Sequence[int]] = None,
                      n_threads: Optional[int] = None, backend: str = "auto", seed: int = 0,
-                     recall_grid: Sequence[float] = RECALL_GRID, progress: bool = True,
+                     recall_grid: Sequence[float] = RECALL_GRID, loss: str = "mse", select: Optional[str] = None,
+                     density: Optional[float] = None, density_grid: Sequence[float] = DENSITY_GRID,
+                     quantize: str = "f16", allocate: str = "sensitivity", probe_density: float = 0.6,
+                     probe_tokens: int = 3072, progress: bool = True,
                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> PredictorSet:
     """Train per-layer predictors and write them into the sidecar (see the module
     docstring). Returns the :class:`PredictorSet` (``info`` has the per-layer table).
@@ -232,9 +299,19 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     from .predictor import apply
     from .sidecar import SparsityProfile, check_overwrite, read_sidecar, sidecar_path, write_sidecar
 
+    if loss not in ("mse", "bce"):
+        raise TrainError(f"loss must be mse or bce, got {loss!r}")
+    if recall is not None and density is not None:
+        raise TrainError("give recall or density, not both")
+    if select is None:
+        select = "recall" if recall is not None else "density"
+    if select not in ("density", "recall"):
+        raise TrainError(f"select must be density or recall, got {select!r}")
+    if density is not None and not 0.0 < density <= 1.0:
+        raise TrainError(f"density must be in (0, 1], got {density}")
     if recall is not None and not 0.0 < recall <= 1.0:
         raise TrainError(f"recall must be in (0, 1], got {recall}")
-    if recall is None and (max_ppl_increase is None or not 0.0 < max_ppl_increase < 10.0):
+    if recall is None and density is None and (max_ppl_increase is None or not 0.0 < max_ppl_increase < 10.0):
         raise TrainError(f"max_ppl_increase must be in (0, 10) (0.02 = +2%), got {max_ppl_increase}")
     if rank < 1 or epochs < 1 or tokens < 16 or n_ctx < 16:
         raise TrainError("rank, epochs must be >= 1; tokens, n_ctx >= 16")
@@ -244,6 +321,14 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         raise TrainError(f"backend must be auto, torch or numpy, got {backend!r}")
     if backend == "torch" and not have_torch():
         raise TrainError("backend='torch' needs torch: pip install 'powerinfer-backend[train]'")
+    if allocate not in ("sensitivity", "error", "uniform"):
+        raise TrainError(f"allocate must be sensitivity, error or uniform, got {allocate!r}")
+    if probe_density not in LAYER_DENSITIES or probe_density >= 1.0:
+        raise TrainError(f"probe_density must be one of {[d for d in LAYER_DENSITIES if d < 1]}")
+    if not 0.0 < max_density <= 1.0:
+        raise TrainError(f"max_density must be in (0, 1], got {max_density}")
+    if quantize not in ("f16", "q8_0"):
+        raise TrainError(f"quantize must be f16 or q8_0, got {quantize!r}")
     use_torch = backend == "torch" or (backend == "auto" and have_torch())
     fit = _fit_torch if use_torch else _fit_numpy
     gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
@@ -258,6 +343,8 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     if any(not 0 <= x < hp.n_layer for x in layers):
         raise TrainError(f"layers must be in [0, {hp.n_layer})")
     rank = min(int(rank), hp.n_embd * 2)
+    if quantize == "q8_0" and (rank % 32 or hp.n_embd % 32):
+        raise TrainError(f"--quantize q8_0 needs rank and n_embd multiples of 32 (rank {rank}, n_embd {hp.n_embd})")
 
     model_sha = model_fingerprint(model_path)
     text_sha = _sha256_bytes(text_bytes)
@@ -314,7 +401,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         n_val = max(1, n // 10)
         n_tr = n - n_val
         rng = np.random.default_rng(seed)
-        fc1s, fc2s, val = {}, {}, {}
+        fc1s, fc2s, val, curves = {}, {}, {}, {}
         bar = tqdm(total=len(layers) * epochs, desc=f"train ({'torch' if use_torch else 'numpy'})", unit="epoch",
                    disable=not progress)
         t1 = time.time()
@@ -331,31 +418,57 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
             if n_tr * hp.n_ff * 4 <= 1 << 30:  # cache |h| when it fits in 1 GiB
                 h_tr = layer_h(x[:n_tr], wg, wu, hp.act_name)
 
-            def y_fn(idx, h_tr=h_tr, x=x, wg=wg, wu=wu, t_l=t_l, dnorm=dnorm):
+            m_l = max(float((sample * dnorm[None, :]).mean()), 1e-30)
+
+            def y_fn(idx, h_tr=h_tr, x=x, wg=wg, wu=wu, t_l=t_l, dnorm=dnorm, m_l=m_l):
                 h = h_tr[idx] if h_tr is not None else layer_h(x[idx], wg, wu, hp.act_name)
+                if loss == "mse":  # regression onto the neuron's importance |h_j|*||down_j||
+                    return (h * dnorm[None, :] / m_l).astype(np.float32), np.ones((1, 1), np.float32)
                 return _weights(h, t_l, dnorm, pos_weight, weight_cap)
 
             w1, w2 = fit(x[:n_tr], y_fn, _init_fc1(wg, rank, rng), hp.n_ff, epochs, lr, batch,
-                         seed + layer, n_threads, lambda ep: bar.update())
-            fc1s[layer], fc2s[layer] = w1.astype(np.float16), w2.astype(np.float16)
-            hv = layer_h(x[n_tr:], wg, wu, hp.act_name)
+                         seed + layer, n_threads, lambda ep: bar.update(), loss_kind=loss)
+            if quantize == "q8_0":
+                from .predictor import quantize_q8_0
+                fc1s[layer] = quantize_q8_0(w1, f"blk.{layer}.fc1.weight")
+                fc2s[layer] = quantize_q8_0(w2, f"blk.{layer}.fc2.weight")
+            else:
+                fc1s[layer], fc2s[layer] = w1.astype(np.float16), w2.astype(np.float16)
+            hs = layer_h(x[n_tr:], wg, wu, hp.act_name, signed=True)
+            hv = np.abs(hs)
             from .predictor import scores as c_scores
             sv = c_scores(fc1s[layer], fc2s[layer], x[n_tr:], n_threads=n_threads)
+            curves[layer] = error_curve(sv, hs, dn)
             val[layer] = (sv, (hv >= t_l).astype(np.float32), hv, dnorm, t_l)
         bar.close()
         t_train = time.time() - t1
 
         def pset_for(r: float) -> tuple[PredictorSet, dict]:
+            """recall mode: every layer at recall r; density mode: mean density r,
+            allocated over layers by measured output error (allocate_densities)."""
             ps = PredictorSet()
             table = {}
+            if select != "density":
+                alloc = None
+            elif allocate == "uniform":  # every layer at the grid density nearest to r (dense above max_density)
+                i_r = int(np.argmin([abs(d - r) for d in LAYER_DENSITIES]))
+                alloc = {x: (i_r if LAYER_DENSITIES[i_r] <= max_density + 1e-9 else 0) for x in curves}
+            else:
+                alloc = allocate_densities(costs, r, max_density, n_layer=hp.n_layer,
+                                           min_density=probe_density if allocate == "sensitivity" else 0.0)
             for layer in layers:
                 sv, y, hv, dnorm, t_l = val[layer]
-                tau = threshold_for_recall(sv, y, r)
+                if alloc is None:
+                    tau = threshold_for_recall(sv, y, r)
+                    err = None
+                else:
+                    tau, err = curves[layer][alloc[layer]]
                 met = layer_metrics(sv, y, hv, dnorm, tau)
                 met["label_threshold"] = t_l
                 met["tau"] = tau
+                met["error"] = err if err is not None else float("nan")
                 table[layer] = met
-                if met["density"] <= max_density:
+                if np.isfinite(tau) and met["density"] <= max_density + 1e-6:
                     ps.fc1[layer], ps.fc2[layer], ps.thresholds[layer] = fc1s[layer], fc2s[layer], tau
             return ps, table
 
@@ -368,12 +481,15 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
             ctx.truncate(0)
             return ctx.eval(toks, logits_all=True)
 
-        def held_ppl(ps: Optional[PredictorSet]):
+        def install(ps: Optional[PredictorSet]):
             for layer in range(hp.n_layer):
                 ctx.set_ffn_predictor(layer, None)
                 ctx.set_ffn_sparsity(layer, None)
             if ps is not None and ps.layers:
                 apply(ctx, gguf, ps, down_t={x: down_t[x] for x in ps.layers})
+
+        def held_ppl(ps: Optional[PredictorSet]):
+            install(ps)
             ctx.ffn_stats(reset=True)
             ctx.predictor_stats(reset=True)
             ppl = perplexity(held, eval_chunk, n_ctx)["ppl"]
@@ -383,12 +499,44 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
             return ppl, float(dens.mean())
 
         ppl_dense, _ = held_ppl(None)
-        if recall is not None:
-            r_best = float(recall)
+        costs, sens = curves, {}
+        if select == "density" and allocate == "sensitivity":
+            # measured sensitivity: each layer alone at the probe density, the rise of the
+            # NLL on probe_tokens: the held-out tail first, then the last captured chunks
+            # (the validation slice's: a probe on those alone was too noisy to rank layers,
+            # docs/predictors.md); a layer's error curve is rescaled so that its probe
+            # point costs that rise (allocate_densities then trades measured loss)
+            i_p = LAYER_DENSITIES.index(probe_density)
+            n_probe = max(1, probe_tokens // n_ctx) * n_ctx
+            probe = list(held[:n_probe])
+            extra = (n_probe - len(probe)) // n_ctx * n_ctx
+            if extra > 0 and len(train_ids) >= extra:
+                probe += list(train_ids[len(train_ids) - extra:])
+            install(None)
+            nll0 = perplexity(probe, eval_chunk, n_ctx)["nll"]
+            costs = {}
+            for layer in layers:
+                one = PredictorSet()
+                one.fc1[layer], one.fc2[layer], one.thresholds[layer] = fc1s[layer], fc2s[layer], curves[layer][i_p][0]
+                install(one)
+                sens[layer] = perplexity(probe, eval_chunk, n_ctx)["nll"] - nll0
+            # a rise below a tenth of the median is measurement noise (a few chunks): floor it
+            floor = max(0.1 * float(np.median([sens[x] for x in layers])), 1e-6)
+            for layer in layers:
+                e_p = max(curves[layer][i_p][1], 1e-12)
+                costs[layer] = [(t, e * max(sens[layer], floor) / e_p) for t, e in curves[layer]]
+            log("  sensitivity (NLL rise at density %.2f): %s" % (
+                probe_density, " ".join(f"{x}:{sens[x]:.4f}" for x in layers)))
+        fixed = recall if select == "recall" else density
+        if fixed is not None:
+            r_best = float(fixed)
             ps, table = pset_for(r_best)
             ppl_pred, dens_held = held_ppl(ps)
         else:
-            grid = sorted(float(x) for x in recall_grid)
+            # the lowest recall / mean density within the budget (binary search on the
+            # ascending grid; its last point is the most accurate)
+            grid = sorted(float(x) for x in (recall_grid if select == "recall" else density_grid))
+            what = "recall" if select == "recall" else "mean density"
             goal = margin * max_ppl_increase
             measured = {}
 
@@ -396,13 +544,13 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
                 if i not in measured:
                     ps_i, table_i = pset_for(grid[i])
                     measured[i] = (held_ppl(ps_i), ps_i, table_i)
-                    log(f"  recall {grid[i]:.3f}: {len(ps_i.layers)} layers with predictors, held-out density "
+                    log(f"  {what} {grid[i]:.3f}: {len(ps_i.layers)} layers with predictors, held-out density "
                         f"{measured[i][0][1]:.3f}, perplexity {measured[i][0][0] / ppl_dense - 1:+.2%}")
                 return measured[i]
 
             lo, hi = 0, len(grid) - 1
             if measure(hi)[0][0] > ppl_dense * (1 + goal):
-                best = hi  # even the highest recall misses the budget: report it (see the log line)
+                best = hi  # even the most accurate point misses the budget: report it (see the log line)
             else:
                 while lo < hi:
                     mid = (lo + hi) // 2
@@ -418,14 +566,18 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         model.close()
 
     dens = [table[x]["density"] if x in ps.fc1 else 1.0 for x in range(hp.n_layer)]
-    ps.info = {"recall_target": r_best, "ppl_dense": ppl_dense, "ppl_predictor": ppl_pred,
+    ps.info = {"select": select, "loss": loss, "recall_target": r_best if select == "recall" else None,
+               "density_target": r_best if select == "density" else None,
+               "ppl_dense": ppl_dense, "ppl_predictor": ppl_pred,
                "heldout_density": dens_held, "rank": float(rank), "epochs": float(epochs),
                "tokens_train": float(n_tr), "tokens_val": float(n_val), "tokens_heldout": float(len(held)),
-               "label_sparsity": label_sparsity, "max_ppl_increase": max_ppl_increase,
+               "label_sparsity": label_sparsity, "max_ppl_increase": max_ppl_increase, "quantize": quantize,
                "backend": "torch" if use_torch else "numpy",
                "layer_recall": [table[x]["recall"] if x in table else 0.0 for x in range(hp.n_layer)],
                "layer_precision": [table[x]["precision"] if x in table else 0.0 for x in range(hp.n_layer)],
                "layer_mass_recall": [table[x]["mass_recall"] if x in table else 0.0 for x in range(hp.n_layer)],
+               "layer_error": [table[x]["error"] if x in table else 0.0 for x in range(hp.n_layer)],
+               "layer_sensitivity": [sens.get(x, 0.0) for x in range(hp.n_layer)], "allocate": allocate,
                "density": dens, "train_seconds": t_train, "capture_seconds": t_cap}
     if prof is None:
         prof = _empty_profile(hp)
@@ -439,7 +591,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     log(format_table(ps, table, hp.n_layer))
     log(f"trained {len(layers)} predictors (rank {rank}, {epochs} epochs, {n_tr} tokens, "
         f"{'torch' if use_torch else 'numpy'}) in {time.time() - t0:.0f} s (capture {t_cap:.0f} s, "
-        f"training {t_train:.0f} s): recall target {r_best:.3f}, {len(ps.layers)} layers with predictors, "
+        f"training {t_train:.0f} s): {select} target {r_best:.3f}, {len(ps.layers)} layers with predictors, "
         f"held-out predicted density {dens_held:.3f}, perplexity {ppl_dense:.4f} -> {ppl_pred:.4f} "
         f"({ppl_pred / ppl_dense - 1:+.2%}); wrote {path}")
     return ps
@@ -463,12 +615,13 @@ def _empty_profile(hp):
 
 
 def format_table(ps: PredictorSet, table: dict, n_layer: int) -> str:
-    lines = ["layer  predictor  threshold  density  recall  precision  mass-recall"]
+    lines = ["layer  predictor  threshold  density  recall  precision  mass-recall  output-error"]
     for x in range(n_layer):
         if x not in table:
             lines.append(f"{x:5d}  {'-':>9}")
             continue
         m = table[x]
         lines.append(f"{x:5d}  {'yes' if x in ps.fc1 else 'no (dense)':>9}  {m['tau']:9.3g}  {m['density']:7.3f}  "
-                     f"{m['recall']:6.3f}  {m['precision']:9.3f}  {m['mass_recall']:11.4f}")
+                     f"{m['recall']:6.3f}  {m['precision']:9.3f}  {m['mass_recall']:11.4f}  "
+                     f"{m.get('error', float('nan')):12.4f}")
     return "\n".join(lines)

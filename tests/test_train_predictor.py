@@ -12,9 +12,10 @@ from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
 from powerinfer_backend.cli import main as cli_main
-from powerinfer_backend.predictor import scores
+from powerinfer_backend.predictor import quantize_q8_0, scores
 from powerinfer_backend.sidecar import read_sidecar, sidecar_path
-from powerinfer_backend.train_predictor import TrainError, threshold_for_recall, train_predictors
+from powerinfer_backend.train_predictor import (LAYER_DENSITIES, TrainError, allocate_densities, error_curve,
+                                                threshold_for_recall, train_predictors)
 
 from fixtures import write_tiny_llama
 
@@ -62,7 +63,8 @@ def test_train_predictor_cli_and_predictor_mode(tmp_path, capsys, backend):
     assert ps is not None and ps.layers == out["layers"]
     for x in ps.layers:
         assert ps.fc1[x].shape == (16, 64) and ps.fc2[x].shape == (128, 16) and ps.fc1[x].dtype == np.float16
-    assert ps.info["ppl_predictor"] <= ps.info["ppl_dense"] * 1.05 or ps.info["recall_target"] == 0.999
+    assert out["select"] == "density" and out["loss"] == "mse" and len(out["layer_error"]) == 2
+    assert ps.info["ppl_predictor"] <= ps.info["ppl_dense"] * 1.05 or ps.info["density_target"] == 0.95
     with Llama(model, sparse="predictor", n_ctx=64, n_threads=1, verbose=False) as llm:
         llm.eval([1, 2, 3, 4])
         st = llm.stats()
@@ -82,6 +84,82 @@ def test_train_predictor_fixed_recall_and_layers(tmp_path):
     assert ps.info["recall_target"] == 0.9
     assert set(ps.layers) <= {1}
     assert ps.info["layer_recall"][1] >= 0.85
+
+
+def test_train_predictor_fixed_density_q8_0(tmp_path):
+    """--density allocates a mean density over the layers; --quantize q8_0 stores Q8_0
+    predictors that survive the sidecar round trip and run in predictor mode."""
+    model, text = tiny(tmp_path), text_file(tmp_path)
+    ps = train_predictors(model, text, density=0.6, rank=32, epochs=2, tokens=512, heldout_tokens=128, n_ctx=64,
+                          quantize="q8_0", backend="numpy", n_threads=1, progress=False, log=lambda s: None)
+    assert ps.info["density_target"] == 0.6 and ps.info["select"] == "density" and ps.info["quantize"] == "q8_0"
+    dens = ps.info["density"]
+    assert 0.4 < np.mean(dens) <= 0.61  # measured on the validation slice: the grid point, up to ties
+    assert all(e >= 0.0 for e in ps.info["layer_error"])
+    prof = read_sidecar(sidecar_path(model), model_path=model)
+    back = prof.predictors
+    assert back.layers == ps.layers and back.layers
+    for x in back.layers:
+        assert back.fc1[x].type == int(T.Q8_0) and tuple(back.fc1[x].ne) == (64, 32)
+        assert back.fc2[x].type == int(T.Q8_0) and tuple(back.fc2[x].ne) == (32, 128)
+        assert np.array_equal(back.fc2[x].data, ps.fc2[x].data)
+    with Llama(model, sparse="predictor", n_ctx=64, n_threads=1, verbose=False) as llm:
+        llm.eval(list(range(1, 40)))
+        st = llm.stats()
+        assert st["mode"] == "predictor"
+        got = np.mean([st["predicted_density"][x] for x in back.layers])
+        want = np.mean([dens[x] for x in back.layers])
+        assert abs(got - want) < 0.25
+    with pytest.raises(TrainError, match="multiples of 32"):
+        train_predictors(model, text, density=0.6, rank=24, quantize="q8_0", progress=False)
+    with pytest.raises(TrainError, match="not both"):
+        train_predictors(model, text, density=0.6, recall=0.9, progress=False)
+
+
+def test_train_predictor_cli_options(tmp_path, capsys):
+    """The new options reach train_predictors: uniform allocation at a fixed density, BCE."""
+    model, text = tiny(tmp_path), text_file(tmp_path)
+    rc = cli_main(["train-predictor", "--model", model, "--text", text, "--rank", "8", "--epochs", "1",
+                   "--tokens", "256", "--heldout-tokens", "128", "--ctx", "64", "--threads", "1", "--backend", "numpy",
+                   "--json", "--density", "0.5", "--allocate", "uniform", "--loss", "bce", "--max-density", "0.8",
+                   "--probe-tokens", "64"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["allocate"] == "uniform" and out["loss"] == "bce" and out["density_target"] == 0.5
+    assert out["density"] == [0.5, 0.5] or all(abs(d - 0.5) < 0.02 for d in out["density"])
+
+
+def test_error_curve_and_allocation():
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((50, 40)).astype(np.float32)
+    down = rng.standard_normal((8, 40)).astype(np.float32)
+    oracle = error_curve(np.abs(h), h, down)
+    noise = error_curve(rng.standard_normal(h.shape).astype(np.float32), h, down)
+    assert oracle[0] == (-np.inf, 0.0)  # density 1: nothing dropped
+    errs = [e for _, e in oracle]
+    assert all(b >= a - 1e-6 for a, b in zip(errs, errs[1:])) and errs[-1] > 0
+    assert sum(e for _, e in oracle) < sum(e for _, e in noise)
+    # an easy layer (oracle scores) gets a lower density than a hard one (random scores)
+    alloc = allocate_densities({0: oracle, 1: noise}, 0.7, max_density=0.9)
+    d = {k: LAYER_DENSITIES[i] for k, i in alloc.items()}
+    assert (d[0] + d[1]) / 2 <= 0.7 + 1e-9 and d[0] < d[1]
+    # layers outside the curves count as dense; max_density: nothing between 0.9 and 1
+    alloc = allocate_densities({0: oracle}, 0.8, max_density=0.9, n_layer=2)
+    assert LAYER_DENSITIES[alloc[0]] <= 0.6 + 1e-9
+    alloc = allocate_densities({0: oracle, 1: noise}, 0.97, max_density=0.9)
+    assert sorted(LAYER_DENSITIES[i] for i in alloc.values()) == [0.9, 1.0]
+
+
+def test_q8_0_scores_close_to_float():
+    rng = np.random.default_rng(1)
+    fc1 = rng.standard_normal((32, 64)).astype(np.float32) * 0.1
+    fc2 = rng.standard_normal((96, 32)).astype(np.float32) * 0.1
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    ref = scores(fc1, fc2, x)
+    q = scores(quantize_q8_0(fc1), quantize_q8_0(fc2), x)
+    assert np.abs(q - ref).max() < 0.02 * np.abs(ref).max()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q8_0(fc1[:, :40])
 
 
 def test_train_predictor_refuses_bad_input(tmp_path):
