@@ -315,8 +315,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
         heldout_tokens=heldout_tokens, error=CalibrationError, purpose="calibration")
 
-    if n_ctx > hp.n_ctx_train:
-        raise CalibrationError(f"n_ctx {n_ctx} exceeds the model's training context ({hp.n_ctx_train} tokens)")
+    if n_ctx > gguf.max_positions:
+        raise CalibrationError(f"n_ctx {n_ctx} exceeds the model's training context ({gguf.max_positions} tokens)")
     model_sha = model_fingerprint(model_path)
     text_sha = _sha256_bytes(text_bytes)
     path = Path(out) if out else sidecar_path(model_path, create=True)

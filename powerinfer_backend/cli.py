@@ -102,8 +102,9 @@ def cmd_perplexity(args) -> int:
     llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads,
                 verbose=args.verbose, sparse=args.sparse, **_device_kwargs(args))
     with llm:
-        if args.ctx > llm._backend.n_ctx_train:
-            raise ValueError(f"--ctx {args.ctx} exceeds the model's training context ({llm._backend.n_ctx_train} tokens)")
+        limit = getattr(llm._backend, "max_positions", llm._backend.n_ctx_train)
+        if args.ctx > limit:
+            raise ValueError(f"--ctx {args.ctx} exceeds the model's training context ({limit} tokens)")
         tokens = llm.tokenize(text.encode("utf-8"))
         backend = llm._backend
 

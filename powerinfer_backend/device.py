@@ -249,15 +249,17 @@ def place_model(ctx, plan, *, n_threads: int = 1, kind: str = "cpu-device") -> C
     """
     from .down_cache import down_t_dtype, transposed_down
 
-    total, _ = ctx.plan_bytes(plan)
-    if total != plan.device_bytes:
-        raise ValueError(f"placement plan accounts {plan.device_bytes} device bytes, the engine needs {total}")
+    ctx.plan_bytes(plan)  # what cannot be placed is refused before anything changes
     gguf = ctx.model.gguf
     dtype = down_t_dtype(gguf)
     if plan.device_bytes > 0:
         for i in range(len(plan.layers)):
             if i not in ctx._down_t:
                 ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
+    total, _ = ctx.plan_bytes(plan)  # with the down_t types now set
+    if total != plan.device_bytes:
+        raise ValueError(f"placement plan accounts {plan.device_bytes} device bytes, the engine needs {total} "
+                         f"(model {gguf.path})")
     dev = CpuDevice(plan.device_bytes, n_threads=n_threads, kind=kind)
     ctx.set_device(dev, plan)
     return dev

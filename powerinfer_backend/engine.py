@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from ._native import check, ffi, last_error, lib
+from ._native import check, ffi, lib
 from .gguf_model import GGUFModel
 
 #: Bins per neuron of the calibration histograms (see NativeContext.set_ffn_hist).
@@ -277,14 +277,14 @@ class NativeContext:
         (:class:`powerinfer_backend.placement.Plan`), by the C library's own count.
 
         Raises:
-            ValueError: the plan does not match the model.
+            ValueError: the plan does not match the model. NotImplementedError: what
+                cannot be placed yet (ungated FFNs, LayerNorm models' dense blocks).
         """
         layers, _keep = self._placements(plan)
-        scratch = ffi.new("int64_t *")
-        n = lib.pi_context_plan_bytes(self._ptr, layers, int(plan.output_on_device), scratch)
-        if n < 0:
-            raise ValueError(f"placement plan: {last_error()}")
-        return int(n), int(scratch[0])
+        total, scratch = ffi.new("int64_t *"), ffi.new("int64_t *")
+        check(lib.pi_context_plan_bytes(self._ptr, layers, int(plan.output_on_device), total, scratch),
+              "placement plan")
+        return int(total[0]), int(scratch[0])
 
     def _placements(self, plan):
         hp = self.model.gguf.hparams

@@ -295,6 +295,14 @@ class GGUFModel:
         reuses the token embedding."""
         return self.global_tensors()["output"] is None
 
+    @property
+    def max_positions(self) -> int:
+        """Most positions the model can take (tokens): ``n_ctx_train``, and for learned
+        absolute positions (OPT) no more than the table's rows past ``pos_offset``."""
+        pe = self.global_tensors().get("pos_embd")
+        n = self.hparams.n_ctx_train
+        return min(n, int(pe.ne[1]) - self.hparams.pos_offset) if pe is not None else n
+
     def global_tensors(self) -> dict[str, TensorView | None]:
         """Slot name -> tensor for the model-wide slots, in
         :data:`arch.GLOBAL_SLOTS` order: ``tok_embd`` [n_embd, n_vocab],
@@ -829,6 +837,10 @@ def _ffn_act(a, spec) -> int:
         return _arch.ACT_IDS["relu" if relu_file else spec.act]
     if name not in _arch.ACT_IDS:
         raise a.fail(f"key '{_arch.FFN_ACT_KEY}' = {name!r}; supported: {sorted(_arch.ACT_IDS)}")
+    gated = any(t.slot == "ffn_gate" and t.name for t in spec.layer_tensors)
+    if name == "drelu" and not gated:  # relu(gate) * relu(up) needs a gate
+        raise a.fail(f"key '{_arch.FFN_ACT_KEY}' = 'drelu' needs a gated FFN; this architecture's FFN has no gate "
+                     f"(use 'relu' or 'gelu')")
     return _arch.ACT_IDS[name]
 
 

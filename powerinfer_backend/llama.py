@@ -175,11 +175,14 @@ class Llama:
                 if "unknown model architecture" not in str(e):
                     raise
                 backend = "llama_cpp"
-                self._backend = create_backend(backend, model_path, **options)
+                try:
+                    self._backend = create_backend(backend, model_path, **options)
+                except Exception as e2:  # keep our message: it names the architecture and what is supported
+                    raise ValueError(f"{e}; llama.cpp could not load it either ({e2})") from e2
         else:
             self._backend = create_backend(backend, model_path, **options)
         self.backend = backend
-        for notice in getattr(getattr(self._backend, "offload", None), "notices", ()):
+        for notice in getattr(self._backend, "notices", ()):
             warnings.warn(notice, UserWarning, stacklevel=2)  # at the caller's line
         self._n_ctx = int(self._backend.n_ctx)
         self._tok = LlamaCppTokenizer(model_path, n_ctx=self._n_ctx, chat_format=chat_format)

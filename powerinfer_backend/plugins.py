@@ -28,7 +28,14 @@ class HybridBackend:
         hp = self.gguf.hparams
         self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
         self.metadata = dict(self.gguf.metadata)
-        self.n_ctx = int(n_ctx) if n_ctx else hp.n_ctx_train
+        self.notices: list[str] = []  # warnings Llama raises at the caller's line
+        self.max_positions = self.gguf.max_positions
+        self.n_ctx = int(n_ctx) if n_ctx else self.max_positions
+        if self.n_ctx > self.max_positions and self.gguf.global_tensors().get("pos_embd") is not None:
+            # learned absolute positions (OPT) end with the table: no position past it exists
+            self.notices.append(f"n_ctx {self.n_ctx} exceeds the model's {self.max_positions} learned positions "
+                                f"(position_embd.weight); using n_ctx {self.max_positions}")
+            self.n_ctx = self.max_positions
         self.n_threads = int(n_threads) if n_threads else default_threads()
         self.model = NativeModel(self.gguf)
         self.ctx = NativeContext(self.model, n_ctx=self.n_ctx, n_batch=max(1, min(int(n_batch), self.n_ctx)),
@@ -42,6 +49,7 @@ class HybridBackend:
                 self.ctx, model_path, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers, device=device,
                 placement=placement, device_threads=device_threads, reset_gpu_index=reset_gpu_index,
                 disable_gpu_index=disable_gpu_index, verbose=verbose)
+            self.notices += self.offload.notices
             if self.offload.plan is not None and self.sparse.mode == "dense":
                 # the split computes every FFN over the transposed down: say so in stats()
                 self.sparse = sparsity.SparseState("exact", np.zeros(hp.n_layer, np.float32))

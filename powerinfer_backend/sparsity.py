@@ -176,6 +176,10 @@ def _configure_predictor(ctx, gguf, model_path, path) -> SparseState:
     else:
         prof = read_sidecar(path, model_path=model_path) if path is not None else None
         if prof is None or prof.predictors is None:
+            if gguf.layer_tensors(0)[6] is None:  # no ffn_gate: train-predictor refuses ungated FFNs
+                raise ValueError(f"sparse='predictor': {model_path} has no activation predictors, and training them "
+                                 f"is not available for ungated FFNs ({gguf.arch}) yet; only PowerInfer's own "
+                                 f"files with blk.N.fc1/fc2.weight run in predictor mode")
             raise ValueError(f"sparse='predictor': {model_path} has no activation predictors (no blk.N.fc1.weight "
                              f"in the model file or its sidecar); run `powerinfer-backend train-predictor "
                              f"--model {model_path} --text FILE` first")

@@ -222,3 +222,8 @@ def test_gelu_calibrate_then_auto(tmp_path):
         llm.eval(TOKENS)
         st = llm.stats()
     assert st["mode"] == "threshold" and st["sidecar"] is not None and st["ffn_sparsity"] > 0.1
+
+
+def test_drelu_needs_a_gate(tmp_path):
+    with pytest.raises(ValueError, match="'drelu' needs a gated FFN"):
+        load_gguf(write_tiny_falcon(tmp_path / "d.gguf", ffn_act="drelu"), verbose=False)

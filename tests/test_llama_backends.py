@@ -147,6 +147,12 @@ def test_auto_falls_back_to_llama_cpp_for_other_architectures(tmp_path):
         ref.close()
     with pytest.raises(ValueError, match="unknown model architecture 'mistral3'"):
         Llama(path, n_ctx=64, n_threads=1, backend="hybrid", verbose=False)
+    # an architecture neither engine knows: our message (naming it and what is supported) survives
+    other = write_tiny_llama(tmp_path / "tiny-mamba.gguf", arch="mamba")
+    with pytest.raises(ValueError, match=r"unknown model architecture 'mamba'.*supported: .*llama.*"
+                                         r"llama\.cpp could not load it either"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Llama(other, n_ctx=64, n_threads=1, verbose=False)
 
 
 def test_sparse_keyword_reaches_backend_and_stats(model_path):

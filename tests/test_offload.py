@@ -245,3 +245,24 @@ def test_scratch_alone_is_no_plan_and_exact_mode_is_the_cpu_twin(tiny, tmp_path,
     for bad in (0, -1, 1000, None, 2.5, "2", True):
         with pytest.raises(ValueError, match="device_threads must be an integer"):
             Llama(str(path), vram_budget="1MiB", device="cpu-device", device_threads=bad, **kw)
+
+
+def test_placement_refusals_and_f32_models(tmp_path, monkeypatch):
+    """Falcon/OPT under a budget: a clear NotImplementedError (no gate to split, no device
+    path for their dense blocks), not a byte-count mismatch; an F32 llama (down_t kept
+    F32) places with exact bytes."""
+    from arch_fixtures import write_tiny_falcon, write_tiny_opt
+    from gguf import GGMLQuantizationType as GT
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    kw = dict(n_ctx=32, n_batch=8, n_threads=1, verbose=False, device="cpu-device")
+    for path in (write_tiny_falcon(tmp_path / "f.gguf", ffn_act="relu", matrix_type=GT.Q8_0),
+                 write_tiny_opt(tmp_path / "o.gguf")):
+        for extra in (dict(vram_budget=1), dict(n_gpu_layers=1), dict(vram_budget=1, placement="layers")):
+            with pytest.raises(NotImplementedError, match="gated FFN|not supported yet"):
+                Llama(str(path), **kw, **extra)
+    f32 = write_tiny_llama(tmp_path / "f32.gguf", types={"matrix": GT.F32})
+    with Llama(str(f32), vram_budget=1, **kw) as llm:
+        d = llm.stats()["device"]
+        assert d["used"] == d["plan_bytes"] > 0
+        llm.create_completion([1, 2, 3], max_tokens=4, temperature=0.0)

@@ -115,3 +115,25 @@ def test_bad_tensors_named(tmp_path, kw, fragment):
     with pytest.raises(ValueError) as e:
         load_gguf(path, verbose=False)
     assert fragment in str(e.value) and path in str(e.value)
+
+
+def test_n_ctx_is_capped_at_the_learned_positions(tmp_path, recwarn):
+    """A table of n_ctx_train rows holds n_ctx_train - 2 positions: n_ctx 0 resolves to
+    that, a larger n_ctx is capped with one warning, and generation stops with "length"
+    instead of failing past the table."""
+    import warnings
+
+    from powerinfer_backend import Llama
+
+    path = write_tiny_opt(tmp_path / "o.gguf")  # n_ctx_train 34: 32 positions
+    with Llama(str(path), n_ctx=0, verbose=False) as llm:
+        assert llm.n_ctx() == 32
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        llm = Llama(str(path), verbose=False)  # default n_ctx 512
+    assert [str(x.message) for x in w if "learned positions" in str(x.message)] == [
+        "n_ctx 512 exceeds the model's 32 learned positions (position_embd.weight); using n_ctx 32"]
+    assert w[0].filename == __file__
+    out = llm.create_completion([1, 2, 3] * 8, max_tokens=20, temperature=0.0)
+    assert out["choices"][0]["finish_reason"] == "length" and out["usage"]["total_tokens"] <= 32
+    llm.close()

@@ -407,14 +407,15 @@ typedef struct pi_layer_placement {
     int64_t n_hot;          /* FFN neurons kept as compact rows on the device */
     const int32_t *hot_ids; /* n_hot strictly increasing ids < n_ff */
 } pi_layer_placement;
-/* Device bytes pi_context_set_device takes for this plan, each buffer rounded up to
+/* *total_bytes = device bytes pi_context_set_device takes for this plan, each buffer rounded up to
  * 256: activation scratch for n_batch tokens (when anything is placed), per placed
  * layer its attention tensors as stored and its KV cache (n_ctx rounded up to 64), per
  * layer the hot rows (gate, up, down_t, int32 map), and the output block (output_norm,
  * output matrix, n_batch rows of logits). *scratch_bytes (optional) receives the
- * scratch part. -1 with pi_last_error() for an invalid plan. */
-int64_t pi_context_plan_bytes(const pi_context *ctx, const pi_layer_placement *layers, int32_t output_on_device,
-                              int64_t *scratch_bytes);
+ * scratch part. PI_ERR_INVALID for an invalid plan, PI_ERR_UNSUPPORTED for what cannot
+ * be placed yet (ungated FFNs, LayerNorm models' dense blocks, predictor layers). */
+int pi_context_plan_bytes(const pi_context *ctx, const pi_layer_placement *layers, int32_t output_on_device,
+                          int64_t *total_bytes, int64_t *scratch_bytes);
 /* Put the plan on `dev` (copies now; once per context; the device must outlive the
  * context): from then on pi_eval runs placed attention blocks and the output block on
  * the device, and each layer with hot rows splits its FFN: the device computes the hot

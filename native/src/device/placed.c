@@ -71,20 +71,44 @@ static int64_t attn_bytes(const pi_context *c, int l) {
 static int64_t hot_bytes(const pi_context *c, int l, int64_t n_hot) {
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const int32_t dt = c->down_t != NULL && c->down_t[l].data != NULL ? c->down_t[l].type : PI_TYPE_F16;
-    return pi_device_rows_bytes(pi_row_size(lm[PI_L_FFN_GATE].type, lm[PI_L_FFN_GATE].n_cols),
+    return pi_device_rows_bytes(pi_row_size(lm[PI_L_FFN_UP].type, lm[PI_L_FFN_UP].n_cols), /* gate's type */
                                 pi_row_size(dt, c->m->hp.n_embd), n_hot);
 }
 
-int64_t pi_context_plan_bytes(const pi_context *c, const pi_layer_placement *layers, int32_t output_on_device,
-                              int64_t *scratch_bytes) {
-    if (c == NULL || layers == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_plan_bytes: NULL argument"), -1;
+/* What this engine cannot place yet, whatever the device (checked before counting bytes) */
+static int check_supported(const pi_context *c, const pi_layer_placement *layers, int32_t output_on_device) {
     const pi_model_params *hp = &c->m->hp;
+    int dense_on = output_on_device;
+    for (int l = 0; l < hp->n_layer; l++) {
+        dense_on |= layers[l].attn_on_device;
+        if (layers[l].n_hot == 0) continue;
+        if (c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL)
+            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
+        if (c->ffn_on_gate)
+            return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
+        if (c->m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL)
+            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN (Falcon/OPT "
+                                "are ungated)", l);
+    }
+    if (dense_on && (hp->layer_norm || hp->parallel_residual || hp->pos_embd.data != NULL))
+        return pi_set_error(PI_ERR_UNSUPPORTED, "dense blocks on the device: LayerNorm, parallel-residual and "
+                            "learned-position models (Falcon, OPT) are not supported yet");
+    return PI_OK;
+}
+
+int pi_context_plan_bytes(const pi_context *c, const pi_layer_placement *layers, int32_t output_on_device,
+                          int64_t *total_bytes, int64_t *scratch_bytes) {
+    if (c == NULL || layers == NULL || total_bytes == NULL)
+        return pi_set_error(PI_ERR_INVALID, "pi_context_plan_bytes: NULL argument");
+    const pi_model_params *hp = &c->m->hp;
+    int rc = check_supported(c, layers, output_on_device);
+    if (rc) return rc;
     int64_t total = 0, any = output_on_device != 0;
     for (int l = 0; l < hp->n_layer; l++) {
         const pi_layer_placement *L = &layers[l];
         if (L->n_hot < 0 || L->n_hot > hp->n_ff || (L->n_hot > 0 && L->hot_ids == NULL))
             return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [0, %lld]", l, (long long)L->n_hot,
-                                (long long)hp->n_ff), -1;
+                                (long long)hp->n_ff);
         if (L->attn_on_device) total += attn_bytes(c, l);
         total += hot_bytes(c, l, L->n_hot);
         any |= L->attn_on_device || L->n_hot > 0;
@@ -98,7 +122,8 @@ int64_t pi_context_plan_bytes(const pi_context *c, const pi_layer_placement *lay
     scratch_sizes(c, sizes);
     for (int i = 0; i < 11 && any; i++) scratch += align_up(sizes[i]);
     if (scratch_bytes) *scratch_bytes = scratch;
-    return total + scratch;
+    *total_bytes = total + scratch;
+    return PI_OK;
 }
 
 /* the tables of a placed context; cold lists for up to max_cold cold neurons per token */
@@ -132,19 +157,7 @@ static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_
         if (c->down_t == NULL || c->down_t[l].data == NULL)
             return pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t "
                                 "(pi_context_set_ffn_sparsity) first", l);
-        if (c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL)
-            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
-        if (c->ffn_on_gate)
-            return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
-        if (c->m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL)
-            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN (Falcon/OPT "
-                                "are ungated)", l);
     }
-    int dense_on = output_on_device;
-    for (int l = 0; l < hp->n_layer; l++) dense_on |= layers[l].attn_on_device;
-    if (dense_on && (hp->layer_norm || hp->parallel_residual || hp->pos_embd.data != NULL))
-        return pi_set_error(PI_ERR_UNSUPPORTED, "dense blocks on the device: LayerNorm, parallel-residual and "
-                            "learned-position models (Falcon, OPT) are not supported yet");
     int64_t sizes[11];
     scratch_sizes(c, sizes);
     int64_t span = 0;
@@ -173,10 +186,10 @@ int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placemen
         return pi_set_error(PI_ERR_INVALID, "pi_context_set_device: NULL argument");
     if (c->placed != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_device: the context already has a device");
     const pi_model_params *hp = &c->m->hp;
-    int64_t scratch = 0;
-    const int64_t need = pi_context_plan_bytes(c, layers, output_on_device, &scratch);
-    if (need < 0) return PI_ERR_INVALID;
-    int rc = check_plan(c, dev, layers, output_on_device);
+    int64_t scratch = 0, need = 0;
+    int rc = pi_context_plan_bytes(c, layers, output_on_device, &need, &scratch);
+    if (rc) return rc;
+    rc = check_plan(c, dev, layers, output_on_device);
     if (rc) return rc;
     if (need > pi_device_free_bytes(dev))
         return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, the device has %lld free",
