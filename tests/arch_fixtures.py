@@ -16,9 +16,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 try:
-    from fixtures import write_tiny_llama
+    from fixtures import finish_gguf, write_tiny_llama
 except ImportError:  # tests/ imported as a package
-    from tests.fixtures import write_tiny_llama
+    from tests.fixtures import finish_gguf, write_tiny_llama
 
 
 def write_tiny_gemma3(path: str | os.PathLike, *, n_vocab: int = 64, n_embd: int = 64, n_layer: int = 6,
@@ -216,13 +216,7 @@ def _write_gguf(path: str, arch: str, kv: Mapping, tensors, *, n_vocab: int, mat
             w.add_tensor(name, random_quantized(arr, matrix_type, rng), raw_dtype=matrix_type)
         else:
             w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if magic != b"GGUF":
-        with open(path, "r+b") as f:
-            f.write(magic)
+    finish_gguf(w, path, magic)
     return path
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "write_tiny_llama",
     "tiny_tokenizer",
     "random_quantized",
+    "finish_gguf",
     "tensor_info_layout",
     "patch_tensor_info",
     "LAYER_ROLES",
@@ -268,6 +269,13 @@ def write_tiny_llama(
     for name, arr in (extra_tensors or {}).items():
         writer.add_tensor(name, np.ascontiguousarray(arr))
 
+    finish_gguf(writer, path, magic)
+    return path
+
+
+def finish_gguf(writer, path: str | os.PathLike, magic: bytes = b"GGUF") -> None:
+    """Write a GGUFWriter's header, metadata and tensors, close it, and put ``magic``
+    (e.g. b"PWRI": a PowerInfer file) in the first four bytes."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -275,7 +283,6 @@ def write_tiny_llama(
     if magic != b"GGUF":
         with open(path, "r+b") as f:
             f.write(magic)
-    return path
 
 
 def tensor_info_layout(path: str | os.PathLike) -> dict[str, dict[str, int]]:

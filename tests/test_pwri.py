@@ -13,7 +13,7 @@ from powerinfer_backend.engine import NativeContext, NativeModel
 from powerinfer_backend.gguf_model import load_gguf
 from powerinfer_backend.pwri import gpuidx_path, pwri_predictors, read_gpuidx
 
-from fixtures import write_tiny_llama
+from fixtures import finish_gguf, write_tiny_llama
 
 F32 = {"matrix": T.F32, "token_embd": T.F32}
 N_EMBD, N_FF, N_LAYER, RANK = 64, 128, 2, 32
@@ -144,13 +144,7 @@ def write_gpuidx(path, n_layer=N_LAYER, n_ff=N_FF, corrupt=None, magic=b"GGUF"):
         w.add_tensor(f"blk.{i}.gpu_idx", idx)
         if not (corrupt == "missing" and i == 1):
             w.add_tensor(f"blk.{i}.gpu_bucket", bucket)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    if magic != b"GGUF":
-        with open(path, "r+b") as f:
-            f.write(magic)
+    finish_gguf(w, path, magic)
     return str(path)
 
 
