@@ -230,6 +230,19 @@ def plan_ffn_bytes(model, plan, *, max_tok: int = 1, kind: str = "cpu-device") -
                for i, L in enumerate(plan.layers))
 
 
+def split_arithmetic(ctx) -> None:
+    """Give every layer of ``ctx`` that has no sparse FFN yet its transposed down with
+    threshold 0: the arithmetic a device split uses, so it is the same at every budget
+    (docs/placement.md, "Exactness")."""
+    from .down_cache import down_t_dtype, transposed_down
+
+    gguf = ctx.model.gguf
+    dtype = down_t_dtype(gguf)
+    for i in range(gguf.hparams.n_layer):
+        if i not in ctx._down_t:
+            ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
+
+
 def place_model(ctx, plan, *, n_threads: int = 1, kind: str = "cpu-device") -> CpuDevice:
     """Put ``plan`` (:class:`powerinfer_backend.placement.Plan`, made for ``ctx``'s
     n_ctx and n_batch) on a new device reserving exactly ``plan.device_bytes``, and
@@ -237,7 +250,7 @@ def place_model(ctx, plan, *, n_threads: int = 1, kind: str = "cpu-device") -> C
     layer without a sparse FFN yet gets its down_t with threshold 0 (exact: all nonzero
     h computed, hot ones on the device, cold ones on the CPU), so the FFN arithmetic is
     the same at every budget: the down projection over the transposed copy, as
-    PowerInfer's split (docs/placement.md, "Exactness").
+    PowerInfer's split (:func:`split_arithmetic`).
 
     Returns:
         the device (its :meth:`CpuDevice.stats` show bytes and work done).
@@ -247,15 +260,10 @@ def place_model(ctx, plan, *, n_threads: int = 1, kind: str = "cpu-device") -> C
             differs from the C library's (a placement/engine mismatch).
         MemoryError: the reservation cannot be made.
     """
-    from .down_cache import down_t_dtype, transposed_down
-
     ctx.plan_bytes(plan)  # what cannot be placed is refused before anything changes
     gguf = ctx.model.gguf
-    dtype = down_t_dtype(gguf)
     if plan.device_bytes > 0:
-        for i in range(len(plan.layers)):
-            if i not in ctx._down_t:
-                ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
+        split_arithmetic(ctx)
     total, _ = ctx.plan_bytes(plan)  # with the down_t types now set
     if total != plan.device_bytes:
         raise ValueError(f"placement plan accounts {plan.device_bytes} device bytes, the engine needs {total} "

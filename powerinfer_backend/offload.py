@@ -177,7 +177,7 @@ def _offload_cuda(ctx, model_path, sizes, *, vram_budget, n_gpu_layers, device_t
     engine (``pi_context_set_ffn_offload``): GPU partial sum, continued on the CPU."""
     from .cuda_device import CudaDevice, cuda_ffn_bytes
     from .down_cache import down_t_dtype, transposed_down
-    from .device import _ACT_FORM
+    from .device import _ACT_FORM, split_arithmetic
 
     gguf = ctx.model.gguf
     hp = gguf.hparams
@@ -207,14 +207,13 @@ def _offload_cuda(ctx, model_path, sizes, *, vram_budget, n_gpu_layers, device_t
         return Offload("cuda", dec, notices=notices)
     dev = CudaDevice(reserve, n_threads=device_threads)
     form = _ACT_FORM[hp.act]
+    split_arithmetic(ctx)
     for i, L in enumerate(plan.layers):
-        dt = transposed_down(gguf, i, dtype=dname)
-        if i not in ctx._down_t:
-            ctx.set_ffn_sparsity(i, dt, 0.0)
         if L.n_hot:
             t = gguf.layer_tensors(i)
-            f = dev.upload_ffn(form, int(t[6].type), t[6].data, t[7].data, dtype_id, dt, hp.n_embd, hp.n_ff,
-                               L.hot_ids, max_tok=ctx.n_batch)
+            f = dev.upload_ffn(form, int(t[6].type), t[6].data, t[7].data, dtype_id,
+                               transposed_down(gguf, i, dtype=dname), hp.n_embd, hp.n_ff, L.hot_ids,
+                               max_tok=ctx.n_batch)
             ctx.set_ffn_offload(i, f)
     ctx._device = dev
     return Offload("cuda", dec, plan, dev, notices)

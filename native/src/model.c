@@ -291,7 +291,6 @@ static void store_kv(const pi_context *c, const pi_attn_site *s, const int32_t *
     }
 }
 
-static void act_mul(pi_context *c, int64_t n_tok, int gated);
 
 /* x[t] += b for n_tok rows of n floats, when the optional bias b is present */
 static void bias_opt(const pi_tensor *b, float *x, int64_t n, int64_t n_tok) {

@@ -353,13 +353,10 @@ int pi_device_ffn_create_ext(void *handle, pi_ffn_offload_start_fn start, pi_ffn
 int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold,
                         int64_t *n_used) {
     if (f->n_hot == 0) return PI_OK;
-    if (f->ext != NULL) {
-        f->job_tok = n_tok;
-        f->job_used = n_used;
+    if (f->ext != NULL)
         return f->ext_start(f->ext, act, x, n_tok, threshold) == 0
                    ? PI_OK
                    : pi_set_error(PI_ERR_INVALID, "the offload device refused to start an FFN half");
-    }
     int rc = pi_device_claim(f->dev);
     if (rc) return rc;
     memcpy(f->x, x, (size_t)(n_tok * f->n_embd) * sizeof(float)); /* x to the device */

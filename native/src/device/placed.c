@@ -20,7 +20,6 @@ struct pi_placed {
      * (attention scratch, or the sparse FFN's scratch) */
     float *x, *xn, *y, *q, *attn, *k, *v, *g, *u, *scores;
     void *act;
-    int64_t span_bytes; /* g .. end of act */
     pi_tensor *lt;      /* n_layer * PI_L_COUNT device copies (data NULL: absent or on the CPU) */
     pi_mat *lm;
     char **kc, **vc;    /* per layer device KV cache, NULL on the CPU */
@@ -76,19 +75,29 @@ static int64_t hot_bytes(const pi_context *c, int l, int64_t n_hot) {
 }
 
 /* What this engine cannot place yet, whatever the device (checked before counting bytes) */
+/* Why layer l's FFN cannot be split with a device half (PI_OK when it can); with
+ * need_down_t, also that its transposed down must be set first. */
+static int check_split_layer(const pi_context *c, int l, int need_down_t) {
+    if (need_down_t && (c->down_t == NULL || c->down_t[l].data == NULL))
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t "
+                            "(pi_context_set_ffn_sparsity) first", l);
+    if (c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
+    if (c->ffn_on_gate)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
+    if (c->m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN (Falcon/OPT "
+                            "are ungated)", l);
+    return PI_OK;
+}
+
 static int check_supported(const pi_context *c, const pi_layer_placement *layers, int32_t output_on_device) {
     const pi_model_params *hp = &c->m->hp;
     int dense_on = output_on_device;
     for (int l = 0; l < hp->n_layer; l++) {
         dense_on |= layers[l].attn_on_device;
-        if (layers[l].n_hot == 0) continue;
-        if (c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL)
-            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
-        if (c->ffn_on_gate)
-            return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
-        if (c->m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL)
-            return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN (Falcon/OPT "
-                                "are ungated)", l);
+        const int rc = layers[l].n_hot > 0 ? check_split_layer(c, l, 0) : PI_OK;
+        if (rc) return rc;
     }
     if (dense_on && (hp->layer_norm || hp->parallel_residual || hp->pos_embd.data != NULL))
         return pi_set_error(PI_ERR_UNSUPPORTED, "dense blocks on the device: LayerNorm, parallel-residual and "
@@ -149,14 +158,11 @@ static void *dev_alloc(pi_device *d, int64_t n) {
     return p;
 }
 
-static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_placement *layers,
-                      int32_t output_on_device) {
+static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_placement *layers) {
     const pi_model_params *hp = &c->m->hp;
     for (int l = 0; l < hp->n_layer; l++) {
-        if (layers[l].n_hot == 0) continue;
-        if (c->down_t == NULL || c->down_t[l].data == NULL)
-            return pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t "
-                                "(pi_context_set_ffn_sparsity) first", l);
+        const int rc = layers[l].n_hot > 0 ? check_split_layer(c, l, 1) : PI_OK;
+        if (rc) return rc;
     }
     int64_t sizes[11];
     scratch_sizes(c, sizes);
@@ -189,7 +195,7 @@ int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placemen
     int64_t scratch = 0, need = 0;
     int rc = pi_context_plan_bytes(c, layers, output_on_device, &need, &scratch);
     if (rc) return rc;
-    rc = check_plan(c, dev, layers, output_on_device);
+    rc = check_plan(c, dev, layers);
     if (rc) return rc;
     if (need > pi_device_free_bytes(dev))
         return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, the device has %lld free",
@@ -207,7 +213,6 @@ int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placemen
         float **bufs[10] = {&p->x, &p->xn, &p->y, &p->q, &p->attn, &p->k, &p->v, &p->g, &p->u, &p->scores};
         for (int i = 0; i < 10; i++) *bufs[i] = dev_alloc(dev, sizes[i]);
         p->act = dev_alloc(dev, sizes[10]);
-        p->span_bytes = (char *)p->act + align_up(sizes[10]) - (char *)p->g;
     }
     const int64_t kv_bytes = c->n_cells * c->kv_row * (int64_t)c->kv_esz;
     for (int l = 0; l < hp->n_layer && rc == PI_OK; l++) {
@@ -302,17 +307,7 @@ int pi_context_set_ffn_offload(pi_context *c, int32_t layer, void *handle, pi_ff
     if (n_hot < 1 || n_hot > hp->n_ff)
         return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [1, %lld]", layer, (long long)n_hot,
                             (long long)hp->n_ff);
-    int rc = PI_OK;
-    if (c->down_t == NULL || c->down_t[layer].data == NULL)
-        rc = pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t (pi_context_set_ffn_sparsity) "
-                          "first", layer);
-    else if (c->pred_fc1 != NULL && c->pred_fc1[layer].data != NULL)
-        rc = pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", layer);
-    else if (c->ffn_on_gate)
-        rc = pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
-    else if (c->m->mats[layer * PI_L_COUNT + PI_L_FFN_GATE].data == NULL)
-        rc = pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN (Falcon/OPT are ungated)",
-                          layer);
+    const int rc = check_split_layer(c, layer, 1);
     if (rc) return rc;
     if (c->placed != NULL && (c->placed->dev != NULL || c->placed->ffn[layer] != NULL))
         return pi_set_error(PI_ERR_INVALID, "blk.%d: the context already has a device half for this layer", layer);
