@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from relu_decode import decode_time  # noqa: E402
 
 from powerinfer_backend import Llama  # noqa: E402
-from powerinfer_backend.models import default_model_path  # noqa: E402
+from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 
 
 def main() -> None:

@@ -178,11 +178,11 @@ def run(args, summary: dict) -> None:
     from fixtures import write_tiny_llama
     from powerinfer_backend import _native
     from powerinfer_backend._native import ffi, lib
-    from powerinfer_backend.calibrate import fraction_at_or_above, threshold_for_sparsity
-    from powerinfer_backend.device import CpuDevice, ffn_bytes
-    from powerinfer_backend.down_cache import transposed_down
-    from powerinfer_backend.engine import FFN_HIST_BINS, NativeContext, NativeModel
-    from powerinfer_backend.gguf_model import load_gguf
+    from powerinfer_backend.sparsity.calibrate import fraction_at_or_above, threshold_for_sparsity
+    from powerinfer_backend.hybrid.devices.cpu import CpuDevice, ffn_bytes
+    from powerinfer_backend.engine.down_cache import transposed_down
+    from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel
+    from powerinfer_backend.loader.gguf_model import load_gguf
 
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,7 @@ def run(args, summary: dict) -> None:
     budget = int(args.budget_frac * model_bytes)
     max_tok = 8
     if args.device == "cuda":
-        from powerinfer_backend.cuda_device import CudaDevice, cuda_ffn_bytes
+        from powerinfer_backend.hybrid.devices.cuda import CudaDevice, cuda_ffn_bytes
 
         def layer_bytes(n_hot):
             return cuda_ffn_bytes(gate_type, int(T.F16), E, n_hot, max_tok)
@@ -379,7 +379,7 @@ def kernel_matrix(pool, kind: str) -> dict:
 
     from powerinfer_backend import _native
     from powerinfer_backend._native import ffi, lib
-    from powerinfer_backend.device import CpuDevice
+    from powerinfer_backend.hybrid.devices.cpu import CpuDevice
 
     E, FF = 320, 384
     rng = np.random.default_rng(5)
@@ -405,7 +405,7 @@ def kernel_matrix(pool, kind: str) -> dict:
                     ffi.from_buffer("int64_t[]", np.arange(n_tok + 1, dtype=np.int64) * len(hot)), 0.0,
                     ffi.from_buffer("float[]", ref), ffi.NULL), "pi_op_ffn_sparse")
                 if kind == "cuda":
-                    from powerinfer_backend.cuda_device import CudaDevice, cuda_ffn_bytes
+                    from powerinfer_backend.hybrid.devices.cuda import CudaDevice, cuda_ffn_bytes
 
                     dev = CudaDevice(cuda_ffn_bytes(int(gt), int(dt), E, len(hot), max_tok))
                 else:

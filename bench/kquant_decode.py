@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from fixtures import write_tiny_llama  # noqa: E402
-from powerinfer_backend.bench import format_table, run_bench  # noqa: E402
+from powerinfer_backend.cli.bench import format_table, run_bench  # noqa: E402
 
 
 def build(dir_: Path, layers: int, n_embd: int, n_ff: int) -> Path:

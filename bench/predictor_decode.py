@@ -23,10 +23,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from relu_decode import build  # noqa: E402
 
-from powerinfer_backend.down_cache import down_t_dtype, transposed_down  # noqa: E402
-from powerinfer_backend.engine import NativeContext, NativeModel  # noqa: E402
-from powerinfer_backend.gguf_model import TensorView, load_gguf  # noqa: E402
-from powerinfer_backend.predictor import scores  # noqa: E402
+from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down  # noqa: E402
+from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
+from powerinfer_backend.loader.gguf_model import TensorView, load_gguf  # noqa: E402
+from powerinfer_backend.sparsity.predictors import scores  # noqa: E402
 
 
 def q8_view(name, arr):

@@ -24,17 +24,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from powerinfer_backend.artifacts import artifact_dir  # noqa: E402
-from powerinfer_backend.calibrate import split_text_tokens  # noqa: E402
-from powerinfer_backend.down_cache import down_t_dtype, load_down_cache  # noqa: E402
-from powerinfer_backend.engine import NativeContext, NativeModel  # noqa: E402
-from powerinfer_backend.gguf_model import load_gguf  # noqa: E402
+from powerinfer_backend.loader.artifacts import artifact_dir  # noqa: E402
+from powerinfer_backend.sparsity.calibrate import split_text_tokens  # noqa: E402
+from powerinfer_backend.engine.down_cache import down_t_dtype, load_down_cache  # noqa: E402
+from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
+from powerinfer_backend.loader.gguf_model import load_gguf  # noqa: E402
 from powerinfer_backend.llama import Llama  # noqa: E402
-from powerinfer_backend.models import default_model_path  # noqa: E402
-from powerinfer_backend.perplexity import perplexity, read_text  # noqa: E402
-from powerinfer_backend.predictor import PredictorSet, apply, scores  # noqa: E402
-from powerinfer_backend.sidecar import read_sidecar  # noqa: E402
-from powerinfer_backend.train_predictor import (LAYER_DENSITIES, _dequant, allocate_densities,  # noqa: E402
+from powerinfer_backend.loader.models import default_model_path  # noqa: E402
+from powerinfer_backend.sparsity.perplexity import perplexity, read_text  # noqa: E402
+from powerinfer_backend.sparsity.predictors import PredictorSet, apply, scores  # noqa: E402
+from powerinfer_backend.sparsity.sidecar import read_sidecar  # noqa: E402
+from powerinfer_backend.sparsity.train import (LAYER_DENSITIES, _dequant, allocate_densities,  # noqa: E402
                                                 error_curve, layer_h, threshold_for_recall)
 
 

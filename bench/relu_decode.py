@@ -29,10 +29,10 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from fixtures import write_tiny_llama  # noqa: E402
 from powerinfer_backend import Llama  # noqa: E402
-from powerinfer_backend.calibrate import fraction_at_or_above, hist_quantiles, threshold_for_sparsity  # noqa: E402
-from powerinfer_backend.engine import FFN_HIST_BINS, NativeContext, NativeModel  # noqa: E402
-from powerinfer_backend.gguf_model import load_gguf  # noqa: E402
-from powerinfer_backend.sidecar import QUANTILES, SparsityProfile, write_sidecar  # noqa: E402
+from powerinfer_backend.sparsity.calibrate import fraction_at_or_above, hist_quantiles, threshold_for_sparsity  # noqa: E402
+from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel  # noqa: E402
+from powerinfer_backend.loader.gguf_model import load_gguf  # noqa: E402
+from powerinfer_backend.sparsity.sidecar import QUANTILES, SparsityProfile, write_sidecar  # noqa: E402
 
 
 def build(path: Path, layers: int) -> None:
@@ -63,7 +63,7 @@ def make_sidecar(path: Path, out: Path, sparsity: float, threads: int) -> None:
                            neuron_freq=freq, neuron_quantiles=hist_quantiles(hist, QUANTILES),
                            layer_hist=(layer / layer.sum(axis=1, keepdims=True)).astype(np.float32),
                            ffn_act="relu", info={"threshold_on": "gate", "method": "bench: fixed sparsity"})
-    from powerinfer_backend.artifacts import model_fingerprint
+    from powerinfer_backend.loader.artifacts import model_fingerprint
 
     prof.info.update(model_sha256=model_fingerprint(path), model_file=path.name)
     write_sidecar(out, prof)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
-from powerinfer_backend.models import default_model_path
-from powerinfer_backend.perplexity import perplexity
-from powerinfer_backend.tokenizer import LlamaCppTokenizer
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader.models import default_model_path
+from powerinfer_backend.sparsity.perplexity import perplexity
+from powerinfer_backend.text.tokenizer import LlamaCppTokenizer
 
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 

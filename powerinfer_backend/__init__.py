@@ -4,6 +4,7 @@ llama-cpp-python compatible ``Llama`` class (``vram_budget`` in GiB instead of
 
 __version__ = "0.1.0"
 
+from . import _compat  # noqa: E402
 from .llama import Llama  # noqa: E402
 
 __all__ = ["Llama", "__version__"]
@@ -36,3 +37,4 @@ def _checkout_adapters() -> None:
 
 
 _checkout_adapters()
+_compat.install(__name__)

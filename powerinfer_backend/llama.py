@@ -6,9 +6,9 @@ logits with a backend plugin (the native engine, ``"hybrid"``) and reuses llama-
 for everything above the logits, by calling its code rather than re-writing it:
 
 * tokenizer, chat templates, ``_model`` (vocab, special tokens): a vocab-only
-  ``llama_cpp.Llama`` (powerinfer_backend.tokenizer);
+  ``llama_cpp.Llama`` (powerinfer_backend.text.tokenizer);
 * sampling: llama.cpp's sampler chain, built by ``llama_cpp.Llama._init_sampler`` and
-  applied to our logits (powerinfer_backend.sampling);
+  applied to our logits (powerinfer_backend.text.sampling);
 * completion (stop strings, streaming, echo, logprobs, suffix, logit_bias, the prompt
   cache), chat completion (GGUF template, named chat formats, tools, response_format) and
   ``from_pretrained``: llama-cpp-python's own methods, called with this object as ``self``.
@@ -31,15 +31,15 @@ import llama_cpp
 from llama_cpp.llama import Llama as _LlamaCpp
 from llama_cpp.llama import LlamaState
 
-from .backends import create_backend, plugin_manager
-from .placement import parse_vram_budget
-from .sampling import ChainSampler, TokenDataBuffer
-from .tokenizer import LlamaCppTokenizer
+from .plugins.manager import plugin_manager, select_backend
+from .hybrid.placement import parse_vram_budget
+from .text.sampling import ChainSampler, TokenDataBuffer
+from .text.tokenizer import LlamaCppTokenizer
 
 LLAMA_DEFAULT_SEED = llama_cpp.LLAMA_DEFAULT_SEED  # 0xFFFFFFFF: llama.cpp's "pick a random seed"
 
 # Accepted for llama_cpp.Llama compatibility; meaningless here (GPU placement is vram_budget).
-# device placement options, passed to the backend (powerinfer_backend.offload.offload)
+# device placement options, passed to the backend (powerinfer_backend.hybrid.offload.offload)
 _DEVICE_PARAMS = ("n_gpu_layers", "device", "placement", "device_threads", "reset_gpu_index", "disable_gpu_index")
 _GPU_PARAMS = ("split_mode", "main_gpu", "tensor_split", "offload_kqv")
 
@@ -107,7 +107,7 @@ class Llama:
         verbose: print load information to stderr.
         sparse: sparse FFN mode: "auto" (the calibration sidecar when present, exact
             zeros for ReLU models, else dense), "off", "threshold", "predictor", or
-            a sidecar path (:mod:`powerinfer_backend.sparsity`).
+            a sidecar path (:mod:`powerinfer_backend.sparsity.modes`).
         backend: name of a registered backend plugin; ``"auto"`` (default) = the native
             engine (``"hybrid"``), or ``"llama_cpp"`` (not accelerated, says so once) for
             an architecture the native engine does not run.
@@ -164,23 +164,7 @@ class Llama:
         options = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
                        vram_budget=vram_budget, verbose=verbose, sparse=sparse,
                        **{k: kwargs[k] for k in _DEVICE_PARAMS if k in kwargs})
-        if backend == "auto":  # a plugin's choice, else the native engine, else llama.cpp
-            backend = plugin_manager().hook.powerinfer_backend_select(model_path=model_path,
-                                                                       options=dict(options)) or "auto"
-        if backend == "auto":
-            try:
-                backend = "hybrid"
-                self._backend = create_backend(backend, model_path, **options)
-            except ValueError as e:
-                if "unknown model architecture" not in str(e):
-                    raise
-                backend = "llama_cpp"
-                try:
-                    self._backend = create_backend(backend, model_path, **options)
-                except Exception as e2:  # keep our message: it names the architecture and what is supported
-                    raise ValueError(f"{e}; llama.cpp could not load it either ({e2})") from e2
-        else:
-            self._backend = create_backend(backend, model_path, **options)
+        backend, self._backend = select_backend(backend, model_path, options)
         self.backend = backend
         for notice in getattr(self._backend, "notices", ()):
             warnings.warn(notice, UserWarning, stacklevel=2)  # at the caller's line
@@ -213,7 +197,7 @@ class Llama:
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since load (or the last ``reset``): ``{"mode",
-        "ffn_sparsity", "layers", ...}`` (:func:`powerinfer_backend.sparsity.stats`);
+        "ffn_sparsity", "layers", ...}`` (:func:`powerinfer_backend.sparsity.modes.stats`);
         ``{}`` for a backend without statistics."""
         fn = getattr(self._backend, "stats", None)
         if fn is None:
@@ -254,6 +238,12 @@ class Llama:
     def metadata(self) -> dict:
         """GGUF metadata as ``{key: str}`` (llama.cpp's view)."""
         return self._tok.metadata
+
+    @property
+    def engine(self):
+        """The backend object this Llama runs on (its name is :attr:`backend`), as the
+        plugin's factory returned it (hookspecs.powerinfer_backend_register)."""
+        return self._backend
 
     @property
     def ctx(self):

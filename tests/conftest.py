@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from powerinfer_backend import _native
-from powerinfer_backend.models import default_model_path
+from powerinfer_backend.loader.models import default_model_path
 
 
 @pytest.fixture(params=_native.supported_isas())

@@ -1,5 +1,5 @@
-"""Per-model artifact folder, atomic writes and provenance (powerinfer_backend.artifacts),
-and the transposed down-projection cache (powerinfer_backend.down_cache).
+"""Per-model artifact folder, atomic writes and provenance (powerinfer_backend.loader.artifacts),
+and the transposed down-projection cache (powerinfer_backend.engine.down_cache).
 
 Every test writes a tiny GGUF model into tmp_path and points XDG_CACHE_HOME at
 tmp_path, so nothing outside the test folder is touched.
@@ -17,12 +17,14 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
 
-from powerinfer_backend import artifacts, down_cache
-from powerinfer_backend.artifacts import (artifact_dir, atomic_write, atomic_write_bytes,
+from powerinfer_backend.loader import artifacts
+
+from powerinfer_backend.engine import down_cache
+from powerinfer_backend.loader.artifacts import (artifact_dir, atomic_write, atomic_write_bytes,
                                           atomic_write_json, check_provenance,
                                           model_fingerprint)
-from powerinfer_backend.down_cache import build_down_cache, down_cache_path, transposed_down
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.engine.down_cache import build_down_cache, down_cache_path, transposed_down
+from powerinfer_backend.loader.gguf_model import load_gguf
 
 from tests.fixtures import write_tiny_llama
 
@@ -132,7 +134,7 @@ def test_artifact_dir_installed_package_uses_cache(tmp_path, cache_home):
 
 
 def test_default_model_artifact_dir_is_cache(cache_home):
-    from powerinfer_backend.models import default_model_path
+    from powerinfer_backend.loader.models import default_model_path
 
     try:
         p = default_model_path()

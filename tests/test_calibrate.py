@@ -10,13 +10,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
-from powerinfer_backend.calibrate import (CalibrationError, calibrate, fraction_at_or_above, greedy_path,
+from powerinfer_backend.sparsity.calibrate import (CalibrationError, calibrate, fraction_at_or_above, greedy_path,
                                           hist_edges, hist_quantiles, threshold_for_sparsity)
-from powerinfer_backend.cli import main as cli_main
-from powerinfer_backend.engine import FFN_HIST_BINS, NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
-from powerinfer_backend.perplexity import perplexity, read_text
-from powerinfer_backend.sidecar import read_sidecar, sidecar_path
+from powerinfer_backend.cli.commands import main as cli_main
+from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.sparsity.perplexity import perplexity, read_text
+from powerinfer_backend.sparsity.sidecar import read_sidecar, sidecar_path
 
 from fixtures import write_tiny_llama
 
@@ -313,8 +313,8 @@ def test_smollm2_budget_on_unseen_tail(model_path, tmp_path):
 def test_bench_reports_sparse_run_and_density_sweep(tmp_path):
     """bench: the sparse run appears (with its measured sparsity and ratios to our dense)
     when the model has a sidecar; the FFN density sweep times every density."""
-    from powerinfer_backend.bench import format_table, run_bench
-    from powerinfer_backend.ffn_sweep import format_sweep, run_sweep
+    from powerinfer_backend.cli.bench import format_table, run_bench
+    from powerinfer_backend.cli.sweeps import format_sweep, run_sweep
 
     path = tiny(tmp_path)
     r = run_bench(path, n_threads=1, n_decode=4, n_prefill=16, repeats=1, include_llama_cpp=False)

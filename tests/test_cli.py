@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from powerinfer_backend.models import default_model_path
+from powerinfer_backend.loader.models import default_model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,9 +11,11 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
 
-from powerinfer_backend import _native, cuda_device
+from powerinfer_backend import _native
+
+from powerinfer_backend.hybrid.devices import cuda as cuda_device
 from powerinfer_backend._native import ffi, lib
-from powerinfer_backend.device import FFN_FORMS
+from powerinfer_backend.hybrid.devices.cpu import FFN_FORMS
 
 try:
     cuda_device.load()

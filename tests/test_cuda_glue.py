@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from powerinfer_backend import cuda_device
+from powerinfer_backend.hybrid.devices import cuda as cuda_device
 from powerinfer_backend._native import ffi, lib
 from powerinfer_backend import _native
 

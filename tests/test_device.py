@@ -12,7 +12,7 @@ from gguf import quants
 
 from powerinfer_backend import _native
 from powerinfer_backend._native import ffi, lib
-from powerinfer_backend.device import FFN_FORMS, CpuDevice, ffn_bytes
+from powerinfer_backend.hybrid.devices.cpu import FFN_FORMS, CpuDevice, ffn_bytes
 
 E, FF = 64, 96
 

@@ -16,8 +16,8 @@ from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import _native
 from powerinfer_backend._native import ffi, lib
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import GGUFModel, load_gguf
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import GGUFModel, load_gguf
 
 try:
     from fixtures import write_tiny_llama

@@ -11,8 +11,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
 
 try:
     from arch_fixtures import falcon_reference, write_tiny_falcon
@@ -82,7 +82,7 @@ def test_matches_numpy_reference(tmp_path, two_norms, ffn_act):
 @pytest.mark.parametrize("two_norms, n_head_kv, mtype", [(False, 1, T.Q8_0), (True, 2, T.Q8_0), (False, 1, T.F16)],
                          ids=["7b-q8_0", "40b-q8_0", "7b-f16"])
 def test_bit_identical_to_llama_cpp(tmp_path, two_norms, n_head_kv, mtype):
-    from powerinfer_backend.llamacpp_ref import load_reference
+    from powerinfer_backend.plugins.reference import load_reference
 
     path = write_tiny_falcon(tmp_path / "f8.gguf", two_norms=two_norms, n_head_kv=n_head_kv, matrix_type=mtype)
     ours, _ = _eval(load_gguf(path, verbose=False), decode=True)
@@ -194,8 +194,8 @@ def test_relu_predictor_active_lists(tmp_path):
 def test_hybrid_split_refused_but_plan_computes(tmp_path):
     """The placement plan sizes an ungated model (no gate rows); the device FFN split
     (pi_op_ffn_hybrid) needs a gated FFN and says so."""
-    from powerinfer_backend import placement as P
-    from powerinfer_backend.device import CpuDevice, upload_plan
+    from powerinfer_backend.hybrid import placement as P
+    from powerinfer_backend.hybrid.devices.cpu import CpuDevice, upload_plan
 
     m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", ffn_act="relu"), verbose=False)
     sizes = P.ModelSizes.from_gguf(m)
@@ -210,7 +210,7 @@ def test_hybrid_split_refused_but_plan_computes(tmp_path):
 def test_gelu_calibrate_then_auto(tmp_path):
     """calibrate (statistics of |gelu(up x)|, held-out budget search) writes a sidecar
     for a GELU Falcon, and sparse="auto" then runs its thresholds."""
-    from powerinfer_backend.calibrate import calibrate
+    from powerinfer_backend.sparsity.calibrate import calibrate
 
     path = write_tiny_falcon(tmp_path / "g.gguf")
     text = tmp_path / "t.txt"

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
 
 try:
     from arch_fixtures import gemma3_reference, write_tiny_gemma3
@@ -58,7 +58,7 @@ def test_tiny_matches_numpy_reference(tmp_path):
 
 
 def test_tiny_bit_identical_to_llama_cpp(tmp_path):
-    from powerinfer_backend.llamacpp_ref import load_reference
+    from powerinfer_backend.plugins.reference import load_reference
 
     path = write_tiny_gemma3(tmp_path / "g8.gguf", matrix_type=T.Q8_0)
     ours = _eval(load_gguf(path, verbose=False), TOKENS)
@@ -75,7 +75,7 @@ def test_sparse_ffn_with_post_norm_matches_dense(tmp_path):
     """GeGLU with the post-FFN norm: the sparse FFN (threshold 0, F32 down_t) normalises
     its output as the dense path does; only the GELU's precision differs (the dense
     path uses llama.cpp's half-precision table, the sparse path the float formula)."""
-    from powerinfer_backend.down_cache import transposed_down
+    from powerinfer_backend.engine.down_cache import transposed_down
 
     m = load_gguf(write_tiny_gemma3(tmp_path / "g.gguf"), verbose=False)
     dense = _eval(m, TOKENS)
@@ -105,7 +105,7 @@ def gemma_path():
 
 @pytest.fixture(scope="module")
 def gemma_engines(gemma_path):
-    from powerinfer_backend.llamacpp_ref import load_reference
+    from powerinfer_backend.plugins.reference import load_reference
 
     m = load_gguf(gemma_path, verbose=False)
     ctx = NativeContext(NativeModel(m), n_ctx=128, n_batch=128, n_threads=2)

@@ -1,4 +1,4 @@
-"""Tests of the GGUF loading layer (powerinfer_backend.gguf_model / arch)."""
+"""Tests of the GGUF loading layer (powerinfer_backend.loader.gguf_model / arch)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import gguf
 from gguf import GGMLQuantizationType as T
 
-from powerinfer_backend import arch
-from powerinfer_backend.gguf_model import (
+from powerinfer_backend.loader import arch
+from powerinfer_backend.loader.gguf_model import (
     KERNEL_TYPES,
     GGUFModel,
     TensorView,
@@ -440,7 +440,7 @@ def test_absurd_array_length(tiny, count):
 
 
 def test_array_element_budget(tiny, monkeypatch):
-    from powerinfer_backend import gguf_model
+    from powerinfer_backend.loader import gguf_model
 
     monkeypatch.setattr(gguf_model, "_MAX_ARRAY_ELEMS", 100)  # tokens (64) + token_type (64) > 100
     _expect_error(tiny, "'tokenizer.ggml.token_type'", "limit of 100 array elements")

@@ -10,13 +10,13 @@ import pytest
 from fixtures import write_tiny_llama
 from gguf import GGMLQuantizationType as GT
 
-from powerinfer_backend import placement as P
-from powerinfer_backend.device import CpuDevice, plan_ffn_bytes, upload_plan
-from powerinfer_backend.down_cache import transposed_down
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.hybrid import placement as P
+from powerinfer_backend.hybrid.devices.cpu import CpuDevice, plan_ffn_bytes, upload_plan
+from powerinfer_backend.engine.down_cache import transposed_down
+from powerinfer_backend.loader.gguf_model import load_gguf
 from powerinfer_backend import _native
 from powerinfer_backend._native import ffi, lib
-from powerinfer_backend.device import FFN_FORMS
+from powerinfer_backend.hybrid.devices.cpu import FFN_FORMS
 
 
 def _cpu(pool, model, i, x, ids):

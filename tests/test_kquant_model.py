@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
 
 try:
     from fixtures import write_tiny_llama
@@ -50,7 +50,7 @@ def quantize(src: str, ftype: str) -> str:
 
 @pytest.mark.parametrize("ftype", sorted(FTYPES))
 def test_quantized_model_matches_llama_cpp(f16_model, ftype):
-    from powerinfer_backend.llamacpp_ref import load_reference
+    from powerinfer_backend.plugins.reference import load_reference
 
     path = quantize(f16_model, ftype)
     with warnings.catch_warnings():

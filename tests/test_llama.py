@@ -19,7 +19,7 @@ import pytest
 import llama_cpp
 
 from powerinfer_backend import Llama
-from powerinfer_backend.llamacpp_ref import load_reference
+from powerinfer_backend.plugins.reference import load_reference
 
 N_CTX = 256
 THREADS = 1  # the CI machine's two cores are shared: one thread each is fastest for both engines

@@ -14,8 +14,8 @@ import warnings
 import pytest
 
 from powerinfer_backend import Llama
-from powerinfer_backend.backends import available_backends, plugin_manager
-from powerinfer_backend.llamacpp_ref import load_reference
+from powerinfer_backend.plugins.manager import available_backends, plugin_manager
+from powerinfer_backend.plugins.reference import load_reference
 
 try:
     from fixtures import write_tiny_llama
@@ -26,8 +26,8 @@ PROMPT = "The capital of France is"
 
 PLUGIN_SOURCE = '''
 """A third-party powerinfer_backend plugin: the native engine, counting its evals."""
-from powerinfer_backend.hookspecs import hookimpl
-from powerinfer_backend.plugins import HybridBackend
+from powerinfer_backend.plugins.hookspecs import hookimpl
+from powerinfer_backend.plugins.hybrid import HybridBackend
 
 EVENTS = []
 
@@ -161,12 +161,12 @@ def test_sparse_keyword_reaches_backend_and_stats(model_path):
     class Probe:
         @staticmethod
         def factory(model_path, **options):
-            from powerinfer_backend.plugins import HybridBackend
+            from powerinfer_backend.plugins.hybrid import HybridBackend
 
             seen.append(options.get("sparse"))
             return HybridBackend(model_path, **options)
 
-    from powerinfer_backend.hookspecs import hookimpl
+    from powerinfer_backend.plugins.hookspecs import hookimpl
 
     class Plugin:
         @hookimpl

@@ -25,7 +25,7 @@ import llama_cpp
 from llama_cpp import LlamaGrammar, LlamaRAMCache
 
 from powerinfer_backend import Llama
-from powerinfer_backend.llamacpp_ref import load_reference
+from powerinfer_backend.plugins.reference import load_reference
 
 N_CTX = 256
 THREADS = 1

@@ -9,11 +9,11 @@ import pytest
 from fixtures import write_tiny_llama
 
 from powerinfer_backend import Llama
-from powerinfer_backend import placement as P
-from powerinfer_backend.device import place_model
-from powerinfer_backend.down_cache import down_t_dtype, transposed_down
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.hybrid import placement as P
+from powerinfer_backend.hybrid.devices.cpu import place_model
+from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
 
 TOKS = [1, 5, 9, 3, 7, 2, 8, 4, 6]
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from powerinfer_backend import Llama
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
 
 try:
     from arch_fixtures import opt_reference, write_tiny_opt

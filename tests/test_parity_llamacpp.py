@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from powerinfer_backend import Llama
-from powerinfer_backend.llamacpp_ref import load_reference
-from powerinfer_backend.perplexity import log_softmax_nll
+from powerinfer_backend.plugins.reference import load_reference
+from powerinfer_backend.sparsity.perplexity import log_softmax_nll
 
 N_THREADS = 2
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"

@@ -9,9 +9,9 @@ import importlib.metadata
 import pytest
 
 from powerinfer_backend import Llama
-from powerinfer_backend.backends import available_backends, create_backend, plugin_manager
-from powerinfer_backend.hookspecs import PROJECT, hookimpl
-from powerinfer_backend.plugins import HybridBackend
+from powerinfer_backend.plugins.manager import available_backends, create_backend, plugin_manager
+from powerinfer_backend.plugins.hookspecs import PROJECT, hookimpl
+from powerinfer_backend.plugins.hybrid import HybridBackend
 
 
 class CountingBackend:
@@ -107,5 +107,5 @@ def test_entry_point_registers_hybrid():
         pytest.skip("powerinfer_backend is not pip-installed (no entry points)")
     eps = importlib.metadata.entry_points(group=PROJECT)
     assert "hybrid" in eps.names
-    assert eps["hybrid"].value == "powerinfer_backend.plugins"
-    assert any(getattr(p, "__name__", "") == "powerinfer_backend.plugins" for p in plugin_manager().get_plugins())
+    assert eps["hybrid"].value == "powerinfer_backend.plugins.hybrid"
+    assert any(getattr(p, "__name__", "") == "powerinfer_backend.plugins.hybrid" for p in plugin_manager().get_plugins())

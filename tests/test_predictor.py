@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
-from powerinfer_backend.predictor import PredictorSet, apply, scores, scores_reference
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.sparsity.predictors import PredictorSet, apply, scores, scores_reference
 
 from fixtures import write_tiny_llama
 

@@ -9,9 +9,9 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
-from powerinfer_backend.pwri import gpuidx_path, pwri_predictors, read_gpuidx
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader.pwri import gpuidx_path, pwri_predictors, read_gpuidx
 
 from fixtures import finish_gguf, write_tiny_llama
 
@@ -94,7 +94,7 @@ def test_pwri_predictor_threshold_matches_masked_reference(tmp_path):
     assert ps.thresholds == {0: 0.0, 1: 0.0}
     m = NativeModel(g)
     ctx = NativeContext(m, n_ctx=16, n_batch=4, n_threads=1)
-    from powerinfer_backend.sparsity import configure
+    from powerinfer_backend.sparsity.modes import configure
     st = configure(ctx, g, pw, "predictor")
     assert st.mode == "predictor"
     toks = [3, 7, 11]
@@ -171,7 +171,7 @@ def test_gpuidx_invalid(tmp_path, corrupt, msg):
 def test_gpuidx_drives_placement(tmp_path):
     """A PowerInfer .generated.gpuidx beside the model (and no sidecar): its GPU neurons
     are the plan's hot neurons, first; the plan records the file as its frequency source."""
-    from powerinfer_backend import placement as P
+    from powerinfer_backend.hybrid import placement as P
 
     path = write_tiny_llama(tmp_path / "pw.gguf", n_layer=N_LAYER, n_ff=N_FF)
     gi = read_gpuidx(write_gpuidx(gpuidx_path(path)), N_LAYER, N_FF)

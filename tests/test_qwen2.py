@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerinfer_backend.engine import NativeContext, NativeModel
-from powerinfer_backend.gguf_model import load_gguf
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader.gguf_model import load_gguf
 
 try:
     from arch_fixtures import write_tiny_qwen2
@@ -35,7 +35,7 @@ def test_loads_biases(tmp_path):
 
 
 def test_matches_llama_cpp(tmp_path):
-    from powerinfer_backend.llamacpp_ref import load_reference
+    from powerinfer_backend.plugins.reference import load_reference
 
     path = write_tiny_qwen2(tmp_path / "q.gguf")
     ours = _ours(path)

@@ -297,7 +297,7 @@ def test_disconnect_non_streaming(small_server):
 
 
 def test_chat_content_parts_and_null_content_are_normalised():
-    from powerinfer_backend.server import APIError, _chat_message
+    from powerinfer_backend.server.app import APIError, _chat_message
 
     assert _chat_message({"role": "user", "content": [{"type": "text", "text": "Hi "},
                                                       {"type": "text", "text": "there"}]})["content"] == "Hi there"
@@ -310,7 +310,7 @@ def test_chat_content_parts_and_null_content_are_normalised():
 
 
 def test_serve_flag_ranges():
-    from powerinfer_backend.cli import main
+    from powerinfer_backend.cli.commands import main
 
     for argv in (["serve", "--max-queue", "-1"], ["serve", "--port", "99999"]):
         with pytest.raises(SystemExit):

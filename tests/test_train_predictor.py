@@ -11,10 +11,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
-from powerinfer_backend.cli import main as cli_main
-from powerinfer_backend.predictor import quantize_q8_0, scores
-from powerinfer_backend.sidecar import read_sidecar, sidecar_path
-from powerinfer_backend.train_predictor import (LAYER_DENSITIES, TrainError, allocate_densities, error_curve,
+from powerinfer_backend.cli.commands import main as cli_main
+from powerinfer_backend.sparsity.predictors import quantize_q8_0, scores
+from powerinfer_backend.sparsity.sidecar import read_sidecar, sidecar_path
+from powerinfer_backend.sparsity.train import (LAYER_DENSITIES, TrainError, allocate_densities, error_curve,
                                                 threshold_for_recall, train_predictors)
 
 from fixtures import write_tiny_llama

@@ -235,6 +235,7 @@ const char *pi_last_error(void);
  * 4 avx512) of what this CPU runs. pi_isa_set("auto"|"scalar"|"avx2"|"avx512")
  * chooses the path for all later calls; the environment variable POWERINFER_ISA
  * sets the initial choice. */
+enum pi_isa_bit { PI_ISA_SCALAR = 1, PI_ISA_AVX2 = 2, PI_ISA_AVX512 = 4 };
 uint32_t pi_isa_supported(void);
 int pi_isa_set(const char *name);
 const char *pi_isa_name(void);

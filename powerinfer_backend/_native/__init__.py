@@ -1,0 +1,58 @@
+"""Raw binding: loads the cffi extension built from ``native/`` and turns C status
+codes into Python exceptions. Everything above this module goes through
+:func:`check`; nothing else touches ``lib`` error handling."""
+
+from __future__ import annotations
+
+import os
+
+from ._pi_native import ffi, lib
+from .enums import IsaBit, Status
+
+__all__ = ["ffi", "lib", "check", "last_error", "set_isa", "isa_name", "supported_isas"]
+
+def last_error() -> str:
+    """The native library's message for the last failure on this thread."""
+    return ffi.string(lib.pi_last_error()).decode("utf-8", "replace")
+
+
+def check(rc: int, what: str) -> None:
+    """Raise for a non-zero status from the C API.
+
+    Raises:
+        ValueError: bad argument or context full (PI_ERR_INVALID, PI_ERR_CONTEXT_FULL).
+        MemoryError: allocation failed (PI_ERR_NOMEM).
+        NotImplementedError: unsupported type or instruction set (PI_ERR_UNSUPPORTED).
+    """
+    if rc == Status.OK:
+        return
+    msg = f"{what}: {last_error()}"
+    if rc == Status.ERR_NOMEM:
+        raise MemoryError(msg)
+    if rc == Status.ERR_UNSUPPORTED:
+        raise NotImplementedError(msg)
+    raise ValueError(msg)
+
+
+def supported_isas() -> list[str]:
+    """Instruction-set paths this CPU can run, e.g. ``["scalar", "avx2", "avx512"]``."""
+    mask = lib.pi_isa_supported()
+    return [bit.name.lower() for bit in IsaBit if mask & bit]
+
+
+def set_isa(name: str) -> None:
+    """Force the kernel path: ``"auto"``, ``"scalar"``, ``"avx2"`` or ``"avx512"``.
+
+    Raises:
+        ValueError: unknown name. NotImplementedError: the CPU lacks that ISA.
+    """
+    check(lib.pi_isa_set(name.strip().lower().encode()), f"POWERINFER_ISA / set_isa({name!r})")
+
+
+def isa_name() -> str:
+    """The kernel path in use."""
+    return ffi.string(lib.pi_isa_name()).decode()
+
+
+# POWERINFER_ISA chooses the path at import; a bad value is an error, not a silent fallback.
+set_isa(os.environ.get("POWERINFER_ISA", "auto") or "auto")

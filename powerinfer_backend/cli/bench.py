@@ -1,0 +1,165 @@
+"""Speed benchmark: decode and prefill tokens/s for our engine and for llama.cpp
+(llama-cpp-python) on the same GGUF and thread count, measured one after the other in
+the same process, with the ratios. Engine time only (one eval per token, argmax in
+Python for both); our full ``Llama`` loop is timed too, to report the per-token Python
+overhead (cffi call, logits view, sampling, detokenizing)."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+
+_TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+         "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+         "it was the season of Darkness, it was the spring of hope, it was the winter of despair. ")
+
+
+def _prompt_tokens(tokenize, n: int) -> list:
+    toks = tokenize(_TEXT.encode())
+    while len(toks) < n:
+        toks = toks + toks
+    return toks[:n]
+
+
+def _best(fn, repeats: int) -> float:
+    return min(fn() for _ in range(max(1, repeats)))
+
+
+def _measure(eval_tokens, reset, prompt, short, n_decode, repeats):
+    """(prefill seconds, decode seconds) for an engine given as callables."""
+
+    def prefill():
+        reset()
+        t = time.perf_counter()
+        eval_tokens(prompt)
+        return time.perf_counter() - t
+
+    def decode():
+        reset()
+        logits = eval_tokens(short)
+        t = time.perf_counter()
+        for _ in range(n_decode):
+            logits = eval_tokens([int(np.argmax(logits))])
+        return time.perf_counter() - t
+
+    return _best(prefill, repeats), _best(decode, repeats)
+
+
+def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256,
+              repeats: int = 3, include_llama_cpp: bool = True, sparse="auto") -> dict:
+    """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
+    Python overhead as a percentage of decode time. Ours runs dense first; then,
+    unless ``sparse`` resolves to dense (``Llama(sparse=...)``), sparse too, with
+    its measured FFN sparsity and its ratios to our dense and to llama.cpp."""
+    from .._native import isa_name
+    from ..llama import Llama
+
+    n_ctx = n_prefill + n_decode + 32
+    result = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
+
+    if sparse not in ("off", None, False):
+        llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False,
+                    sparse=sparse)
+        if llm.stats().get("mode", "dense") != "dense":
+            prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
+            be = llm.engine
+            t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, prompt[:8],
+                                    n_decode, repeats)
+            st = llm.stats()
+            result["ours_sparse"] = {"engine": f"powerinfer_backend sparse ({st['mode']})",
+                                     "prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
+                                     "ffn_sparsity": st["ffn_sparsity"], "sidecar": st.get("sidecar")}
+        llm.close()
+        del llm
+        gc.collect()
+
+    llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False,
+                sparse="off")
+    prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
+    short = prompt[:8]
+    be = llm.engine
+    t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, short, n_decode, repeats)
+
+    engine_time = [0.0]
+    raw_eval = be.eval
+
+    def timed_eval(tokens, logits_all=False):
+        t = time.perf_counter()
+        out = raw_eval(tokens, logits_all=logits_all)
+        engine_time[0] += time.perf_counter() - t
+        return out
+
+    def full_loop():
+        """(total, share outside the engine) of one create_completion, measured in the same run."""
+        llm.reset()
+        llm.eval(short)  # prompt outside the timed loop, as in _measure
+        engine_time[0] = 0.0
+        be.eval = timed_eval
+        t = time.perf_counter()
+        try:
+            llm.create_completion(short, max_tokens=n_decode, temperature=0.0)
+        finally:
+            be.eval = raw_eval
+        total = time.perf_counter() - t
+        return total, (total - engine_time[0]) / total
+
+    t_full, overhead = min(full_loop() for _ in range(max(1, repeats)))
+    result["ours"] = {"engine": f"powerinfer_backend ({isa_name()})", "prefill_tok_s": n_prefill / t_pre,
+                      "decode_tok_s": n_decode / t_dec, "llama_decode_tok_s": n_decode / t_full,
+                      "python_overhead_pct": 100.0 * overhead}
+    llm.close()
+    del llm, be
+    gc.collect()
+
+    if include_llama_cpp:
+        from ..plugins.reference import load_reference
+
+        ref = load_reference(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,
+                             n_threads_batch=n_threads)
+
+        import llama_cpp
+
+        def ref_eval(tokens):
+            ref.eval(tokens)
+            # ref.scores is only written with logits_all=True (which would also make llama.cpp
+            # compute every prompt row's logits): read the last output row from the context
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
+
+        r_pre, r_dec = _measure(ref_eval, ref.reset, prompt, short, n_decode, repeats)
+        result["llama_cpp"] = {"engine": "llama-cpp-python", "prefill_tok_s": n_prefill / r_pre,
+                               "decode_tok_s": n_decode / r_dec}
+        result["ratio"] = {"decode": r_dec / t_dec, "prefill": r_pre / t_pre}
+        ref.close()
+    if "ours_sparse" in result:
+        sp, dn = result["ours_sparse"], result["ours"]
+        result["ratio_sparse"] = {"decode_vs_dense": sp["decode_tok_s"] / dn["decode_tok_s"],
+                                  "prefill_vs_dense": sp["prefill_tok_s"] / dn["prefill_tok_s"]}
+        if "llama_cpp" in result:
+            lc = result["llama_cpp"]
+            result["ratio_sparse"].update(decode_vs_llama_cpp=sp["decode_tok_s"] / lc["decode_tok_s"],
+                                          prefill_vs_llama_cpp=sp["prefill_tok_s"] / lc["prefill_tok_s"])
+    return result
+
+
+def format_table(r: dict) -> str:
+    """Human-readable table of a run_bench result."""
+    lines = [f"model {r['model']}  threads {r['threads']}",
+             f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}"]
+    for key in ("ours", "ours_sparse", "llama_cpp"):
+        if key in r:
+            e = r[key]
+            lines.append(f"{e['engine']:<40} {e['prefill_tok_s']:>14.1f} {e['decode_tok_s']:>13.1f}")
+    if "ratio" in r:
+        lines.append(f"{'ratio ours / llama.cpp':<40} {r['ratio']['prefill']:>14.2f} {r['ratio']['decode']:>13.2f}")
+    if "ratio_sparse" in r:
+        rs = r["ratio_sparse"]
+        lines.append(f"{'ratio sparse / our dense':<40} {rs['prefill_vs_dense']:>14.2f} {rs['decode_vs_dense']:>13.2f}")
+        if "decode_vs_llama_cpp" in rs:
+            lines.append(f"{'ratio sparse / llama.cpp':<40} {rs['prefill_vs_llama_cpp']:>14.2f} "
+                         f"{rs['decode_vs_llama_cpp']:>13.2f}")
+        lines.append(f"measured FFN sparsity (sparse run): {r['ours_sparse']['ffn_sparsity']:.1%}")
+    lines.append(f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
+                 f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)")
+    return "\n".join(lines)

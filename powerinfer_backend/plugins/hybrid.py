@@ -1,0 +1,94 @@
+"""The built-in ``"hybrid"`` backend: the native engine over a memory-mapped GGUF.
+Registered through the ``powerinfer_backend`` entry-point group like any third-party
+backend. With a device (``vram_budget``, ``device``) part of the model runs there under a
+placement plan (:mod:`powerinfer_backend.hybrid.offload`)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..hybrid import offload as offload_mod
+from ..sparsity import modes as sparsity
+from ..engine.native import NativeContext, NativeModel, default_threads
+from ..loader.gguf_model import load_gguf
+from .hookspecs import hookimpl
+
+
+class HybridBackend:
+    """Native engine for one sequence (see hookspecs for the interface); the device
+    options are :func:`powerinfer_backend.hybrid.offload.offload`'s."""
+
+    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
+                 vram_budget=None, verbose: bool = True, sparse="auto", n_gpu_layers=None, device=None,
+                 placement: str = "neurons", device_threads: int = 1, reset_gpu_index: bool = False,
+                 disable_gpu_index: bool = False, **_ignored):
+        self.gguf = load_gguf(model_path, verbose=verbose)
+        hp = self.gguf.hparams
+        self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
+        self.metadata = dict(self.gguf.metadata)
+        self.notices: list[str] = []  # warnings Llama raises at the caller's line
+        self.max_positions = self.gguf.max_positions
+        self.n_ctx = int(n_ctx) if n_ctx else self.max_positions
+        if self.n_ctx > self.max_positions and self.gguf.global_tensors().get("pos_embd") is not None:
+            # learned absolute positions (OPT) end with the table: no position past it exists
+            self.notices.append(f"n_ctx {self.n_ctx} exceeds the model's {self.max_positions} learned positions "
+                                f"(position_embd.weight); using n_ctx {self.max_positions}")
+            self.n_ctx = self.max_positions
+        self.n_threads = int(n_threads) if n_threads else default_threads()
+        self.model = NativeModel(self.gguf)
+        self.ctx = NativeContext(self.model, n_ctx=self.n_ctx, n_batch=max(1, min(int(n_batch), self.n_ctx)),
+                                 n_threads=self.n_threads)
+        try:
+            self.sparse = sparsity.configure(self.ctx, self.gguf, model_path, sparse)
+            if self.sparse.mode == "predictor" and (vram_budget or n_gpu_layers or device not in (None, "cpu")):
+                raise ValueError("sparse='predictor' cannot be combined with a device placement yet; "
+                                 "use sparse='threshold' or 'auto' with vram_budget")
+            self.offload = offload_mod.offload(
+                self.ctx, model_path, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers, device=device,
+                placement=placement, device_threads=device_threads, reset_gpu_index=reset_gpu_index,
+                disable_gpu_index=disable_gpu_index, verbose=verbose)
+            self.notices += self.offload.notices
+            if self.offload.plan is not None and self.sparse.mode == "dense":
+                # the split computes every FFN over the transposed down: say so in stats()
+                self.sparse = sparsity.SparseState("exact", np.zeros(hp.n_layer, np.float32))
+        except BaseException:
+            self.close()
+            raise
+        if verbose:
+            from .._native import isa_name
+
+            print(f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}; "
+                  f"{self.sparse.summary()}; {self.offload.summary()}", file=sys.stderr)
+
+    def stats(self, reset: bool = False) -> dict:
+        """Measured FFN sparsity since the last reset (:func:`powerinfer_backend.sparsity.modes.stats`),
+        and with a device its counters under ``"device"`` (bytes, jobs, hot rows)."""
+        out = sparsity.stats(self.ctx, self.sparse, reset=reset)
+        if self.offload.device is not None:
+            out["device"] = self.offload.stats() | {"kind": self.offload.device_kind,
+                                                    "plan_bytes": self.offload.plan.device_bytes}
+        return out
+
+    @property
+    def n_past(self) -> int:
+        return self.ctx.n_past
+
+    def eval(self, tokens, logits_all: bool = False):
+        return self.ctx.eval(tokens, logits_all=logits_all)
+
+    def embeddings(self):
+        return self.ctx.embeddings()
+
+    def truncate(self, n_keep: int) -> None:
+        self.ctx.truncate(n_keep)
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
+@hookimpl
+def powerinfer_backend_register():
+    return {"hybrid": HybridBackend}

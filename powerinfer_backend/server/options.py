@@ -1,0 +1,86 @@
+"""``powerinfer-backend serve`` options and model loading (kept apart from
+:mod:`powerinfer_backend.server.app` so the command line builds without the server's
+optional dependencies)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p) -> None:
+    """``serve`` options, llama-server's spelling where one exists (text-generation-webui
+    passes those flags to the server it starts)."""
+    p.add_argument("--model", "-m", help="GGUF file (default: the embedded SmolLM2)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_int_in("--port", 0, 65535), default=8000, help="port (default 8000)")
+    p.add_argument("--vram-budget", type=float, default=_env_float("POWERINFER_VRAM_BUDGET"),
+                   help="GPU memory in GiB (default: $POWERINFER_VRAM_BUDGET, else CPU only)")
+    p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY)")
+    p.add_argument("--alias", "-a", default=None, help="model name reported by /v1/models (default: the file name)")
+    p.add_argument("--ctx-size", "-c", "--ctx", dest="ctx_size", type=int, default=2048,
+                   help="context length in tokens (default 2048; 0 = the model's)")
+    p.add_argument("--batch-size", "-b", type=int, default=512, help="prompt tokens per native call (default 512)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (default: all CPUs)")
+    p.add_argument("--max-queue", type=_int_in("--max-queue", 0, 1 << 20), default=16,
+                   help="requests that may wait behind the running one; more get 503 (default 16)")
+    p.add_argument("--chat-format", default=None, help="llama-cpp-python chat format (default: the GGUF template)")
+    p.add_argument("--logits-all", action="store_true",
+                   help="keep logits of every position (needed for OpenAI completion logprobs)")
+    p.add_argument("--seed", type=int, default=0xFFFFFFFF, help="default sampling seed (default random)")
+    p.add_argument("--verbose", action="store_true", help="load information and access log")
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--sparse", default="auto", metavar="{auto,off,threshold,predictor,PATH}",
+                   help="sparse FFN mode (default auto) or a calibration sidecar path")
+    m.add_argument("--dense", dest="sparse", action="store_const", const="off", help="same as --sparse off")
+    # llama-server flags that text-generation-webui (and other launchers) pass: accepted, ignored
+    g = p.add_argument_group("llama-server flags accepted and ignored",
+                             " ".join(f[0] for f in _IGNORED_VALUE + _IGNORED_SWITCH))
+    for names in _IGNORED_VALUE:
+        g.add_argument(*names, dest="_ignored_" + names[0].lstrip("-").replace("-", "_"), default=None,
+                       help=argparse.SUPPRESS)
+    for names in _IGNORED_SWITCH:
+        g.add_argument(*names, dest="_ignored_" + names[0].lstrip("-").replace("-", "_"), action="store_true",
+                       help=argparse.SUPPRESS)
+
+
+_IGNORED_VALUE = [("--ubatch-size", "-ub"), ("--gpu-layers", "-ngl", "--n-gpu-layers"), ("--flash-attn", "-fa"),
+                  ("--fit",), ("--fit-ctx",), ("--fit-target",), ("--threads-batch", "-tb"), ("--parallel", "-np"),
+                  ("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv"), ("--split-mode", "-sm"),
+                  ("--tensor-split", "-ts"), ("--numa",), ("--mmproj",), ("--model-draft",), ("--draft-max",),
+                  ("--draft-min",), ("--ctx-size-draft",), ("--gpu-layers-draft",), ("--device-draft",),
+                  ("--spec-type",), ("--spec-ngram-size-n",), ("--spec-ngram-size-m",), ("--spec-ngram-min-hits",),
+                  ("--cache-reuse",), ("--rpc",)]
+_IGNORED_SWITCH = [("--no-webui",), ("--no-mmap",), ("--mlock",), ("--cpu-moe",), ("--no-kv-offload",),
+                   ("--swa-full",), ("--jinja",), ("--cont-batching",), ("--metrics",)]
+
+
+def _env_float(name):
+    import os
+
+    v = os.environ.get(name)
+    return float(v) if v else None
+
+
+def load_llama(args):
+    from ..llama import Llama
+    from ..loader.models import default_model_path
+
+    return Llama(args.model or default_model_path(), n_ctx=args.ctx_size, n_batch=args.batch_size,
+                 n_threads=args.threads, vram_budget=args.vram_budget or None, sparse=args.sparse,
+                 chat_format=args.chat_format, logits_all=args.logits_all, embedding=True, seed=args.seed,
+                 verbose=args.verbose)
+
+
+def _int_in(name: str, lo: int, hi: int):
+    """argparse type: an int in [lo, hi], else a usage error naming the flag."""
+    import argparse
+
+    def parse(value):
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {value!r}") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must be in [{lo}, {hi}], got {n}")
+        return n
+    return parse

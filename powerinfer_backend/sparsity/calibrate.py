@@ -1,0 +1,443 @@
+"""Threshold calibration for activation sparsity (``powerinfer-backend calibrate``).
+
+SwiGLU/GeGLU models have no exact zeros in the FFN, so sparsity comes from
+skipping neurons whose activation magnitude |h_j| (h = act(gate x) * up x) is
+small: CATS (arXiv 2404.08763) thresholds the gate, TEAL (arXiv 2408.14690)
+thresholds hidden states per layer and allocates sparsity across layers
+greedily. We threshold the product h (the "down-only" form: gate and up stay
+dense, rows of the transposed down projection are skipped), which costs far
+less quality at equal sparsity (docs/sparsity.md), and choose one threshold
+per layer from measured quality, in a few passes over the text:
+
+1. **Statistics** (one dense pass over the calibration tokens): per-layer,
+   per-neuron histograms of |h| collected natively (``pi_context_set_ffn_hist``).
+   A layer's threshold for sparsity s is the s-quantile of its histogram.
+2. **Sensitivity**: for each layer alone at a few sparsity levels, the mean
+   KL divergence of the next-token distribution from dense on one chunk.
+3. **Candidate paths** from dense to sparse: TEAL-style greedy (repeatedly raise
+   the sparsity of the layer whose next 5-point step costs the least KL), and one
+   shared threshold for every layer on a geometric grid (each layer then gets its
+   own sparsity from its histogram; CATS' single cut).
+4. **Budget**: on each path, a binary search for the sparsest point whose
+   perplexity on a held-out tail of the text (never used in steps 1-3) rises by at
+   most ``margin * max_ppl_increase`` over dense (the margin guards text the
+   calibration never saw), and the path reaching the higher mean sparsity wins;
+   or, with ``target_sparsity``, the first point reaching it.
+
+The result is written as the sparsity sidecar (:mod:`powerinfer_backend.sparsity.sidecar`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ..engine.native import FFN_HIST_BINS, FFN_HIST_MIN_EXP, NativeContext, NativeModel, default_threads
+from .perplexity import perplexity, read_text
+
+__all__ = ["hist_edges", "threshold_for_sparsity", "fraction_at_or_above", "hist_quantiles",
+           "greedy_path", "calibrate", "CalibrationError", "DEFAULT_MAX_PPL_INCREASE"]
+
+DEFAULT_MAX_PPL_INCREASE = 0.02
+#: sparsity step of the greedy allocation
+STEP = 0.05
+
+
+class CalibrationError(ValueError):
+    """Calibration cannot run on the given input (empty or too short text, ...)."""
+
+
+# ---- histogram arithmetic ------------------------------------------------------------
+
+
+def hist_edges() -> np.ndarray:
+    """Bin edges of the native |h| histograms: float64 (BINS + 1,), edges[k] is
+    bin k's lower edge (edges[0] = 0, edges[BINS] = inf). Bins 1..BINS-2 split
+    each octave from 2^FFN_HIST_MIN_EXP upward into four equal parts (the float's
+    exponent and top two mantissa bits)."""
+    first = (127 + FFN_HIST_MIN_EXP) << 2
+    bits = (np.arange(first, first + FFN_HIST_BINS - 1, dtype=np.uint32) << np.uint32(21))
+    lower = bits.view(np.float32).astype(np.float64)
+    return np.concatenate([[0.0], lower, [np.inf]])
+
+
+_EDGES = hist_edges()
+
+
+def threshold_for_sparsity(hist: np.ndarray, s: float) -> float:
+    """The |h| value below which a fraction ``s`` of the counts in ``hist``
+    (one histogram, shape (BINS,)) lie, interpolated linearly inside its bin.
+    s <= 0 gives 0.0."""
+    total = float(hist.sum())
+    if s <= 0.0 or total == 0.0:
+        return 0.0
+    cdf = np.cumsum(hist, dtype=np.float64)
+    want = min(s, 1.0) * total
+    k = int(np.searchsorted(cdf, want, side="left"))
+    k = min(k, FFN_HIST_BINS - 1)
+    below = cdf[k - 1] if k > 0 else 0.0
+    frac = (want - below) / max(float(hist[k]), 1.0)
+    lo, hi = _EDGES[k], _EDGES[k + 1]
+    if not math.isfinite(hi):
+        return float(lo)
+    return float(lo + frac * (hi - lo))
+
+
+def fraction_at_or_above(hist: np.ndarray, t: float) -> np.ndarray:
+    """Fraction of counts with |h| >= t, per histogram: ``hist`` (..., BINS)
+    -> float64 (...). Linear interpolation inside t's bin."""
+    counts = hist.astype(np.float64)
+    total = counts.sum(axis=-1)
+    k = int(np.searchsorted(_EDGES, t, side="right") - 1)
+    k = min(max(k, 0), FFN_HIST_BINS - 1)
+    lo, hi = _EDGES[k], _EDGES[k + 1]
+    inside = 0.0 if not math.isfinite(hi) else (t - lo) / (hi - lo)
+    above = counts[..., k + 1:].sum(axis=-1) + counts[..., k] * (1.0 - inside)
+    return np.divide(above, total, out=np.zeros_like(total), where=total > 0)
+
+
+def hist_quantiles(hist: np.ndarray, qs: Sequence[float]) -> np.ndarray:
+    """|h| quantiles per histogram: ``hist`` (..., BINS) -> float32 (..., len(qs))."""
+    counts = hist.astype(np.float64)
+    cdf = np.cumsum(counts, axis=-1)
+    total = cdf[..., -1:]
+    out = []
+    for q in qs:
+        want = q * total
+        k = np.minimum((cdf < want).sum(axis=-1), FFN_HIST_BINS - 1)
+        below = np.where(k > 0, np.take_along_axis(cdf, np.maximum(k - 1, 0)[..., None], -1)[..., 0], 0.0)
+        in_bin = np.take_along_axis(counts, k[..., None], -1)[..., 0]
+        frac = np.clip((want[..., 0] - below) / np.maximum(in_bin, 1.0), 0.0, 1.0)
+        lo, hi = _EDGES[k], _EDGES[k + 1]
+        val = np.where(np.isfinite(hi), lo + frac * (np.where(np.isfinite(hi), hi, lo) - lo), lo)
+        out.append(np.where(total[..., 0] > 0, val, 0.0))
+    return np.stack(out, axis=-1).astype(np.float32)
+
+
+# ---- allocation ------------------------------------------------------------------------------
+
+
+def greedy_path(kl: np.ndarray, levels: Sequence[float], step: float = STEP) -> np.ndarray:
+    """TEAL-style greedy allocation of sparsity across layers.
+
+    Args:
+        kl: float (n_layer, len(levels)): measured cost (KL divergence from
+            dense) of each layer alone at each level; the cost at sparsity 0 is 0
+            and costs are made non-decreasing in the level.
+        levels: increasing sparsity levels in (0, 1).
+        step: sparsity increment per greedy move.
+
+    Returns:
+        float32 (n_moves + 1, n_layer): row 0 all zeros; each next row raises the
+        one layer whose next step adds the least interpolated cost (ties: the
+        lower layer), up to max(levels) everywhere.
+    """
+    kl = np.maximum.accumulate(np.maximum(np.asarray(kl, np.float64), 0.0), axis=1)
+    n_layer = kl.shape[0]
+    xs = np.concatenate([[0.0], np.asarray(levels, np.float64)])
+    grid = np.arange(0.0, xs[-1] + 1e-9, step)
+    cost = np.stack([np.interp(grid, xs, np.concatenate([[0.0], kl[i]])) for i in range(n_layer)])
+    idx = np.zeros(n_layer, dtype=np.int64)
+    rows = [np.zeros(n_layer, np.float32)]
+    last = len(grid) - 1
+    for _ in range(n_layer * last):
+        open_ = idx < last
+        marg = np.where(open_, cost[np.arange(n_layer), np.minimum(idx + 1, last)] - cost[np.arange(n_layer), idx],
+                        np.inf)
+        i = int(np.argmin(marg))
+        idx[i] += 1
+        rows.append(grid[idx].astype(np.float32))
+    return np.stack(rows)
+
+
+# ---- the run -------------------------------------------------------------------------------------
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _sha256_bytes(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def split_text_tokens(model_path: str, text_path: str, *, offset_bytes: int, max_bytes: Optional[int], n_ctx: int,
+                      tokens: int, heldout_tokens: int, error: type = ValueError, purpose: str = "calibration"):
+    """Read and tokenize the text slice (BOS first) and split it for a fit/check run:
+    the last ``heldout_tokens`` in whole chunks of ``n_ctx`` (at least one, at most a
+    quarter of the chunks) are held out; the head is at most ``tokens`` from the start.
+
+    Returns:
+        (text bytes, head ids, held-out ids).
+
+    Raises:
+        ``error`` (a ValueError subclass): the text is missing, a folder, empty, not
+            UTF-8, or shorter than two chunks (message names ``purpose``, file and byte range).
+    """
+    from ..text.tokenizer import LlamaCppTokenizer
+
+    try:
+        text = read_text(text_path, offset_bytes, max_bytes)
+    except ValueError as e:  # missing, folder, empty, not UTF-8, offset past the end
+        raise error(f"{purpose} {e}") from None
+    text_bytes = text.encode("utf-8")
+    ids = LlamaCppTokenizer(model_path).tokenize(text_bytes, add_bos=True, special=False)
+    n_chunks = len(ids) // n_ctx
+    if n_chunks < 2:
+        raise error(
+            f"{purpose} text {text_path} (bytes {offset_bytes}..{offset_bytes + len(text_bytes)}) has "
+            f"{len(ids)} tokens; at least two chunks of n_ctx={n_ctx} ({2 * n_ctx} tokens) are needed "
+            f"(one to fit on, one held out)")
+    n_held = max(1, min(heldout_tokens // n_ctx, n_chunks // 4))
+    held = ids[len(ids) - n_held * n_ctx:]
+    return text_bytes, ids[:min(int(tokens), len(ids) - n_held * n_ctx)], held
+
+
+@dataclass
+class _Setup:
+    """The engine pieces one calibration run drives."""
+
+    ctx: NativeContext
+    down_t: np.ndarray  # (n_layer, n_ff, n_embd) memmap
+    sparse_at_zero: bool  # ReLU family: threshold 0 already skips exact zeros
+
+    def apply(self, thresholds: Optional[np.ndarray]) -> None:
+        """Dense when None; else each layer with threshold > 0 (or every layer,
+        for the ReLU family) sparse."""
+        for layer in range(self.down_t.shape[0]):
+            t = 0.0 if thresholds is None else float(thresholds[layer])
+            on = thresholds is not None and (t > 0.0 or self.sparse_at_zero)
+            self.ctx.set_ffn_sparsity(layer, self.down_t[layer] if on else None, t)
+
+    def eval_all(self, tokens: list) -> np.ndarray:
+        self.ctx.truncate(0)
+        return self.ctx.eval(tokens, logits_all=True)
+
+
+def _layer_thresholds(hist_layers: np.ndarray, alloc: np.ndarray) -> np.ndarray:
+    return np.array([threshold_for_sparsity(hist_layers[i], float(alloc[i])) for i in range(len(alloc))],
+                    dtype=np.float32)
+
+
+def _greedy_candidates(allocs: np.ndarray, hist_layers: np.ndarray):
+    """(thresholds rows, expected sparsity rows) along a greedy allocation path."""
+    return np.stack([_layer_thresholds(hist_layers, a) for a in allocs]), allocs
+
+
+def _global_candidates(hist_layers: np.ndarray, max_mean: float, n: int = 160):
+    """One threshold for every layer, on a geometric grid, while the expected mean
+    sparsity stays <= max_mean (row 0: dense). Each layer's sparsity is then its own
+    fraction below the shared threshold."""
+    rows_t, rows_a = [np.zeros(len(hist_layers), np.float32)], [np.zeros(len(hist_layers), np.float32)]
+    for t in np.geomspace(1e-4, 16.0, n):
+        alloc = (1.0 - fraction_at_or_above(hist_layers, float(t))).astype(np.float32)
+        if alloc.mean() > max_mean:
+            break
+        rows_t.append(np.full(len(hist_layers), t, np.float32))
+        rows_a.append(alloc)
+    return np.stack(rows_t), np.stack(rows_a)
+
+
+def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
+              target_sparsity: Optional[float] = None, tokens: int = 16384, heldout_tokens: int = 2048,
+              n_ctx: int = 512, offset_bytes: int = 0, max_bytes: Optional[int] = None,
+              out: Optional[str] = None, force: bool = False, n_threads: Optional[int] = None,
+              margin: float = 0.75, levels: Sequence[float] = (0.2, 0.4, 0.6, 0.8), sens_tokens: int = 256,
+              threshold_on: str = "product",
+              progress: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
+    """Calibrate per-layer sparsity thresholds and write the sidecar.
+
+    Args:
+        model_path: GGUF model.
+        text_path: UTF-8 text; bytes [offset_bytes, offset_bytes + max_bytes) are used.
+            Its token sequence is split: the last ``heldout_tokens`` (whole chunks of
+            ``n_ctx``; at most a quarter of the text) are held out for the budget
+            check, statistics and sensitivities use at most ``tokens`` from the start.
+        max_ppl_increase: relative perplexity budget on the held-out tail (0.02 = +2%),
+            met with ``margin`` (the search targets margin * budget).
+        target_sparsity: instead of a budget, the lowest allocation with this mean
+            FFN sparsity (fraction in (0, 1)); the perplexity is still measured.
+        n_ctx: tokens per evaluated chunk.
+        out: sidecar path (default :func:`powerinfer_backend.sparsity.sidecar.sidecar_path`).
+        force: replace a sidecar made from another model or text.
+        levels: sparsity levels of the per-layer sensitivity measurement.
+        threshold_on: "product" (|h|, default: far less quality lost at equal
+            sparsity) or "gate" (|act(gate x)|, CATS: skips up rows too).
+        sens_tokens: tokens of the sensitivity chunk (<= n_ctx).
+
+    Returns:
+        The written :class:`~powerinfer_backend.sparsity.sidecar.SparsityProfile` (``.path`` set).
+
+    Raises:
+        CalibrationError (a ValueError): empty text, text shorter than two chunks,
+            bad parameters.
+        ValueError: an existing sidecar from another model/text without ``force``;
+            model loading errors.
+    """
+    from tqdm.auto import tqdm
+
+    from ..loader.artifacts import model_fingerprint
+    from ..engine.down_cache import build_down_cache, down_t_dtype, load_down_cache
+    from ..loader.gguf_model import load_gguf
+    from .sidecar import QUANTILES, SparsityProfile, check_overwrite, sidecar_path, write_sidecar
+
+    if target_sparsity is not None:
+        if not 0.0 < target_sparsity < 1.0:
+            raise CalibrationError(f"target_sparsity must be in (0, 1), got {target_sparsity}")
+    elif max_ppl_increase is None or not 0.0 < max_ppl_increase < 10.0:
+        raise CalibrationError(f"max_ppl_increase must be in (0, 10) (0.02 = +2%), got {max_ppl_increase}")
+    if n_ctx < 16:
+        raise CalibrationError(f"n_ctx must be >= 16, got {n_ctx}")
+    if tokens < 1 or heldout_tokens < 1:
+        raise CalibrationError("tokens and heldout_tokens must be >= 1")
+    if not 0.0 < margin <= 1.0:
+        raise CalibrationError(f"margin must be in (0, 1], got {margin}")
+    levels = sorted(float(x) for x in levels)
+    if not levels or levels[0] <= 0.0 or levels[-1] >= 1.0:
+        raise CalibrationError(f"levels must lie in (0, 1), got {levels}")
+    sens_tokens = max(2, min(int(sens_tokens), n_ctx))
+    if threshold_on not in ("product", "gate"):
+        raise CalibrationError(f"threshold_on must be 'product' or 'gate', got {threshold_on!r}")
+
+    gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
+    hp = gguf.hparams
+    text_bytes, stats_ids, held = split_text_tokens(
+        model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
+        heldout_tokens=heldout_tokens, error=CalibrationError, purpose="calibration")
+
+    if n_ctx > gguf.max_positions:
+        raise CalibrationError(f"n_ctx {n_ctx} exceeds the model's training context ({gguf.max_positions} tokens)")
+    model_sha = model_fingerprint(model_path)
+    text_sha = _sha256_bytes(text_bytes)
+    path = Path(out) if out else sidecar_path(model_path, create=True)
+    if path.is_dir():
+        raise CalibrationError(f"--out {path} is a folder; give the sidecar's file name")
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        raise CalibrationError(f"cannot write the sidecar into {path.parent} (missing or not writable)")
+    check_overwrite(path, model_sha, text_sha, force=force)
+
+    t0 = time.time()
+    dtype = down_t_dtype(gguf)
+    build_down_cache(model_path, gguf, dtype, progress=progress)
+    down_t = load_down_cache(model_path, dtype)
+    model = NativeModel(gguf)
+    ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads or default_threads())
+    ctx.set_ffn_threshold_on(threshold_on)
+    setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
+    try:
+        # 1. statistics
+        hist = np.zeros((hp.n_layer, hp.n_ff, FFN_HIST_BINS), np.uint32)
+        ctx.set_ffn_hist(hist)
+        starts = range(0, len(stats_ids), n_ctx)
+        for s in tqdm(starts, desc="statistics", unit="chunk", disable=not progress):
+            ctx.truncate(0)
+            ctx.eval(stats_ids[s:s + n_ctx], logits_all=False)
+        ctx.set_ffn_hist(None)
+        layer_hist = hist.sum(axis=1, dtype=np.uint64)
+
+        # 2. sensitivity: KL from dense, one layer at a time
+        chunk = stats_ids[:sens_tokens]
+        logp = _log_softmax(setup.eval_all(chunk))
+        p = np.exp(logp)
+        kl = np.zeros((hp.n_layer, len(levels)))
+        bar = tqdm(total=hp.n_layer * len(levels), desc="sensitivity", unit="eval", disable=not progress)
+        for layer in range(hp.n_layer):
+            for j, s in enumerate(levels):
+                t = threshold_for_sparsity(layer_hist[layer], s)
+                ctx.set_ffn_sparsity(layer, down_t[layer], t)
+                logq = _log_softmax(setup.eval_all(chunk))
+                kl[layer, j] = float((p * (logp - logq)).sum(axis=1).mean())
+                bar.update()
+            ctx.set_ffn_sparsity(layer, None)
+        bar.close()
+
+        # 3. candidate paths from dense to sparse, 4. budget on the held-out tail
+        paths = {"kl-greedy": _greedy_candidates(greedy_path(kl, levels), layer_hist),
+                 "global-threshold": _global_candidates(layer_hist, levels[-1])}
+
+        def held_ppl(thresholds):
+            setup.apply(thresholds)
+            ctx.ffn_stats(reset=True)
+            r = perplexity(held, setup.eval_all, n_ctx)
+            used, total = ctx.ffn_stats(reset=True, per_layer=True)
+            frac = np.where(total == 0, 0.0, 1.0 - used / np.maximum(total, 1))
+            return r["ppl"], float(frac.mean())
+
+        ppl_dense, _ = held_ppl(None)
+        measured: dict[tuple[str, int], tuple[float, float]] = {}
+
+        def measure(name: str, i: int) -> tuple[float, float]:
+            if i == 0:
+                return ppl_dense, 0.0
+            if (name, i) not in measured:
+                measured[name, i] = held_ppl(paths[name][0][i])
+            return measured[name, i]
+
+        choices = []  # (mean expected sparsity, name, index)
+        for name, (thr_rows, alloc_rows) in paths.items():
+            means = alloc_rows.mean(axis=1)
+            if target_sparsity is not None:
+                reach = np.nonzero(means >= target_sparsity - 1e-6)[0]
+                i = int(reach[0]) if len(reach) else len(means) - 1
+                measure(name, i)
+                choices.append((-abs(means[i] - target_sparsity), name, i))
+                continue
+            goal = margin * max_ppl_increase
+            lo, hi = 0, len(means) - 1
+            bar = tqdm(total=int(math.ceil(math.log2(hi + 1))), desc=f"budget search ({name})", unit="eval",
+                       disable=not progress)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                ok = measure(name, mid)[0] <= ppl_dense * (1.0 + goal)
+                lo, hi = (mid, hi) if ok else (lo, mid - 1)
+                bar.update()
+            bar.close()
+            choices.append((float(means[lo]), name, lo))
+        _, chosen, best = max(choices)
+        thresholds = paths[chosen][0][best]
+        alloc = paths[chosen][1][best]
+        ppl_sparse, held_sparsity = measure(chosen, best)
+    finally:
+        ctx.close()
+        model.close()
+
+    freq = np.stack([fraction_at_or_above(hist[i], float(thresholds[i])) for i in range(hp.n_layer)])
+    prof = SparsityProfile(
+        thresholds=thresholds, layer_sparsity=alloc.astype(np.float32), neuron_freq=freq.astype(np.float32),
+        neuron_quantiles=hist_quantiles(hist, QUANTILES),
+        layer_hist=(layer_hist / np.maximum(layer_hist.sum(axis=1, keepdims=True), 1)).astype(np.float32),
+        ffn_act=hp.act_name,
+        info={"model_sha256": model_sha, "model_file": os.path.basename(model_path),
+              "model_size": os.path.getsize(model_path), "text_sha256": text_sha,
+              "text_file": os.path.basename(text_path), "offset_bytes": offset_bytes,
+              "text_bytes": len(text_bytes), "tokens_stats": len(stats_ids), "tokens_heldout": len(held),
+              "n_ctx": n_ctx, "created": time.time(), "ppl_dense": ppl_dense, "ppl_sparse": ppl_sparse,
+              "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
+              "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
+              "heldout_sparsity": held_sparsity, "threshold_on": threshold_on,
+              "method": f"{chosen} path, held-out budget search"})
+    check_overwrite(path, model_sha, text_sha, force=force)  # again: another run may have written it since
+    write_sidecar(path, prof)
+    log(f"calibrated {os.path.basename(model_path)} in {time.time() - t0:.0f} s: mean FFN sparsity "
+        f"{alloc.mean():.1%} (held-out {held_sparsity:.1%}), held-out perplexity {ppl_dense:.4f} -> "
+        f"{ppl_sparse:.4f} ({ppl_sparse / ppl_dense - 1:+.2%}) with the {chosen} path; {len(stats_ids)} statistics tokens, "
+        f"{len(held)} held-out; wrote {path}")
+    return prof
+
+
+def format_layers(prof) -> str:
+    """Per-layer table: threshold, expected sparsity."""
+    lines = ["layer  threshold  sparsity"]
+    for i in range(prof.n_layer):
+        lines.append(f"{i:5d}  {prof.thresholds[i]:9.3g}  {prof.layer_sparsity[i]:8.1%}")
+    return "\n".join(lines)

@@ -1,0 +1,219 @@
+"""Choosing and applying a sparse FFN mode for one context (``Llama(sparse=...)``).
+
+Modes (docs/sparsity.md):
+
+* ``"auto"`` (default): the calibration sidecar when one exists for this model
+  (:func:`powerinfer_backend.sparsity.sidecar.sidecar_path`); else, for a ReLU-family model
+  (activation "relu"/"drelu"), exact sparsity with threshold 0 (a zero activation
+  contributes nothing); else dense.
+* ``"off"``: dense.
+* ``"threshold"``: the sidecar's per-layer |h| thresholds; a ReLU-family model
+  without a sidecar uses threshold 0; otherwise an error says to calibrate.
+* ``"predictor"``: activation predictors (docs/predictors.md): a PowerInfer file's own
+  (``blk.N.fc1/fc2.weight``) or the sidecar's (``powerinfer-backend train-predictor``);
+  none → ValueError saying to train them. ``"auto"`` uses predictors when the model
+  file has them or the sidecar has them.
+* ``"exact"``: every layer over the transposed down with threshold 0 (only exact
+  zeros skipped): the FFN arithmetic of a device split (docs/placement.md), on the
+  CPU; a placed context uses it whenever the mode would be dense.
+* a path: that sidecar file (threshold mode).
+
+The down projection of a sparse layer runs over the cached transposed copy
+(:mod:`powerinfer_backend.engine.down_cache`: F16, or F32 for an F32 model), built on
+first use.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["MODES", "SparseState", "configure"]
+
+MODES = ("auto", "off", "threshold", "predictor", "exact")
+_RELU_FAMILY = ("relu", "drelu")
+
+
+@dataclass
+class SparseState:
+    """What :func:`configure` set up.
+
+    Attributes:
+        mode: "dense", "threshold", "predictor" or "exact".
+        thresholds: float32 (n_layer,) per-layer |h| thresholds (None when dense).
+        sidecar: the sidecar file used, if any.
+        expected_sparsity: the sidecar's mean expected FFN sparsity (None if unknown).
+    """
+
+    mode: str = "dense"
+    thresholds: Optional[np.ndarray] = None
+    sidecar: Optional[str] = None
+    expected_sparsity: Optional[float] = None
+    info: dict = field(default_factory=dict)
+    predictors: Optional[object] = None  # predictor.PredictorSet in predictor mode
+
+    def summary(self) -> str:
+        """One line for ``verbose`` output."""
+        if self.mode == "dense":
+            return "sparse FFN off (dense)"
+        if self.mode == "predictor":
+            n = len(self.predictors.layers) if self.predictors is not None else 0
+            exp = "" if self.expected_sparsity is None else f", expected FFN sparsity {self.expected_sparsity:.1%}"
+            return f"sparse FFN predictor mode from {self.sidecar}: {n} layers with predictors{exp}"
+        if self.mode == "exact":
+            return "FFN over the transposed down, threshold 0 (the arithmetic of a device split)"
+        n_sparse = int((self.thresholds > 0).sum()) if self.thresholds is not None else 0
+        src = f"sidecar {self.sidecar}" if self.sidecar else "exact zeros of the ReLU activation"
+        exp = "" if self.expected_sparsity is None else f", expected FFN sparsity {self.expected_sparsity:.1%}"
+        ppl = ""
+        if self.info.get("ppl_dense") and self.info.get("ppl_sparse"):
+            ppl = f", calibrated perplexity {self.info['ppl_sparse'] / self.info['ppl_dense'] - 1:+.2%}"
+        return f"sparse FFN {self.mode} mode from {src}: {n_sparse} thresholded layers{exp}{ppl}"
+
+
+def _resolve(sparse, model_path: str, act: str):
+    """-> (mode, sidecar path or None). Raises ValueError / NotImplementedError."""
+    from .sidecar import sidecar_path
+
+    if sparse is None or sparse is False:
+        sparse = "off"
+    if sparse is True:
+        sparse = "threshold"
+    if isinstance(sparse, os.PathLike) or (isinstance(sparse, str) and sparse not in MODES):
+        path = os.fspath(sparse)
+        if isinstance(sparse, str) and os.sep not in path and not path.endswith(".gguf"):
+            raise ValueError(f"sparse must be one of {', '.join(MODES)} or a sidecar path, got {sparse!r}")
+        return "threshold", path
+    if not isinstance(sparse, str):
+        raise ValueError(f"sparse must be one of {', '.join(MODES)} or a sidecar path, got {sparse!r}")
+    if sparse == "off":
+        return "dense", None
+    if sparse == "exact":
+        return "exact", None
+    found = sidecar_path(model_path)
+    have = found.is_file()
+    if sparse == "predictor":
+        return "predictor", str(found) if have else None
+    if sparse == "threshold" and not have and act not in _RELU_FAMILY:
+        raise ValueError(f"sparse='threshold' needs a calibration sidecar for {model_path} (looked for {found}); "
+                         f"run `powerinfer-backend calibrate --model {model_path} --text FILE` first")
+    if have:
+        return "threshold", str(found)
+    return ("threshold", None) if act in _RELU_FAMILY else ("dense", None)
+
+
+def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
+    """Make ``ctx`` (a :class:`~powerinfer_backend.engine.native.NativeContext` of ``gguf``)
+    sparse as ``sparse`` asks (see the module docstring).
+
+    Raises:
+        ValueError: unknown mode; a sidecar that is missing, malformed, made for
+            another model (checked by SHA-256) or for another activation or
+            layer count. NotImplementedError: "predictor".
+    """
+    from ..engine.down_cache import down_t_dtype, transposed_down
+    from .sidecar import read_sidecar
+
+    hp = gguf.hparams
+    mode, path = _resolve(sparse, model_path, hp.act_name)
+    from ..loader.pwri import has_predictors
+    if sparse == "auto" and has_predictors(gguf):
+        mode = "predictor"
+    if mode == "dense":
+        return SparseState()
+    if mode == "predictor" or (sparse == "auto" and path is not None and _sidecar_has_predictors(path)):
+        return _configure_predictor(ctx, gguf, model_path, path)
+    if path is not None:
+        try:
+            prof = read_sidecar(path, model_path=model_path)
+        except ValueError as e:
+            if sparse != "auto":
+                raise
+            # "auto" found a stale sidecar (e.g. the model file was replaced): run dense, say why
+            warnings.warn(f"{e}; running dense", stacklevel=3)
+            return SparseState()
+        if prof.n_layer != hp.n_layer or prof.neuron_freq.shape[1] != hp.n_ff:
+            raise ValueError(f"sparsity sidecar {path}: {prof.n_layer} layers x {prof.neuron_freq.shape[1]} "
+                             f"neurons, the model has {hp.n_layer} x {hp.n_ff}")
+        if prof.ffn_act != hp.act_name:
+            raise ValueError(f"sparsity sidecar {path} was calibrated for activation {prof.ffn_act!r}, "
+                             f"the model uses {hp.act_name!r}")
+        thresholds = prof.thresholds
+        state = SparseState("threshold", thresholds, str(path), float(prof.layer_sparsity.mean()), prof.info)
+    else:
+        thresholds = np.zeros(hp.n_layer, np.float32)
+        state = SparseState(mode, thresholds)
+    exact_zeros = hp.act_name in _RELU_FAMILY or mode == "exact"
+    dtype = down_t_dtype(gguf)
+    ctx.set_ffn_threshold_on(state.info.get("threshold_on", "product"))
+    for layer in range(hp.n_layer):
+        if thresholds[layer] > 0 or exact_zeros:
+            ctx.set_ffn_sparsity(layer, transposed_down(gguf, layer, dtype=dtype), float(thresholds[layer]))
+    return state
+
+
+def _sidecar_has_predictors(path) -> bool:
+    try:
+        from .sidecar import read_sidecar
+        return read_sidecar(path).predictors is not None
+    except ValueError:
+        return False
+
+
+def _configure_predictor(ctx, gguf, model_path, path) -> SparseState:
+    from .predictors import apply
+    from ..loader.pwri import down_t_views, has_predictors, pwri_predictors
+    from .sidecar import read_sidecar
+
+    hp = gguf.hparams
+    if has_predictors(gguf):
+        pset = pwri_predictors(gguf)
+        src, info = gguf.path, {}
+    else:
+        prof = read_sidecar(path, model_path=model_path) if path is not None else None
+        if prof is None or prof.predictors is None:
+            if gguf.layer_tensor(0, "ffn_gate") is None:  # no ffn_gate: train-predictor refuses ungated FFNs
+                raise ValueError(f"sparse='predictor': {model_path} has no activation predictors, and training them "
+                                 f"is not available for ungated FFNs ({gguf.arch}) yet; only PowerInfer's own "
+                                 f"files with blk.N.fc1/fc2.weight run in predictor mode")
+            raise ValueError(f"sparse='predictor': {model_path} has no activation predictors (no blk.N.fc1.weight "
+                             f"in the model file or its sidecar); run `powerinfer-backend train-predictor "
+                             f"--model {model_path} --text FILE` first")
+        pset, src, info = prof.predictors, str(path), dict(prof.info)
+        info.update(pset.info)
+    apply(ctx, gguf, pset, down_t=down_t_views(gguf))
+    dens = pset.info.get("density")
+    state = SparseState("predictor", np.zeros(hp.n_layer, np.float32), src,
+                        None if dens is None else 1.0 - float(np.mean(dens)), info)
+    state.predictors = pset
+    return state
+
+
+def stats(ctx, state: SparseState, reset: bool = False) -> dict:
+    """Measured FFN sparsity of ``ctx`` since the last reset: ``{"mode",
+    "ffn_sparsity" (mean over all layers, dense layers count 0), "layers"
+    (per-layer fractions of neurons skipped), "neurons_used", "neurons_total",
+    "sidecar", "expected_sparsity"}``."""
+    used, total = ctx.ffn_stats(reset=False, per_layer=True)
+    frac = np.where(total > 0, 1.0 - used / np.maximum(total, 1), 0.0)
+    extra = {}
+    if state.mode == "predictor":
+        ps = ctx.predictor_stats(reset=reset)
+        pred = ps["predicted"]
+        has = np.zeros(len(total), bool)
+        if state.predictors is not None:
+            has[[x for x in state.predictors.layers if x < len(has)]] = True
+        dens = np.where(has & (total > 0), pred / np.maximum(total, 1), 1.0)  # no predictor: every neuron
+        extra = {"predicted_density": [round(float(x), 6) for x in dens],
+                 "predictor_ns": int(ps["pred_ns"].sum()), "sparse_ffn_ns": int(ps["ffn_ns"].sum()),
+                 "predictor_share_of_ffn": float(ps["pred_ns"].sum() / max(1, ps["ffn_ns"].sum()))}
+    if reset:
+        ctx.ffn_stats(reset=True)
+    return extra | {"mode": state.mode, "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
+            "layers": [round(float(x), 6) for x in frac], "neurons_used": int(used.sum()),
+            "neurons_total": int(total.sum()), "sidecar": state.sidecar,
+            "expected_sparsity": state.expected_sparsity}
