@@ -32,25 +32,12 @@ from llama_cpp.llama import Llama as _LlamaCpp
 from llama_cpp.llama import LlamaState
 
 from .plugins.manager import plugin_manager, select_backend
-from .hybrid.placement import parse_vram_budget
+from .llama_options import backend_options, check_options
+from .text.pooling import pool
 from .text.sampling import ChainSampler, TokenDataBuffer
 from .text.tokenizer import LlamaCppTokenizer
 
 LLAMA_DEFAULT_SEED = llama_cpp.LLAMA_DEFAULT_SEED  # 0xFFFFFFFF: llama.cpp's "pick a random seed"
-
-# Accepted for llama_cpp.Llama compatibility; meaningless here (GPU placement is vram_budget).
-# device placement options, passed to the backend (powerinfer_backend.hybrid.offload.offload)
-_DEVICE_PARAMS = ("n_gpu_layers", "device", "placement", "device_threads", "reset_gpu_index", "disable_gpu_index")
-_GPU_PARAMS = ("split_mode", "main_gpu", "tensor_split", "offload_kqv")
-
-# llama_cpp.Llama parameters that would change results but are not implemented here:
-# a warning when one is given a value other than llama-cpp-python's default.
-_UNSUPPORTED_DEFAULTS = {
-    "kv_overrides": None, "lora_base": None, "lora_path": None, "draft_model": None, "tokenizer": None,
-    "type_k": None, "type_v": None, "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
-    "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
-    "yarn_orig_ctx": 0, "vocab_only": False,
-}
 
 _STATE_MAGIC = b"powerinfer_backend/replay-v1"
 
@@ -60,9 +47,10 @@ class _ClosedPart:
     raises a clear error instead of an AttributeError on None (or a use-after-free)."""
 
     def __getattr__(self, name):
-        raise RuntimeError("Llama: the model is closed (close() was called or its `with` block ended)")
+        raise RuntimeError(_CLOSED_MESSAGE)
 
 
+_CLOSED_MESSAGE = "Llama: the model is closed (close() was called or its `with` block ended)"
 _CLOSED = _ClosedPart()
 
 
@@ -70,11 +58,9 @@ class _NoTimings:
     """``_ctx`` for llama-cpp-python's completion code, which resets / prints llama.cpp's
     context timings when verbose (there is no llama.cpp compute context here)."""
 
-    def reset_timings(self) -> None:
-        pass
+    def reset_timings(self) -> None: ...
 
-    def print_timings(self) -> None:
-        pass
+    def print_timings(self) -> None: ...
 
 
 class Llama:
@@ -131,19 +117,8 @@ class Llama:
             raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
-        if n_threads is not None and n_threads < 1:
-            n_threads = None  # llama-cpp-python treats -1 / 0 as "default"
-        parse_vram_budget(vram_budget)  # ValueError naming vram_budget before anything loads
-        gpu = [k for k in _GPU_PARAMS if k in kwargs]
-        if gpu:
-            warnings.warn(f"{', '.join(gpu)} ignored: powerinfer_backend places layers by vram_budget (GiB)",
-                          stacklevel=2)
-        unsupported = [k for k, d in _UNSUPPORTED_DEFAULTS.items() if k in kwargs and kwargs[k] != d]
-        if rope_freq_base or rope_freq_scale:
-            unsupported += [k for k, v in (("rope_freq_base", rope_freq_base), ("rope_freq_scale", rope_freq_scale))
-                            if v]
-        if unsupported:
-            warnings.warn(f"not supported by powerinfer_backend, ignored: {', '.join(unsupported)}", stacklevel=2)
+        n_threads = n_threads if n_threads is None or n_threads >= 1 else None  # -1 / 0: the default
+        check_options(vram_budget, rope_freq_base, rope_freq_scale, kwargs)
         # what __getstate__ hands to __init__ again (pickling, as llama-cpp-python)
         self._init_kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, seed=seed,
                                  vram_budget=vram_budget, sparse=sparse, logits_all=logits_all, embedding=embedding,
@@ -161,11 +136,9 @@ class Llama:
         self.cache = None
         self.draft_model = None
         # the backend first: it validates the GGUF with messages naming the file and tensor
-        options = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
-                       vram_budget=vram_budget, verbose=verbose, sparse=sparse,
-                       **{k: kwargs[k] for k in _DEVICE_PARAMS if k in kwargs})
-        backend, self._backend = select_backend(backend, model_path, options)
-        self.backend = backend
+        options = backend_options(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
+                                  vram_budget=vram_budget, verbose=verbose, sparse=sparse, kwargs=kwargs)
+        self.backend, self._backend = select_backend(backend, model_path, options)
         for notice in getattr(self._backend, "notices", ()):
             warnings.warn(notice, UserWarning, stacklevel=2)  # at the caller's line
         self._n_ctx = int(self._backend.n_ctx)
@@ -313,8 +286,7 @@ class Llama:
 
     def reset(self) -> None:
         """Forget all tokens (the KV cache is reused from position 0)."""
-        if self._backend is _CLOSED:
-            raise RuntimeError("Llama: the model is closed (close() was called or its `with` block ended)")
+        self._check_open()
         self.n_tokens = 0
         self._requires_eval = True
 
@@ -536,29 +508,11 @@ class Llama:
             total += len(tokens)
             self._backend.truncate(0)
             self._backend.eval(tokens, logits_all=True)
-            rows = self._backend.embeddings()
-            if pooling == llama_cpp.LLAMA_POOLING_TYPE_NONE:
-                emb = [self._norm(r) if normalize else r.tolist() for r in rows]
-            else:
-                if pooling == llama_cpp.LLAMA_POOLING_TYPE_MEAN:
-                    v = rows.mean(axis=0)
-                elif pooling == llama_cpp.LLAMA_POOLING_TYPE_CLS:
-                    v = rows[0]
-                elif pooling == llama_cpp.LLAMA_POOLING_TYPE_LAST:
-                    v = rows[-1]
-                else:
-                    raise NotImplementedError(f"pooling type {pooling} is not supported")
-                emb = self._norm(v) if normalize else v.tolist()
-            data.append(emb)
+            data.append(pool(self._backend.embeddings(), pooling, normalize))
         self._backend.truncate(0)
         self.reset()
         out = data[0] if isinstance(input, str) else data
         return (out, total) if return_count else out
-
-    @staticmethod
-    def _norm(v: np.ndarray) -> List[float]:
-        n = float(np.linalg.norm(v))
-        return (v / n).tolist() if n else v.tolist()
 
     # ---- state ------------------------------------------------------------------------
 
@@ -570,8 +524,7 @@ class Llama:
         Raises:
             RuntimeError: the model is closed.
         """
-        if self._backend is _CLOSED:
-            raise RuntimeError("Llama: the model is closed (close() was called or its `with` block ended)")
+        self._check_open()
         return LlamaState(input_ids=self.input_ids.copy(), scores=self._scores.copy(), n_tokens=self.n_tokens,
                           llama_state=_STATE_MAGIC, llama_state_size=len(_STATE_MAGIC), seed=self._seed)
 
@@ -602,6 +555,10 @@ class Llama:
         self._requires_eval = True
 
     # ---- lifetime -------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._backend is _CLOSED:
+            raise RuntimeError(_CLOSED_MESSAGE)
 
     def close(self) -> None:
         """Free the native model, context, tokenizer and sampler."""
