@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .arch import POWERINFER_THRESHOLD_KEY
-from ..sparsity.predictors import PredictorSet
 
-__all__ = ["has_predictors", "pwri_predictors", "GpuIndex", "read_gpuidx", "gpuidx_path"]
+__all__ = ["has_predictors", "GpuIndex", "read_gpuidx", "gpuidx_path"]
 
 
 def has_predictors(gguf) -> bool:
@@ -32,27 +31,6 @@ def has_predictors(gguf) -> bool:
 def pwri_threshold(gguf) -> float:
     kv = getattr(gguf, "_kv", {}).get(POWERINFER_THRESHOLD_KEY)
     return 0.0 if kv is None else float(kv[1])
-
-
-def pwri_predictors(gguf) -> PredictorSet:
-    """The predictors of a PowerInfer file, one per layer, threshold from
-    ``powerinfer.sparse_threshold`` (0 when absent). Raises ValueError naming the
-    layer and tensor when one is missing or misshapen."""
-    hp = gguf.hparams
-    ex = gguf.extra_tensors
-    ps = PredictorSet(source=gguf.path)
-    thr = pwri_threshold(gguf)
-    for layer in range(hp.n_layer):
-        f1, f2 = ex.get(f"blk.{layer}.fc1.weight"), ex.get(f"blk.{layer}.fc2.weight")
-        if f1 is None and f2 is None:
-            continue
-        if f1 is not None:
-            ps.fc1[layer] = f1
-        if f2 is not None:
-            ps.fc2[layer] = f2
-        ps.thresholds[layer] = thr
-    ps.validate(hp.n_layer, hp.n_embd, hp.n_ff, require_all=True)
-    return ps
 
 
 def down_t_views(gguf) -> dict:

@@ -165,8 +165,8 @@ def _sidecar_has_predictors(path) -> bool:
 
 
 def _configure_predictor(ctx, gguf, model_path, path) -> SparseState:
-    from .predictors import apply
-    from ..loader.pwri import down_t_views, has_predictors, pwri_predictors
+    from .predictors import apply, pwri_predictors
+    from ..loader.pwri import down_t_views, has_predictors
     from .sidecar import read_sidecar
 
     hp = gguf.hparams

@@ -5,8 +5,10 @@ neuron j is computed only when ``score_j >= threshold`` (docs/predictors.md).
 Shapes follow PowerInfer's GGUF tensors: ``blk.N.fc1.weight`` ne [n_embd, rank]
 (numpy (rank, n_embd)), ``blk.N.fc2.weight`` ne [rank, n_ff] (numpy (n_ff, rank)).
 
-* :func:`scores` / :func:`scores_reference`: the C evaluation and a numpy reference.
+* :func:`scores` / :func:`scores_reference`: the C evaluation (from
+  :mod:`powerinfer_backend.engine.scores`) and a numpy reference.
 * :class:`PredictorSet`: per-layer weights + thresholds, validated against a model.
+* :func:`pwri_predictors`: the set stored in a PowerInfer file.
 * :func:`apply`: install a set into a :class:`~powerinfer_backend.engine.native.NativeContext`.
 """
 
@@ -17,74 +19,16 @@ from typing import Optional
 
 import numpy as np
 
-from .._native import check, ffi, lib
+from ..engine.scores import quantize_q8_0, scores
+from ..loader.pwri import pwri_threshold
 
-__all__ = ["scores", "scores_reference", "PredictorSet", "apply", "validate_layer", "quantize_q8_0", "as_float"]
-
-_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
-_POOLS: dict[int, object] = {}
-
-
-def _pool(n_threads: int):
-    if n_threads not in _POOLS:
-        out = ffi.new("pi_pool **")
-        check(lib.pi_pool_create(int(n_threads), out), "pi_pool_create")
-        _POOLS[n_threads] = ffi.gc(out[0], lib.pi_pool_free)
-    return _POOLS[n_threads]
-
-
-def quantize_q8_0(w: np.ndarray, name: str = ""):
-    """A (rows, cols) float array as a Q8_0 :class:`~powerinfer_backend.loader.gguf_model.TensorView`
-    (ne [cols, rows]; cols % 32 == 0), the type the native predictor reads as any matmul
-    weight (docs/predictors.md: ``--quantize q8_0``)."""
-    from gguf import GGMLQuantizationType, quants
-
-    from ..loader.gguf_model import TensorView
-
-    w = np.ascontiguousarray(w, np.float32)
-    if w.ndim != 2 or w.shape[1] % 32:
-        raise ValueError(f"{name or 'tensor'}: Q8_0 needs rows whose length is a multiple of 32, got shape {w.shape}")
-    q = np.ascontiguousarray(quants.quantize(w, GGMLQuantizationType.Q8_0)).reshape(-1)
-    return TensorView(name=name, type=int(GGMLQuantizationType.Q8_0), ne=(w.shape[1], w.shape[0]), data=q,
-                      nbytes=int(q.nbytes))
+__all__ = ["scores", "scores_reference", "PredictorSet", "apply", "validate_layer", "quantize_q8_0", "as_float",
+           "pwri_predictors"]
 
 
 def as_float(w) -> np.ndarray:
     """ndarray (as is) or TensorView (dequantized float32, numpy shape (rows, cols))."""
     return w if isinstance(w, np.ndarray) else w.to_float32()
-
-
-def _operand(w):
-    """-> (type id, buffer, numpy-order shape) for an ndarray (F32/F16) or a TensorView."""
-    if isinstance(w, np.ndarray):
-        w = np.ascontiguousarray(w)
-        if w.dtype not in _TYPES:
-            raise ValueError(f"predictor dtype {w.dtype}: expected float32 or float16 (or a quantized TensorView)")
-        if w.ndim != 2:
-            raise ValueError(f"predictor weights must be 2-D, got shape {w.shape}")
-        return _TYPES[w.dtype], w, w.shape
-    if len(w.ne) != 2:
-        raise ValueError(f"predictor weights must be 2-D, got ne {list(w.ne)}")
-    return int(w.type), w.data, (w.ne[1], w.ne[0])
-
-
-def scores(fc1, fc2, x: np.ndarray, n_threads: int = 1) -> np.ndarray:
-    """C predictor scores ``fc2 . relu(fc1 . x)`` for rows x (n_tok, n_embd) float32;
-    fc1 (rank, n_embd), fc2 (n_ff, rank), float32 or float16 ndarrays or TensorViews of
-    any matmul type (Q8_0: :func:`quantize_q8_0`). -> (n_tok, n_ff) float32."""
-    t1, b1, s1 = _operand(fc1)
-    t2, b2, s2 = _operand(fc2)
-    x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
-    if s2[1] != s1[0] or x.shape[1] != s1[1]:
-        raise ValueError(f"predictor shapes fc1 {s1}, fc2 {s2}, x {x.shape} do not fit")
-    rank, n_embd = s1
-    n_ff = s2[0]
-    out = np.empty((x.shape[0], n_ff), np.float32)
-    check(lib.pi_op_predictor_scores(_pool(n_threads), t1, ffi.from_buffer(b1),
-                                     t2, ffi.from_buffer(b2), n_embd, rank, n_ff,
-                                     ffi.cast("float *", ffi.from_buffer(x)), x.shape[0],
-                                     ffi.cast("float *", ffi.from_buffer(out))), "predictor scores")
-    return out
 
 
 def scores_reference(fc1: np.ndarray, fc2: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -172,3 +116,24 @@ def apply(ctx, gguf, pset: PredictorSet, product_thresholds=None, down_t=None) -
         dt = (down_t or {}).get(layer)
         ctx.set_ffn_sparsity(layer, dt if dt is not None else transposed_down(gguf, layer, dtype=dtype), thr)
         ctx.set_ffn_predictor(layer, pset.fc1[layer], pset.fc2[layer], float(pset.thresholds.get(layer, 0.0)))
+
+
+def pwri_predictors(gguf) -> PredictorSet:
+    """The predictors of a PowerInfer file, one per layer, threshold from
+    ``powerinfer.sparse_threshold`` (0 when absent). Raises ValueError naming the
+    layer and tensor when one is missing or misshapen."""
+    hp = gguf.hparams
+    ex = gguf.extra_tensors
+    ps = PredictorSet(source=gguf.path)
+    thr = pwri_threshold(gguf)
+    for layer in range(hp.n_layer):
+        f1, f2 = ex.get(f"blk.{layer}.fc1.weight"), ex.get(f"blk.{layer}.fc2.weight")
+        if f1 is None and f2 is None:
+            continue
+        if f1 is not None:
+            ps.fc1[layer] = f1
+        if f2 is not None:
+            ps.fc2[layer] = f2
+        ps.thresholds[layer] = thr
+    ps.validate(hp.n_layer, hp.n_embd, hp.n_ff, require_all=True)
+    return ps
