@@ -25,7 +25,7 @@ MOVED = {
     "train_predictor": "sparsity.train",
     "placement": "hybrid.placement",
     "offload": "hybrid.offload",
-    "device": "hybrid.devices.cpu",
+    "device": "hybrid.devices",
     "cuda_device": "hybrid.devices.cuda",
     "tokenizer": "text.tokenizer",
     "sampling": "text.sampling",

@@ -19,7 +19,7 @@ from powerinfer_backend._native import _build_cuda
 
 from powerinfer_backend.hybrid.devices import cuda as cuda_device
 from powerinfer_backend._native._build import _cdef_text
-from powerinfer_backend.hybrid.devices.cpu import open_device
+from powerinfer_backend.hybrid.devices import open_device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVCC = _build_cuda.find_nvcc()
@@ -39,7 +39,7 @@ def test_import_and_cpu_paths_need_no_cuda():
     # a fresh interpreter with the CUDA library pointed nowhere: the package, the device
     # module and a cpu-device work, and the CUDA module is never imported
     code = ("import sys, powerinfer_backend\n"
-            "from powerinfer_backend.hybrid.devices.cpu import open_device\n"
+            "from powerinfer_backend.hybrid.devices import open_device\n"
             "with open_device('cpu-device', 4096) as d: assert d.stats()['reserved'] == 4096\n"
             "assert 'powerinfer_backend.hybrid.devices.cuda' not in sys.modules\n")
     env = dict(os.environ, POWERINFER_CUDA_LIB="/nonexistent/libpi_cuda.so", PYTHONPATH=ROOT)

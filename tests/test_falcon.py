@@ -195,7 +195,7 @@ def test_hybrid_split_refused_but_plan_computes(tmp_path):
     """The placement plan sizes an ungated model (no gate rows); the device FFN split
     (pi_op_ffn_hybrid) needs a gated FFN and says so."""
     from powerinfer_backend.hybrid import placement as P
-    from powerinfer_backend.hybrid.devices.cpu import CpuDevice, upload_plan
+    from powerinfer_backend.hybrid.devices import CpuDevice, upload_plan
 
     m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", ffn_act="relu"), verbose=False)
     sizes = P.ModelSizes.from_gguf(m)

@@ -10,7 +10,7 @@ from fixtures import write_tiny_llama
 
 from powerinfer_backend import Llama
 from powerinfer_backend.hybrid import placement as P
-from powerinfer_backend.hybrid.devices.cpu import place_model
+from powerinfer_backend.hybrid.devices import place_model
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader.gguf_model import load_gguf

@@ -17,7 +17,9 @@ import time
 import numpy as np
 
 from .. import _native
-from .._native import ffi, lib
+from .._native.enums import FfnForm
+from ..engine.kernels import bind_ffn_sparse, bind_matmul
+from ..engine.pool import NativePool
 
 TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 8}
 ROW_BYTES = {"F16": lambda n: 2 * n, "Q4_0": lambda n: n // 32 * 18, "Q8_0": lambda n: n // 32 * 34}
@@ -73,52 +75,45 @@ def run_sweep(*, n_embd: int = 4096, n_ff: int = 11008, n_threads: int = 2, mib:
     if cpu_time and n_threads != 1:
         raise ValueError("cpu_time needs n_threads == 1")
     clock = time.thread_time if cpu_time else time.perf_counter
-    out = ffi.new("pi_pool **")
-    _native.check(lib.pi_pool_create(n_threads, out), "pool")
-    pool = out[0]
-    try:
+    with NativePool(n_threads) as pool:
         return _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities)
-    finally:
-        lib.pi_pool_free(pool)
 
 
 def _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities) -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, n_embd), dtype=np.float32)
-    xb = ffi.from_buffer("float[]", x)
     g, u, h = (np.empty((1, n_ff), np.float32) for _ in range(3))
     y = np.empty((1, n_embd), np.float32)
-    gb, ub, hb, yb = (ffi.from_buffer("float[]", a) for a in (g, u, h, y))
-    n_used = ffi.new("int64_t[1]")
+    n_used = np.empty(1, np.int64)
     result = {"n_embd": n_embd, "n_ff": n_ff, "threads": n_threads, "isa": _native.isa_name(), "configs": []}
     for gtype, dtype, dts in CONFIGS:
         per_layer = _Layer(np.random.default_rng(1), n_embd, n_ff, gtype, dtype, dts).nbytes()
         n_layers = max(1, -(-mib * 2**20 // per_layer))
         layers = [_Layer(np.random.default_rng(1 + i), n_embd, n_ff, gtype, dtype, dts) for i in range(n_layers)]
-        ptr = [{k: ffi.from_buffer(getattr(L, k)) for k in ("gate", "up", "down")} for L in layers]
-        ptr_t = [{t: ffi.from_buffer(a) for t, a in L.down_t.items()} for L in layers]
+        # the C calls bound once per layer (pointers made outside the timed region)
+        mm = [(bind_matmul(pool, TYPE_ID[gtype], L.gate, n_ff, n_embd, x, g),
+               bind_matmul(pool, TYPE_ID[gtype], L.up, n_ff, n_embd, x, u),
+               bind_matmul(pool, TYPE_ID[dtype], L.down, n_embd, n_ff, h, y)) for L in layers]
         act_sets = {}
         for d in densities:
             sets = []
             for _ in layers:
                 ids = np.sort(rng.choice(n_ff, int(round(d * n_ff)), replace=False)).astype(np.int32)
-                off = np.array([0, ids.size], np.int64)
-                sets.append((ids, off, ffi.from_buffer("int32_t[]", ids), ffi.from_buffer("int64_t[]", off)))
+                sets.append((ids, np.array([0, ids.size], np.int64)))
             act_sets[d] = sets
+        sp = {(i, dt, d): bind_ffn_sparse(pool, FfnForm.SWIGLU, TYPE_ID[gtype], L.gate, L.up, n_embd, n_ff,
+                                          TYPE_ID[dt], L.down_t[dt], x, *act_sets[d][i], 0.0, y, n_used)
+              for i, L in enumerate(layers) for dt in dts for d in densities}
 
         def dense(i):
-            p = ptr[i]
-            _native.check(lib.pi_op_matmul(pool, TYPE_ID[gtype], p["gate"], n_ff, n_embd, xb, 1, gb), "mm")
-            _native.check(lib.pi_op_matmul(pool, TYPE_ID[gtype], p["up"], n_ff, n_embd, xb, 1, ub), "mm")
+            gate, up, down = mm[i]
+            gate()
+            up()
             np.multiply(g / (1 + np.exp(-g)), u, out=h)
-            _native.check(lib.pi_op_matmul(pool, TYPE_ID[dtype], p["down"], n_embd, n_ff, hb, 1, yb), "mm")
+            down()
 
         def sparse(i, dt, d):
-            p = ptr[i]
-            _, _, ids, off = act_sets[d][i]
-            _native.check(lib.pi_op_ffn_sparse(pool, lib.PI_FFN_SWIGLU, TYPE_ID[gtype], p["gate"], p["up"],
-                                               n_embd, n_ff, TYPE_ID[dt], ptr_t[i][dt], xb, 1, ids, off,
-                                               0.0, yb, n_used), "sparse")
+            sp[i, dt, d]()
 
         variants = [("dense", None, None)] + [(dt, dt, d) for dt in dts for d in densities]
         times = {v: [] for v in variants}

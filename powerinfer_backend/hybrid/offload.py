@@ -5,7 +5,7 @@ under a placement plan (issue 6; docs/placement.md).
 makes or reuses the plan (:func:`~powerinfer_backend.hybrid.placement.plan_for_model`, or the
 classic whole-layer split with ``placement="layers"``), opens the device reserving
 exactly the plan's bytes, and places the context on it
-(:func:`powerinfer_backend.hybrid.devices.cpu.place_model`).
+(:func:`powerinfer_backend.hybrid.devices.place.place_model`).
 
 Devices: ``"cpu"`` (none: everything on the CPU), ``"cpu-device"`` (the test device:
 a separate pool and threads on the CPU running the whole plan - attention blocks, KV
@@ -150,7 +150,7 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
                                 verbose=verbose)
     if plan.device_bytes == 0:
         return Offload(device, dec, notices=notices)
-    from .devices.cpu import place_model
+    from .devices.place import place_model
 
     dev = place_model(ctx, plan, n_threads=device_threads, kind=device)
     return Offload(device, dec, plan, dev, notices)
@@ -177,7 +177,7 @@ def _offload_cuda(ctx, model_path, sizes, *, vram_budget, n_gpu_layers, device_t
     engine (``pi_context_set_ffn_offload``): GPU partial sum, continued on the CPU."""
     from .devices.cuda import CudaDevice, cuda_ffn_bytes
     from ..engine.down_cache import down_t_dtype, transposed_down
-    from .devices.cpu import _ACT_FORM, split_arithmetic
+    from .devices.place import _ACT_FORM, split_arithmetic
 
     gguf = ctx.model.gguf
     hp = gguf.hparams

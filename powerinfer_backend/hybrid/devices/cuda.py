@@ -22,7 +22,9 @@ import threading
 
 import numpy as np
 
-from .cpu import Closing
+from ...engine.kernels import ffn_sparse
+from ...engine.pool import NativePool
+from .base import Closing
 
 __all__ = ["CudaDevice", "CudaFFN", "cuda_ffn_bytes", "library_path", "load", "CDEF"]
 
@@ -68,6 +70,8 @@ const char *pi_cuda_last_error(void);
 """
 
 LIB_NAME = "libpi_cuda.so"
+#: powerinfer_backend/_native/: setup.py builds the library there, next to the extension
+_NATIVE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "_native")
 #: FFN forms: device.FFN_FORMS plus the ungated ReLU (h = relu(up.x), no gate matrix)
 CUDA_FFN_FORMS = {"swiglu": 0, "geglu": 1, "relu": 2, "drelu": 3, "relu_ungated": 4}
 _STAT_KEYS = ("reserved", "used", "high_water", "n_refused", "n_jobs", "rows", "total_bytes", "context_bytes",
@@ -79,8 +83,8 @@ _loaded = None  # (ffi, lib) once loaded
 
 def library_path() -> str:
     """Where ``libpi_cuda.so`` is looked for: ``POWERINFER_CUDA_LIB``, else next to the
-    package's extension."""
-    return os.environ.get("POWERINFER_CUDA_LIB") or os.path.join(os.path.dirname(os.path.abspath(__file__)), LIB_NAME)
+    package's extension (``powerinfer_backend/_native/``, where setup.py builds it)."""
+    return os.environ.get("POWERINFER_CUDA_LIB") or os.path.join(_NATIVE_DIR, LIB_NAME)
 
 
 def _driver_present() -> bool:
@@ -175,20 +179,17 @@ class CudaDevice(Closing):
 
     def __init__(self, reserve_bytes: int, n_threads: int = 1, device: int = 0):
         self._ffi, self._lib = load()
-        from ... import _native
-
         out = self._ffi.new("pi_cuda_device **")
         _check(self._ffi, self._lib, self._lib.pi_cuda_create(int(device), int(reserve_bytes), out), "pi_cuda_create")
         self._ptr = out[0]
         self._ffns: list[CudaFFN] = []
         self.n_threads = int(n_threads)
-        pool = _native.ffi.new("pi_pool **")
-        rc = _native.lib.pi_pool_create(self.n_threads, pool)
-        if rc:
+        try:
+            self._cpu_pool = NativePool(self.n_threads)
+        except BaseException:
             self._lib.pi_cuda_free(self._ptr)
             self._ptr = None
-            _native.check(rc, "pi_pool_create")
-        self._cpu_pool = pool[0]
+            raise
 
     @classmethod
     def probe(cls, device: int = 0) -> dict:
@@ -258,9 +259,7 @@ class CudaDevice(Closing):
                 self._lib.pi_cuda_ffn_free(f._ptr)
             self._ffns = []
             self._lib.pi_cuda_free(self._ptr)
-            from ... import _native
-
-            _native.lib.pi_pool_free(self._cpu_pool)
+            self._cpu_pool.close()
             self._ptr = None
 
 
@@ -303,8 +302,6 @@ class CudaFFN:
             ValueError: bad shapes or threshold. NotImplementedError: "relu_ungated" with
                 cold neurons (the CPU library has no ungated form), or a CUDA failure.
         """
-        from ... import _native
-
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.n_embd)
         n_tok = x.shape[0]
         n_cold = self.cold_ids.shape[0]
@@ -319,18 +316,13 @@ class CudaFFN:
         try:  # the CPU half while the GPU runs
             y = np.zeros_like(x)
             if n_cold > 0:
-                nf = _native.ffi
                 g, u, d = self._host
                 if n_tok not in self._cold_lists:
                     self._cold_lists[n_tok] = (np.tile(self.cold_ids, n_tok),
                                                np.arange(n_tok + 1, dtype=np.int64) * n_cold)
                 ids, off = self._cold_lists[n_tok]
-                _native.check(_native.lib.pi_op_ffn_sparse(
-                    dev._cpu_pool, self._act, self.gate_up_type, nf.from_buffer(g), nf.from_buffer(u), self.n_embd,
-                    self.n_ff, self.down_t_type, nf.from_buffer(d), nf.cast("const float *", nf.from_buffer(x)),
-                    n_tok, nf.cast("const int32_t *", nf.from_buffer(ids)),
-                    nf.cast("const int64_t *", nf.from_buffer(off)), float(threshold),
-                    nf.cast("float *", nf.from_buffer(y)), nf.NULL), "pi_op_ffn_sparse")
+                ffn_sparse(dev._cpu_pool, self._act, self.gate_up_type, g, u, self.n_embd, self.n_ff,
+                           self.down_t_type, d, x, ids, off, threshold, y)
         finally:  # always collect the job, so the device is free for the next one
             _check(ffi, lib, lib.pi_cuda_ffn_wait(self._ptr, ffi.cast("float *", ffi.from_buffer(yd)),
                                                   ffi.cast("int64_t *", ffi.from_buffer(n_used))), "pi_cuda_ffn_wait")

@@ -1,0 +1,59 @@
+"""VRAM placement: which dense blocks and which FFN neurons live on the device.
+
+A pure function, :func:`plan_placement`, turns
+
+* the model's tensor sizes in their stored types (:class:`ModelSizes`, built from a
+  loaded GGUF by :meth:`ModelSizes.from_gguf`),
+* per-neuron firing frequencies (float (n_layer, n_ff) in [0, 1], from the
+  calibration sidecar's ``neuron_freq``; uniform 1.0 when absent),
+* a budget in bytes, ``n_ctx`` and ``n_batch``
+
+into a :class:`Plan` whose byte total (:attr:`Plan.device_bytes`) is exact and never
+exceeds the budget. docs/placement.md describes the algorithm and the accounting;
+in short, every device buffer is rounded up to :data:`DEVICE_ALIGN` bytes, and
+
+* scratch (activations of ``n_batch`` tokens) is reserved first: nothing goes to the
+  device unless it fits;
+* then the dense blocks, in order: per layer the attention block (attn_norm, q, k, v,
+  output, ffn_norm, and the layer's KV cache for ``n_ctx`` tokens), layers 0..n-1,
+  then the output block (output_norm, output projection or the tied embedding, and
+  the logits of ``n_batch`` tokens); a block that does not fit is skipped and the
+  next one tried;
+* then FFN neurons across all layers, a fractional knapsack: neurons of a layer are
+  ranked by frequency (ties: lower id first), cut into groups of
+  :data:`NEURON_GROUP`, and groups are taken in decreasing frequency per byte
+  (ties: lower group rank, then lower layer) while they fit; a group that does not
+  fit whole is taken in part (the most its layer can still add) and closes its
+  layer.
+
+:func:`plan_for_model` caches the plan beside the model (``placement.json`` in the
+artifact folder, :mod:`powerinfer_backend.loader.artifacts`) and reuses it when its inputs
+match; :func:`parse_vram_budget` and :func:`resolve_budget` turn user input into bytes.
+
+One concern a module: ``sizes`` (tensor sizes and the byte arithmetic), ``plan``
+(:class:`Plan` and its JSON file format), ``planners`` (:func:`plan_placement`,
+:func:`plan_layer_split`), ``budget`` (user input to bytes), ``cache`` (the plan stored
+beside the model) and ``plot`` (:func:`write_plot`). Every name is re-exported here, so
+``from powerinfer_backend.hybrid import placement`` reaches them all.
+"""
+
+from __future__ import annotations
+
+from .budget import _BUDGET_RE, _UNITS, DEFAULT_FREE_MARGIN, BudgetDecision, parse_vram_budget, resolve_budget
+from .cache import PLAN_NAME, load_plan, neuron_frequencies, plan_for_model, plan_path
+from .plan import FORMAT_VERSION, LayerPlan, Plan
+from .planners import _check_freq, _check_int, plan_layer_split, plan_placement
+from .plot import _PLOT_MARK, _human, _layer_rows, write_plot
+from .sizes import (_F16, _F32, _FFN_ROW_SLOTS, _T, ACT_BYTES, DEVICE_ALIGN, KV_ELEM_BYTES, KV_PAD, MAP_BYTES,
+                    NEURON_GROUP, GiB, KiB, MiB, ModelSizes, TensorSize, TiB, _n_cells, align_up,
+                    attn_block_bytes, full_device_bytes, hot_bytes, kv_bytes_per_layer, layer_bytes, neuron_bytes,
+                    output_block_bytes, row_bytes, scratch_bytes)
+
+__all__ = [
+    "GiB", "MiB", "DEVICE_ALIGN", "NEURON_GROUP", "KV_PAD", "DEFAULT_FREE_MARGIN", "PLAN_NAME",
+    "FORMAT_VERSION", "TensorSize", "ModelSizes", "LayerPlan", "Plan", "BudgetDecision",
+    "row_bytes", "align_up", "scratch_bytes", "kv_bytes_per_layer", "attn_block_bytes",
+    "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes", "layer_bytes",
+    "plan_placement", "plan_layer_split", "neuron_frequencies", "parse_vram_budget", "resolve_budget", "plan_path",
+    "plan_for_model", "load_plan",
+]

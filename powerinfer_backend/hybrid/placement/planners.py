@@ -1,0 +1,166 @@
+"""The planners: :func:`plan_placement` (PowerInfer's policy: scratch, dense blocks,
+then hot FFN neurons by firing frequency per byte) and :func:`plan_layer_split` (whole
+layers, as llama.cpp's ``-ngl``), both pure functions of sizes, frequencies and budget."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .plan import LayerPlan, Plan
+from .sizes import (NEURON_GROUP, ModelSizes, attn_block_bytes, hot_bytes, kv_bytes_per_layer, layer_bytes,
+                    neuron_bytes, output_block_bytes, scratch_bytes)
+
+__all__ = ["plan_placement", "plan_layer_split"]
+
+
+def _check_int(name: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    return int(v)
+
+
+def _check_freq(s: ModelSizes, neuron_freq: np.ndarray | None) -> np.ndarray:
+    if neuron_freq is None:
+        return np.ones((s.n_layer, s.n_ff), np.float64)
+    f = np.asarray(neuron_freq, dtype=np.float64)
+    if f.shape != (s.n_layer, s.n_ff):
+        raise ValueError(f"neuron_freq must have shape (n_layer, n_ff) = {(s.n_layer, s.n_ff)}, got {f.shape}")
+    if not np.all(np.isfinite(f)) or f.min(initial=0.0) < 0 or f.max(initial=0.0) > 1:
+        raise ValueError("neuron_freq must hold finite frequencies in [0, 1]")
+    return f
+
+
+def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: int, *, n_ctx: int,
+                   n_batch: int, disable_gpu_index: bool = False, neurons_only: bool = False) -> Plan:
+    """Place dense blocks and FFN neurons on the device within ``vram_budget`` bytes.
+
+    Args:
+        sizes: the model's dimensions and stored tensor sizes.
+        neuron_freq: float (n_layer, n_ff), firing frequencies in [0, 1]; None = uniform.
+        vram_budget: device bytes available to our allocations (int >= 0).
+        n_ctx: KV cache length in tokens (>= 1).
+        n_batch: most tokens per eval call (>= 1), sizes the scratch and logits.
+        disable_gpu_index: place no FFN neurons (dense blocks only).
+        neurons_only: no scratch and no dense blocks, FFN neurons only (a device that
+            runs only FFN halves and holds its own buffers, e.g. the CUDA device today).
+
+    Returns:
+        A :class:`Plan` with ``device_bytes <= vram_budget`` (deterministic: the same
+        inputs give the same plan).
+
+    Raises:
+        ValueError: a negative or non-integer budget, n_ctx or n_batch < 1, or a
+            neuron_freq of the wrong shape or outside [0, 1].
+    """
+    budget = _check_int("vram_budget", vram_budget, 0)
+    n_ctx = _check_int("n_ctx", n_ctx, 1)
+    n_batch = _check_int("n_batch", n_batch, 1)
+    freq = _check_freq(sizes, neuron_freq)
+    nl, nff = sizes.n_layer, sizes.n_ff
+    attn_on = [False] * nl
+    output_on = False
+    n_hot = [0] * nl
+    order: list[np.ndarray] = []
+    scratch = 0 if neurons_only else scratch_bytes(sizes, n_ctx, n_batch)
+    used = 0
+    if scratch <= budget and not neurons_only:
+        used = scratch
+        for i in range(nl):
+            b = attn_block_bytes(sizes, i, n_ctx)
+            if used + b <= budget:
+                attn_on[i], used = True, used + b
+        ob = output_block_bytes(sizes, n_batch)
+        if used + ob <= budget:
+            output_on, used = True, used + ob
+    if scratch <= budget and not disable_gpu_index:
+        # rank neurons per layer: frequency descending, id ascending
+        order = [np.lexsort((np.arange(nff), -freq[i])) for i in range(nl)]
+        groups = []  # (-density, group rank, layer)
+        for i in range(nl):
+            per = sum(neuron_bytes(sizes, i))
+            f_sorted = freq[i][order[i]]
+            prev = math.inf
+            for g in range(0, nff, NEURON_GROUP):
+                k = min(NEURON_GROUP, nff - g)
+                # mean frequency per byte; non-increasing by rank (guards float rounding)
+                prev = min(prev, float(f_sorted[g:g + k].sum()) / (k * per))
+                groups.append((-prev, g // NEURON_GROUP, i))
+        groups.sort()
+        closed = [False] * nl
+        for _, g, i in groups:
+            if closed[i]:
+                continue
+            start, k = g * NEURON_GROUP, min(NEURON_GROUP, nff - g * NEURON_GROUP)
+            assert n_hot[i] == start  # groups of one layer come in rank order
+            cur = hot_bytes(sizes, i, start)
+            if used - cur + hot_bytes(sizes, i, start + k) <= budget:
+                used += hot_bytes(sizes, i, start + k) - cur
+                n_hot[i] = start + k
+                continue
+            lo, hi = 0, k  # largest take in [0, k) that fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if used - cur + hot_bytes(sizes, i, start + mid) <= budget:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            used += hot_bytes(sizes, i, start + lo) - cur
+            n_hot[i] = start + lo
+            closed[i] = True
+    if scratch > budget or (not any(attn_on) and not output_on and not any(n_hot)):
+        used -= scratch if scratch <= budget else 0
+        scratch = 0  # scratch alone is no plan: nothing goes to the device
+    layers = []
+    for i in range(nl):
+        ids = np.sort(order[i][:n_hot[i]]).astype(np.int32) if order else np.zeros(0, np.int32)
+        total = float(freq[i].sum())
+        mass = float(freq[i][ids].sum()) / total if total > 0 else (1.0 if n_hot[i] == nff else 0.0)
+        kv = kv_bytes_per_layer(sizes, n_ctx) if attn_on[i] else 0
+        layers.append(LayerPlan(i, attn_on[i], attn_block_bytes(sizes, i, n_ctx) if attn_on[i] else 0, kv, ids,
+                                hot_bytes(sizes, i, n_hot[i]), mass))
+    plan = Plan(budget, n_ctx, n_batch, nff, scratch, output_on,
+                output_block_bytes(sizes, n_batch) if output_on else 0, layers)
+    assert plan.device_bytes == used and used <= budget, (plan.device_bytes, used, budget)
+    return plan
+
+
+def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int) -> Plan:
+    """The classic split llama.cpp's ``-ngl`` makes, in the same :class:`Plan` form:
+    whole layers (attention block, KV cache and all n_ff neurons) on the device from
+    the last layer backwards while they fit, then the output block (llama.cpp counts it
+    as one more layer after the last); scratch first, as :func:`plan_placement`. For
+    comparing the neuron-level policy with layer offloading at the same budget.
+
+    Raises:
+        ValueError: as :func:`plan_placement`.
+    """
+    budget = _check_int("vram_budget", vram_budget, 0)
+    n_ctx = _check_int("n_ctx", n_ctx, 1)
+    n_batch = _check_int("n_batch", n_batch, 1)
+    nl, nff = sizes.n_layer, sizes.n_ff
+    whole = [False] * nl
+    output_on = False
+    scratch = scratch_bytes(sizes, n_ctx, n_batch)
+    used = scratch
+    if scratch <= budget:
+        for i in reversed(range(nl)):
+            if used + layer_bytes(sizes, i, n_ctx) > budget:
+                break
+            whole[i], used = True, used + layer_bytes(sizes, i, n_ctx)
+        if all(whole) and used + output_block_bytes(sizes, n_batch) <= budget:
+            output_on, used = True, used + output_block_bytes(sizes, n_batch)
+    else:
+        scratch = used = 0
+    if not any(whole) and not output_on:
+        scratch = used = 0
+    layers = [LayerPlan(i, whole[i], attn_block_bytes(sizes, i, n_ctx) if whole[i] else 0,
+                        kv_bytes_per_layer(sizes, n_ctx) if whole[i] else 0,
+                        np.arange(nff if whole[i] else 0, dtype=np.int32),
+                        hot_bytes(sizes, i, nff if whole[i] else 0), 1.0 if whole[i] else 0.0) for i in range(nl)]
+    plan = Plan(budget, n_ctx, n_batch, nff, scratch, output_on,
+                output_block_bytes(sizes, n_batch) if output_on else 0, layers)
+    assert plan.device_bytes == used <= budget, (plan.device_bytes, used, budget)
+    return plan
