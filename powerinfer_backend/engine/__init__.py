@@ -1,8 +1,10 @@
 """Layer 3, ``engine``: thin owning wrappers over the C library, and the only code that
 calls ``lib.pi_*`` besides ``_native`` itself.
 
-Owns ``NativeModel`` / ``NativeContext`` (a C model over a loaded GGUF, a context with its
-KV cache), the native worker pool and device handles, the transposed ``ffn_down`` cache
-build (``down_cache``) and the C predictor scores (``scores``)."""
+Owns ``NativeModel`` / ``NativeContext`` (``native``: a C model over a loaded GGUF, a
+context with its KV cache), the worker pool (``pool``), the device handles (``device``:
+``pi_device`` and its FFN halves), the kernel entry points the benchmarks time
+(``kernels``), the transposed ``ffn_down`` cache build (``down_cache``), the C predictor
+scores (``scores``) and the close-once helper they share (``closing``)."""
 
 from .native import NativeContext, NativeModel, default_threads  # noqa: F401
