@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader.gguf_model import load_gguf
 from powerinfer_backend.sparsity.predictors import PredictorSet, apply, scores, scores_reference
@@ -53,8 +54,8 @@ def _model(tmp_path, **kw):
                                                   n_layer=2, types=F32, seed=5, **kw), verbose=False))
 
 
-def _logits(m, toks, setup=None, n_threads=1):
-    ctx = NativeContext(m, n_ctx=32, n_batch=8, n_threads=n_threads)
+def _logits(m, toks, setup=None, n_threads=1, kv_f16=True):
+    ctx = NativeContext(m, n_ctx=32, n_batch=8, n_threads=n_threads, kv_f16=kv_f16)
     if setup:
         setup(ctx)
     out = ctx.eval(toks, logits_all=True).copy()
@@ -66,15 +67,27 @@ def test_predictor_all_active_equals_dense_and_none_active_drops_ffn(tmp_path):
     m = _model(tmp_path)
     rng = np.random.default_rng(0)
     toks = list(range(1, 8))
-    _, dense, dl = _logits(m, toks)
     ps = PredictorSet()
     for layer in range(2):
         ps.fc1[layer], ps.fc2[layer] = rand_pred(rng, 64, 128, 32)
         ps.thresholds[layer] = -1e30  # every neuron predicted
-    ctx, out, last = _logits(m, toks, lambda c: apply(c, m.gguf, ps))
+    # Against dense with an F32 KV cache: the sparse FFN sums the down product in another
+    # order than the dense matmul, and through an F16 cache a few-ulp difference in q can
+    # cross an F16 rounding midpoint (seen on AVX2: 2.75e-4 in one decode step's logits).
+    _, dense, dl = _logits(m, toks, kv_f16=False)
+    _, out, last = _logits(m, toks, lambda c: apply(c, m.gguf, ps), kv_f16=False)
     np.testing.assert_allclose(out, dense, rtol=1e-4, atol=1e-4)
     for a, b in zip(last, dl):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    # Against the sparse FFN without a predictor (same kernel, same rows): the same bits.
+    dt = down_t_dtype(m.gguf)
+    _, exact, el = _logits(m, toks, lambda c: [c.set_ffn_sparsity(i, transposed_down(m.gguf, i, dtype=dt), 0.0)
+                                               for i in range(2)])
+    ctx, out, last = _logits(m, toks, lambda c: apply(c, m.gguf, ps))
+    assert np.array_equal(out.view(np.uint32), exact.view(np.uint32))
+    for a, b in zip(last, el):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    _, dense, _ = _logits(m, toks)
     st = ctx.predictor_stats()
     assert st["predicted"].sum() == 2 * 128 * (7 + 3) and (st["ffn_ns"] >= st["pred_ns"]).all()
     for layer in range(2):
