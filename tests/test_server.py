@@ -297,7 +297,8 @@ def test_disconnect_non_streaming(small_server):
 
 
 def test_chat_content_parts_and_null_content_are_normalised():
-    from powerinfer_backend.server.app import APIError, _chat_message
+    from powerinfer_backend.server.errors import APIError
+    from powerinfer_backend.server.schemas import chat_message as _chat_message
 
     assert _chat_message({"role": "user", "content": [{"type": "text", "text": "Hi "},
                                                       {"type": "text", "text": "there"}]})["content"] == "Hi there"

@@ -1,0 +1,94 @@
+"""Request fields to generation arguments: sampling parameters, logit bias, grammars and
+response formats as llama-cpp-python takes them, each checked first (an
+:class:`APIError` 400, never a crash in llama.cpp)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Dict, Optional
+
+from .errors import APIError
+
+
+def logit_bias(d: Optional[Dict[str, float]], n_vocab: int) -> Optional[Dict[int, float]]:
+    """OpenAI's ``{"token id": bias}`` as ``{id: bias}``; ``None`` when empty."""
+    if not d:
+        return None
+    out = {}
+    for k, v in d.items():
+        try:
+            tok = int(k)
+        except ValueError:
+            raise APIError(400, f"logit_bias keys must be token ids, got {k!r}") from None
+        if not 0 <= tok < n_vocab:
+            raise APIError(400, f"logit_bias: token id {tok} out of range [0, {n_vocab})")
+        out[tok] = float(v)
+    return out
+
+
+def parse_grammar(text: Optional[str], llm, schema: Optional[dict] = None):
+    """A ``LlamaGrammar`` from GBNF text (or a JSON schema), parsed once here: llama.cpp
+    only parses it when the sampler chain is built, and a grammar it cannot parse would
+    then be a NULL sampler (a crash of the server process)."""
+    if not text and not schema:
+        return None
+    import llama_cpp
+    from llama_cpp import LlamaGrammar
+
+    try:
+        g = (LlamaGrammar.from_string(text, verbose=False) if text
+             else LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False))
+    except Exception as e:
+        raise APIError(400, f"invalid grammar: {e}") from None
+    vocab = getattr(getattr(llm, "_model", None), "vocab", None)
+    if vocab is not None:
+        probe = llama_cpp.llama_sampler_init_grammar(vocab, g._grammar.encode("utf-8"), g._root.encode("utf-8"))
+        if not probe:
+            raise APIError(400, "invalid grammar: llama.cpp cannot parse it")
+        llama_cpp.llama_sampler_free(probe)
+    return g
+
+
+def check_finite(**values) -> None:
+    """Raises APIError(400) for a value (keyword: field name) that is inf or NaN."""
+    for k, v in values.items():
+        if v is not None and not math.isfinite(v):
+            raise APIError(400, f"{k} must be a finite number, got {v}")
+
+
+def check_token_ids(ids, n_vocab: int, what: str = "token id") -> None:
+    """Raises APIError(400) naming the first id outside [0, n_vocab) (llama.cpp would
+    abort the process on it)."""
+    bad = [t for t in ids if not 0 <= t < n_vocab]
+    if bad:
+        raise APIError(400, f"{what} {bad[0]} out of range [0, {n_vocab})")
+
+
+def sampling(b, llm, n_vocab: int) -> dict:
+    """The ``create_completion`` / ``create_chat_completion`` keywords of a
+    :class:`~.schemas.CompletionBody` or :class:`~.schemas.ChatBody` (only ``n=1``)."""
+    check_finite(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
+                 frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
+                 repeat_penalty=b.repeat_penalty)
+    if b.n != 1:
+        raise APIError(400, f"n={b.n}: only n=1 is supported")
+    return dict(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p, top_k=b.top_k,
+                stop=b.stop or [], frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
+                repeat_penalty=b.repeat_penalty, seed=b.seed, mirostat_mode=b.mirostat_mode,
+                mirostat_tau=b.mirostat_tau, mirostat_eta=b.mirostat_eta,
+                logit_bias=logit_bias(b.logit_bias, n_vocab), grammar=parse_grammar(b.grammar, llm))
+
+
+def response_format(rf):
+    """OpenAI's ``response_format`` as llama-cpp-python's chat completion takes it
+    (``json_schema`` becomes ``json_object`` with a schema; ``text`` is none)."""
+    if rf is None:
+        return None
+    t = rf.get("type")
+    if t == "json_schema":  # OpenAI's newer shape: {"type": "json_schema", "json_schema": {"schema": ...}}
+        js = rf.get("json_schema") or {}
+        return {"type": "json_object", "schema": js.get("schema", js)}
+    if t in ("json_object", "text"):
+        return None if t == "text" else rf
+    raise APIError(400, f"response_format type {t!r} is not supported")

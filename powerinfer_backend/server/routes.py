@@ -1,0 +1,87 @@
+"""The OpenAI-compatible endpoints: ``/v1/models``, ``/v1/completions``,
+``/v1/chat/completions`` (streaming or not) and ``/v1/embeddings``, each also without
+the ``/v1`` prefix. Completions are llama-cpp-python's own, run on the worker."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from fastapi import Request
+
+from .errors import APIError
+from .params import check_token_ids, response_format, sampling
+from .schemas import ChatBody, CompletionBody, EmbeddingBody, chat_message, read_body
+from .state import ServerState
+
+
+def register_openai(app, state: ServerState) -> None:
+    """Add the OpenAI endpoints for ``state``'s model to ``app``."""
+
+    def model_card():
+        llm = state.llm
+        meta = {"n_vocab": state.n_vocab, "n_ctx_train": int(getattr(llm.engine, "n_ctx_train", state.n_ctx)),
+                "n_ctx": state.n_ctx, "n_embd": int(llm.n_embd()), "vram_budget": llm.vram_budget,
+                "sparse": str(llm.sparse), "backend": llm.backend}
+        return {"id": state.model_alias, "object": "model", "created": state.created, "owned_by": "powerinfer_backend",
+                "meta": meta}
+
+    async def answer(request: Request, stream: bool, call: Callable):
+        """``call(llm, stream)`` on the worker: its chunks as SSE events, or its result."""
+        if stream:
+            return await state.run_stream(request, lambda llm: call(llm, True), lambda c: c)
+        return await state.run_once(request, lambda llm: call(llm, False))
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(request: Request):
+        b = await read_body(request, CompletionBody)
+        prompt = b.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "only one prompt per request is supported")
+            prompt = prompt[0]
+        if isinstance(prompt, list):
+            check_token_ids(prompt, state.n_vocab, "prompt token id")
+        kw = dict(sampling(b, state.llm, state.n_vocab), suffix=b.suffix, max_tokens=b.max_tokens, logprobs=b.logprobs,
+                  echo=b.echo, model=state.model_alias)
+        return await answer(request, b.stream, lambda llm, stream: llm.create_completion(prompt, stream=stream, **kw))
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(request: Request):
+        b = await read_body(request, ChatBody)
+        kw = sampling(b, state.llm, state.n_vocab)
+        kw.update(max_tokens=b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens,
+                  tools=b.tools, tool_choice=b.tool_choice, functions=b.functions, function_call=b.function_call,
+                  response_format=response_format(b.response_format), logprobs=b.logprobs,
+                  top_logprobs=b.top_logprobs, model=state.model_alias)
+        messages = [chat_message(m) for m in b.messages]
+        return await answer(request, b.stream,
+                            lambda llm, stream: llm.create_chat_completion(messages, stream=stream, **kw))
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    async def embeddings(request: Request):
+        b = await read_body(request, EmbeddingBody)
+        inputs = [b.input] if isinstance(b.input, str) else list(b.input)
+
+        def work(llm):
+            data, total = [], 0
+            for i, text in enumerate(inputs):
+                emb, n = llm.embed(text, normalize=False, return_count=True)
+                v = np.asarray(emb, dtype=np.float64)
+                if v.ndim == 2:  # per-token (pooling NONE): mean-pooled for the OpenAI shape
+                    v = v.mean(axis=0)
+                norm = float(np.linalg.norm(v))
+                data.append({"object": "embedding", "index": i, "embedding": (v / norm if norm else v).tolist()})
+                total += n
+            return {"object": "list", "data": data, "model": state.model_alias,
+                    "usage": {"prompt_tokens": total, "total_tokens": total}}
+
+        return await state.run_once(request, work)

@@ -1,0 +1,84 @@
+"""What the endpoints share: the served model (:class:`ServerState`: the ``Llama``, its
+worker, name and sizes) and the two ways a request runs on its worker, one answer
+(:meth:`ServerState.run_once`) or an SSE stream (:meth:`ServerState.run_stream`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Callable, Optional
+
+from fastapi import Request
+from sse_starlette.sse import EventSourceResponse
+
+from .errors import APIError, error_from_exception
+from .worker import ModelWorker
+
+
+class ServerState:
+    """One served model. ``disconnect_poll_s``: how often a non-streaming request checks
+    that its client is still there."""
+
+    def __init__(self, llm, model_alias: str, max_queue: int, api_key: Optional[str],
+                 disconnect_poll_s: float = 0.1):
+        self.llm = llm
+        self.model_alias = model_alias
+        self.api_key = api_key
+        self.disconnect_poll_s = disconnect_poll_s
+        self.worker = ModelWorker(llm, max_queue=max_queue)
+        self.created = int(time.time())
+        self.n_vocab = int(llm.n_vocab())
+        self.n_ctx = int(llm.n_ctx())
+
+    async def run_once(self, request: Request, fn: Callable):
+        """Run ``fn(llm)`` on the worker and return its result; a client that
+        disconnects meanwhile cancels it."""
+        job = self.worker.submit(fn)
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(job.items.get(), self.disconnect_poll_s)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancel.set()
+                        raise APIError(499, "client closed the request")
+                    continue
+                if kind == "item":
+                    return value
+                if kind == "error":
+                    raise error_from_exception(value)
+                raise APIError(499, "cancelled")
+        finally:
+            job.cancel.set()  # no-op when finished; stops a job whose caller was cancelled
+
+    async def run_stream(self, request: Request, fn: Callable, fmt: Callable[[Any], Optional[dict]],
+                         done: Optional[str] = "[DONE]"):
+        """Run ``fn(llm)`` (an iterator) on the worker and answer an SSE stream of
+        ``fmt(chunk)``. Errors before the first chunk are answered as JSON errors."""
+        job = self.worker.submit(fn)
+        try:
+            kind, first = await job.items.get()
+        except BaseException:
+            job.cancel.set()
+            raise
+        if kind == "error":
+            job.cancel.set()
+            raise error_from_exception(first)
+
+        async def events():
+            try:
+                kind_, value = kind, first
+                while kind_ == "item":
+                    data = fmt(value)
+                    if data is not None:
+                        yield {"data": json.dumps(data, ensure_ascii=False)}
+                    kind_, value = await job.items.get()
+                if kind_ == "error":
+                    yield {"data": json.dumps(error_from_exception(value).body())}
+                elif done is not None:
+                    yield {"data": done}
+            finally:
+                job.cancel.set()  # client gone (task cancelled) or finished
+
+        return EventSourceResponse(events(), ping=15, sep="\n")
