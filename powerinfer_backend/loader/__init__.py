@@ -1,6 +1,26 @@
 """Layer 2, ``loader``: pure Python reading of model files, no native code.
 
-Owns the architecture table (``arch``), GGUF reading with the ``gguf`` package
-(memory-mapped tensor views, validation, hyper-parameters, type conversion), PowerInfer's
-files as raw tensors (``pwri``), the per-model artifact folders (``artifacts``) and the
-embedded default model's location (``models``). Imports nothing above itself."""
+Owns the architecture table (``arch``) and GGUF reading with the ``gguf`` package:
+GGUF/ggml type facts and tensor views (``types``), the guarded header reader
+(``reader``), hyper-parameters (``hparams``), conversion of types the kernels lack
+(``convert``) and the validated, memory-mapped model (``load``: ``load_gguf``;
+``gguf_model`` is its old path, re-exporting). Also PowerInfer's files as raw tensors
+(``pwri``), the per-model artifact folders (``artifacts``) and the embedded default
+model's location (``models``). Imports nothing above itself."""
+
+from .arch import ArchSpec, TensorSpec, layer_tensor_names  # noqa: F401
+from .hparams import HParams  # noqa: F401
+from .load import GGUFModel, load_gguf  # noqa: F401
+from .types import KERNEL_TYPES, TensorView, UnsupportedTensorTypeWarning  # noqa: F401
+
+__all__ = [
+    "ArchSpec",
+    "GGUFModel",
+    "HParams",
+    "KERNEL_TYPES",
+    "TensorSpec",
+    "TensorView",
+    "UnsupportedTensorTypeWarning",
+    "layer_tensor_names",
+    "load_gguf",
+]
