@@ -182,7 +182,7 @@ def run(args, summary: dict) -> None:
     from powerinfer_backend.hybrid.devices.cpu import CpuDevice, ffn_bytes
     from powerinfer_backend.engine.down_cache import transposed_down
     from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel
-    from powerinfer_backend.loader.gguf_model import load_gguf
+    from powerinfer_backend.loader import load_gguf
 
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)

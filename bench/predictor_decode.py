@@ -25,7 +25,7 @@ from relu_decode import build  # noqa: E402
 
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down  # noqa: E402
 from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
-from powerinfer_backend.loader.gguf_model import TensorView, load_gguf  # noqa: E402
+from powerinfer_backend.loader import TensorView, load_gguf  # noqa: E402
 from powerinfer_backend.sparsity.predictors import scores  # noqa: E402
 
 

@@ -28,7 +28,7 @@ from powerinfer_backend.loader.artifacts import artifact_dir  # noqa: E402
 from powerinfer_backend.sparsity.calibrate import split_text_tokens  # noqa: E402
 from powerinfer_backend.engine.down_cache import down_t_dtype, load_down_cache  # noqa: E402
 from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
-from powerinfer_backend.loader.gguf_model import load_gguf  # noqa: E402
+from powerinfer_backend.loader import load_gguf  # noqa: E402
 from powerinfer_backend.llama import Llama  # noqa: E402
 from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 from powerinfer_backend.sparsity.perplexity import perplexity, read_text  # noqa: E402

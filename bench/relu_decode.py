@@ -31,7 +31,7 @@ from fixtures import write_tiny_llama  # noqa: E402
 from powerinfer_backend import Llama  # noqa: E402
 from powerinfer_backend.sparsity.calibrate import fraction_at_or_above, hist_quantiles, threshold_for_sparsity  # noqa: E402
 from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel  # noqa: E402
-from powerinfer_backend.loader.gguf_model import load_gguf  # noqa: E402
+from powerinfer_backend.loader import load_gguf  # noqa: E402
 from powerinfer_backend.sparsity.sidecar import QUANTILES, SparsityProfile, write_sidecar  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.loader.models import default_model_path
 from powerinfer_backend.sparsity.perplexity import perplexity
 from powerinfer_backend.text.tokenizer import LlamaCppTokenizer

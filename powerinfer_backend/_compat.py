@@ -12,7 +12,7 @@ import sys
 # old name (under powerinfer_backend) -> module that holds it now
 MOVED = {
     "arch": "loader.arch",
-    "gguf_model": "loader.gguf_model",
+    "gguf_model": "loader",
     "pwri": "loader.pwri",
     "artifacts": "loader.artifacts",
     "models": "loader.models",

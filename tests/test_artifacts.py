@@ -24,7 +24,7 @@ from powerinfer_backend.loader.artifacts import (artifact_dir, atomic_write, ato
                                           atomic_write_json, check_provenance,
                                           model_fingerprint)
 from powerinfer_backend.engine.down_cache import build_down_cache, down_cache_path, transposed_down
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 from tests.fixtures import write_tiny_llama
 

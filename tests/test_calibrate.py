@@ -14,7 +14,7 @@ from powerinfer_backend.sparsity.calibrate import (CalibrationError, calibrate, 
                                           hist_edges, hist_quantiles, threshold_for_sparsity)
 from powerinfer_backend.cli.commands import main as cli_main
 from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.sparsity.perplexity import perplexity, read_text
 from powerinfer_backend.sparsity.sidecar import read_sidecar, sidecar_path
 

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as T
 from powerinfer_backend import _native
 from powerinfer_backend._native import ffi, lib
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import GGUFModel, load_gguf
+from powerinfer_backend.loader import GGUFModel, load_gguf
 
 try:
     from fixtures import write_tiny_llama

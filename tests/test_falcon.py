@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 try:
     from arch_fixtures import falcon_reference, write_tiny_falcon

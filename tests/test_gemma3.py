@@ -17,7 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 try:
     from arch_fixtures import gemma3_reference, write_tiny_gemma3

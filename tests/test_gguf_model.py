@@ -1,4 +1,4 @@
-"""Tests of the GGUF loading layer (powerinfer_backend.loader.gguf_model / arch)."""
+"""Tests of the GGUF loading layer (powerinfer_backend.loader)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import gguf
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend.loader import arch
-from powerinfer_backend.loader.gguf_model import (
+from powerinfer_backend.loader import (
     KERNEL_TYPES,
     GGUFModel,
     TensorView,

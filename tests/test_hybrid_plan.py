@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as GT
 from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.hybrid.devices import CpuDevice, plan_ffn_bytes, upload_plan
 from powerinfer_backend.engine.down_cache import transposed_down
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 from powerinfer_backend import _native
 from powerinfer_backend._native import ffi, lib
 from powerinfer_backend.hybrid.devices.cpu import FFN_FORMS

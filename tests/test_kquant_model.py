@@ -17,7 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 try:
     from fixtures import write_tiny_llama

@@ -13,7 +13,7 @@ from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.hybrid.devices import place_model
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 TOKS = [1, 5, 9, 3, 7, 2, 8, 4, 6]
 

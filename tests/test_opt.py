@@ -11,7 +11,7 @@ import pytest
 
 from powerinfer_backend import Llama
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 try:
     from arch_fixtures import opt_reference, write_tiny_opt

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.cli.commands import main as cli_main
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 from fixtures import write_tiny_llama
 

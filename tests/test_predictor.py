@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.sparsity.predictors import PredictorSet, apply, scores, scores_reference
 
 from fixtures import write_tiny_llama

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.loader.pwri import gpuidx_path, read_gpuidx
 from powerinfer_backend.sparsity.predictors import pwri_predictors
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel
-from powerinfer_backend.loader.gguf_model import load_gguf
+from powerinfer_backend.loader import load_gguf
 
 try:
     from arch_fixtures import write_tiny_qwen2

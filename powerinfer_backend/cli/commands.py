@@ -131,7 +131,7 @@ def cmd_plan(args) -> int:
         from pathlib import Path
 
         from ..loader.artifacts import artifact_dir, atomic_write_json
-        from ..loader.gguf_model import load_gguf
+        from ..loader import load_gguf
         from ..hybrid.placement import ModelSizes, plan_layer_split
 
         g = load_gguf(model, verbose=False)

@@ -37,7 +37,7 @@ from .. import _native
 from ..loader.artifacts import (FINGERPRINT_KEY, artifact_dir, artifact_metadata, atomic_write,
                         atomic_write_json, metadata_path, model_fingerprint,
                         read_metadata)
-from ..loader.gguf_model import GGUFModel, load_gguf
+from ..loader import GGUFModel, load_gguf
 
 __all__ = ["transposed_down", "build_down_cache", "load_down_cache", "down_cache_path", "down_t_dtype"]
 

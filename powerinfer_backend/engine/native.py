@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 
 from .._native import check, ffi, lib
-from ..loader.gguf_model import GGUFModel
+from ..loader import GGUFModel
 
 #: Bins per neuron of the calibration histograms (see NativeContext.set_ffn_hist).
 FFN_HIST_BINS = lib.PI_FFN_HIST_BINS
@@ -361,7 +361,7 @@ class NativeContext:
         """Give layer ``layer`` an activation predictor (docs/predictors.md): only
         neurons with ``fc2 . relu(fc1 . x) >= threshold`` are computed. ``fc1``/``fc2``:
         float32/float16 ndarrays of shapes (rank, n_embd) and (n_ff, rank), or
-        :class:`~powerinfer_backend.loader.gguf_model.TensorView` (any kernel type). The layer
+        :class:`~powerinfer_backend.loader.TensorView` (any kernel type). The layer
         must also be made sparse with :meth:`set_ffn_sparsity` (the down_t). ``fc1=None``
         removes the predictor. The arrays are kept alive here.
 

@@ -26,12 +26,12 @@ def _pool(n_threads: int):
 
 
 def quantize_q8_0(w: np.ndarray, name: str = ""):
-    """A (rows, cols) float array as a Q8_0 :class:`~powerinfer_backend.loader.gguf_model.TensorView`
+    """A (rows, cols) float array as a Q8_0 :class:`~powerinfer_backend.loader.TensorView`
     (ne [cols, rows]; cols % 32 == 0), the type the native predictor reads as any matmul
     weight (docs/predictors.md: ``--quantize q8_0``)."""
     from gguf import GGMLQuantizationType, quants
 
-    from ..loader.gguf_model import TensorView
+    from ..loader import TensorView
 
     w = np.ascontiguousarray(w, np.float32)
     if w.ndim != 2 or w.shape[1] % 32:

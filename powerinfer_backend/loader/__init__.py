@@ -3,8 +3,7 @@
 Owns the architecture table (``arch``) and GGUF reading with the ``gguf`` package:
 GGUF/ggml type facts and tensor views (``types``), the guarded header reader
 (``reader``), hyper-parameters (``hparams``), conversion of types the kernels lack
-(``convert``) and the validated, memory-mapped model (``load``: ``load_gguf``;
-``gguf_model`` is its old path, re-exporting). Also PowerInfer's files as raw tensors
+(``convert``) and the validated, memory-mapped model (``load``: ``load_gguf``). Also PowerInfer's files as raw tensors
 (``pwri``), the per-model artifact folders (``artifacts``) and the embedded default
 model's location (``models``). Imports nothing above itself."""
 

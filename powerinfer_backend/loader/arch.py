@@ -3,7 +3,7 @@ tensor names, slot order and expected tensor shapes.
 
 Everything the loader needs to know about a model family lives in one
 :class:`ArchSpec` entry of :data:`ARCHITECTURES`; the loader itself
-(:mod:`powerinfer_backend.loader.gguf_model`) is architecture-neutral.
+(:mod:`powerinfer_backend.loader`) is architecture-neutral.
 
 Conventions
 -----------

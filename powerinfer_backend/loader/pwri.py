@@ -1,7 +1,7 @@
 """PowerInfer's own model files (docs/predictors.md, "PowerInfer files").
 
 * The model: a GGUF whose first four bytes are ``PWRI`` (read by
-  :func:`powerinfer_backend.loader.gguf_model.load_gguf`, which patches the magic in memory),
+  :func:`powerinfer_backend.loader.load_gguf`, which patches the magic in memory),
   with per layer ``blk.N.fc1.weight`` (ne [n_embd, rank]) and ``blk.N.fc2.weight``
   (ne [rank, n_ff]) predictors, the down projection stored transposed as
   ``blk.N.ffn_down_t.weight`` (ne [n_embd, n_ff]: n_ff rows of n_embd, our down_t),

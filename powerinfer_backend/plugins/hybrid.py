@@ -12,7 +12,7 @@ import numpy as np
 from ..hybrid import offload as offload_mod
 from ..sparsity import modes as sparsity
 from ..engine.native import NativeContext, NativeModel, default_threads
-from ..loader.gguf_model import load_gguf
+from ..loader import load_gguf
 from .hookspecs import hookimpl
 
 

@@ -288,7 +288,7 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
 
     from ..loader.artifacts import model_fingerprint
     from ..engine.down_cache import build_down_cache, down_t_dtype, load_down_cache
-    from ..loader.gguf_model import load_gguf
+    from ..loader import load_gguf
     from .sidecar import QUANTILES, SparsityProfile, check_overwrite, sidecar_path, write_sidecar
 
     if target_sparsity is not None:

@@ -204,7 +204,7 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
             the key or tensor), a format version this code does not know, or a
             sidecar made for another model (naming both files and hashes).
     """
-    from ..loader.gguf_model import _Reader
+    from ..loader.reader import _Reader
 
     p = Path(path)
     if not p.is_file():
@@ -267,7 +267,7 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
 
 
 def _read_predictors(p, fields, tensors, n_layer, n_ff, ttypes=None):
-    from ..loader.gguf_model import TensorView
+    from ..loader import TensorView
     from .predictors import PredictorSet
 
     layers = [int(x) for x in fields.get(_P + "layers", [])]

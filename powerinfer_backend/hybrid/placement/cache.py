@@ -68,7 +68,7 @@ def neuron_frequencies(model_path: str | os.PathLike, *, model=None, sparsity_si
     gpuidx = Path(gpuidx_path(model_path))
     if sparsity_sidecar == "auto" and gpuidx.is_file():
         # PowerInfer's own hot/cold split: its hot neurons rank first (frequency 1)
-        from ...loader.gguf_model import load_gguf
+        from ...loader import load_gguf
 
         g = model if model is not None else load_gguf(model_path, verbose=verbose)
         try:
@@ -134,7 +134,7 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
                      force_hint="reset_gpu_index=True (--reset-gpu-index)")
     own = model is None
     if own:
-        from ...loader.gguf_model import load_gguf
+        from ...loader import load_gguf
 
         model = load_gguf(model_path, verbose=verbose)
     try:

@@ -114,7 +114,7 @@ class ModelSizes:
 
     @classmethod
     def from_gguf(cls, model) -> "ModelSizes":
-        """Sizes of a :class:`powerinfer_backend.loader.gguf_model.GGUFModel` (types as loaded)."""
+        """Sizes of a :class:`powerinfer_backend.loader.GGUFModel` (types as loaded)."""
         from ...loader.arch import LAYER_SLOTS
 
         hp = model.hparams

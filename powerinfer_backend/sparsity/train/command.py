@@ -137,7 +137,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     from ...engine.down_cache import build_down_cache, down_t_dtype, load_down_cache
     from ...engine.native import NativeContext, NativeModel, default_threads
     from ...loader.artifacts import model_fingerprint
-    from ...loader.gguf_model import load_gguf
+    from ...loader import load_gguf
     from ..calibrate import _sha256_bytes, split_text_tokens
     from ..sidecar import check_overwrite, read_sidecar, sidecar_path, write_sidecar
 
