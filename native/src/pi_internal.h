@@ -156,6 +156,9 @@ typedef void (*pi_task_fn)(void *arg, int ith, int nth);
 void pi_pool_run(pi_pool *pool, pi_task_fn fn, void *arg);
 int pi_pool_size(const pi_pool *pool);
 
+/* n rounded up to a multiple of a (a > 0): scratch and device buffer sizes */
+static inline int64_t pi_align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
 /* split [0, n) into nth contiguous parts; part ith is [*lo, *hi) */
 static inline void pi_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
     const int64_t per = (n + nth - 1) / nth;
@@ -254,6 +257,7 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch);
 /* ---- activation predictors (ops/predictor.c; see pi_op_predictor_scores) ---- */
 int64_t pi_now_ns(void); /* CLOCK_MONOTONIC */
 /* ---- devices (device/cpu_device.c): jobs, and one layer's hot rows ---- */
+#define PI_DEVICE_ALIGN 256 /* every device allocation, and so every buffer a plan accounts */
 typedef void (*pi_device_fn)(pi_pool *pool, void *arg); /* runs on the device's thread and workers */
 int pi_device_claim(pi_device *d);                       /* PI_ERR_INVALID when a job is in flight */
 void pi_device_go(pi_device *d, pi_device_fn fn, void *arg); /* start fn after a claim */

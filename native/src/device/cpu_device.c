@@ -11,8 +11,6 @@
 
 #include "pi_internal.h"
 
-#define PI_DEVICE_ALIGN 256
-
 struct pi_device {
     unsigned char *mem; /* the reservation */
     int64_t reserved, used, high_water, n_refused, n_jobs, rows, n_attn, n_output;
@@ -45,8 +43,6 @@ struct pi_device_ffn {
     pi_ffn_offload_start_fn ext_start;
     pi_ffn_offload_wait_fn ext_wait;
 };
-
-static int64_t align_up(int64_t n) { return (n + PI_DEVICE_ALIGN - 1) / PI_DEVICE_ALIGN * PI_DEVICE_ALIGN; }
 
 static void *device_main(void *arg) {
     pi_device *d = arg;
@@ -124,7 +120,7 @@ int pi_device_create(const char *kind, int64_t reserve_bytes, int32_t n_threads,
         return pi_set_error(PI_ERR_INVALID, "pi_device_create: n_threads must be in [1, 512], got %d", n_threads);
     pi_device *d = calloc(1, sizeof *d);
     if (d == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_device_create: out of memory");
-    d->reserved = align_up(reserve_bytes);
+    d->reserved = pi_align_up(reserve_bytes, PI_DEVICE_ALIGN);
     if (d->reserved > 0) {
         d->mem = aligned_alloc(PI_DEVICE_ALIGN, (size_t)d->reserved);
         if (d->mem == NULL) {
@@ -173,7 +169,7 @@ int pi_device_alloc(pi_device *d, int64_t nbytes, void **out) {
     if (d == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_device_alloc: NULL argument");
     *out = NULL;
     if (nbytes < 0) return pi_set_error(PI_ERR_INVALID, "pi_device_alloc: nbytes must be >= 0");
-    const int64_t need = align_up(nbytes);
+    const int64_t need = pi_align_up(nbytes, PI_DEVICE_ALIGN);
     if (need > d->reserved - d->used) {
         d->n_refused++;
         return pi_set_error(PI_ERR_NOMEM,
@@ -208,12 +204,15 @@ int64_t pi_device_ffn_bytes(int32_t gate_up_type, int32_t down_t_type, int64_t n
     const int64_t rg = pi_row_size(gate_up_type, n_embd), rd = pi_row_size(down_t_type, n_embd);
     if (rg < 0 || rd < 0 || n_hot < 0 || max_tok < 1) return -1;
     if (n_hot == 0) return 0;
-    return pi_device_rows_bytes(rg, rd, n_hot) + align_up(pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_hot, max_tok)) +
-           2 * align_up(max_tok * n_embd * 4);
+    const int64_t scratch = pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_hot, max_tok);
+    return pi_device_rows_bytes(rg, rd, n_hot) + pi_align_up(scratch, PI_DEVICE_ALIGN) +
+           2 * pi_align_up(max_tok * n_embd * 4, PI_DEVICE_ALIGN);
 }
 
 int64_t pi_device_rows_bytes(int64_t gate_row, int64_t down_t_row, int64_t n_hot) {
-    return n_hot == 0 ? 0 : 2 * align_up(n_hot * gate_row) + align_up(n_hot * down_t_row) + align_up(n_hot * 4);
+    if (n_hot == 0) return 0;
+    return 2 * pi_align_up(n_hot * gate_row, PI_DEVICE_ALIGN) + pi_align_up(n_hot * down_t_row, PI_DEVICE_ALIGN) +
+           pi_align_up(n_hot * 4, PI_DEVICE_ALIGN);
 }
 
 static int down_t_type_ok(int32_t t) {

@@ -10,8 +10,6 @@
 
 #include "context.h"
 
-#define ALIGN 256
-
 struct pi_placed {
     pi_device *dev;     /* NULL when only external FFN halves are set (pi_context_set_ffn_offload) */
     pi_context *c;
@@ -39,8 +37,6 @@ struct pi_placed {
     float *job_logits;
 };
 
-static int64_t align_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
-
 static int64_t tensor_bytes(const pi_tensor *t) {
     return pi_row_size(t->type, t->ne[0]) * t->ne[1] * t->ne[2] * t->ne[3];
 }
@@ -61,9 +57,9 @@ static void scratch_sizes(const pi_context *c, int64_t out[11]) {
 
 static int64_t attn_bytes(const pi_context *c, int l) {
     const pi_tensor *lt = &c->m->hp.layers[l * PI_L_COUNT];
-    int64_t n = 2 * align_up(c->n_cells * c->kv_row * (int64_t)c->kv_esz);
+    int64_t n = 2 * pi_align_up(c->n_cells * c->kv_row * (int64_t)c->kv_esz, PI_DEVICE_ALIGN);
     for (int s = 0; s < PI_L_COUNT; s++)
-        if (!is_ffn_rows(s) && lt[s].data != NULL) n += align_up(tensor_bytes(&lt[s]));
+        if (!is_ffn_rows(s) && lt[s].data != NULL) n += pi_align_up(tensor_bytes(&lt[s]), PI_DEVICE_ALIGN);
     return n;
 }
 
@@ -124,12 +120,13 @@ int pi_context_plan_bytes(const pi_context *c, const pi_layer_placement *layers,
     }
     if (output_on_device) {
         const pi_tensor *o = c->m->hp.output.data != NULL ? &c->m->hp.output : &c->m->hp.tok_embd;
-        total += align_up(tensor_bytes(&hp->output_norm)) + align_up(tensor_bytes(o)) +
-                 align_up((int64_t)c->cp.n_batch * hp->n_vocab * 4);
+        total += pi_align_up(tensor_bytes(&hp->output_norm), PI_DEVICE_ALIGN) +
+                 pi_align_up(tensor_bytes(o), PI_DEVICE_ALIGN) +
+                 pi_align_up((int64_t)c->cp.n_batch * hp->n_vocab * 4, PI_DEVICE_ALIGN);
     }
     int64_t sizes[11], scratch = 0;
     scratch_sizes(c, sizes);
-    for (int i = 0; i < 11 && any; i++) scratch += align_up(sizes[i]);
+    for (int i = 0; i < 11 && any; i++) scratch += pi_align_up(sizes[i], PI_DEVICE_ALIGN);
     if (scratch_bytes) *scratch_bytes = scratch;
     *total_bytes = total + scratch;
     return PI_OK;
@@ -167,7 +164,7 @@ static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_
     int64_t sizes[11];
     scratch_sizes(c, sizes);
     int64_t span = 0;
-    for (int i = 7; i < 11; i++) span += align_up(sizes[i]);
+    for (int i = 7; i < 11; i++) span += pi_align_up(sizes[i], PI_DEVICE_ALIGN);
     const int64_t attn_need = pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * 4 * pi_device_n_threads(dev);
     if (attn_need > span)
         return pi_set_error(PI_ERR_INVALID, "device scratch: attention needs %lld bytes for %d device threads, the "

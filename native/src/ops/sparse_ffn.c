@@ -47,8 +47,6 @@ static inline void prefetch_bytes(const char *p, int64_t n) {
     for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
-static int64_t align_up(int64_t n) { return (n + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN; }
-
 static int down_type_ok(int32_t t) {
     return t == PI_TYPE_F32 || t == PI_TYPE_F16 || t == PI_TYPE_Q8_0 || t == PI_TYPE_Q4_0;
 }
@@ -335,10 +333,10 @@ static void down_task(void *varg, int ith, int nth) {
 
 int64_t pi_ffn_sparse_scratch_size(int32_t gate_up_type, int64_t n_embd, int64_t n_ff, int64_t n_tok) {
     const int32_t vdt = pi_type_get(gate_up_type)->vec_dot_type;
-    return align_up(pi_row_size(vdt, n_embd) * n_tok)  /* xq */
-           + align_up(n_tok * n_ff * 4)               /* h */
-           + align_up(n_tok * n_ff * 4)               /* kept ids */
-           + align_up((n_tok + 1) * 8) * 2;           /* off, koff */
+    return pi_align_up(pi_row_size(vdt, n_embd) * n_tok, SCRATCH_ALIGN)  /* xq */
+           + pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN)               /* h */
+           + pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN)               /* kept ids */
+           + pi_align_up((n_tok + 1) * 8, SCRATCH_ALIGN) * 2;           /* off, koff */
 }
 
 void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
@@ -349,13 +347,13 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
     sparse_job s = {a, isa, pick_avx2(isa), n_embd, n_ff, NULL, pi_row_size(vdt, n_embd),
                     NULL, 0, NULL, NULL, NULL};
     void *xq = p;
-    p += align_up(s.xq_row * n_tok);
+    p += pi_align_up(s.xq_row * n_tok, SCRATCH_ALIGN);
     s.h = (float *)p;
-    p += align_up(n_tok * n_ff * 4);
+    p += pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN);
     s.kid = (int32_t *)p;
-    p += align_up(n_tok * n_ff * 4);
+    p += pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN);
     int64_t *off = (int64_t *)p;
-    p += align_up((n_tok + 1) * 8);
+    p += pi_align_up((n_tok + 1) * 8, SCRATCH_ALIGN);
     s.koff = (int64_t *)p;
 
     for (int64_t t = 0; t <= n_tok; t++)
