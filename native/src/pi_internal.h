@@ -133,17 +133,28 @@ typedef void (*pi_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x)
 /* Convert n floats to an activation row (Q8_0, Q8_1, F16, BF16 or F32). */
 typedef void (*pi_from_float_fn)(const float *x, void *y, int64_t n);
 
+/* The sparse FFN's down accumulation over n_tiles whole tiles of PI_DOWN_TILE columns:
+ * tile b of y += h[r] * tile b of rows[r] for r = 0 .. nr-1 in order, with a separate
+ * multiply and add (the portable loop's bits). rows: down_t rows (F32, F16, Q8_0 or
+ * Q4_0); next: the n_next rows of the following call, prefetched as these are read. */
+typedef void (*pi_down_tiles_fn)(int32_t type, int64_t n_tiles, float *y, const char *const *rows, const float *h,
+                                 int nr, const char *const *next, int n_next);
+#define PI_DOWN_TILE 32 /* one Q8_0 / Q4_0 block */
+
 #define PI_TYPE_SLOTS 31 /* indexable by enum pi_type */
 
 typedef struct pi_isa {
     const char *name;
     pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
+    pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
 } pi_isa;
 
 extern const pi_isa pi_isa_scalar;
 extern const pi_isa pi_isa_avx2;   /* AVX2 + FMA + F16C */
 extern const pi_isa pi_isa_avx512; /* AVX-512 F/BW/VL (+ VNNI where present) */
+void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *const *rows, const float *h, int nr,
+                        const char *const *next, int n_next); /* isa/avx2_sparse.c, for both x86 tables */
 
 const pi_isa *pi_isa_current(void);
 
@@ -155,6 +166,12 @@ typedef void (*pi_task_fn)(void *arg, int ith, int nth);
 /* Run fn(arg, ith, nth) for ith in [0, nth) on the pool; returns when all are done. */
 void pi_pool_run(pi_pool *pool, pi_task_fn fn, void *arg);
 int pi_pool_size(const pi_pool *pool);
+
+/* Software prefetch of n bytes (gathered rows start on arbitrary pages, where the
+ * hardware stream prefetchers have no history yet). */
+static inline void pi_prefetch_bytes(const char *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
 
 /* n rounded up to a multiple of a (a > 0): scratch and device buffer sizes */
 static inline int64_t pi_align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
