@@ -8,7 +8,7 @@
  * results come back as copies, as they would over PCIe. */
 #include <stdlib.h>
 
-#include "context.h"
+#include "blocks/blocks.h"
 
 struct pi_placed {
     pi_device *dev;     /* NULL when only external FFN halves are set (pi_context_set_ffn_offload) */
@@ -331,9 +331,7 @@ int pi_placed_ffn(pi_context *c, int l, int64_t n_tok) {
                                   .y = c->ffn_y, .n_used = c->ffn_used_tok};
     const int rc = pi_ffn_split(c->pool, p->ffn[l], &a, c->ffn_scratch, p->cold_ids, p->cold_off, p->used_dev, NULL);
     if (rc && !p->error) p->error = rc; /* pi_eval reports it; the message is already set */
-    for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
-    c->ffn_total[l] += n_tok * c->m->hp.n_ff;
-    pi_ffn_residual(c, l, n_tok);
+    pi_ffn_sparse_done(c, l, n_tok);
     return 1;
 }
 
