@@ -81,7 +81,8 @@ int pi_context_ffn_stats(pi_context *c, int64_t *used, int64_t *total, int32_t r
 
 int pi_context_set_ffn_hist(pi_context *c, uint32_t *hist) {
     if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_hist: NULL context");
-    c->ffn_hist = hist;
+    c->ffn_observer = hist != NULL ? pi_ffn_hist_observe : NULL;
+    c->ffn_observer_data = hist;
     return PI_OK;
 }
 

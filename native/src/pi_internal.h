@@ -223,9 +223,20 @@ void pi_rope_apply(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, in
                    int32_t rope_type);
 /* h[i] = act(g[i]) * u[i]; u NULL: h[i] = act(g[i]) (ungated FFN) */
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
-/* Add n_tok rows of n_ff activations to per-neuron |h| histograms (ops/ffn_hist.c). */
-/* act >= 0: histogram of |pi_act1(act, v)| instead of |v| (the gate activation). */
-void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act);
+/* What an FFN observer sees of a dense FFN layer, once per layer and batch, between the
+ * activation and the down product (the context's ffn_observer; calibration). */
+typedef struct {
+    pi_pool *pool;
+    int32_t layer;
+    int32_t act;      /* the model's activation (enum pi_act) */
+    int32_t on_gate;  /* the thresholds' target (enum pi_ffn_threshold_on) */
+    int64_t n_tok, n_ff;
+    const float *pre; /* n_tok rows of n_ff: gate x (ungated: up x + b), before the activation */
+    const float *h;   /* the rows the down product reads: act(pre) * up x (ungated: act(pre)) */
+} pi_ffn_obs;
+typedef void (*pi_ffn_observer)(void *user, const pi_ffn_obs *o);
+/* ops/ffn_hist.c: pi_context_set_ffn_hist's observer; user is the histogram array */
+void pi_ffn_hist_observe(void *user, const pi_ffn_obs *o);
 float pi_act1(int32_t act, float x);
 /* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's
  * forward pass; see act.c); u NULL: h[i] = gelu(g[i]) */

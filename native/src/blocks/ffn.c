@@ -3,8 +3,8 @@
 
 typedef struct {
     int32_t act;
-    float *g;
-    const float *u;
+    const float *g, *u; /* u NULL: ungated */
+    float *h;
     int64_t n;
 } act_job;
 
@@ -13,18 +13,20 @@ static void act_task(void *varg, int ith, int nth) {
     int64_t lo, hi;
     pi_split(j->n, ith, nth, &lo, &hi);
     if (j->act == PI_ACT_GELU) /* half-precision GELU, as llama.cpp's forward pass */
-        pi_gelu16_mul(j->g + lo, j->u ? j->u + lo : NULL, j->g + lo, hi - lo);
+        pi_gelu16_mul(j->g + lo, j->u ? j->u + lo : NULL, j->h + lo, hi - lo);
     else
-        pi_act_mul(j->act, j->g + lo, j->u ? j->u + lo : NULL, j->g + lo, hi - lo);
+        pi_act_mul(j->act, j->g + lo, j->u ? j->u + lo : NULL, j->h + lo, hi - lo);
 }
 
-/* g = act(g) * u over n_tok rows (ungated: g = act(g)); split across the pool for prompt batches */
-static void act_mul(pi_context *c, int64_t n_tok, int gated) {
-    act_job j = {c->m->hp.act, c->g, gated ? c->u : NULL, n_tok * c->m->hp.n_ff};
+/* h = act(g) * u over n_tok rows (ungated: h = act(g)), into c->u so that c->g keeps the
+ * pre-activation for the observer; split across the pool for prompt batches. Returns h. */
+static float *act_mul(pi_context *c, int64_t n_tok, int gated) {
+    act_job j = {c->m->hp.act, c->g, gated ? c->u : NULL, c->u, n_tok * c->m->hp.n_ff};
     if (n_tok == 1)
         act_task(&j, 0, 1);
     else
         pi_pool_run(c->pool, act_task, &j);
+    return c->u;
 }
 
 /* The FFN's input products of layer l for the normed rows c->xn: c->g = gate x and
@@ -59,12 +61,12 @@ static void ffn_out(pi_context *c, int l, float *y, int64_t n_tok) {
 
 void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
-    const int gated = ffn_gate_up(c, l, n_tok);
-    uint32_t *hist = c->ffn_hist ? c->ffn_hist + (size_t)l * hp->n_ff * PI_FFN_HIST_BINS : NULL;
-    if (hist && c->ffn_on_gate) pi_ffn_hist_add(c->pool, hist, c->g, n_tok, hp->n_ff, hp->act);
-    act_mul(c, n_tok, gated);
-    if (hist && !c->ffn_on_gate) pi_ffn_hist_add(c->pool, hist, c->g, n_tok, hp->n_ff, -1);
-    pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], c->g, n_tok, c->xn);
+    const float *h = act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
+    if (c->ffn_observer != NULL) { /* the one observation point (calibration histograms) */
+        const pi_ffn_obs o = {c->pool, l, hp->act, c->ffn_on_gate, n_tok, hp->n_ff, c->g, h};
+        c->ffn_observer(c->ffn_observer_data, &o);
+    }
+    pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], h, n_tok, c->xn);
     ffn_out(c, l, c->xn, n_tok);
 }
 
@@ -91,8 +93,7 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     }
     float *h = NULL;
     if (n_tok > 1 && !c->ffn_on_gate) {
-        act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
-        h = c->g;
+        h = act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
         if (pred) { /* batched: the same bits as gathered rows; unpredicted neurons are zeroed */
             for (int64_t i = 0; i < n_tok * F; i++)
                 if (!(c->pred_scores[i] >= c->pred_threshold[l])) h[i] = 0.0f;
