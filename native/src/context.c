@@ -2,10 +2,11 @@
 #include <stdlib.h>
 
 #include "context.h"
+#include "device/device.h"
 
 void pi_context_free(pi_context *c) {
     if (c == NULL) return;
-    pi_placed_free(c->placed);
+    if (c->dev != NULL) c->dev->iface.free(c->dev);
     pi_pool_free(c->pool);
     free(c->k_cache);
     free(c->v_cache);

@@ -7,7 +7,7 @@
 
 #include "pi_internal.h"
 
-typedef struct pi_placed pi_placed;
+typedef struct pi_dev pi_dev; /* device/device.h */
 
 struct pi_model {
     pi_model_params hp;   /* copy; tensor views point into caller memory */
@@ -56,19 +56,12 @@ struct pi_context {
     int64_t *pred_count, *pred_ns, *ffn_ns; /* per layer counters */
     float *ffn_capture;                   /* pi_context_set_ffn_capture, or NULL */
     int32_t n_out;
-    pi_placed *placed;                    /* the device half of a placement (device/placed.c), or NULL */
+    pi_dev *dev;                          /* the device of a placement (device/device.h), or NULL */
 };
 
 /* tensor t is present with shape [ne0, ne1] (is_norm: [ne0] F32) and bytes enough (model.c) */
 int pi_check_tensor(const pi_tensor *t, const char *name, int64_t ne0, int64_t ne1, int is_norm);
 static inline pi_mat pi_mat_of(const pi_tensor *t) { return (pi_mat){t->data, t->type, t->ne[0], t->ne[1]}; }
 static inline float *pi_alloc_f(int64_t n) { return malloc((size_t)n * sizeof(float)); }
-
-/* device/placed.c: each returns 1 when it ran the step on the device, 0 when the CPU must */
-int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok);
-int pi_placed_ffn(pi_context *c, int l, int64_t n_tok);
-int pi_placed_output(pi_context *c, const float *x, int64_t n_out, float *logits);
-void pi_placed_free(pi_placed *p);
-int pi_placed_error(pi_context *c); /* an external device's failure during this eval (then cleared) */
 
 #endif

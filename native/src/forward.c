@@ -1,16 +1,21 @@
-/* The forward pass of a decoder, top to bottom: pi_eval -> forward_layer -> the blocks (blocks/). */
+/* The forward pass of a decoder, top to bottom: pi_eval -> forward_layer -> the blocks
+ * (blocks/), or the context's device (device/device.h) for the steps placed on it. */
 #include <stdlib.h>
 
 #include "blocks/blocks.h"
+#include "device/device.h"
 
 static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
     const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const int64_t E = hp->n_embd;
+    pi_dev *dev = c->dev;
 
     /* attention block and the FFN's input norm: x += attn(norm(x)); xn = ffn_norm(x) */
-    if (!pi_placed_attn(c, l, pos, n_tok)) {
+    if (dev != NULL && dev->iface.submit_attn(dev, c, l, pos, n_tok)) {
+        dev->iface.wait(dev, c);
+    } else {
         const size_t kv_off = (size_t)l * c->n_cells * c->kv_row * c->kv_esz;
         const pi_attn_site host = {c->pool, lt, lm, c->k_cache + kv_off, c->v_cache + kv_off, c->x, c->xn, c->q,
                                    c->k, c->v, c->attn, c->act_scratch, c->attn_scratch, c->rope_cs, c->rope_cs_swa,
@@ -22,8 +27,10 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
      * split with the device when placed */
     if (c->ffn_capture)
         memcpy(c->ffn_capture + (size_t)l * c->cp.n_batch * E, c->xn, (size_t)(n_tok * E) * sizeof(float));
-    if (pi_placed_ffn(c, l, n_tok)) return;
-    if (c->down_t != NULL && c->down_t[l].data != NULL)
+    if (dev != NULL && dev->iface.submit_ffn(dev, c, l, n_tok)) {
+        dev->iface.wait(dev, c);
+        pi_ffn_sparse_done(c, l, n_tok);
+    } else if (c->down_t != NULL && c->down_t[l].data != NULL)
         pi_ffn_sparse_layer(c, l, n_tok);
     else
         pi_ffn_dense(c, l, n_tok);
@@ -84,7 +91,7 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
                       c->rope_cs_swa);
     c->kv_used = pos[0]; /* positions past pos[0] are overwritten now */
     for (int l = 0; l < hp->n_layer; l++) forward_layer(c, l, pos, n_tokens);
-    int rc = pi_placed_error(c);
+    const int rc = c->dev != NULL ? c->dev->iface.error(c->dev) : PI_OK;
     if (rc) return rc; /* the cache past pos[0] is invalid: kv_used stays at pos[0] */
     c->kv_used = pos[n_tokens - 1] + 1;
 
@@ -92,7 +99,9 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     if (n_out == 0) return PI_OK;
     const float *xo = c->x + (n_tokens - n_out) * E;
     c->logits = logits_all > 0 ? c->logits_rows : c->logits1;
-    if (!pi_placed_output(c, xo, n_out, c->logits)) {
+    if (c->dev != NULL && c->dev->iface.submit_output(c->dev, c, xo, n_out, c->logits)) {
+        c->dev->iface.wait(c->dev, c);
+    } else {
         pi_norm_rows(hp, xo, &hp->output_norm, &hp->output_norm_b, n_out, c->embd);
         pi_matmul1(c, &c->m->output, c->embd, n_out, c->logits);
     }

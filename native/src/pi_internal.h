@@ -284,43 +284,6 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch);
 
 /* ---- activation predictors (ops/predictor.c; see pi_op_predictor_scores) ---- */
 int64_t pi_now_ns(void); /* CLOCK_MONOTONIC */
-/* ---- devices (device/cpu_device.c): jobs, and one layer's hot rows ---- */
-#define PI_DEVICE_ALIGN 256 /* every device allocation, and so every buffer a plan accounts */
-typedef void (*pi_device_fn)(pi_pool *pool, void *arg); /* runs on the device's thread and workers */
-int pi_device_claim(pi_device *d);                       /* PI_ERR_INVALID when a job is in flight */
-void pi_device_go(pi_device *d, pi_device_fn fn, void *arg); /* start fn after a claim */
-void pi_device_wait(pi_device *d);                       /* until it finishes; releases the claim */
-int pi_device_run(pi_device *d, pi_device_fn fn, void *arg); /* claim, go, wait */
-void pi_device_count(pi_device *d, int64_t rows, int64_t n_attn, int64_t n_output);
-int32_t pi_device_n_threads(const pi_device *d);
-int64_t pi_device_free_bytes(const pi_device *d);
-/* device bytes of n_hot compact rows: gate, up, down_t and the int32 map, each aligned */
-int64_t pi_device_rows_bytes(int64_t gate_row, int64_t down_t_row, int64_t n_hot);
-/* copy hot rows to the device; x, y, scratch: shared device buffers (NULL: allocate own) */
-int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, const pi_mat *down_t,
-                         const int32_t *hot_ids, int64_t n_hot, int64_t max_tok, float *x, float *y, void *scratch,
-                         pi_device_ffn **out);
-/* a layer whose hot rows live on an external device (pi_context_set_ffn_offload) */
-int pi_device_ffn_create_ext(void *handle, pi_ffn_offload_start_fn start, pi_ffn_offload_wait_fn wait,
-                             int64_t n_embd, int64_t n_ff, const int32_t *hot_ids, int64_t n_hot,
-                             pi_device_ffn **out);
-/* start the device half on x (copied to the device); no-op without hot rows */
-int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold,
-                        int64_t *n_used);
-/* the CPU half: base's computation over the cold neurons only (base->active ignored);
- * ids_buf (n_tok x n_cold) and off_buf (n_tok + 1): optional buffers, else allocated */
-int pi_ffn_cold(pi_pool *pool, const pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch,
-                int32_t *ids_buf, int64_t *off_buf);
-/* wait for the device half; y = its partial sum (copied back); counts added to n_used */
-int pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
-                          const int64_t *n_used_device);
-/* The split FFN: the device sums its hot rows while the CPU computes the cold rows' h;
- * then the CPU continues the device's sum with the cold rows (ids increasing). The
- * result equals one CPU sum over the hot ids, then the cold ids - bit for bit the
- * unsplit run when the hot ids are the layer's lowest (docs/placement.md, Exactness). */
-int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch, int32_t *ids_buf,
-                 int64_t *off_buf, int64_t *n_used_device, float *y_device);
-
 /* Bytes of scratch pi_predictor_scores needs */
 int64_t pi_predictor_scratch_size(const pi_mat *fc1, const pi_mat *fc2, int64_t n_tok);
 /* scores (n_tok rows of fc2->n_rows) = fc2 . relu(fc1 . x); validated arguments */

@@ -33,8 +33,9 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok); /* layer l has a 
 /* after a sparse or split FFN wrote c->ffn_y and c->ffn_used_tok: the layer's counts,
  * then x += post_ffn_norm(ffn_y + down bias) */
 void pi_ffn_sparse_done(pi_context *c, int l, int64_t n_tok);
-/* pi_ffn_act value of layer l's FFN (an ungated form without a gate) */
-int32_t pi_ffn_form(const pi_model *m, int l);
+/* the sparse FFN's arguments for layer l that a device split shares: its form, gate, up
+ * and down_t, threshold; c->xn in, c->ffn_y and c->ffn_used_tok out */
+pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok);
 
 /* ---- helpers the blocks share ---- */
 static inline void pi_matmul1(pi_context *c, const pi_mat *w, const float *x, int64_t n_tok, float *y) {

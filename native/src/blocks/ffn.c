@@ -43,7 +43,7 @@ static int ffn_gate_up(pi_context *c, int l, int64_t n_tok) {
     return gated;
 }
 
-int32_t pi_ffn_form(const pi_model *m, int l) {
+static int32_t ffn_form(const pi_model *m, int l) {
     static const int32_t form[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
                                    [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
     if (m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL) /* ungated (Falcon, OPT) */
@@ -74,11 +74,16 @@ void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
  * the product computes gate and up with the dense batched matmul (each weight row is
  * read once for the batch instead of once per token; the same bits per row) and
  * skips rows of down_t per token; decode, and the gate form, gather rows per token. */
-void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
+pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok) {
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
-    const pi_tensor *lt = &c->m->hp.layers[l * PI_L_COUNT];
-    const int64_t F = c->m->hp.n_ff;
     const int gated = lm[PI_L_FFN_GATE].data != NULL; /* else an ungated form (Falcon, OPT) */
+    return (pi_ffn_sparse_args){.act = ffn_form(c->m, l), .gate = gated ? &lm[PI_L_FFN_GATE] : NULL,
+                                .up = &lm[PI_L_FFN_UP], .down_t = &c->down_t[l], .x = c->xn, .n_tok = n_tok,
+                                .threshold = c->ffn_threshold[l], .y = c->ffn_y, .n_used = c->ffn_used_tok};
+}
+
+void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
+    const int64_t F = c->m->hp.n_ff;
     const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
     const int64_t t0 = pred ? pi_now_ns() : 0;
     const int32_t *active = NULL;
@@ -101,10 +106,12 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
             active_off = NULL;
         }
     }
-    const pi_ffn_sparse_args a = {pi_ffn_form(c->m, l), gated ? &lm[PI_L_FFN_GATE] : NULL,
-                                  &lm[PI_L_FFN_UP], &c->down_t[l], c->xn, n_tok, active, active_off,
-                                  c->ffn_threshold[l], c->ffn_y, c->ffn_used_tok, c->ffn_on_gate, h,
-                                  lt[PI_L_FFN_UP_BIAS].data};
+    pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
+    a.active = active;
+    a.active_off = active_off;
+    a.on_gate = c->ffn_on_gate;
+    a.h = h;
+    a.up_bias = c->m->hp.layers[l * PI_L_COUNT + PI_L_FFN_UP_BIAS].data; /* ungated forms */
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
     if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
     pi_ffn_sparse_done(c, l, n_tok);
