@@ -30,10 +30,11 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, int64_t n_to
     if (dev != NULL && dev->iface.submit_ffn(dev, c, l, n_tok)) {
         dev->iface.wait(dev, c);
         pi_ffn_sparse_done(c, l, n_tok);
-    } else if (c->down_t != NULL && c->down_t[l].data != NULL)
+    } else if (c->down_t != NULL && c->down_t[l].data != NULL) {
         pi_ffn_sparse_layer(c, l, n_tok);
-    else
+    } else {
         pi_ffn_dense(c, l, n_tok);
+    }
 }
 
 int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_tokens, int32_t logits_all) {

@@ -43,6 +43,7 @@ static int ffn_gate_up(pi_context *c, int l, int64_t n_tok) {
     return gated;
 }
 
+/* the pi_ffn_act form of layer l's FFN (an ungated form without a gate) */
 static int32_t ffn_form(const pi_model *m, int l) {
     static const int32_t form[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
                                    [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
