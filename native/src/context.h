@@ -1,11 +1,13 @@
-/* The model and context structs, shared by the forward pass (model.c) and the device
- * half of a placed model (device/placed.c). */
+/* The model and context structs, shared by the model and context lifetime, the forward
+ * pass and its blocks, the FFN settings and the device half of a placed model. */
 #ifndef PI_CONTEXT_H
 #define PI_CONTEXT_H
 
+#include <stdlib.h>
+
 #include "pi_internal.h"
 
-typedef struct pi_placed pi_placed;
+typedef struct pi_dev pi_dev; /* device/device.h */
 
 struct pi_model {
     pi_model_params hp;   /* copy; tensor views point into caller memory */
@@ -41,7 +43,8 @@ struct pi_context {
     float *ffn_y;
     int64_t *ffn_used_tok;                /* n_batch */
     int64_t *ffn_used, *ffn_total;        /* per layer, with the sparse FFN tables */
-    uint32_t *ffn_hist;                   /* calibration statistics (pi_context_set_ffn_hist), or NULL */
+    pi_ffn_observer ffn_observer;         /* called by every dense FFN layer (pi_context_set_ffn_hist), or NULL */
+    void *ffn_observer_data;
     int32_t ffn_on_gate;                  /* enum pi_ffn_threshold_on */
     pi_mat *pred_fc1, *pred_fc2;          /* per layer: activation predictor (fc1 data NULL = none) */
     float *pred_threshold;                /* per layer */
@@ -53,35 +56,12 @@ struct pi_context {
     int64_t *pred_count, *pred_ns, *ffn_ns; /* per layer counters */
     float *ffn_capture;                   /* pi_context_set_ffn_capture, or NULL */
     int32_t n_out;
-    pi_placed *placed;                    /* the device half of a placement (device/placed.c), or NULL */
+    pi_dev *dev;                          /* the device of a placement (device/device.h), or NULL */
 };
 
-/* What one attention block reads and writes: the host's buffers and tensors, or the
- * device's copies (device/placed.c). */
-typedef struct {
-    pi_pool *pool;
-    const pi_tensor *lt;         /* the layer's PI_L_COUNT tensors */
-    const pi_mat *lm;            /* their matrix views */
-    char *kc, *vc;               /* the layer's K and V cache */
-    float *x, *xn, *q, *k, *v, *attn;
-    void *act_scratch;
-    float *attn_scratch;
-    const float *rope_cs, *rope_cs_swa;
-    float *x_par; /* parallel residual (Falcon): a copy of the layer input; NULL otherwise */
-} pi_attn_site;
-
-/* x += attention(norm(x)) and xn = ffn_norm(x) for layer l, in site s (model.c) */
-void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, int64_t n_tok);
-/* x += post_ffn_norm(ffn_y) (the norm only where the layer has one) over n_tok rows */
-void pi_ffn_residual(pi_context *c, int l, int64_t n_tok);
-/* pi_ffn_act value of layer l's FFN (an ungated form without a gate) */
-int32_t pi_ffn_form(const pi_model *m, int l);
-
-/* device/placed.c: each returns 1 when it ran the step on the device, 0 when the CPU must */
-int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok);
-int pi_placed_ffn(pi_context *c, int l, int64_t n_tok);
-int pi_placed_output(pi_context *c, const float *x, int64_t n_out, float *logits);
-void pi_placed_free(pi_placed *p);
-int pi_placed_error(pi_context *c); /* an external device's failure during this eval (then cleared) */
+/* tensor t is present with shape [ne0, ne1] (is_norm: [ne0] F32) and bytes enough (model.c) */
+int pi_check_tensor(const pi_tensor *t, const char *name, int64_t ne0, int64_t ne1, int is_norm);
+static inline pi_mat pi_mat_of(const pi_tensor *t) { return (pi_mat){t->data, t->type, t->ne[0], t->ne[1]}; }
+static inline float *pi_alloc_f(int64_t n) { return malloc((size_t)n * sizeof(float)); }
 
 #endif

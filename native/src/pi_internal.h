@@ -133,17 +133,28 @@ typedef void (*pi_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x)
 /* Convert n floats to an activation row (Q8_0, Q8_1, F16, BF16 or F32). */
 typedef void (*pi_from_float_fn)(const float *x, void *y, int64_t n);
 
+/* The sparse FFN's down accumulation over n_tiles whole tiles of PI_DOWN_TILE columns:
+ * tile b of y += h[r] * tile b of rows[r] for r = 0 .. nr-1 in order, with a separate
+ * multiply and add (the portable loop's bits). rows: down_t rows (F32, F16, Q8_0 or
+ * Q4_0); next: the n_next rows of the following call, prefetched as these are read. */
+typedef void (*pi_down_tiles_fn)(int32_t type, int64_t n_tiles, float *y, const char *const *rows, const float *h,
+                                 int nr, const char *const *next, int n_next);
+#define PI_DOWN_TILE 32 /* one Q8_0 / Q4_0 block */
+
 #define PI_TYPE_SLOTS 31 /* indexable by enum pi_type */
 
 typedef struct pi_isa {
     const char *name;
     pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
+    pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
 } pi_isa;
 
 extern const pi_isa pi_isa_scalar;
 extern const pi_isa pi_isa_avx2;   /* AVX2 + FMA + F16C */
 extern const pi_isa pi_isa_avx512; /* AVX-512 F/BW/VL (+ VNNI where present) */
+void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *const *rows, const float *h, int nr,
+                        const char *const *next, int n_next); /* isa/avx2_sparse.c, for both x86 tables */
 
 const pi_isa *pi_isa_current(void);
 
@@ -155,6 +166,15 @@ typedef void (*pi_task_fn)(void *arg, int ith, int nth);
 /* Run fn(arg, ith, nth) for ith in [0, nth) on the pool; returns when all are done. */
 void pi_pool_run(pi_pool *pool, pi_task_fn fn, void *arg);
 int pi_pool_size(const pi_pool *pool);
+
+/* Software prefetch of n bytes (gathered rows start on arbitrary pages, where the
+ * hardware stream prefetchers have no history yet). */
+static inline void pi_prefetch_bytes(const char *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+/* n rounded up to a multiple of a (a > 0): scratch and device buffer sizes */
+static inline int64_t pi_align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 /* split [0, n) into nth contiguous parts; part ith is [*lo, *hi) */
 static inline void pi_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
@@ -203,9 +223,20 @@ void pi_rope_apply(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, in
                    int32_t rope_type);
 /* h[i] = act(g[i]) * u[i]; u NULL: h[i] = act(g[i]) (ungated FFN) */
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
-/* Add n_tok rows of n_ff activations to per-neuron |h| histograms (ops/ffn_hist.c). */
-/* act >= 0: histogram of |pi_act1(act, v)| instead of |v| (the gate activation). */
-void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act);
+/* What an FFN observer sees of a dense FFN layer, once per layer and batch, between the
+ * activation and the down product (the context's ffn_observer; calibration). */
+typedef struct {
+    pi_pool *pool;
+    int32_t layer;
+    int32_t act;      /* the model's activation (enum pi_act) */
+    int32_t on_gate;  /* the thresholds' target (enum pi_ffn_threshold_on) */
+    int64_t n_tok, n_ff;
+    const float *pre; /* n_tok rows of n_ff: gate x (ungated: up x + b), before the activation */
+    const float *h;   /* the rows the down product reads: act(pre) * up x (ungated: act(pre)) */
+} pi_ffn_obs;
+typedef void (*pi_ffn_observer)(void *user, const pi_ffn_obs *o);
+/* ops/ffn_hist.c: pi_context_set_ffn_hist's observer; user is the histogram array */
+void pi_ffn_hist_observe(void *user, const pi_ffn_obs *o);
 float pi_act1(int32_t act, float x);
 /* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's
  * forward pass; see act.c); u NULL: h[i] = gelu(g[i]) */
@@ -253,42 +284,6 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch);
 
 /* ---- activation predictors (ops/predictor.c; see pi_op_predictor_scores) ---- */
 int64_t pi_now_ns(void); /* CLOCK_MONOTONIC */
-/* ---- devices (device/cpu_device.c): jobs, and one layer's hot rows ---- */
-typedef void (*pi_device_fn)(pi_pool *pool, void *arg); /* runs on the device's thread and workers */
-int pi_device_claim(pi_device *d);                       /* PI_ERR_INVALID when a job is in flight */
-void pi_device_go(pi_device *d, pi_device_fn fn, void *arg); /* start fn after a claim */
-void pi_device_wait(pi_device *d);                       /* until it finishes; releases the claim */
-int pi_device_run(pi_device *d, pi_device_fn fn, void *arg); /* claim, go, wait */
-void pi_device_count(pi_device *d, int64_t rows, int64_t n_attn, int64_t n_output);
-int32_t pi_device_n_threads(const pi_device *d);
-int64_t pi_device_free_bytes(const pi_device *d);
-/* device bytes of n_hot compact rows: gate, up, down_t and the int32 map, each aligned */
-int64_t pi_device_rows_bytes(int64_t gate_row, int64_t down_t_row, int64_t n_hot);
-/* copy hot rows to the device; x, y, scratch: shared device buffers (NULL: allocate own) */
-int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, const pi_mat *down_t,
-                         const int32_t *hot_ids, int64_t n_hot, int64_t max_tok, float *x, float *y, void *scratch,
-                         pi_device_ffn **out);
-/* a layer whose hot rows live on an external device (pi_context_set_ffn_offload) */
-int pi_device_ffn_create_ext(void *handle, pi_ffn_offload_start_fn start, pi_ffn_offload_wait_fn wait,
-                             int64_t n_embd, int64_t n_ff, const int32_t *hot_ids, int64_t n_hot,
-                             pi_device_ffn **out);
-/* start the device half on x (copied to the device); no-op without hot rows */
-int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold,
-                        int64_t *n_used);
-/* the CPU half: base's computation over the cold neurons only (base->active ignored);
- * ids_buf (n_tok x n_cold) and off_buf (n_tok + 1): optional buffers, else allocated */
-int pi_ffn_cold(pi_pool *pool, const pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch,
-                int32_t *ids_buf, int64_t *off_buf);
-/* wait for the device half; y = its partial sum (copied back); counts added to n_used */
-int pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
-                          const int64_t *n_used_device);
-/* The split FFN: the device sums its hot rows while the CPU computes the cold rows' h;
- * then the CPU continues the device's sum with the cold rows (ids increasing). The
- * result equals one CPU sum over the hot ids, then the cold ids - bit for bit the
- * unsplit run when the hot ids are the layer's lowest (docs/placement.md, Exactness). */
-int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch, int32_t *ids_buf,
-                 int64_t *off_buf, int64_t *n_used_device, float *y_device);
-
 /* Bytes of scratch pi_predictor_scores needs */
 int64_t pi_predictor_scratch_size(const pi_mat *fc1, const pi_mat *fc2, int64_t n_tok);
 /* scores (n_tok rows of fc2->n_rows) = fc2 . relu(fc1 . x); validated arguments */

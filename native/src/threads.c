@@ -8,14 +8,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "isa/relax.h"
 #include "pi_internal.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define PI_RELAX() _mm_pause()
-#else
-#define PI_RELAX() ((void)0)
-#endif
 
 #define PI_SPIN_NS 2000000LL /* how long a worker spins before sleeping: 2 ms */
 
@@ -50,7 +44,7 @@ static uint_fast64_t wait_for_job(pi_pool *p, uint_fast64_t seen) {
     for (;;) {
         uint_fast64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen || atomic_load(&p->stop)) return g;
-        PI_RELAX();
+        pi_cpu_relax();
         if ((++spins & 1023u) == 0 && now_ns() - t0 >= p->spin_ns) break;
     }
     pthread_mutex_lock(&p->mu);
@@ -140,7 +134,7 @@ void pi_pool_run(pi_pool *p, pi_task_fn fn, void *arg) {
     fn(arg, 0, p->n);
     /* wait for the workers; yield now and then in case one of them is not running */
     for (unsigned spins = 1; atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n - 1; spins++) {
-        PI_RELAX();
+        pi_cpu_relax();
         if ((spins & 255u) == 0 && p->spin_ns == 0) sched_yield();
     }
 }

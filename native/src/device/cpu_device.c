@@ -4,14 +4,12 @@
  * the reservation are refused) and its own thread with its own worker pool, so the
  * split between the device half of a plan (hot FFN rows) and the CPU half (cold
  * neurons), their concurrency, the byte accounting and the merge can be exercised
- * without a GPU. A CUDA device would implement the same entry points in its own
- * shared object. */
+ * without a GPU. Its FFN halves implement device/ffn_half.h's interface. */
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "pi_internal.h"
-
-#define PI_DEVICE_ALIGN 256
+#include "device/cpu_device.h"
+#include "device/ffn_half.h"
 
 struct pi_device {
     unsigned char *mem; /* the reservation */
@@ -26,27 +24,22 @@ struct pi_device {
     void *job_arg;
 };
 
-struct pi_device_ffn {
+/* The cpu-device's half of a layer's FFN (ffn_half.h) */
+typedef struct {
+    pi_device_ffn base;
     pi_device *dev;
     int32_t gate_up_type, down_t_type;
-    int64_t n_embd, n_ff, n_hot, max_tok;
+    int64_t max_tok;
     void *gate, *up, *down_t; /* device memory: n_hot compact rows each */
     int32_t *map;             /* device memory: row r is neuron map[r] (strictly increasing) */
     void *scratch;            /* device memory: pi_ffn_sparse scratch for max_tok tokens */
     float *x, *y;             /* device memory: max_tok rows of n_embd */
-    int32_t *cold;            /* host: the other n_ff - n_hot ids, increasing */
-    /* the job in flight (pi_device_ffn_start .. pi_device_ffn_finish) */
+    /* the job in flight (start .. finish) */
     int32_t job_act;
     int64_t job_tok;
     float job_threshold;
     int64_t *job_used;        /* optional per-token counts of kept hot rows */
-    /* or an external device's half (pi_context_set_ffn_offload): no memory here */
-    void *ext;
-    pi_ffn_offload_start_fn ext_start;
-    pi_ffn_offload_wait_fn ext_wait;
-};
-
-static int64_t align_up(int64_t n) { return (n + PI_DEVICE_ALIGN - 1) / PI_DEVICE_ALIGN * PI_DEVICE_ALIGN; }
+} cpu_half;
 
 static void *device_main(void *arg) {
     pi_device *d = arg;
@@ -92,14 +85,6 @@ void pi_device_wait(pi_device *d) {
     pthread_mutex_unlock(&d->mu);
 }
 
-int pi_device_run(pi_device *d, pi_device_fn fn, void *arg) {
-    int rc = pi_device_claim(d);
-    if (rc) return rc;
-    pi_device_go(d, fn, arg);
-    pi_device_wait(d);
-    return PI_OK;
-}
-
 void pi_device_count(pi_device *d, int64_t rows, int64_t n_attn, int64_t n_output) {
     pthread_mutex_lock(&d->mu);
     d->rows += rows;
@@ -124,7 +109,7 @@ int pi_device_create(const char *kind, int64_t reserve_bytes, int32_t n_threads,
         return pi_set_error(PI_ERR_INVALID, "pi_device_create: n_threads must be in [1, 512], got %d", n_threads);
     pi_device *d = calloc(1, sizeof *d);
     if (d == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_device_create: out of memory");
-    d->reserved = align_up(reserve_bytes);
+    d->reserved = pi_align_up(reserve_bytes, PI_DEVICE_ALIGN);
     if (d->reserved > 0) {
         d->mem = aligned_alloc(PI_DEVICE_ALIGN, (size_t)d->reserved);
         if (d->mem == NULL) {
@@ -173,7 +158,7 @@ int pi_device_alloc(pi_device *d, int64_t nbytes, void **out) {
     if (d == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_device_alloc: NULL argument");
     *out = NULL;
     if (nbytes < 0) return pi_set_error(PI_ERR_INVALID, "pi_device_alloc: nbytes must be >= 0");
-    const int64_t need = align_up(nbytes);
+    const int64_t need = pi_align_up(nbytes, PI_DEVICE_ALIGN);
     if (need > d->reserved - d->used) {
         d->n_refused++;
         return pi_set_error(PI_ERR_NOMEM,
@@ -208,43 +193,58 @@ int64_t pi_device_ffn_bytes(int32_t gate_up_type, int32_t down_t_type, int64_t n
     const int64_t rg = pi_row_size(gate_up_type, n_embd), rd = pi_row_size(down_t_type, n_embd);
     if (rg < 0 || rd < 0 || n_hot < 0 || max_tok < 1) return -1;
     if (n_hot == 0) return 0;
-    return pi_device_rows_bytes(rg, rd, n_hot) + align_up(pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_hot, max_tok)) +
-           2 * align_up(max_tok * n_embd * 4);
+    const int64_t scratch = pi_ffn_sparse_scratch_size(gate_up_type, n_embd, n_hot, max_tok);
+    return pi_device_rows_bytes(rg, rd, n_hot) + pi_align_up(scratch, PI_DEVICE_ALIGN) +
+           2 * pi_align_up(max_tok * n_embd * 4, PI_DEVICE_ALIGN);
 }
 
 int64_t pi_device_rows_bytes(int64_t gate_row, int64_t down_t_row, int64_t n_hot) {
-    return n_hot == 0 ? 0 : 2 * align_up(n_hot * gate_row) + align_up(n_hot * down_t_row) + align_up(n_hot * 4);
+    if (n_hot == 0) return 0;
+    return 2 * pi_align_up(n_hot * gate_row, PI_DEVICE_ALIGN) + pi_align_up(n_hot * down_t_row, PI_DEVICE_ALIGN) +
+           pi_align_up(n_hot * 4, PI_DEVICE_ALIGN);
 }
 
 static int down_t_type_ok(int32_t t) {
     return t == PI_TYPE_F32 || t == PI_TYPE_F16 || t == PI_TYPE_Q8_0 || t == PI_TYPE_Q4_0;
 }
 
-/* Check hot_ids (strictly increasing in [0, n_ff)), then a new pi_device_ffn with the
- * sizes and the complementary cold list; fn names the caller in messages. */
-static int check_hot_ids(const char *fn, const int32_t *hot_ids, int64_t n_hot, int64_t n_ff) {
-    for (int64_t r = 0; r < n_hot; r++)
-        if (hot_ids[r] < 0 || hot_ids[r] >= n_ff || (r > 0 && hot_ids[r] <= hot_ids[r - 1]))
-            return pi_set_error(PI_ERR_INVALID, "%s: hot ids must be strictly increasing in [0, %lld) (id %d at %lld)",
-                                fn, (long long)n_ff, hot_ids[r], (long long)r);
+/* The device half: every compact row is a candidate (active == NULL), each row computed as
+ * the CPU computes a gathered neuron (the same dot products), summed in row order. */
+static void ffn_job(pi_pool *pool, void *arg) {
+    cpu_half *f = arg;
+    const int64_t E = f->base.n_embd, n_hot = f->base.n_hot;
+    const pi_mat g = {f->gate, f->gate_up_type, E, n_hot}, u = {f->up, f->gate_up_type, E, n_hot};
+    const pi_mat dt = {f->down_t, f->down_t_type, E, n_hot};
+    const pi_ffn_sparse_args a = {.act = f->job_act, .gate = &g, .up = &u, .down_t = &dt, .x = f->x,
+                                  .n_tok = f->job_tok, .threshold = f->job_threshold, .y = f->y,
+                                  .n_used = f->job_used};
+    pi_ffn_sparse(pool, &a, f->scratch);
+    pi_device_count(f->dev, n_hot * f->job_tok, 0, 0);
+}
+
+static int cpu_start(pi_device_ffn *base, int32_t act, const float *x, int64_t n_tok, float threshold,
+                     int64_t *n_used) {
+    cpu_half *f = (cpu_half *)base;
+    int rc = pi_device_claim(f->dev);
+    if (rc) return rc;
+    memcpy(f->x, x, (size_t)(n_tok * base->n_embd) * sizeof(float)); /* x to the device */
+    f->job_act = act;
+    f->job_tok = n_tok;
+    f->job_threshold = threshold;
+    f->job_used = n_used;
+    pi_device_go(f->dev, ffn_job, f);
     return PI_OK;
 }
 
-static pi_device_ffn *ffn_new(const int32_t *hot_ids, int64_t n_hot, int64_t n_embd, int64_t n_ff) {
-    pi_device_ffn *f = calloc(1, sizeof *f);
-    if (f == NULL || (f->cold = malloc((size_t)(n_ff - n_hot + 1) * sizeof *f->cold)) == NULL) {
-        free(f);
-        return NULL;
-    }
-    f->n_embd = n_embd;
-    f->n_ff = n_ff;
-    f->n_hot = n_hot;
-    for (int64_t j = 0, r = 0, c = 0; j < n_ff; j++) {
-        if (r < n_hot && hot_ids[r] == j) r++;
-        else f->cold[c++] = (int32_t)j;
-    }
-    return f;
+static int cpu_finish(pi_device_ffn *base, int64_t n_tok, float *y, int64_t *n_used) {
+    cpu_half *f = (cpu_half *)base;
+    (void)n_used; /* the job wrote the counts */
+    pi_device_wait(f->dev);
+    memcpy(y, f->y, (size_t)(n_tok * base->n_embd) * sizeof(float)); /* device to host: the CPU continues this sum */
+    return PI_OK;
 }
+
+static const pi_ffn_half_i cpu_half_i = {cpu_start, cpu_finish};
 
 int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, const pi_mat *down_t,
                          const int32_t *hot_ids, int64_t n_hot, int64_t max_tok, float *x, float *y, void *scratch,
@@ -259,7 +259,7 @@ int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, con
     if (rg < 0 || rd < 0 || gate->type == PI_TYPE_Q8_1 || up->type != gate->type || !down_t_type_ok(down_t->type))
         return pi_set_error(PI_ERR_INVALID, "%s: unsupported types (gate/up %d, down_t %d) or n_embd %lld", fn,
                             gate->type, down_t->type, (long long)n_embd);
-    int rc = check_hot_ids(fn, hot_ids, n_hot, n_ff);
+    int rc = pi_ffn_check_hot_ids(fn, hot_ids, n_hot, n_ff);
     if (rc) return rc;
     /* all or nothing: the pool is a bump allocator, so a refusal would leave earlier parts
      * allocated; check the total first */
@@ -271,7 +271,7 @@ int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, con
                             "%lld of %lld bytes in use", fn, (long long)need, (long long)n_hot,
                             (long long)d->used, (long long)d->reserved);
     }
-    pi_device_ffn *f = ffn_new(hot_ids, n_hot, n_embd, n_ff);
+    cpu_half *f = (cpu_half *)pi_ffn_half_new(sizeof *f, &cpu_half_i, hot_ids, n_hot, n_embd, n_ff);
     if (f == NULL) return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
     f->dev = d;
     f->gate_up_type = gate->type;
@@ -299,7 +299,7 @@ int pi_device_ffn_create(pi_device *d, const pi_mat *gate, const pi_mat *up, con
             f->map[r] = (int32_t)j;
         }
     }
-    *out = f;
+    *out = &f->base;
     return PI_OK;
 }
 
@@ -313,141 +313,26 @@ int pi_device_ffn_upload(pi_device *d, int32_t gate_up_type, const void *gate, c
     return pi_device_ffn_create(d, &g, &u, &dt, hot_ids, n_hot, max_tok, NULL, NULL, NULL, out);
 }
 
-void pi_device_ffn_free(pi_device_ffn *f) {
-    if (f == NULL) return;
-    free(f->cold); /* device memory returns with the device (bump pool) */
-    free(f);
-}
-
-int64_t pi_device_ffn_n_hot(const pi_device_ffn *f) { return f ? f->n_hot : -1; }
-
-/* The device half: every compact row is a candidate (active == NULL), each row computed as
- * the CPU computes a gathered neuron (the same dot products), summed in row order. */
-static void ffn_job(pi_pool *pool, void *arg) {
-    pi_device_ffn *f = arg;
-    const pi_mat g = {f->gate, f->gate_up_type, f->n_embd, f->n_hot};
-    const pi_mat u = {f->up, f->gate_up_type, f->n_embd, f->n_hot};
-    const pi_mat dt = {f->down_t, f->down_t_type, f->n_embd, f->n_hot};
-    const pi_ffn_sparse_args a = {.act = f->job_act, .gate = &g, .up = &u, .down_t = &dt, .x = f->x,
-                                  .n_tok = f->job_tok, .threshold = f->job_threshold, .y = f->y,
-                                  .n_used = f->job_used};
-    pi_ffn_sparse(pool, &a, f->scratch);
-    pi_device_count(f->dev, f->n_hot * f->job_tok, 0, 0);
-}
-
-int pi_device_ffn_create_ext(void *handle, pi_ffn_offload_start_fn start, pi_ffn_offload_wait_fn wait,
-                             int64_t n_embd, int64_t n_ff, const int32_t *hot_ids, int64_t n_hot,
-                             pi_device_ffn **out) {
-    *out = NULL;
-    int rc = check_hot_ids("pi_context_set_ffn_offload", hot_ids, n_hot, n_ff);
-    if (rc) return rc;
-    pi_device_ffn *f = ffn_new(hot_ids, n_hot, n_embd, n_ff);
-    if (f == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ffn_offload: out of memory");
-    f->ext = handle;
-    f->ext_start = start;
-    f->ext_wait = wait;
-    *out = f;
-    return PI_OK;
-}
-
-int pi_device_ffn_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold,
-                        int64_t *n_used) {
-    if (f->n_hot == 0) return PI_OK;
-    if (f->ext != NULL)
-        return f->ext_start(f->ext, act, x, n_tok, threshold) == 0
-                   ? PI_OK
-                   : pi_set_error(PI_ERR_INVALID, "the offload device refused to start an FFN half");
-    int rc = pi_device_claim(f->dev);
-    if (rc) return rc;
-    memcpy(f->x, x, (size_t)(n_tok * f->n_embd) * sizeof(float)); /* x to the device */
-    f->job_act = act;
-    f->job_tok = n_tok;
-    f->job_threshold = threshold;
-    f->job_used = n_used;
-    pi_device_go(f->dev, ffn_job, f);
-    return PI_OK;
-}
-
-int pi_ffn_cold(pi_pool *pool, const pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch,
-                int32_t *ids_buf, int64_t *off_buf) {
-    const int64_t n_tok = base->n_tok, n_cold = f->n_ff - f->n_hot;
-    if (n_cold == 0) {
-        if (base->phase != 2 && base->n_used) memset(base->n_used, 0, (size_t)n_tok * sizeof *base->n_used);
-        return PI_OK;
-    }
-    int32_t *ids = ids_buf ? ids_buf : malloc((size_t)(n_cold * n_tok) * sizeof *ids);
-    int64_t *off = off_buf ? off_buf : malloc((size_t)(n_tok + 1) * sizeof *off);
-    int rc = PI_OK;
-    if (ids == NULL || off == NULL) {
-        rc = pi_set_error(PI_ERR_NOMEM, "pi_ffn_cold: out of memory");
-    } else { /* every token's candidates: the cold ids */
-        for (int64_t t = 0; t <= n_tok; t++) {
-            off[t] = t * n_cold;
-            if (t < n_tok && base->phase != 2) memcpy(ids + t * n_cold, f->cold, (size_t)n_cold * sizeof *ids);
-        }
-        pi_ffn_sparse_args a = *base;
-        a.active = ids;
-        a.active_off = off;
-        pi_ffn_sparse(pool, &a, scratch);
-    }
-    if (ids_buf == NULL) free(ids);
-    if (off_buf == NULL) free(off);
-    return rc;
-}
-
-int pi_device_ffn_finish(pi_device_ffn *f, int64_t n_tok, float *y, float *y_device, int64_t *n_used,
-                         const int64_t *n_used_device) {
-    const int64_t n = n_tok * f->n_embd;
-    int rc = PI_OK;
-    if (f->n_hot == 0) {
-        memset(y, 0, (size_t)n * sizeof(float));
-        if (y_device != NULL) memset(y_device, 0, (size_t)n * sizeof(float));
-        return PI_OK;
-    }
-    if (f->ext != NULL) { /* the device writes its partial sum straight into y */
-        if (f->ext_wait(f->ext, y, (int64_t *)n_used_device) != 0)
-            rc = pi_set_error(PI_ERR_INVALID, "the offload device failed to finish an FFN half");
-    } else {
-        pi_device_wait(f->dev);
-        memcpy(y, f->y, (size_t)n * sizeof(float)); /* device to host: the CPU continues this sum */
-    }
-    if (y_device != NULL) memcpy(y_device, y, (size_t)n * sizeof(float));
-    if (n_used != NULL && n_used_device != NULL)
-        for (int64_t t = 0; t < n_tok; t++) n_used[t] += n_used_device[t];
-    return rc;
-}
-
-int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch, int32_t *ids_buf,
-                 int64_t *off_buf, int64_t *n_used_device, float *y_device) {
-    int rc = pi_device_ffn_start(f, base->act, base->x, base->n_tok, base->threshold, n_used_device);
-    if (rc) return rc;
-    pi_ffn_sparse_args a = *base;
-    a.phase = 1; /* the cold rows' h on the CPU while the device computes the hot rows */
-    rc = pi_ffn_cold(pool, f, &a, scratch, ids_buf, off_buf);
-    const int rc2 = pi_device_ffn_finish(f, a.n_tok, a.y, y_device, a.n_used, n_used_device); /* always waits */
-    if (rc || rc2) return rc ? rc : rc2;
-    a.phase = 2; /* y = the device's partial sum, continued by the cold rows in id order */
-    return pi_ffn_cold(pool, f, &a, scratch, ids_buf, off_buf);
-}
-
+/* f: a cpu-device half (pi_device_ffn_upload, the only halves the API hands out) */
 int pi_op_ffn_hybrid(pi_pool *pool, const pi_device_ffn *f, int32_t act, const void *gate, const void *up,
                      const void *down_t, const float *x, int64_t n_tok, float threshold, float *y, float *y_device) {
     static const char *fn = "pi_op_ffn_hybrid";
     if (pool == NULL || f == NULL || gate == NULL || up == NULL || down_t == NULL || x == NULL || y == NULL)
         return pi_set_error(PI_ERR_INVALID, "%s: NULL argument", fn);
-    if (n_tok < 1 || n_tok > f->max_tok)
+    const cpu_half *h = (const cpu_half *)f;
+    if (n_tok < 1 || n_tok > h->max_tok)
         return pi_set_error(PI_ERR_INVALID, "%s: n_tok %lld outside [1, %lld] (max_tok of the upload)", fn,
-                            (long long)n_tok, (long long)f->max_tok);
+                            (long long)n_tok, (long long)h->max_tok);
     if (act < PI_FFN_SWIGLU || act > PI_FFN_DRELU)
         return pi_set_error(PI_ERR_INVALID, "%s: unknown activation form %d", fn, act);
     if (!(threshold >= 0.0f) || isinf(threshold))
         return pi_set_error(PI_ERR_INVALID, "%s: threshold must be finite and >= 0", fn);
     const int64_t E = f->n_embd;
-    const pi_mat g = {gate, f->gate_up_type, E, f->n_ff}, u = {up, f->gate_up_type, E, f->n_ff};
-    const pi_mat dt = {down_t, f->down_t_type, E, f->n_ff};
+    const pi_mat g = {gate, h->gate_up_type, E, f->n_ff}, u = {up, h->gate_up_type, E, f->n_ff};
+    const pi_mat dt = {down_t, h->down_t_type, E, f->n_ff};
     const pi_ffn_sparse_args a = {.act = act, .gate = &g, .up = &u, .down_t = &dt, .x = x, .n_tok = n_tok,
                                   .threshold = threshold, .y = y};
-    void *scratch = malloc((size_t)pi_ffn_sparse_scratch_size(f->gate_up_type, E, f->n_ff, n_tok));
+    void *scratch = malloc((size_t)pi_ffn_sparse_scratch_size(h->gate_up_type, E, f->n_ff, n_tok));
     if (scratch == NULL) return pi_set_error(PI_ERR_NOMEM, "%s: out of memory", fn);
     const int rc = pi_ffn_split(pool, (pi_device_ffn *)f, &a, scratch, NULL, NULL, NULL, y_device);
     free(scratch);

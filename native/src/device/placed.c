@@ -1,21 +1,27 @@
-/* A placed model: the device half of a placement plan (issue 6; docs/placement.md).
+/* A placed model: the device half of a placement plan (issue 6; docs/placement.md),
+ * behind the device interface (device/device.h) the forward pass calls.
  *
  * pi_context_set_device copies what the plan puts on the device - per layer the
  * attention tensors and KV cache, the hot FFN rows, the output block - into the
  * device's pool, with one activation scratch area for n_batch tokens, byte for byte
- * what powerinfer_backend.placement accounts. pi_eval then asks, step by step, whether
- * the device runs it (pi_placed_attn / _ffn / _output). x goes to the device and the
- * results come back as copies, as they would over PCIe. */
+ * what powerinfer_backend.placement accounts. pi_eval then submits each step to the
+ * interface, which runs it here when the plan put it on the device. x goes to the
+ * device and the results come back as copies, as they would over PCIe.
+ * pi_context_set_ffn_offload uses the same table with external FFN halves only. */
 #include <stdlib.h>
 
-#include "context.h"
+#include "blocks/blocks.h"
+#include "device/cpu_device.h"
+#include "device/device.h"
+#include "device/ffn_half.h"
 
-#define ALIGN 256
+enum { JOB_NONE, JOB_DEVICE, JOB_FFN }; /* the step in flight: a cpu-device job, or a split FFN */
 
-struct pi_placed {
+typedef struct pi_placed {
+    pi_dev base;        /* what the context holds; base.impl is this */
     pi_device *dev;     /* NULL when only external FFN halves are set (pi_context_set_ffn_offload) */
     pi_context *c;
-    int error;          /* the first failure of an external device in this eval */
+    int error;          /* the first failure of an FFN half in this eval */
     /* activation scratch on the device, allocated in this order: g .. act is one span
      * (attention scratch, or the sparse FFN's scratch) */
     float *x, *xn, *y, *q, *attn, *k, *v, *g, *u, *scores;
@@ -31,15 +37,19 @@ struct pi_placed {
     pi_tensor out_norm;
     pi_mat output;
     float *logits;
-    /* the job in flight */
+    /* the step in flight */
+    int job;            /* JOB_* */
+    int job_rc;         /* its submit failed: nothing to wait for */
     int job_l;
     const int32_t *job_pos;
     int64_t job_tok;
     const float *job_x;
     float *job_logits;
-};
+    pi_ffn_sparse_args job_ffn;
+} pi_placed;
 
-static int64_t align_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+static const pi_device_i placed_i;
+static void placed_free(pi_placed *p);
 
 static int64_t tensor_bytes(const pi_tensor *t) {
     return pi_row_size(t->type, t->ne[0]) * t->ne[1] * t->ne[2] * t->ne[3];
@@ -61,9 +71,9 @@ static void scratch_sizes(const pi_context *c, int64_t out[11]) {
 
 static int64_t attn_bytes(const pi_context *c, int l) {
     const pi_tensor *lt = &c->m->hp.layers[l * PI_L_COUNT];
-    int64_t n = 2 * align_up(c->n_cells * c->kv_row * (int64_t)c->kv_esz);
+    int64_t n = 2 * pi_align_up(c->n_cells * c->kv_row * (int64_t)c->kv_esz, PI_DEVICE_ALIGN);
     for (int s = 0; s < PI_L_COUNT; s++)
-        if (!is_ffn_rows(s) && lt[s].data != NULL) n += align_up(tensor_bytes(&lt[s]));
+        if (!is_ffn_rows(s) && lt[s].data != NULL) n += pi_align_up(tensor_bytes(&lt[s]), PI_DEVICE_ALIGN);
     return n;
 }
 
@@ -124,12 +134,13 @@ int pi_context_plan_bytes(const pi_context *c, const pi_layer_placement *layers,
     }
     if (output_on_device) {
         const pi_tensor *o = c->m->hp.output.data != NULL ? &c->m->hp.output : &c->m->hp.tok_embd;
-        total += align_up(tensor_bytes(&hp->output_norm)) + align_up(tensor_bytes(o)) +
-                 align_up((int64_t)c->cp.n_batch * hp->n_vocab * 4);
+        total += pi_align_up(tensor_bytes(&hp->output_norm), PI_DEVICE_ALIGN) +
+                 pi_align_up(tensor_bytes(o), PI_DEVICE_ALIGN) +
+                 pi_align_up((int64_t)c->cp.n_batch * hp->n_vocab * 4, PI_DEVICE_ALIGN);
     }
     int64_t sizes[11], scratch = 0;
     scratch_sizes(c, sizes);
-    for (int i = 0; i < 11 && any; i++) scratch += align_up(sizes[i]);
+    for (int i = 0; i < 11 && any; i++) scratch += pi_align_up(sizes[i], PI_DEVICE_ALIGN);
     if (scratch_bytes) *scratch_bytes = scratch;
     *total_bytes = total + scratch;
     return PI_OK;
@@ -140,13 +151,14 @@ static pi_placed *placed_new(pi_context *c, int64_t max_cold) {
     const size_t nl = (size_t)c->m->hp.n_layer;
     pi_placed *p = calloc(1, sizeof *p);
     if (p == NULL) return NULL;
+    p->base = (pi_dev){placed_i, p};
     p->c = c;
     if (!(p->lt = calloc(nl * PI_L_COUNT, sizeof *p->lt)) || !(p->lm = calloc(nl * PI_L_COUNT, sizeof *p->lm)) ||
         !(p->kc = calloc(nl, sizeof *p->kc)) || !(p->vc = calloc(nl, sizeof *p->vc)) ||
         !(p->ffn = calloc(nl, sizeof *p->ffn)) || !(p->used_dev = calloc((size_t)c->cp.n_batch, sizeof *p->used_dev)) ||
         !(p->cold_ids = malloc((size_t)(c->cp.n_batch * max_cold + 1) * sizeof *p->cold_ids)) ||
         !(p->cold_off = malloc((size_t)(c->cp.n_batch + 1) * sizeof *p->cold_off))) {
-        pi_placed_free(p);
+        placed_free(p);
         return NULL;
     }
     return p;
@@ -167,7 +179,7 @@ static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_
     int64_t sizes[11];
     scratch_sizes(c, sizes);
     int64_t span = 0;
-    for (int i = 7; i < 11; i++) span += align_up(sizes[i]);
+    for (int i = 7; i < 11; i++) span += pi_align_up(sizes[i], PI_DEVICE_ALIGN);
     const int64_t attn_need = pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * 4 * pi_device_n_threads(dev);
     if (attn_need > span)
         return pi_set_error(PI_ERR_INVALID, "device scratch: attention needs %lld bytes for %d device threads, the "
@@ -190,7 +202,7 @@ static int check_plan(const pi_context *c, const pi_device *dev, const pi_layer_
 int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placement *layers, int32_t output_on_device) {
     if (c == NULL || dev == NULL || layers == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_context_set_device: NULL argument");
-    if (c->placed != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_device: the context already has a device");
+    if (c->dev != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_device: the context already has a device");
     const pi_model_params *hp = &c->m->hp;
     int64_t scratch = 0, need = 0;
     int rc = pi_context_plan_bytes(c, layers, output_on_device, &need, &scratch);
@@ -247,14 +259,14 @@ int pi_context_set_device(pi_context *c, pi_device *dev, const pi_layer_placemen
         p->logits = dev_alloc(dev, (int64_t)c->cp.n_batch * hp->n_vocab * 4);
     }
     if (rc) { /* device memory stays with the device (bump pool); the context stays unplaced */
-        pi_placed_free(p);
+        placed_free(p);
         return rc;
     }
-    c->placed = p;
+    c->dev = &p->base;
     return PI_OK;
 }
 
-void pi_placed_free(pi_placed *p) {
+static void placed_free(pi_placed *p) {
     if (p == NULL) return;
     if (p->ffn != NULL)
         for (int l = 0; l < p->c->m->hp.n_layer; l++) pi_device_ffn_free(p->ffn[l]);
@@ -287,59 +299,6 @@ static void attn_job(pi_pool *pool, void *arg) {
     pi_device_count(p->dev, 0, 1, 0);
 }
 
-int pi_placed_attn(pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
-    pi_placed *p = c->placed;
-    if (p == NULL || p->kc[l] == NULL) return 0;
-    p->job_l = l;
-    p->job_pos = pos;
-    p->job_tok = n_tok;
-    pi_device_run(p->dev, attn_job, p); /* the context is the device's only client: never busy */
-    return 1;
-}
-
-int pi_context_set_ffn_offload(pi_context *c, int32_t layer, void *handle, pi_ffn_offload_start_fn start,
-                               pi_ffn_offload_wait_fn wait, const int32_t *hot_ids, int64_t n_hot) {
-    if (c == NULL || handle == NULL || start == NULL || wait == NULL || (n_hot > 0 && hot_ids == NULL))
-        return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_offload: NULL argument");
-    const pi_model_params *hp = &c->m->hp;
-    if (layer < 0 || layer >= hp->n_layer)
-        return pi_set_error(PI_ERR_INVALID, "layer %d is outside [0, %d)", layer, hp->n_layer);
-    if (n_hot < 1 || n_hot > hp->n_ff)
-        return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [1, %lld]", layer, (long long)n_hot,
-                            (long long)hp->n_ff);
-    const int rc = check_split_layer(c, layer, 1);
-    if (rc) return rc;
-    if (c->placed != NULL && (c->placed->dev != NULL || c->placed->ffn[layer] != NULL))
-        return pi_set_error(PI_ERR_INVALID, "blk.%d: the context already has a device half for this layer", layer);
-    if (c->placed == NULL && (c->placed = placed_new(c, hp->n_ff)) == NULL)
-        return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ffn_offload: out of memory");
-    return pi_device_ffn_create_ext(handle, start, wait, hp->n_embd, hp->n_ff, hot_ids, n_hot, &c->placed->ffn[layer]);
-}
-
-int pi_placed_error(pi_context *c) {
-    if (c->placed == NULL || !c->placed->error) return PI_OK;
-    const int rc = c->placed->error;
-    c->placed->error = 0;
-    return rc;
-}
-
-int pi_placed_ffn(pi_context *c, int l, int64_t n_tok) {
-    pi_placed *p = c->placed;
-    if (p == NULL || p->ffn[l] == NULL) return 0;
-    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
-    const int32_t form = pi_ffn_form(c->m, l);
-    const float thr = c->ffn_threshold[l];
-    const pi_ffn_sparse_args a = {.act = form, .gate = &lm[PI_L_FFN_GATE], .up = &lm[PI_L_FFN_UP],
-                                  .down_t = &c->down_t[l], .x = c->xn, .n_tok = n_tok, .threshold = thr,
-                                  .y = c->ffn_y, .n_used = c->ffn_used_tok};
-    const int rc = pi_ffn_split(c->pool, p->ffn[l], &a, c->ffn_scratch, p->cold_ids, p->cold_off, p->used_dev, NULL);
-    if (rc && !p->error) p->error = rc; /* pi_eval reports it; the message is already set */
-    for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
-    c->ffn_total[l] += n_tok * c->m->hp.n_ff;
-    pi_ffn_residual(c, l, n_tok);
-    return 1;
-}
-
 static void output_job(pi_pool *pool, void *arg) {
     pi_placed *p = arg;
     const pi_context *c = p->c;
@@ -354,12 +313,99 @@ static void output_job(pi_pool *pool, void *arg) {
     pi_device_count(p->dev, 0, 0, 1);
 }
 
-int pi_placed_output(pi_context *c, const float *x, int64_t n_out, float *logits) {
-    pi_placed *p = c->placed;
-    if (p == NULL || !p->out_on) return 0;
+/* ---- the device interface ---- */
+
+/* start fn on the cpu-device; the context is the device's only client, so the claim
+ * never fails (if it did, the step would be skipped, as before the interface) */
+static void submit_job(pi_placed *p, pi_device_fn fn) {
+    p->job = JOB_DEVICE;
+    p->job_rc = pi_device_claim(p->dev);
+    if (p->job_rc == PI_OK) pi_device_go(p->dev, fn, p);
+}
+
+static int placed_submit_attn(pi_dev *d, pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+    pi_placed *p = d->impl;
+    (void)c;
+    if (p->kc[l] == NULL) return 0;
+    p->job_l = l;
+    p->job_pos = pos;
+    p->job_tok = n_tok;
+    submit_job(p, attn_job);
+    return 1;
+}
+
+static int placed_submit_ffn(pi_dev *d, pi_context *c, int l, int64_t n_tok) {
+    pi_placed *p = d->impl;
+    if (p->ffn[l] == NULL) return 0;
+    p->job = JOB_FFN;
+    p->job_l = l;
+    p->job_ffn = pi_ffn_sparse_base(c, l, n_tok);
+    p->job_rc = pi_ffn_split_start(p->ffn[l], &p->job_ffn, p->used_dev);
+    return 1;
+}
+
+static int placed_submit_output(pi_dev *d, pi_context *c, const float *x, int64_t n_out, float *logits) {
+    pi_placed *p = d->impl;
+    (void)c;
+    if (!p->out_on) return 0;
     p->job_x = x;
     p->job_tok = n_out;
     p->job_logits = logits;
-    pi_device_run(p->dev, output_job, p);
+    submit_job(p, output_job);
     return 1;
+}
+
+static void placed_wait(pi_dev *d, pi_context *c) {
+    pi_placed *p = d->impl;
+    if (p->job == JOB_FFN) { /* the CPU half, the device's wait, the merge */
+        const int rc = p->job_rc ? p->job_rc
+                                 : pi_ffn_split_finish(c->pool, p->ffn[p->job_l], &p->job_ffn, c->ffn_scratch,
+                                                       p->cold_ids, p->cold_off, p->used_dev, NULL);
+        if (rc && !p->error) p->error = rc; /* pi_eval reports it; the message is already set */
+    } else if (p->job == JOB_DEVICE && p->job_rc == PI_OK) {
+        pi_device_wait(p->dev);
+    }
+    p->job = JOB_NONE;
+}
+
+static int placed_error(pi_dev *d) {
+    pi_placed *p = d->impl;
+    const int rc = p->error;
+    p->error = 0;
+    return rc;
+}
+
+static void placed_dev_free(pi_dev *d) { placed_free(d->impl); }
+
+static const pi_device_i placed_i = {
+    .name = "placed",
+    .submit_attn = placed_submit_attn,
+    .submit_ffn = placed_submit_ffn,
+    .submit_output = placed_submit_output,
+    .wait = placed_wait,
+    .error = placed_error,
+    .free = placed_dev_free,
+};
+
+int pi_context_set_ffn_offload(pi_context *c, int32_t layer, void *handle, pi_ffn_offload_start_fn start,
+                               pi_ffn_offload_wait_fn wait, const int32_t *hot_ids, int64_t n_hot) {
+    if (c == NULL || handle == NULL || start == NULL || wait == NULL || (n_hot > 0 && hot_ids == NULL))
+        return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_offload: NULL argument");
+    const pi_model_params *hp = &c->m->hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return pi_set_error(PI_ERR_INVALID, "layer %d is outside [0, %d)", layer, hp->n_layer);
+    if (n_hot < 1 || n_hot > hp->n_ff)
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [1, %lld]", layer, (long long)n_hot,
+                            (long long)hp->n_ff);
+    const int rc = check_split_layer(c, layer, 1);
+    if (rc) return rc;
+    pi_placed *p = c->dev != NULL ? c->dev->impl : NULL;
+    if (p != NULL && (p->dev != NULL || p->ffn[layer] != NULL))
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: the context already has a device half for this layer", layer);
+    if (p == NULL) {
+        if ((p = placed_new(c, hp->n_ff)) == NULL)
+            return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ffn_offload: out of memory");
+        c->dev = &p->base;
+    }
+    return pi_ffn_offload_half(handle, start, wait, hp->n_embd, hp->n_ff, hot_ids, n_hot, &p->ffn[layer]);
 }

@@ -219,4 +219,5 @@ const pi_isa pi_isa_avx512 = {
             [PI_TYPE_Q8_1] = from_float_q8_1,
             [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,
         },
+    .down_tiles = pi_down_tiles_avx2,
 };

@@ -1,5 +1,6 @@
 /* Per-neuron histograms of FFN activation magnitudes |h| (h = act(gate x) * up x),
- * the statistics threshold calibration works from (docs/sparsity.md).
+ * the statistics threshold calibration works from (docs/sparsity.md): the FFN
+ * observer (pi_ffn_obs) that pi_context_set_ffn_hist registers on a context.
  *
  * Bins are read straight off the float's bits: exponent plus the top two mantissa
  * bits gives four bins per octave (linear within it), no log() per value. Bin 0 holds |h|
@@ -35,10 +36,20 @@ static void hist_task(void *arg, int ith, int nth) {
     }
 }
 
-void pi_ffn_hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act) {
+/* Add n_tok rows of n_ff values v to the per-neuron histograms of |v|, or of
+ * |pi_act1(act, v)| when act >= 0 */
+static void hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_tok, int64_t n_ff, int32_t act) {
     hist_job j = {hist, v, n_tok, n_ff, act};
     if (pool == NULL || n_tok * n_ff < 65536)
         hist_task(&j, 0, 1);
     else
         pi_pool_run(pool, hist_task, &j);
+}
+
+void pi_ffn_hist_observe(void *user, const pi_ffn_obs *o) {
+    uint32_t *hist = (uint32_t *)user + (size_t)o->layer * o->n_ff * PI_FFN_HIST_BINS;
+    if (o->on_gate) /* what the threshold compares: the gate activation, or the product h */
+        hist_add(o->pool, hist, o->pre, o->n_tok, o->n_ff, o->act);
+    else
+        hist_add(o->pool, hist, o->h, o->n_tok, o->n_ff, -1);
 }

@@ -20,34 +20,17 @@
  *     partial-sum buffers are needed (the alternative, per-chunk partial rows
  *     reduced in chunk order, writes and rereads n_chunks * n_embd floats).
  *
- * The down accumulation has a portable path and an AVX2+F16C path (chosen at run
- * time: the scalar path when the ISA choice is "scalar" or the CPU lacks AVX2).
- * Both dequantize a 32-column tile of a row exactly (F16 -> F32 is exact; a Q8_0 or
- * Q4_0 weight q*d is exact in float), then do acc = acc + h * w with a separate
- * multiply and add: no FMA in either path (the AVX2 functions do not enable "fma",
- * and the library is compiled in ISO C mode, where GCC does not contract a*b+c), so
- * both paths give the same bits. These axpy kernels live here rather than in isa/
- * for now; they could move to the pi_isa table later. */
+ * The down accumulation has a portable path here and the ISA's whole-tile kernel
+ * (pi_isa.down_tiles: isa/avx2_sparse.c for the avx2 and avx512 paths, none for
+ * scalar). Both dequantize a 32-column tile of a row exactly, then do
+ * acc = acc + h * w with a separate multiply and add, so both give the same bits. */
 #include <stdlib.h>
 
 #include "pi_internal.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define PI_SPARSE_X86 1
-#endif
-
-#define TILE 32      /* output columns per tile (one Q8_0 / Q4_0 block) */
+#define TILE PI_DOWN_TILE
 #define ROW_GROUP 8  /* kept rows added per pass over a tile of y */
 #define SCRATCH_ALIGN 64
-
-/* Software prefetch of n bytes (the gathered rows start on arbitrary pages, where
- * the hardware stream prefetchers have no history yet). */
-static inline void prefetch_bytes(const char *p, int64_t n) {
-    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
-static int64_t align_up(int64_t n) { return (n + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN; }
 
 static int down_type_ok(int32_t t) {
     return t == PI_TYPE_F32 || t == PI_TYPE_F16 || t == PI_TYPE_Q8_0 || t == PI_TYPE_Q4_0;
@@ -92,7 +75,7 @@ static void down_rows_scalar(int32_t type, int64_t n, float *y, const char *cons
     float acc[TILE], w[TILE];
     const int64_t tb = type == PI_TYPE_F32 ? TILE * 4 : type == PI_TYPE_F16 ? TILE * 2 : pi_row_size(type, TILE);
     for (int64_t b = 0; b * TILE < n; b++) {
-        for (int r = 0; r < n_next; r++) prefetch_bytes(next[r] + b * tb, tb);
+        for (int r = 0; r < n_next; r++) pi_prefetch_bytes(next[r] + b * tb, tb);
         const int wd = n - b * TILE < TILE ? (int)(n - b * TILE) : TILE;
         float *yb = y + b * TILE;
         memcpy(acc, yb, (size_t)wd * sizeof(float));
@@ -108,112 +91,23 @@ static void down_rows_scalar(int32_t type, int64_t n, float *y, const char *cons
     }
 }
 
-#ifdef PI_SPARSE_X86
-#define AVX2_FN __attribute__((target("avx2,f16c")))
-
-/* q: 8 int8 lanes in the low 64 bits -> 8 floats */
-AVX2_FN static inline __m256 i8x8_to_ps(__m128i q) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)); }
-
-#define ACC4(W0, W1, W2, W3)                                  \
-    do {                                                      \
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(hv, (W0)));      \
-        a1 = _mm256_add_ps(a1, _mm256_mul_ps(hv, (W1)));      \
-        a2 = _mm256_add_ps(a2, _mm256_mul_ps(hv, (W2)));      \
-        a3 = _mm256_add_ps(a3, _mm256_mul_ps(hv, (W3)));      \
-    } while (0)
-
-/* Full tiles only; the caller does a partial last tile (float types) with the
- * scalar kernel, which gives the same bits. */
-AVX2_FN static void down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *const *rows,
-                                    const float *h, int nr, const char *const *next, int n_next) {
-    const int64_t tb = pi_row_size(type, TILE); /* bytes of a tile of one row */
-    for (int64_t b = 0; b < n_tiles; b++) {
-        float *yb = y + b * TILE;
-        for (int r = 0; r < n_next; r++) prefetch_bytes(next[r] + b * tb, tb);
-        __m256 a0 = _mm256_loadu_ps(yb), a1 = _mm256_loadu_ps(yb + 8);
-        __m256 a2 = _mm256_loadu_ps(yb + 16), a3 = _mm256_loadu_ps(yb + 24);
-        switch (type) {
-        case PI_TYPE_F32:
-            for (int r = 0; r < nr; r++) {
-                const float *p = (const float *)rows[r] + b * TILE;
-                const __m256 hv = _mm256_set1_ps(h[r]);
-                ACC4(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16),
-                     _mm256_loadu_ps(p + 24));
-            }
-            break;
-        case PI_TYPE_F16:
-            for (int r = 0; r < nr; r++) {
-                const __m128i *p = (const __m128i *)((const uint16_t *)rows[r] + b * TILE);
-                const __m256 hv = _mm256_set1_ps(h[r]);
-                ACC4(_mm256_cvtph_ps(_mm_loadu_si128(p)), _mm256_cvtph_ps(_mm_loadu_si128(p + 1)),
-                     _mm256_cvtph_ps(_mm_loadu_si128(p + 2)), _mm256_cvtph_ps(_mm_loadu_si128(p + 3)));
-            }
-            break;
-        case PI_TYPE_Q8_0:
-            for (int r = 0; r < nr; r++) {
-                const pi_block_q8_0 *q = (const pi_block_q8_0 *)rows[r] + b;
-                const __m256 d = _mm256_set1_ps(pi_fp16_to_fp32(q->d));
-                const __m128i lo = _mm_loadu_si128((const __m128i *)q->qs);
-                const __m128i hi = _mm_loadu_si128((const __m128i *)(q->qs + 16));
-                const __m256 hv = _mm256_set1_ps(h[r]);
-                ACC4(_mm256_mul_ps(i8x8_to_ps(lo), d), _mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(lo, 8)), d),
-                     _mm256_mul_ps(i8x8_to_ps(hi), d), _mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(hi, 8)), d));
-            }
-            break;
-        default: /* Q4_0: element i in the low nibble of qs[i], element i+16 in the high one */
-            for (int r = 0; r < nr; r++) {
-                const pi_block_q4_0 *q = (const pi_block_q4_0 *)rows[r] + b;
-                const __m256 d = _mm256_set1_ps(pi_fp16_to_fp32(q->d));
-                const __m128i raw = _mm_loadu_si128((const __m128i *)q->qs);
-                const __m128i m4 = _mm_set1_epi8(0x0F), e8 = _mm_set1_epi8(8);
-                const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m4), e8);
-                const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), e8);
-                const __m256 hv = _mm256_set1_ps(h[r]);
-                ACC4(_mm256_mul_ps(i8x8_to_ps(lo), d), _mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(lo, 8)), d),
-                     _mm256_mul_ps(i8x8_to_ps(hi), d), _mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(hi, 8)), d));
-            }
-            break;
-        }
-        _mm256_storeu_ps(yb, a0);
-        _mm256_storeu_ps(yb + 8, a1);
-        _mm256_storeu_ps(yb + 16, a2);
-        _mm256_storeu_ps(yb + 24, a3);
-    }
-}
-#undef ACC4
-#endif
 
 /* rows: the nr rows to add now; next: the n_next rows of the next call, prefetched
- * tile by tile as these are read */
-static void down_rows(int use_avx2, int32_t type, int64_t n, float *y, const char *const *rows,
+ * tile by tile as these are read; tiles: the ISA's kernel for whole tiles, or NULL */
+static void down_rows(pi_down_tiles_fn tiles, int32_t type, int64_t n, float *y, const char *const *rows,
                       const float *h, int nr, const char *const *next, int n_next) {
-#ifdef PI_SPARSE_X86
-    if (use_avx2) {
-        const int64_t full = n / TILE;
-        down_tiles_avx2(type, full, y, rows, h, nr, next, n_next);
-        if (full * TILE == n) return;
-        /* partial last tile (F32/F16 rows of n % 32 != 0): rows advanced by `full` tiles */
-        const int64_t tb = pi_row_size(type, full * TILE);
-        const char *rr[ROW_GROUP];
-        for (int r = 0; r < nr; r++) rr[r] = rows[r] + tb;
-        down_rows_scalar(type, n - full * TILE, y + full * TILE, rr, h, nr, NULL, 0);
+    if (tiles == NULL) {
+        down_rows_scalar(type, n, y, rows, h, nr, next, n_next);
         return;
     }
-#else
-    (void)use_avx2;
-#endif
-    down_rows_scalar(type, n, y, rows, h, nr, next, n_next);
-}
-
-static int pick_avx2(const pi_isa *isa) {
-#ifdef PI_SPARSE_X86
-    if (isa == &pi_isa_scalar) return 0;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-#else
-    (void)isa;
-    return 0;
-#endif
+    const int64_t full = n / TILE;
+    tiles(type, full, y, rows, h, nr, next, n_next);
+    if (full * TILE == n) return;
+    /* partial last tile (F32/F16 rows of n % 32 != 0): rows advanced by `full` tiles */
+    const int64_t tb = pi_row_size(type, full * TILE);
+    const char *rr[ROW_GROUP];
+    for (int r = 0; r < nr; r++) rr[r] = rows[r] + tb;
+    down_rows_scalar(type, n - full * TILE, y + full * TILE, rr, h, nr, NULL, 0);
 }
 
 /* ---- the operator ----------------------------------------------------------- */
@@ -221,7 +115,6 @@ static int pick_avx2(const pi_isa *isa) {
 typedef struct {
     const pi_ffn_sparse_args *a;
     const pi_isa *isa;
-    int use_avx2;
     int64_t n_embd, n_ff;
     const void *xq; /* n_tok activation rows */
     int64_t xq_row;
@@ -252,8 +145,8 @@ static void h_task(void *varg, int ith, int nth) {
             int64_t tn = t;
             while (s->off[tn + 1] <= k + 1) tn++;
             const int64_t jn = a->active ? a->active[a->active_off[0] + k + 1] : k + 1 - s->off[tn];
-            prefetch_bytes(gd + jn * wrow, wrow);
-            if (a->act == PI_FFN_SWIGLU || a->act == PI_FFN_GEGLU) prefetch_bytes(ud + jn * wrow, wrow);
+            pi_prefetch_bytes(gd + jn * wrow, wrow);
+            if (a->act == PI_FFN_SWIGLU || a->act == PI_FFN_GEGLU) pi_prefetch_bytes(ud + jn * wrow, wrow);
         }
         float g, u, h;
         dot(s->n_embd, &g, gd + j * wrow, xt);
@@ -326,7 +219,7 @@ static void down_task(void *varg, int ith, int nth) {
             const int64_t kn = k + ROW_GROUP;
             const int nn = kn < k1 ? (k1 - kn < ROW_GROUP ? (int)(k1 - kn) : ROW_GROUP) : 0;
             for (int r = 0; r < nn; r++) bufs[cur ^ 1][r] = dd + (int64_t)s->kid[kn + r] * drow;
-            down_rows(s->use_avx2, type, c1 - c0, yt, bufs[cur], s->h + k, nr, bufs[cur ^ 1], nn);
+            down_rows(s->isa->down_tiles, type, c1 - c0, yt, bufs[cur], s->h + k, nr, bufs[cur ^ 1], nn);
             cur ^= 1;
             nr = nn;
         }
@@ -335,10 +228,10 @@ static void down_task(void *varg, int ith, int nth) {
 
 int64_t pi_ffn_sparse_scratch_size(int32_t gate_up_type, int64_t n_embd, int64_t n_ff, int64_t n_tok) {
     const int32_t vdt = pi_type_get(gate_up_type)->vec_dot_type;
-    return align_up(pi_row_size(vdt, n_embd) * n_tok)  /* xq */
-           + align_up(n_tok * n_ff * 4)               /* h */
-           + align_up(n_tok * n_ff * 4)               /* kept ids */
-           + align_up((n_tok + 1) * 8) * 2;           /* off, koff */
+    return pi_align_up(pi_row_size(vdt, n_embd) * n_tok, SCRATCH_ALIGN)  /* xq */
+           + pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN)               /* h */
+           + pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN)               /* kept ids */
+           + pi_align_up((n_tok + 1) * 8, SCRATCH_ALIGN) * 2;           /* off, koff */
 }
 
 void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
@@ -346,16 +239,15 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
     const int64_t n_embd = a->up->n_cols, n_ff = a->up->n_rows, n_tok = a->n_tok;
     const int32_t vdt = pi_type_get(a->up->type)->vec_dot_type;
     char *p = scratch;
-    sparse_job s = {a, isa, pick_avx2(isa), n_embd, n_ff, NULL, pi_row_size(vdt, n_embd),
-                    NULL, 0, NULL, NULL, NULL};
+    sparse_job s = {a, isa, n_embd, n_ff, NULL, pi_row_size(vdt, n_embd), NULL, 0, NULL, NULL, NULL};
     void *xq = p;
-    p += align_up(s.xq_row * n_tok);
+    p += pi_align_up(s.xq_row * n_tok, SCRATCH_ALIGN);
     s.h = (float *)p;
-    p += align_up(n_tok * n_ff * 4);
+    p += pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN);
     s.kid = (int32_t *)p;
-    p += align_up(n_tok * n_ff * 4);
+    p += pi_align_up(n_tok * n_ff * 4, SCRATCH_ALIGN);
     int64_t *off = (int64_t *)p;
-    p += align_up((n_tok + 1) * 8);
+    p += pi_align_up((n_tok + 1) * 8, SCRATCH_ALIGN);
     s.koff = (int64_t *)p;
 
     for (int64_t t = 0; t <= n_tok; t++)

@@ -1,0 +1,125 @@
+/* The FFN forms of a layer: dense, sparse (down_t rows), and the residual after a sparse or split FFN. */
+#include "blocks.h"
+
+typedef struct {
+    int32_t act;
+    const float *g, *u; /* u NULL: ungated */
+    float *h;
+    int64_t n;
+} act_job;
+
+static void act_task(void *varg, int ith, int nth) {
+    const act_job *j = varg;
+    int64_t lo, hi;
+    pi_split(j->n, ith, nth, &lo, &hi);
+    if (j->act == PI_ACT_GELU) /* half-precision GELU, as llama.cpp's forward pass */
+        pi_gelu16_mul(j->g + lo, j->u ? j->u + lo : NULL, j->h + lo, hi - lo);
+    else
+        pi_act_mul(j->act, j->g + lo, j->u ? j->u + lo : NULL, j->h + lo, hi - lo);
+}
+
+/* h = act(g) * u over n_tok rows (ungated: h = act(g)), into c->u so that c->g keeps the
+ * pre-activation for the observer; split across the pool for prompt batches. Returns h. */
+static float *act_mul(pi_context *c, int64_t n_tok, int gated) {
+    act_job j = {c->m->hp.act, c->g, gated ? c->u : NULL, c->u, n_tok * c->m->hp.n_ff};
+    if (n_tok == 1)
+        act_task(&j, 0, 1);
+    else
+        pi_pool_run(c->pool, act_task, &j);
+    return c->u;
+}
+
+/* The FFN's input products of layer l for the normed rows c->xn: c->g = gate x and
+ * c->u = up x (+ bias); an ungated layer (Falcon, OPT) has only c->g = up x + bias.
+ * Returns 1 when gated. */
+static int ffn_gate_up(pi_context *c, int l, int64_t n_tok) {
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int64_t F = c->m->hp.n_ff;
+    const int gated = lm[PI_L_FFN_GATE].data != NULL;
+    float *up = gated ? c->u : c->g;
+    const pi_matmul_out gu[2] = {{&lm[PI_L_FFN_UP], up, F}, {&lm[PI_L_FFN_GATE], c->g, F}};
+    pi_matmul_multi(c->pool, gu, gated ? 2 : 1, c->xn, n_tok, c->act_scratch);
+    pi_bias_opt(&c->m->hp.layers[l * PI_L_COUNT + PI_L_FFN_UP_BIAS], up, F, n_tok);
+    return gated;
+}
+
+/* the pi_ffn_act form of layer l's FFN (an ungated form without a gate) */
+static int32_t ffn_form(const pi_model *m, int l) {
+    static const int32_t form[] = {[PI_ACT_SILU] = PI_FFN_SWIGLU, [PI_ACT_GELU] = PI_FFN_GEGLU,
+                                   [PI_ACT_RELU] = PI_FFN_RELU, [PI_ACT_DRELU] = PI_FFN_DRELU};
+    if (m->mats[l * PI_L_COUNT + PI_L_FFN_GATE].data == NULL) /* ungated (Falcon, OPT) */
+        return m->hp.act == PI_ACT_GELU ? PI_FFN_GELU_UP : PI_FFN_RELU_UP;
+    return form[m->hp.act];
+}
+
+/* x += post_ffn_norm(y + down bias) over n_tok rows: the end of every FFN form */
+static void ffn_out(pi_context *c, int l, float *y, int64_t n_tok) {
+    const pi_model_params *hp = &c->m->hp;
+    pi_bias_opt(&hp->layers[l * PI_L_COUNT + PI_L_FFN_DOWN_BIAS], y, hp->n_embd, n_tok); /* OPT, Falcon files */
+    pi_norm_opt(&hp->layers[l * PI_L_COUNT + PI_L_FFN_POST_NORM], y, hp->n_embd, n_tok, hp->rms_eps); /* Gemma */
+    pi_add_rows(c->x, y, n_tok * hp->n_embd);
+}
+
+void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
+    const pi_model_params *hp = &c->m->hp;
+    const float *h = act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
+    if (c->ffn_observer != NULL) { /* the one observation point (calibration histograms) */
+        const pi_ffn_obs o = {c->pool, l, hp->act, c->ffn_on_gate, n_tok, hp->n_ff, c->g, h};
+        c->ffn_observer(c->ffn_observer_data, &o);
+    }
+    pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], h, n_tok, c->xn);
+    ffn_out(c, l, c->xn, n_tok);
+}
+
+/* The sparse FFN of layer l (see pi_context_set_ffn_sparsity). A batch thresholding
+ * the product computes gate and up with the dense batched matmul (each weight row is
+ * read once for the batch instead of once per token; the same bits per row) and
+ * skips rows of down_t per token; decode, and the gate form, gather rows per token. */
+pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok) {
+    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const int gated = lm[PI_L_FFN_GATE].data != NULL; /* else an ungated form (Falcon, OPT) */
+    return (pi_ffn_sparse_args){.act = ffn_form(c->m, l), .gate = gated ? &lm[PI_L_FFN_GATE] : NULL,
+                                .up = &lm[PI_L_FFN_UP], .down_t = &c->down_t[l], .x = c->xn, .n_tok = n_tok,
+                                .threshold = c->ffn_threshold[l], .y = c->ffn_y, .n_used = c->ffn_used_tok};
+}
+
+void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
+    const int64_t F = c->m->hp.n_ff;
+    const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
+    const int64_t t0 = pred ? pi_now_ns() : 0;
+    const int32_t *active = NULL;
+    const int64_t *active_off = NULL;
+    if (pred) { /* scores -> per-token active lists (increasing ids) */
+        pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
+        c->pred_count[l] += pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], c->pred_active,
+                                                c->pred_off);
+        active = c->pred_active;
+        active_off = c->pred_off;
+        c->pred_ns[l] += pi_now_ns() - t0;
+    }
+    float *h = NULL;
+    if (n_tok > 1 && !c->ffn_on_gate) {
+        h = act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
+        if (pred) { /* batched: the same bits as gathered rows; unpredicted neurons are zeroed */
+            for (int64_t i = 0; i < n_tok * F; i++)
+                if (!(c->pred_scores[i] >= c->pred_threshold[l])) h[i] = 0.0f;
+            active = NULL;
+            active_off = NULL;
+        }
+    }
+    pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
+    a.active = active;
+    a.active_off = active_off;
+    a.on_gate = c->ffn_on_gate;
+    a.h = h;
+    a.up_bias = c->m->hp.layers[l * PI_L_COUNT + PI_L_FFN_UP_BIAS].data; /* ungated forms */
+    pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
+    if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
+    pi_ffn_sparse_done(c, l, n_tok);
+}
+
+void pi_ffn_sparse_done(pi_context *c, int l, int64_t n_tok) {
+    for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
+    c->ffn_total[l] += n_tok * c->m->hp.n_ff;
+    ffn_out(c, l, c->ffn_y, n_tok);
+}

@@ -1,0 +1,97 @@
+/* Context lifetime: buffers, KV cache, accessors of the last eval (pi_eval is in forward.c). */
+#include <stdlib.h>
+
+#include "context.h"
+#include "device/device.h"
+
+void pi_context_free(pi_context *c) {
+    if (c == NULL) return;
+    if (c->dev != NULL) c->dev->iface.free(c->dev);
+    pi_pool_free(c->pool);
+    free(c->k_cache);
+    free(c->v_cache);
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows,
+                     c->embd, c->rope_cs, c->rope_cs_swa, c->x_par};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(c->act_scratch);
+    free(c->down_t);
+    free(c->ffn_threshold);
+    free(c->ffn_scratch);
+    free(c->ffn_y);
+    free(c->ffn_used_tok);
+    free(c->ffn_used);
+    free(c->pred_fc1);
+    free(c->pred_fc2);
+    free(c->pred_threshold);
+    free(c->pred_scratch);
+    free(c->pred_scores);
+    free(c->pred_active);
+    free(c->pred_off);
+    free(c->pred_count);
+    free(c);
+}
+
+int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out) {
+    if (m == NULL || cp == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_create: NULL argument");
+    *out = NULL;
+    if (cp->n_ctx < 1 || cp->n_ctx > (1 << 24))
+        return pi_set_error(PI_ERR_INVALID, "n_ctx must be in [1, 16777216], got %d", cp->n_ctx);
+    if (cp->n_batch < 1 || cp->n_batch > (1 << 20))
+        return pi_set_error(PI_ERR_INVALID, "n_batch must be in [1, 1048576], got %d", cp->n_batch);
+    if (cp->kv_type != PI_TYPE_F16 && cp->kv_type != PI_TYPE_F32)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "kv_type must be F16 (1) or F32 (0), got %d", cp->kv_type);
+    const pi_model_params *hp = &m->hp;
+    pi_context *c = calloc(1, sizeof *c);
+    if (c == NULL) return pi_set_error(PI_ERR_NOMEM, "out of memory for the context");
+    c->m = m;
+    c->cp = *cp;
+    int rc = pi_pool_create(cp->n_threads, &c->pool);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    const int64_t B = cp->n_batch, E = hp->n_embd, Q = (int64_t)hp->n_head * hp->n_embd_head;
+    c->kv_row = (int64_t)hp->n_head_kv * hp->n_embd_head;
+    c->kv_esz = cp->kv_type == PI_TYPE_F16 ? 2 : 4;
+    c->n_cells = ((int64_t)cp->n_ctx + PI_KV_PAD - 1) / PI_KV_PAD * PI_KV_PAD;
+    const size_t kv_bytes = (size_t)hp->n_layer * (size_t)c->n_cells * (size_t)c->kv_row * c->kv_esz;
+    c->k_cache = calloc(1, kv_bytes);
+    c->v_cache = calloc(1, kv_bytes); /* zeroed: V dot products read whole padded blocks */
+    c->x = pi_alloc_f(B * E);
+    c->xn = pi_alloc_f(B * E);
+    c->q = pi_alloc_f(B * Q);
+    c->k = pi_alloc_f(B * c->kv_row);
+    c->v = pi_alloc_f(B * c->kv_row);
+    c->attn = pi_alloc_f(B * Q);
+    c->g = pi_alloc_f(B * hp->n_ff);
+    c->u = pi_alloc_f(B * hp->n_ff);
+    c->embd = pi_alloc_f(B * E);
+    c->act_scratch = malloc((size_t)(m->max_act_row * B));
+    c->attn_scratch = pi_alloc_f(pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * cp->n_threads);
+    c->logits1 = pi_alloc_f(hp->n_vocab);
+    c->rope_cs = pi_alloc_f(B * hp->n_rot);
+    c->rope_cs_swa = hp->n_swa > 0 ? pi_alloc_f(B * hp->n_rot) : NULL;
+    c->x_par = hp->parallel_residual ? pi_alloc_f(B * E) : NULL;
+    if (!c->k_cache || !c->v_cache || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
+        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs ||
+        (hp->n_swa > 0 && c->rope_cs_swa == NULL) || (hp->parallel_residual && c->x_par == NULL)) {
+        pi_context_free(c);
+        return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",
+                            cp->n_ctx, 2 * kv_bytes);
+    }
+    *out = c;
+    return PI_OK;
+}
+
+const float *pi_get_logits(pi_context *c) { return c != NULL && c->n_out > 0 ? c->logits : NULL; }
+const float *pi_get_logits_buffer(pi_context *c) { return c != NULL ? c->logits1 : NULL; }
+const float *pi_get_embeddings(pi_context *c) { return c != NULL && c->n_out > 0 ? c->embd : NULL; }
+int32_t pi_n_outputs(const pi_context *c) { return c != NULL ? c->n_out : 0; }
+int32_t pi_kv_used(const pi_context *c) { return c != NULL ? c->kv_used : 0; }
+
+int pi_kv_truncate(pi_context *c, int32_t n_keep) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_kv_truncate: NULL context");
+    if (n_keep < 0) return pi_set_error(PI_ERR_INVALID, "pi_kv_truncate: n_keep must be >= 0, got %d", n_keep);
+    if (n_keep < c->kv_used) c->kv_used = n_keep;
+    return PI_OK;
+}
