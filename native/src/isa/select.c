@@ -5,29 +5,27 @@
 
 #include "pi_internal.h"
 
-enum { ISA_SCALAR = 1, ISA_AVX2 = 2, ISA_AVX512 = 4 };
-
 static _Atomic(const pi_isa *) g_isa = NULL; /* first use may race between threads */
 
 uint32_t pi_isa_supported(void) {
-    uint32_t m = ISA_SCALAR;
+    uint32_t m = PI_ISA_SCALAR;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
-        m |= ISA_AVX2;
-    if ((m & ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+        m |= PI_ISA_AVX2;
+    if ((m & PI_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq"))
-        m |= ISA_AVX512;
+        m |= PI_ISA_AVX512;
 #endif
     return m;
 }
 
 static const pi_isa *best(void) {
     const uint32_t m = pi_isa_supported();
-    if (m & ISA_AVX512) return &pi_isa_avx512;
-    if (m & ISA_AVX2) return &pi_isa_avx2;
+    if (m & PI_ISA_AVX512) return &pi_isa_avx512;
+    if (m & PI_ISA_AVX2) return &pi_isa_avx2;
     return &pi_isa_scalar;
 }
 
@@ -38,10 +36,10 @@ int pi_isa_set(const char *name) {
     } else if (strcmp(name, "scalar") == 0) {
         g_isa = &pi_isa_scalar;
     } else if (strcmp(name, "avx2") == 0) {
-        if (!(m & ISA_AVX2)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx2+fma+f16c");
+        if (!(m & PI_ISA_AVX2)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx2+fma+f16c");
         g_isa = &pi_isa_avx2;
     } else if (strcmp(name, "avx512") == 0) {
-        if (!(m & ISA_AVX512)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx512f/bw/vl/dq");
+        if (!(m & PI_ISA_AVX512)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx512f/bw/vl/dq");
         g_isa = &pi_isa_avx512;
     } else {
         return pi_set_error(PI_ERR_INVALID, "unknown ISA '%s' (expected auto, scalar, avx2 or avx512)", name);
