@@ -1,6 +1,9 @@
-"""Raw binding: loads the cffi extension built from ``native/`` and turns C status
-codes into Python exceptions. Everything above this module goes through
-:func:`check`; nothing else touches ``lib`` error handling."""
+"""The bottom layer, ``_native``: the raw binding. Owns the cffi build (``_build``; the
+optional CUDA library's, ``_build_cuda``), loading the extension (``ffi``, ``lib``), C
+status codes turned into Python exceptions (:func:`check`), the C header's enums as
+Python enums (``enums``) and the kernel-path choice (:func:`set_isa`). Only ``engine``
+above it may touch ``lib`` / ``ffi``; everything else goes through :func:`check` and
+``enums``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Layer 3, ``engine``: thin owning wrappers over the C library, and the only code that
-calls ``lib.pi_*`` besides ``_native`` itself.
+"""The ``engine`` layer (above ``loader``): thin owning wrappers over the C library, and
+the only code that calls ``lib.pi_*`` besides ``_native`` itself.
 
 Owns ``NativeModel`` / ``NativeContext`` (``native``: a C model over a loaded GGUF, a
 context with its KV cache), the worker pool (``pool``), the device handles (``device``:

@@ -1,5 +1,5 @@
-"""Layer 5, ``hybrid``: PowerInfer's hybrid CPU/device split under ``vram_budget``
-(docs/placement.md).
+"""The ``hybrid`` layer (above ``sparsity``): PowerInfer's hybrid CPU/device split under
+``vram_budget`` (docs/placement.md).
 
 Owns placement (``placement``: exact device bytes, dense blocks then hot neurons, the plan
 cache, budget parsing, the plot), the decision from ``vram_budget`` / ``n_gpu_layers`` /

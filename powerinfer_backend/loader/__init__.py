@@ -1,4 +1,5 @@
-"""Layer 2, ``loader``: pure Python reading of model files, no native code.
+"""The ``loader`` layer (above ``_native``): pure Python reading of model files, no native
+code.
 
 Owns the architecture table (``arch``) and GGUF reading with the ``gguf`` package:
 GGUF/ggml type facts and tensor views (``types``), the guarded header reader

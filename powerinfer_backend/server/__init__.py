@@ -1,5 +1,6 @@
-"""Layer 9, ``server``: the OpenAI- and llama-server-compatible HTTP server (FastAPI,
-docs/serving.md) and its command-line options. Needs the ``[server]`` extra.
+"""The ``server`` layer (above ``llama.py``): the OpenAI- and llama-server-compatible HTTP
+server (FastAPI, docs/serving.md) and its command-line options. Needs the ``[server]``
+extra.
 
 ``create_app`` and ``serve`` (:mod:`.app`) are exported lazily: importing this package,
 or :mod:`.options`, does not need FastAPI."""

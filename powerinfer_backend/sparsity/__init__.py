@@ -1,4 +1,5 @@
-"""Layer 4, ``sparsity``: FFN activation sparsity on the CPU (docs/sparsity.md).
+"""The ``sparsity`` layer (above ``text``): FFN activation sparsity on the CPU
+(docs/sparsity.md).
 
 Owns the sparse modes of a context (``modes``: ``sparse="auto|off|threshold|predictor"``),
 the sidecar GGUF (``sidecar``), threshold calibration (``calibrate``), chunked perplexity

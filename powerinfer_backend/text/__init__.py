@@ -1,2 +1,4 @@
-"""Layer 6 (with ``llama.py``), ``text``: llama.cpp's tokenizer and sampler chain, through
-llama-cpp-python, over our logits."""
+"""The ``text`` layer (above ``engine``, below ``sparsity``, whose calibration and
+predictor training tokenize text): llama.cpp's tokenizer and sampler chain through
+llama-cpp-python, over our logits (``tokenizer``, ``sampling``), and embedding pooling
+(``pooling``)."""
