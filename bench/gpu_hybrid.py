@@ -49,8 +49,8 @@ the extension is abi3, the CUDA runtime static) and run with --no-build, carryin
 too (about 2 MiB):
 
       run(command="python3 bench/gpu_hybrid.py --no-build --out $OUT/gpu_hybrid.json",
-          carry=[".wheels", "powerinfer_backend/_pi_native.abi3.so",
-                 "powerinfer_backend/libpi_cuda.so"], timeout_s=540)
+          carry=[".wheels", "powerinfer_backend/_native/_pi_native.abi3.so",
+                 "powerinfer_backend/_native/libpi_cuda.so"], timeout_s=540)
 
 ``--device cpu-device`` runs the same pipeline on the CPU test device (a dry run of
 everything but CUDA), e.g. ``--layers 2 --device cpu-device --no-build``.
