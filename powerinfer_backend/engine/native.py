@@ -45,17 +45,24 @@ def _fill_tensor(dst, view) -> None:
 _NP_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
 
 
+def float_matrix(obj: np.ndarray, name: str) -> np.ndarray:
+    """``obj`` as a C-contiguous 2-D float32/float16 array (the float operands the C
+    library takes besides TensorViews). Raises ValueError naming ``name``."""
+    arr = np.ascontiguousarray(obj)
+    if arr.dtype not in _NP_TYPES:
+        raise ValueError(f"tensor {name}: dtype {arr.dtype}, expected float32 or float16")
+    if arr.ndim != 2:
+        raise ValueError(f"tensor {name}: must be 2-D, got shape {arr.shape}")
+    return arr
+
+
 def _pred_tensor(obj, name: str):
     """-> (pi_tensor*, object to keep alive) for an ndarray or a TensorView."""
     if obj is None:
         raise ValueError(f"tensor {name}: missing")
     t = ffi.new("pi_tensor *")
     if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj)
-        if arr.dtype not in _NP_TYPES:
-            raise ValueError(f"tensor {name}: dtype {arr.dtype}, expected float32 or float16")
-        if arr.ndim != 2:
-            raise ValueError(f"tensor {name}: must be 2-D, got shape {arr.shape}")
+        arr = float_matrix(obj, name)
         t.data = ffi.from_buffer(arr)
         t.type = _NP_TYPES[arr.dtype]
         t.n_dims = 2

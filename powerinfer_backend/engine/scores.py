@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._native import check, ffi, lib
-from .native import _NP_TYPES
+from .native import _NP_TYPES, float_matrix
 
 __all__ = ["scores", "quantize_q8_0"]
 
@@ -44,11 +44,7 @@ def quantize_q8_0(w: np.ndarray, name: str = ""):
 def _operand(w):
     """-> (type id, buffer, numpy-order shape) for an ndarray (F32/F16) or a TensorView."""
     if isinstance(w, np.ndarray):
-        w = np.ascontiguousarray(w)
-        if w.dtype not in _NP_TYPES:
-            raise ValueError(f"predictor dtype {w.dtype}: expected float32 or float16 (or a quantized TensorView)")
-        if w.ndim != 2:
-            raise ValueError(f"predictor weights must be 2-D, got shape {w.shape}")
+        w = float_matrix(w, "predictor weights (or a quantized TensorView)")
         return _NP_TYPES[w.dtype], w, w.shape
     if len(w.ne) != 2:
         raise ValueError(f"predictor weights must be 2-D, got ne {list(w.ne)}")
