@@ -188,6 +188,21 @@ def test_logprobs_stream(ours, ref):
                                    cb["choices"][0]["logprobs"]["token_logprobs"], atol=0.05)
 
 
+def test_echo_logprobs_exact_on_llama_cpp_logits(model_path, ref):
+    """Our completion code over llama.cpp's own logits: the echo / logprobs rows it reads
+    are llama-cpp-python's, to the bit. (Against our engine, above, the completion rows
+    come from one-token decodes, where llama.cpp's non-flash-attention path differs from
+    its own batched decode of the same sequence by up to ~0.8 in a logit on this model.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = Llama(model_path, n_ctx=N_CTX, n_threads=THREADS, seed=SEED, backend="llama_cpp", logits_all=True,
+                  verbose=False)
+    with m:
+        for kw in (dict(max_tokens=4, echo=True, logprobs=3), dict(max_tokens=3, logprobs=2, stream=True)):
+            a, b = _both(m, ref, "create_completion", PROMPT, temperature=0, **kw)
+            _same(a, b)
+
+
 def test_echo_stream_and_suffix(ours, ref):
     a, b = _both(ours, ref, "create_completion", PROMPT, max_tokens=3, temperature=0, echo=True)
     _same(a, b)
