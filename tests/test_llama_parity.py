@@ -165,13 +165,32 @@ def test_multibyte_stream(ours, ref, prompt, n):
     _same(full_a, full_b)
 
 
+def _batched_logprobs(ref, tokens):
+    """llama.cpp's token logprobs with every row from one batched evaluation, paired
+    as llama-cpp-python's echo pairs them (row i with token i)."""
+    ref.reset()
+    ref.eval(tokens)
+    rows = np.array(ref.scores[: len(tokens)], dtype=np.float64)
+    rows -= rows.max(axis=1, keepdims=True)
+    logp = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+    return logp[np.arange(len(tokens)), tokens]
+
+
 def test_echo_and_logprobs(ours, ref):
     a, b = _both(ours, ref, "create_completion", PROMPT, max_tokens=4, temperature=0, echo=True, logprobs=3)
     _same(a, b, exact=False)
     la, lb = a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]
     assert _text(a) == _text(b) and la["tokens"] == lb["tokens"] and la["text_offset"] == lb["text_offset"]
     assert la["token_logprobs"][0] is None and lb["token_logprobs"][0] is None
-    np.testing.assert_allclose(la["token_logprobs"][1:], lb["token_logprobs"][1:], atol=0.05)
+    # llama.cpp computes the completion rows one token per eval, and its one-token path
+    # differs from its own batched evaluation of the same tokens (by 0.78 in a logit of
+    # row 7 here, AVX2 host); ours gives the batched value either way. So each logprob must
+    # be llama.cpp's, by one of its two evaluations of the same sequence, within 0.05.
+    ids = ours.input_ids[: ours.n_tokens].tolist()
+    batched = _batched_logprobs(ref, ids)[1 : len(la["token_logprobs"])]
+    got, decoded = np.array(la["token_logprobs"][1:]), np.array(lb["token_logprobs"][1:])
+    near = (np.abs(got - decoded) <= 0.05) | (np.abs(got - batched) <= 0.05)
+    assert near.all(), {"ours": got, "llama.cpp": decoded, "llama.cpp batched": batched}
     for ta, tb in zip(la["top_logprobs"][1:], lb["top_logprobs"][1:]):
         common = set(ta) & set(tb)
         assert len(common) >= 2
