@@ -21,9 +21,7 @@ quantizer through ggml_quantize_chunk).
 from __future__ import annotations
 
 import ctypes
-import functools
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,12 +31,8 @@ from gguf import quants
 
 from powerinfer_backend import _native
 
-try:
-    from fixtures import random_quantized
-    from test_kernels_matmul import _GGML_VEC_DOT, ggml_cpu
-except ImportError:  # run as a package module
-    from tests.fixtures import random_quantized
-    from tests.test_kernels_matmul import _GGML_VEC_DOT, ggml_cpu
+from tests.fixtures.tiny_gguf import random_quantized
+from tests.fixtures.ggml import GGML_VEC_DOT, ggml_base, ggml_cpu
 
 ffi, lib = _native.ffi, _native.lib
 
@@ -97,24 +91,6 @@ def ref_q8_K(x: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
-@functools.lru_cache(maxsize=None)
-def ggml_base():
-    """llama-cpp-python's libggml-base (for ggml_quantize_chunk), or None."""
-    try:
-        import llama_cpp
-    except Exception:
-        return None
-    path = Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"
-    try:
-        g = ctypes.CDLL(str(path))
-        g.ggml_quantize_chunk.restype = ctypes.c_size_t
-        g.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    except (OSError, AttributeError):
-        return None
-    return g
-
-
 def weights(tname: str, n_rows: int, n_cols: int, real: bool):
     """(float weights or None, quantized bytes (n_rows, row bytes))."""
     t = GT[tname]
@@ -134,7 +110,7 @@ def ggml_rows(tname: str, wq: np.ndarray, xa: np.ndarray, n_cols: int) -> np.nda
     tr = ggml_cpu().ggml_get_type_traits_cpu(int(GT[tname])).contents
     if tr.vec_dot_type != int(ACT[tname]) or not tr.vec_dot:
         pytest.skip("unexpected ggml_type_traits_cpu layout")
-    dot = _GGML_VEC_DOT(tr.vec_dot)
+    dot = GGML_VEC_DOT(tr.vec_dot)
     out = np.zeros((xa.shape[0], wq.shape[0]), np.float32)
     r = ctypes.c_float()
     for t in range(xa.shape[0]):

@@ -31,7 +31,6 @@ import os
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +38,8 @@ from gguf import GGMLQuantizationType as GT
 from gguf import quants
 
 from powerinfer_backend import _native
+
+from tests.fixtures.ggml import GGML_VEC_DOT, ggml_cpu
 
 ffi, lib = _native.ffi, _native.lib
 
@@ -343,45 +344,13 @@ def test_fp16_to_fp32_all_patterns(isa, pool1):
 # ---- bit parity with llama.cpp's kernels ----------------------------------------------
 
 
-class _GgmlTraits(ctypes.Structure):
-    # struct ggml_type_traits_cpu (ggml-cpu.h): from_float, vec_dot, vec_dot_type, nrows
-    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
-                ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
-
-
-_GGML_VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t,
-                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-
-
-@functools.lru_cache(maxsize=None)
-def ggml_cpu():
-    """llama-cpp-python's libggml-cpu (ctypes), or None when it is not installed."""
-    try:
-        import llama_cpp
-    except Exception:
-        return None
-    path = Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"
-    if not path.exists():
-        return None
-    try:
-        g = ctypes.CDLL(str(path))
-        g.ggml_cpu_init.restype = None
-        g.ggml_cpu_init()
-        g.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_GgmlTraits)
-        g.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
-        g.ggml_cpu_has_avx512.restype = ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return g
-
-
 def ggml_rows(tname: str, wq: np.ndarray, xa: np.ndarray, n_cols: int) -> np.ndarray:
     """llama.cpp's vec_dot of every weight row with every activation row (raw bytes)."""
     g = ggml_cpu()
     tr = g.ggml_get_type_traits_cpu(TYPE_ID[tname]).contents
     if tr.vec_dot_type != TYPE_ID[ACT_TYPE[tname]] or not tr.vec_dot:
         pytest.skip("unexpected ggml_type_traits_cpu layout")
-    dot = _GGML_VEC_DOT(tr.vec_dot)
+    dot = GGML_VEC_DOT(tr.vec_dot)
     w = np.ascontiguousarray(wq).view(np.uint8).reshape(wq.shape[0], -1)
     x = np.ascontiguousarray(xa).view(np.uint8).reshape(xa.shape[0], -1)
     out = np.zeros((x.shape[0], w.shape[0]), np.float32)

@@ -116,7 +116,7 @@ def openai_chat(model_path):
     pytest.importorskip("fastapi")
     from langchain_openai import ChatOpenAI
 
-    from server_util import ServerProcess
+    from tests.fixtures.server import ServerProcess
 
     s = ServerProcess("--model", model_path, "--ctx-size", "512")
     try:

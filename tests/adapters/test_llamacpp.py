@@ -15,7 +15,8 @@ import llama_cpp.llama
 from powerinfer_backend import Llama
 from powerinfer_backend.adapters import llamacpp
 
-from server_util import ROOT, free_port
+from tests.fixtures import ROOT
+from tests.fixtures.server import free_port
 
 
 def test_install_swaps_and_uninstall_restores(model_path):
@@ -69,7 +70,7 @@ def test_llama_cpp_python_server_runs_on_our_llama(model_path, tmp_path):
                              model_path, "--n_ctx", "512", "--n_threads", "1", "--port", str(port), "--vram_budget",
                              "1", "--verbose", "true"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env={**__import__("os").environ, "PYTHONPATH": ROOT})
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60)
         deadline = time.monotonic() + 120

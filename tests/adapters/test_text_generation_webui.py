@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from server_util import ROOT, free_port
+from tests.fixtures import ROOT
+from tests.fixtures.server import free_port
 
 TGW_DIR = os.environ.get("TGW_DIR")
 pytestmark = pytest.mark.skipif(not TGW_DIR, reason="TGW_DIR is not set (path of a text-generation-webui "
@@ -21,7 +22,7 @@ TGW_PYTHON = os.environ.get("TGW_PYTHON", sys.executable)  # the interpreter tgw
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 TABLES = r"""

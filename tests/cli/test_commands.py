@@ -4,7 +4,6 @@ subprocess from the repository root on the real default model."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -12,7 +11,8 @@ import pytest
 
 from powerinfer_backend.loader.models import default_model_path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.fixtures import ROOT
+
 
 
 @pytest.fixture(scope="module", autouse=True)

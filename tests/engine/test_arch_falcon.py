@@ -1,7 +1,7 @@
 """Falcon (llama.cpp's falcon; PowerInfer's ReluFalcon) on tiny random-weight files:
 LayerNorm with bias, fused q/k/v with one key/value head, parallel residual,
 ungated MLP (GELU, or ReLU from metadata), NEOX RoPE. References: a float64 numpy
-forward pass (tests/arch_fixtures.py) and llama.cpp's decode path; the ReLU model
+forward pass (tests/fixtures/tiny_archs.py) and llama.cpp's decode path; the ReLU model
 also sparse (threshold 0) against dense."""
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from powerinfer_backend import Llama
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
-try:
-    from arch_fixtures import falcon_reference, write_tiny_falcon
-except ImportError:  # tests/ imported as a package
-    from tests.arch_fixtures import falcon_reference, write_tiny_falcon
+from tests.fixtures.tiny_archs import falcon_reference, write_tiny_falcon
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 64, 10)]
 

@@ -1,6 +1,6 @@
 """Gemma 3 in the native engine.
 
-Tiny random-weight files (tests/arch_fixtures.py, llama.cpp's gemma3 tensor names
+Tiny random-weight files (tests/fixtures/tiny_archs.py, llama.cpp's gemma3 tensor names
 and keys; 6 layers, so 5 sliding-window layers with a window of 3 and 1 global):
   * F32 weights against a float64 numpy forward pass written from the architecture
     (GeGLU with half-precision GELU, q/k norms, post norms, embedding scale, local
@@ -19,10 +19,7 @@ from gguf import GGMLQuantizationType as T
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
-try:
-    from arch_fixtures import gemma3_reference, write_tiny_gemma3
-except ImportError:  # tests/ imported as a package
-    from tests.arch_fixtures import gemma3_reference, write_tiny_gemma3
+from tests.fixtures.tiny_archs import gemma3_reference, write_tiny_gemma3
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 64, 10)]
 

@@ -2,7 +2,7 @@
 random-weight files: learned positions (row p + 2), LayerNorm with bias, biased
 q/k/v/output, ungated ReLU FFN with biases, no RoPE, tied output; the fork's files
 store ffn_down transposed (blk.N.ffn_down_t.weight/.bias). Reference: an independent
-float64 numpy forward pass of HF's OPTForCausalLM (tests/arch_fixtures.py)."""
+float64 numpy forward pass of HF's OPTForCausalLM (tests/fixtures/tiny_archs.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ from powerinfer_backend import Llama
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
-try:
-    from arch_fixtures import opt_reference, write_tiny_opt
-except ImportError:  # tests/ imported as a package
-    from tests.arch_fixtures import opt_reference, write_tiny_opt
+from tests.fixtures.tiny_archs import opt_reference, write_tiny_opt
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 64, 10)]
 

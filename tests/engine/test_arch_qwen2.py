@@ -8,10 +8,7 @@ import numpy as np
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
-try:
-    from arch_fixtures import write_tiny_qwen2
-except ImportError:  # tests/ imported as a package
-    from tests.arch_fixtures import write_tiny_qwen2
+from tests.fixtures.tiny_archs import write_tiny_qwen2
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 64, 10)]
 

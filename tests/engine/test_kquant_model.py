@@ -19,10 +19,7 @@ from gguf import GGMLQuantizationType as T
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
-try:
-    from fixtures import write_tiny_llama
-except ImportError:  # tests/ imported as a package
-    from tests.fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

@@ -1,15 +1,13 @@
-"""The native forward pass (engine.NativeModel / NativeContext) on tiny random
-llama models written by fixtures.write_tiny_llama, against a float64 numpy
-reference of the architecture, plus the context's bookkeeping (batching,
-chunking, truncation), determinism and error handling.
+"""The native forward pass (engine.native.NativeModel / NativeContext) on tiny random
+llama models written by tests.fixtures.tiny_gguf.write_tiny_llama, against a float64
+numpy reference of the architecture (tests.fixtures.llama_reference), plus the
+context's bookkeeping (batching, chunking, truncation), determinism and error handling.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
-import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -19,163 +17,8 @@ from powerinfer_backend._native import ffi, lib
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import GGUFModel, load_gguf
 
-try:
-    from fixtures import write_tiny_llama
-except ImportError:  # tests/ imported as a package
-    from tests.fixtures import write_tiny_llama
-
-
-# ---- float64 reference forward pass --------------------------------------------------
-#
-# The llama decoder, written for reading rather than speed. Shapes are numpy
-# shapes: a GGUF weight of ne [n_in, n_out] is the matrix W [n_out, n_in], and a
-# linear layer is y = x @ W.T.
-
-
-def weight_array(view) -> np.ndarray:
-    """A TensorView as float64 in numpy shape ne[::-1], dequantized with gguf.quants."""
-    return gguf.quants.dequantize(view.data, view.type).astype(np.float64).reshape(view.ne[::-1])
-
-
-def weight(model: GGUFModel, name: str) -> np.ndarray:
-    return weight_array(model.tensors[name])
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def rope_norm(x, pos, n_head, hp, freq_factors):
-    """RoPE, NORM layout (llama GGUFs): in every head, pair (2i, 2i+1) for
-    i < n_rot/2 turns by theta_i = pos * freq_scale * base^(-2i/n_rot) / ff[i]."""
-    hd, half = hp.n_embd_head, hp.n_rot // 2
-    i = np.arange(half)
-    theta = pos[:, None] * hp.rope_freq_scale * hp.rope_freq_base ** (-2.0 * i / hp.n_rot) / freq_factors
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    v = x.reshape(len(pos), n_head, hd).copy()
-    x0, x1 = v[:, :, 2 * i].copy(), v[:, :, 2 * i + 1].copy()
-    v[:, :, 2 * i] = x0 * cos - x1 * sin
-    v[:, :, 2 * i + 1] = x0 * sin + x1 * cos
-    return v.reshape(x.shape)
-
-
-def causal_attention(q, k, v, hp, f16_cache=False):
-    """Query head h of token t attends over keys/values of positions 0..t of KV
-    head h // (n_head / n_head_kv), scores scaled by 1/sqrt(head_dim).
-
-    ``f16_cache`` rounds as an F16 KV cache does (llama.cpp's default): K and V
-    are stored as F16, q and the softmax weights are rounded to F16 before the
-    products with them."""
-    f16 = (lambda a: a.astype(np.float32).astype(np.float16).astype(np.float64)) if f16_cache else (lambda a: a)
-    n_tok, hd = q.shape[0], hp.n_embd_head
-    group = hp.n_head // hp.n_head_kv
-    future = np.triu(np.ones((n_tok, n_tok), bool), k=1)
-    q, k, v = f16(q), f16(k), f16(v)
-    out = np.zeros_like(q)
-    for h in range(hp.n_head):
-        g = h // group
-        qh, kh, vh = (a[:, c * hd:(c + 1) * hd] for a, c in ((q, h), (k, g), (v, g)))
-        scores = qh @ kh.T / math.sqrt(hd)
-        scores[future] = -np.inf
-        w = np.exp(scores - scores.max(axis=1, keepdims=True))
-        w /= w.sum(axis=1, keepdims=True)
-        out[:, h * hd:(h + 1) * hd] = f16(w) @ vh
-    return out
-
-
-def silu(x):
-    return x / (1.0 + np.exp(-x))
-
-
-def quantize_q8(x: np.ndarray):
-    """The engine's Q8_0 / Q8_1 activation quantizer (llama.cpp's x86 one), per
-    block of 32 in float32 like the C code: d = amax / 127, id = 127 / amax (0 when
-    amax = 0), q = round-half-to-even(x * id). Returns
-    (q [..., n_blocks, 32], d [..., n_blocks, 1]) as float64 arrays."""
-    xb = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
-    amax = np.abs(xb).max(axis=-1, keepdims=True)
-    d = amax / np.float32(127)
-    inv = np.zeros_like(amax)
-    np.divide(np.float32(127), amax, out=inv, where=amax > 0)
-    q = np.round(xb * inv)
-    return q.astype(np.float64), d.astype(np.float64)
-
-
-def round_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
-    """The input of a product with a ``weight_type`` matrix as the engine's dot
-    kernels see it: rounded to the weight type's activation type. Q4_0/Q8_0 take
-    Q8_0 and Q4_1 takes Q8_1 (both: q * F16(d), see :func:`quantize_q8`); F16 and
-    BF16 take F16 / BF16 (float32 rounded to nearest even)."""
-    if weight_type in (T.Q4_0, T.Q4_1, T.Q8_0):
-        q, d = quantize_q8(x)
-        return (q * d.astype(np.float16)).reshape(x.shape)
-    if weight_type == T.F16:
-        return x.astype(np.float32).astype(np.float16).astype(np.float64)
-    if weight_type == T.BF16:
-        u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-        return u.astype(np.uint32).view(np.float32).astype(np.float64)
-    return x
-
-
-Q4_1_BLOCK = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])
-
-
-def linear_q4_1(x: np.ndarray, view) -> np.ndarray:
-    """x @ W.T for Q4_1 weights (w = d_w * nibble + m_w per block) the way the
-    dot kernel computes it against Q8_1 activations: per block,
-    d_w * F16(d_x) * sum(nibble * q_x) + m_w * s_x, where s_x = F16(d_x * sum(q_x))
-    is the block sum the quantizer stored (not F16(d_x) * sum(q_x))."""
-    n_out, n_in = view.ne[1], view.ne[0]
-    blocks = view.data.view(Q4_1_BLOCK).reshape(n_out, n_in // 32)
-    m = blocks["m"].astype(np.float64)  # [n_out, n_blocks]
-    w_scaled = weight_array(view) - np.repeat(m, 32, axis=1)  # d_w * nibble
-    q, d = quantize_q8(x)
-    s = (q.sum(axis=-1).astype(np.float32) * d[..., 0].astype(np.float32)).astype(np.float16)
-    x_hat = (q * d.astype(np.float16)).reshape(x.shape)
-    return x_hat @ w_scaled.T + s.astype(np.float64) @ m.T
-
-
-def reference_forward(model: GGUFModel, tokens, *, quantize_activations: bool = False,
-                      f16_cache: bool = False):
-    """Logits [n_tok, n_vocab] and final-norm hidden states [n_tok, n_embd] of
-    ``tokens`` at positions 0, 1, ..., in float64.
-
-    With ``quantize_activations`` every matrix product first rounds its input as
-    the engine does (:func:`round_activations`), and ``f16_cache`` rounds the
-    attention's operands as an F16 KV cache does; otherwise the only rounding is
-    the weights' own (dequantized exactly)."""
-    hp = model.hparams
-    W = lambda name: weight(model, name)  # noqa: E731
-
-    def linear(x: np.ndarray, name: str) -> np.ndarray:
-        wtype = model.tensors[name].type
-        if quantize_activations and wtype == T.Q4_1:
-            return linear_q4_1(x, model.tensors[name])
-        if quantize_activations:
-            x = round_activations(x, wtype)
-        return x @ W(name).T
-
-    pos = np.arange(len(tokens), dtype=np.float64)
-    ff = W("rope_freqs.weight") if "rope_freqs.weight" in model.tensors else np.ones(hp.n_rot // 2)
-
-    x = W("token_embd.weight")[np.asarray(tokens)]  # embedding lookup
-    for layer in range(hp.n_layer):
-        p = f"blk.{layer}."
-        # attention block
-        h = rms_norm(x, W(p + "attn_norm.weight"), hp.rms_eps)
-        q, k, v = (linear(h, p + f"attn_{c}.weight") for c in "qkv")
-        q = rope_norm(q, pos, hp.n_head, hp, ff)
-        k = rope_norm(k, pos, hp.n_head_kv, hp, ff)
-        x = x + linear(causal_attention(q, k, v, hp, f16_cache), p + "attn_output.weight")
-        # feed-forward block
-        h = rms_norm(x, W(p + "ffn_norm.weight"), hp.rms_eps)
-        gate, up = linear(h, p + "ffn_gate.weight"), linear(h, p + "ffn_up.weight")
-        x = x + linear(silu(gate) * up, p + "ffn_down.weight")
-
-    hidden = rms_norm(x, W("output_norm.weight"), hp.rms_eps)
-    out_name = "output.weight" if "output.weight" in model.tensors else "token_embd.weight"  # tied
-    return linear(hidden, out_name), hidden
+from tests.fixtures.llama_reference import reference_forward, weight
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 
 # ---- models ----------------------------------------------------------------------
@@ -536,8 +379,6 @@ def test_token_ids_are_checked_not_wrapped(models):
 
 def test_model_outlives_its_contexts(tmp_path):
     """Closing the model first defers the free until its last context closes."""
-    from tests.fixtures import write_tiny_llama
-
     m = NativeModel(load_gguf(write_tiny_llama(tmp_path / "m.gguf"), verbose=False))
     ctx = NativeContext(m, n_ctx=8, n_batch=8, n_threads=1)
     before = ctx.eval([1, 2, 3]).copy()

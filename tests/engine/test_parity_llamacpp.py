@@ -13,8 +13,6 @@ llama.cpp against llama.cpp's disagreement with itself, measured in the same run
 (docs/parity.md).
 """
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -22,8 +20,10 @@ from powerinfer_backend import Llama
 from powerinfer_backend.plugins.reference import load_reference
 from powerinfer_backend.sparsity.perplexity import log_softmax_nll
 
+from tests.fixtures import SHARED_DATA
+
 N_THREADS = 2
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 PROMPTS = [
     "The capital of France is",
     "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
@@ -31,7 +31,7 @@ PROMPTS = [
 ]
 
 
-needs_text = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} not found (a checkout beside shared/)")
+needs_text = pytest.mark.skipif(not SHAKESPEARE.exists(), reason=f"{SHAKESPEARE} not found")
 
 
 @pytest.fixture(scope="module")

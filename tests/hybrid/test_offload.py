@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 from powerinfer_backend import Llama
 from powerinfer_backend.hybrid import placement as P
@@ -173,8 +173,7 @@ def test_smollm2_64_greedy_tokens_at_every_budget(model_path):
     m.close()
 
 
-def test_llama_vram_budget_on_cpu_device(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_llama_vram_budget_on_cpu_device(tiny, xdg_cache):
     path, g, _ = tiny
     budget = P.full_device_bytes(P.ModelSizes.from_gguf(g), 64, 8) // 2
     llm = Llama(str(path), n_ctx=64, n_batch=8, n_threads=2, verbose=False, vram_budget=f"{budget}B",
@@ -191,8 +190,7 @@ def test_llama_vram_budget_on_cpu_device(tiny, tmp_path, monkeypatch):
     ref.close()
 
 
-def test_llama_budget_rules(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_llama_budget_rules(tiny, xdg_cache):
     path = str(tiny[0])
     kw = dict(n_ctx=64, n_batch=8, n_threads=1, verbose=False)
     for bad in ("-1", -2, "lots", float("nan")):
@@ -224,10 +222,9 @@ def test_llama_budget_rules(tiny, tmp_path, monkeypatch):
     llm.close()
 
 
-def test_scratch_alone_is_no_plan_and_exact_mode_is_the_cpu_twin(tiny, tmp_path, monkeypatch):
+def test_scratch_alone_is_no_plan_and_exact_mode_is_the_cpu_twin(tiny, xdg_cache):
     """A budget that holds the scratch but nothing else runs on the CPU (no device); a
     placed context reports mode "exact" and equals Llama(sparse="exact") on the CPU."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path, g, _ = tiny
     sizes = P.ModelSizes.from_gguf(g)
     kw = dict(n_ctx=64, n_batch=8, n_threads=2, verbose=False)
@@ -247,14 +244,13 @@ def test_scratch_alone_is_no_plan_and_exact_mode_is_the_cpu_twin(tiny, tmp_path,
             Llama(str(path), vram_budget="1MiB", device="cpu-device", device_threads=bad, **kw)
 
 
-def test_placement_refusals_and_f32_models(tmp_path, monkeypatch):
+def test_placement_refusals_and_f32_models(tmp_path, xdg_cache):
     """Falcon/OPT under a budget: a clear NotImplementedError (no gate to split, no device
     path for their dense blocks), not a byte-count mismatch; an F32 llama (down_t kept
     F32) places with exact bytes."""
-    from arch_fixtures import write_tiny_falcon, write_tiny_opt
+    from tests.fixtures.tiny_archs import write_tiny_falcon, write_tiny_opt
     from gguf import GGMLQuantizationType as GT
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     kw = dict(n_ctx=32, n_batch=8, n_threads=1, verbose=False, device="cpu-device")
     for path in (write_tiny_falcon(tmp_path / "f.gguf", ffn_act="relu", matrix_type=GT.Q8_0),
                  write_tiny_opt(tmp_path / "o.gguf")):

@@ -1,4 +1,4 @@
-"""VRAM placement (powerinfer_backend/placement.py): exact byte accounting, the
+"""VRAM placement (powerinfer_backend/hybrid/placement/): exact byte accounting, the
 budget never exceeded (hypothesis), frequency order, budget parsing and rules,
 the cached plan beside the model, and `powerinfer-backend plan`."""
 
@@ -17,7 +17,7 @@ from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.cli.commands import main as cli_main
 from powerinfer_backend.loader import load_gguf
 
-from fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
 

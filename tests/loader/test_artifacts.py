@@ -26,20 +26,13 @@ from powerinfer_backend.loader.artifacts import (artifact_dir, atomic_write, ato
 from powerinfer_backend.engine.down_cache import build_down_cache, down_cache_path, transposed_down
 from powerinfer_backend.loader import load_gguf
 
-from tests.fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 N_LAYER, N_EMBD, N_FF = 2, 64, 128
 
 
 def _sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def cache_home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "xdg-cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
-    return home
 
 
 def _model(folder: Path, name: str = "tiny.gguf", down_type: int = GT.Q8_0, seed: int = 0) -> str:
@@ -67,17 +60,17 @@ def test_fingerprint_stable_and_content_sensitive(tmp_path):
     assert fp2 != fp and fp2 == _sha(p)
 
 
-def test_artifact_dir_beside_writable_folder(tmp_path, cache_home):
+def test_artifact_dir_beside_writable_folder(tmp_path, xdg_cache):
     p = _model(tmp_path / "m")
     d = artifact_dir(p)
     assert d == (tmp_path / "m" / "tiny.powerinfer").resolve() and d.is_dir()
-    assert not cache_home.exists()
+    assert not xdg_cache.exists()
 
 
-def test_artifact_dir_cache_when_not_beside(tmp_path, cache_home):
+def test_artifact_dir_cache_when_not_beside(tmp_path, xdg_cache):
     p = _model(tmp_path / "m")
     d = artifact_dir(p, prefer_beside=False)
-    assert d == cache_home / "powerinfer_backend" / model_fingerprint(p)[:16] and d.is_dir()
+    assert d == xdg_cache / "powerinfer_backend" / model_fingerprint(p)[:16] and d.is_dir()
     assert not (tmp_path / "m" / "tiny.powerinfer").exists()
     assert artifact_dir(p, prefer_beside=False, create=False) == d
 
@@ -90,7 +83,7 @@ def test_artifact_dir_cache_default_home(tmp_path, monkeypatch):
     assert d == tmp_path / "home" / ".cache" / "powerinfer_backend" / model_fingerprint(p)[:16]
 
 
-def test_artifact_dir_read_only_folder(tmp_path, cache_home):
+def test_artifact_dir_read_only_folder(tmp_path, xdg_cache):
     folder = tmp_path / "ro"
     p = _model(folder)
     os.chmod(folder, 0o555)
@@ -99,13 +92,13 @@ def test_artifact_dir_read_only_folder(tmp_path, cache_home):
             pytest.skip("running as root: os.access reports a 0o555 folder writable "
                         "(the cache path is covered by prefer_beside=False)")
         d = artifact_dir(p)
-        assert d == cache_home / "powerinfer_backend" / model_fingerprint(p)[:16]
+        assert d == xdg_cache / "powerinfer_backend" / model_fingerprint(p)[:16]
         assert d.is_dir() and not (folder / "tiny.powerinfer").exists()
     finally:
         os.chmod(folder, 0o755)
 
 
-def test_artifact_dir_unwritable_folder_simulated(tmp_path, cache_home, monkeypatch):
+def test_artifact_dir_unwritable_folder_simulated(tmp_path, xdg_cache, monkeypatch):
     """The same fallback when os.access says no (works as root too)."""
     folder = tmp_path / "ro"
     p = _model(folder)
@@ -118,22 +111,22 @@ def test_artifact_dir_unwritable_folder_simulated(tmp_path, cache_home, monkeypa
 
     monkeypatch.setattr(artifacts.os, "access", access)
     d = artifact_dir(p)
-    assert d == cache_home / "powerinfer_backend" / model_fingerprint(p)[:16]
+    assert d == xdg_cache / "powerinfer_backend" / model_fingerprint(p)[:16]
     assert d.is_dir() and not (folder / "tiny.powerinfer").exists()
 
 
-def test_artifact_dir_installed_package_uses_cache(tmp_path, cache_home):
+def test_artifact_dir_installed_package_uses_cache(tmp_path, xdg_cache):
     """A model under site-packages (like the embedded default) never gets files beside it."""
     folder = tmp_path / "venv" / "lib" / "site-packages" / "llm_pkg"
     p = _model(folder)
     assert artifacts.in_installed_packages(p)
     d = artifact_dir(p)
-    assert d == cache_home / "powerinfer_backend" / model_fingerprint(p)[:16]
+    assert d == xdg_cache / "powerinfer_backend" / model_fingerprint(p)[:16]
     assert not (folder / "tiny.powerinfer").exists()
     assert not artifacts.in_installed_packages(_model(tmp_path / "m"))
 
 
-def test_default_model_artifact_dir_is_cache(cache_home):
+def test_default_model_artifact_dir_is_cache(xdg_cache):
     from powerinfer_backend.loader.models import default_model_path
 
     try:
@@ -142,7 +135,7 @@ def test_default_model_artifact_dir_is_cache(cache_home):
         pytest.skip(f"no embedded model: {e}")
     assert artifacts.in_installed_packages(p)
     d = artifact_dir(p, create=False)  # costs one hash of the ~100 MB model (~0.1 s)
-    assert d.parent == cache_home / "powerinfer_backend" and not d.exists()
+    assert d.parent == xdg_cache / "powerinfer_backend" and not d.exists()
 
 
 def test_artifact_dir_missing_model(tmp_path):
@@ -183,7 +176,7 @@ def test_atomic_write_failure_keeps_old_content(tmp_path):
 # ---- provenance ---------------------------------------------------------------------------
 
 
-def test_provenance(tmp_path, cache_home):
+def test_provenance(tmp_path, xdg_cache):
     a = _model(tmp_path / "a", seed=1)
     b = _model(tmp_path / "b", seed=2)
     fa, fb = model_fingerprint(a), model_fingerprint(b)
@@ -226,7 +219,7 @@ def _reference(model, layer: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("down_type", [GT.Q8_0, GT.Q4_1, GT.F32], ids=lambda t: t.name)
-def test_transposed_down_values_and_reuse(tmp_path, cache_home, down_type):
+def test_transposed_down_values_and_reuse(tmp_path, xdg_cache, down_type):
     p = _model(tmp_path / "m", down_type=down_type)
     sha_before = _sha(p)
     model = load_gguf(p, verbose=False)
@@ -262,7 +255,7 @@ def test_transposed_down_values_and_reuse(tmp_path, cache_home, down_type):
     model.close()
 
 
-def test_down_cache_rebuilds_on_other_model(tmp_path, cache_home):
+def test_down_cache_rebuilds_on_other_model(tmp_path, xdg_cache):
     p = _model(tmp_path / "m", seed=1)
     npy = build_down_cache(p, dtype="f16", progress=False)
     old_meta = artifacts.read_metadata(npy)
@@ -276,7 +269,7 @@ def test_down_cache_rebuilds_on_other_model(tmp_path, cache_home):
     model.close()
 
 
-def test_down_cache_errors_and_corrupt_file(tmp_path, cache_home):
+def test_down_cache_errors_and_corrupt_file(tmp_path, xdg_cache):
     p = _model(tmp_path / "m")
     model = load_gguf(p, verbose=False)
     with pytest.raises(IndexError):

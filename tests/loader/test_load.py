@@ -24,12 +24,9 @@ from powerinfer_backend.loader import (
     load_gguf,
 )
 
-try:
-    from fixtures import patch_tensor_info, tensor_info_layout, write_tiny_llama
-except ImportError:  # tests/ imported as a package
-    from tests.fixtures import patch_tensor_info, tensor_info_layout, write_tiny_llama
+from tests.fixtures import ROOT
+from tests.fixtures.tiny_gguf import patch_tensor_info, tensor_info_layout, write_tiny_llama
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _real_model_path() -> str | None:
@@ -412,7 +409,7 @@ def test_wrong_magic(tmp_path, head):
 
 
 def test_pwri_magic_is_read_as_gguf_but_bad_header_is_an_error(tmp_path):
-    """PowerInfer's magic is accepted (tests/test_pwri.py); a broken header after it is still an error."""
+    """PowerInfer's magic is accepted (tests/loader/test_pwri.py); a broken header after it is still an error."""
     p = tmp_path / "bad.gguf"
     p.write_bytes(b"PWRI\x01\x00\x00\x00")
     _expect_error(p, "not a valid GGUF file", "version 1")

@@ -14,16 +14,14 @@ from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.loader.pwri import gpuidx_path, read_gpuidx
 from powerinfer_backend.sparsity.predictors import pwri_predictors
 
-from fixtures import finish_gguf, write_tiny_llama
+from tests.fixtures.tiny_gguf import finish_gguf, write_tiny_llama
 
 F32 = {"matrix": T.F32, "token_embd": T.F32}
 N_EMBD, N_FF, N_LAYER, RANK = 64, 128, 2, 32
 KV = {"powerinfer.sparse_threshold": 0.0}  # PowerInfer llama files are ReLU models
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("xdg_cache")  # artifacts of every test in its own user cache
 
 
 def write_pair(tmp_path, threshold=0.0, down_t_dtype=np.float32, drop=(), bad=None, seed=7):

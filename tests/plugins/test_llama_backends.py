@@ -17,10 +17,7 @@ from powerinfer_backend import Llama
 from powerinfer_backend.plugins.manager import available_backends, plugin_manager
 from powerinfer_backend.plugins.reference import load_reference
 
-try:
-    from fixtures import write_tiny_llama
-except ImportError:  # pragma: no cover - run from the repository root
-    from tests.fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 PROMPT = "The capital of France is"
 

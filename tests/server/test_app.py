@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 
-from server_util import ServerProcess  # noqa: E402
+from tests.fixtures.server import ServerProcess  # noqa: E402
 
 from powerinfer_backend import Llama  # noqa: E402
 

@@ -18,17 +18,15 @@ from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.sparsity.perplexity import perplexity, read_text
 from powerinfer_backend.sparsity.sidecar import read_sidecar, sidecar_path
 
-from fixtures import write_tiny_llama
+from tests.fixtures import SHARED_DATA
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
-SHAKESPEARE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "tinyshakespeare.txt")
+SHAKESPEARE = str(SHARED_DATA / "tinyshakespeare.txt")
 F32 = {"matrix": T.F32, "token_embd": T.F32}
 TEXT = ("the quick brown fox jumps over the lazy dog. " * 40 + "to be or not to be, that is the question. " * 40)
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    """Artifacts of every test in its own user cache."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("xdg_cache")  # artifacts of every test in its own user cache
 
 
 def tiny(tmp_path, name="m.gguf", act=None, seed=3, extra_kv=None):
@@ -282,7 +280,7 @@ def test_sparse_greedy_deterministic_across_runs_and_threads(tmp_path):
 # ---- SmolLM2: the quality budget holds on text calibration never saw ---------------------------
 
 
-@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason="needs ../shared/data/tinyshakespeare.txt")
+@pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason=f"{SHAKESPEARE} not found")
 def test_smollm2_budget_on_unseen_tail(model_path, tmp_path):
     """Reduced version of the acceptance run (docs/sparsity.md has the full one):
     calibrate on the first 90% of tinyshakespeare with the default budget (+2%),

@@ -12,14 +12,12 @@ from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.sparsity.predictors import PredictorSet, apply, scores, scores_reference
 
-from fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 F32 = {"matrix": T.F32, "token_embd": T.F32}
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("xdg_cache")  # artifacts of every test in its own user cache
 
 
 def rand_pred(rng, n_embd, n_ff, rank, dtype=np.float32):

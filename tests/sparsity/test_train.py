@@ -17,15 +17,13 @@ from powerinfer_backend.sparsity.sidecar import read_sidecar, sidecar_path
 from powerinfer_backend.sparsity.train import (LAYER_DENSITIES, TrainError, allocate_densities, error_curve,
                                                 threshold_for_recall, train_predictors)
 
-from fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 F32 = {"matrix": T.F32, "token_embd": T.F32}
 TEXT = ("the quick brown fox jumps over the lazy dog. " * 60 + "to be or not to be, that is the question. " * 60)
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("xdg_cache")  # artifacts of every test in its own user cache
 
 
 def tiny(tmp_path):

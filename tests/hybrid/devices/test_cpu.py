@@ -1,7 +1,8 @@
-"""The "cpu-device" test device (native/src/device/cpu_device.c, powerinfer_backend/device.py):
-its reservation is exact and refuses more, the per-layer FFN split (device: hot rows, CPU:
-cold neurons) equals bit for bit the same split computed CPU-only, and matches the unsplit
-FFN within float tolerance; counters show the device processed the hot rows."""
+"""The "cpu-device" test device (native/src/device/cpu_device.c,
+powerinfer_backend/hybrid/devices/cpu.py): its reservation is exact and refuses more, the
+per-layer FFN split (device: hot rows, CPU: cold neurons) equals bit for bit the same
+split computed CPU-only, and matches the unsplit FFN within float tolerance; counters show
+the device processed the hot rows."""
 
 from __future__ import annotations
 

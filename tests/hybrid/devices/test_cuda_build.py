@@ -2,7 +2,7 @@
 warnings as errors) and links into libpi_cuda.so with the static runtime, whose symbols
 match the cffi declarations; importing the package and the CPU paths never need CUDA;
 asking for the "cuda" device says clearly what is missing. Compile steps are skipped
-where nvcc is absent. What runs on a GPU is in tests/test_cuda_device.py."""
+where nvcc is absent. What runs on a GPU is in tests/hybrid/devices/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from powerinfer_backend.hybrid.devices import cuda as cuda_device
 from powerinfer_backend._native._build import _cdef_text
 from powerinfer_backend.hybrid.devices import open_device
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.fixtures import ROOT
+
 NVCC = _build_cuda.find_nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
@@ -42,7 +43,7 @@ def test_import_and_cpu_paths_need_no_cuda():
             "from powerinfer_backend.hybrid.devices import open_device\n"
             "with open_device('cpu-device', 4096) as d: assert d.stats()['reserved'] == 4096\n"
             "assert 'powerinfer_backend.hybrid.devices.cuda' not in sys.modules\n")
-    env = dict(os.environ, POWERINFER_CUDA_LIB="/nonexistent/libpi_cuda.so", PYTHONPATH=ROOT)
+    env = dict(os.environ, POWERINFER_CUDA_LIB="/nonexistent/libpi_cuda.so", PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
 
@@ -100,7 +101,7 @@ def test_compile_and_link(tmp_path, fresh_loader):
         assert ours == set(re.findall(r"\b(pi_cuda_\w+)\s*\(", cuda_device.CDEF))
     fresh_loader.setenv("POWERINFER_CUDA_LIB", str(so))
     if cuda_device._driver_present():
-        return  # a real driver: tests/test_cuda_device.py exercises the library
+        return  # a real driver: tests/hybrid/devices/test_cuda.py exercises the library
     # the library itself reports the missing driver from its first call
     fresh_loader.setattr(cuda_device, "_driver_present", lambda: True)
     with pytest.raises(RuntimeError, match="no usable CUDA device: pi_cuda_device_count: cudaGetDeviceCount"):

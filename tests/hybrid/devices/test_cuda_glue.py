@@ -1,4 +1,4 @@
-"""The Python side of the CUDA device (powerinfer_backend/cuda_device.py) against a mock
+"""The Python side of the CUDA device (powerinfer_backend/hybrid/devices/cuda.py) against a mock
 libpi_cuda.so compiled here with the host C compiler: the same API (pi_cuda.h), on the
 CPU, F32 rows only, with the reference semantics (h = act(g.x, u.x), threshold, sum of
 the kept hot rows in order). It checks what can be checked without a GPU: argument
@@ -18,8 +18,9 @@ from powerinfer_backend.hybrid.devices import cuda as cuda_device
 from powerinfer_backend._native import ffi, lib
 from powerinfer_backend import _native
 
+from tests.fixtures import ROOT
+
 CC = shutil.which("cc") or shutil.which("gcc")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MOCK = r"""
 #include <math.h>
@@ -209,17 +210,16 @@ def test_ungated_needs_every_neuron_on_the_device(mock):
             part.run(x)
 
 
-def test_whole_model_offload_through_the_engine(mock, tmp_path, monkeypatch):
+def test_whole_model_offload_through_the_engine(mock, tmp_path, xdg_cache):
     """Llama(device="cuda") with the mock library: the engine hands each layer's hot rows
     to the device's run_async/wait (pi_context_set_ffn_offload), computes the cold neurons
     and continues the device's partial sum; greedy tokens match the CPU-only run, the
     device counted every hot row of every token, and its bytes stay within the budget."""
-    from fixtures import write_tiny_llama
+    from tests.fixtures.tiny_gguf import write_tiny_llama
     from gguf import GGMLQuantizationType as GT
 
     from powerinfer_backend import Llama
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = str(write_tiny_llama(tmp_path / "f32.gguf", n_layer=2, n_ff=128, types={"matrix": GT.F32}))
     kw = dict(n_ctx=64, n_batch=8, n_threads=2, verbose=False)
     budget = 40_000

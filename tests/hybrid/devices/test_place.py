@@ -1,13 +1,13 @@
 """A placement plan run on the cpu-device, layer by layer: every layer's device half
 equals bit for bit the same hot rows computed CPU-only, and the split matches the
-unsplit FFN (the whole model under a plan: test_offload.py); the device pool holds exactly the bytes of the
-uploaded rows and its counters show every hot row processed."""
+unsplit FFN (the whole model under a plan: tests/hybrid/test_offload.py); the device pool
+holds exactly the bytes of the uploaded rows and its counters show every hot row processed."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures import write_tiny_llama
+from tests.fixtures.tiny_gguf import write_tiny_llama
 from gguf import GGMLQuantizationType as GT
 
 from powerinfer_backend.hybrid import placement as P
