@@ -1,6 +1,9 @@
-"""Shared fixtures: ISA paths and a worker pool for the kernel tests, the embedded model."""
+"""Shared fixtures: ISA paths and a worker pool for the kernel tests, the embedded model,
+a private user cache."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +41,12 @@ def model_path():
         return default_model_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture
+def xdg_cache(tmp_path, monkeypatch) -> Path:
+    """XDG_CACHE_HOME pointed at ``tmp_path / "xdg"`` (not created), so the artifacts a
+    test writes (down_t caches, sidecars, plans) stay in its own folder; returns that path."""
+    home = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home

@@ -8,12 +8,9 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from layering import check_package
-except ImportError:  # tests/ imported as a package
-    from tests.layering import check_package
+from tests.fixtures import ROOT
+from tests.layering import check_package
 
-ROOT = Path(__file__).resolve().parents[1]
 P = "powerinfer_backend"
 
 # Bottom to top: a module may import modules of its own layer or of lower ones. A prefix

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.fixtures import ROOT
+
 P = "powerinfer_backend"
 EXTENSION = re.compile(rf"{P}/_native/_pi_native[^/]*\.so")
 

@@ -1,0 +1,1 @@
+"""Tests of ``powerinfer_backend.cli``: the ``powerinfer-backend`` command line."""

@@ -1,0 +1,1 @@
+"""Tests of ``powerinfer_backend.server``: ``powerinfer-backend serve`` over loopback."""

@@ -1,0 +1,1 @@
+"""Tests of ``powerinfer_backend.sparsity``: calibration, predictors and their training."""
