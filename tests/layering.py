@@ -74,7 +74,7 @@ def _layer_of(mod: str, package: str, layers) -> int | None:
     return max(hits)[1] if hits else None
 
 
-def _sccs(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+def sccs(graph: dict[str, dict[str, str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, stack, on, out = {}, {}, [], set(), []
 
@@ -179,7 +179,7 @@ def check_package(root_dir: Path, package: str, layers: list[tuple[str, list[str
                 if raw(dotted) and dotted.count(".") == nat.count(".") + 1:  # exactly <native>.X
                     say(node.lineno, f"{mod} reaches the raw binding ({dotted}) {where}")
     out = [msg for *_, msg in sorted(found)]
-    for comp in _sccs(graph):
+    for comp in sccs(graph):
         cyc = _cycle_through(comp, graph)
         out.append(f"import cycle: {' -> '.join(cyc)} ("
                    + ", ".join(graph[a][b] for a, b in zip(cyc, cyc[1:]))

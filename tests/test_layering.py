@@ -117,3 +117,10 @@ def test_checker_reports_import_of_missing_module(tmp_path):
     out, files = _check(tmp_path, high__b="\n\ndef late():\n    from .gone import thing\n")
     line = _line(files["pkg/high/b.py"], "from .gone")
     assert out == [f"pkg/high/b.py:{line}: pkg.high.b imports pkg.high.gone, which is not a module of pkg"]
+
+
+def test_no_package_module_over_600_lines():
+    """One concern per module: none of the package's (or the adapters') modules passes 600 lines."""
+    long = {str(f.relative_to(ROOT)): n for folder in (ROOT / P, ROOT / "adapters") for f in folder.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > 600}
+    assert not long, long
