@@ -240,6 +240,14 @@ uint32_t pi_isa_supported(void);
 int pi_isa_set(const char *name);
 const char *pi_isa_name(void);
 
+/* F16 dot order, for every ISA path: "avx512" (llama.cpp's AVX-512 build of
+ * ggml_vec_dot_f16, 64-element steps) or "avx2" (its AVX2 build, 32-element steps).
+ * "auto" (the default) takes the one llama.cpp runs on this CPU: avx512 where the CPU
+ * has AVX512F, else avx2. The environment variable POWERINFER_F16_ORDER sets the
+ * initial choice. */
+int pi_f16_order_set(const char *name);
+const char *pi_f16_order_name(void);
+
 /* ---- Kernel entry points (used by tests and benchmarks) ---------------------- */
 
 typedef struct pi_pool pi_pool;

@@ -150,9 +150,15 @@ typedef struct pi_isa {
     pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
 } pi_isa;
 
-extern const pi_isa pi_isa_scalar;
-extern const pi_isa pi_isa_avx2;   /* AVX2 + FMA + F16C */
-extern const pi_isa pi_isa_avx512; /* AVX-512 F/BW/VL (+ VNNI where present) */
+/* F16 dot order: the float operations of llama.cpp's ggml_vec_dot_f16 on the CPU
+ * llama.cpp would run here (its GGML_F16_STEP / GGML_F16_EPR: 32 / 8 with AVX2,
+ * 64 / 16 with AVX512F). Every ISA path has one table per order (isa/select.c picks
+ * one); the tables differ only in vec_dot[PI_TYPE_F16]. */
+enum { PI_F16_ORDER_AVX2, PI_F16_ORDER_AVX512, PI_F16_ORDERS };
+
+extern const pi_isa pi_isa_scalar[PI_F16_ORDERS];
+extern const pi_isa pi_isa_avx2[PI_F16_ORDERS];   /* AVX2 + FMA + F16C */
+extern const pi_isa pi_isa_avx512[PI_F16_ORDERS]; /* AVX-512 F/BW/VL (+ VNNI where present) */
 void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *const *rows, const float *h, int nr,
                         const char *const *next, int n_next); /* isa/avx2_sparse.c, for both x86 tables */
 

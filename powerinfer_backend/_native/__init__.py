@@ -1,9 +1,9 @@
 """The bottom layer, ``_native``: the raw binding. Owns the cffi build (``_build``; the
 optional CUDA library's, ``_build_cuda``), loading the extension (``ffi``, ``lib``), C
 status codes turned into Python exceptions (:func:`check`), the C header's enums as
-Python enums (``enums``) and the kernel-path choice (:func:`set_isa`). Only ``engine``
-above it may touch ``lib`` / ``ffi``; everything else goes through :func:`check` and
-``enums``."""
+Python enums (``enums``), the kernel-path choice (:func:`set_isa`) and the F16 dot
+order (:func:`set_f16_order`). Only ``engine`` above it may touch ``lib`` / ``ffi``;
+everything else goes through :func:`check` and ``enums``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import os
 from ._pi_native import ffi, lib
 from .enums import IsaBit, Status
 
-__all__ = ["ffi", "lib", "check", "last_error", "set_isa", "isa_name", "supported_isas"]
+__all__ = ["ffi", "lib", "check", "last_error", "set_isa", "isa_name", "supported_isas", "set_f16_order",
+           "f16_order_name"]
 
 def last_error() -> str:
     """The native library's message for the last failure on this thread."""
@@ -57,5 +58,22 @@ def isa_name() -> str:
     return ffi.string(lib.pi_isa_name()).decode()
 
 
-# POWERINFER_ISA chooses the path at import; a bad value is an error, not a silent fallback.
+def set_f16_order(name: str) -> None:
+    """Force the F16 dot order on every path: ``"auto"`` (llama.cpp's on this CPU:
+    ``"avx512"`` where it has AVX512F, else ``"avx2"``), ``"avx2"`` or ``"avx512"``.
+
+    Raises:
+        ValueError: unknown name.
+    """
+    check(lib.pi_f16_order_set(name.strip().lower().encode()), f"POWERINFER_F16_ORDER / set_f16_order({name!r})")
+
+
+def f16_order_name() -> str:
+    """The F16 dot order in use: ``"avx2"`` or ``"avx512"``."""
+    return ffi.string(lib.pi_f16_order_name()).decode()
+
+
+# POWERINFER_ISA / POWERINFER_F16_ORDER choose at import; a bad value is an error, not a
+# silent fallback.
 set_isa(os.environ.get("POWERINFER_ISA", "auto") or "auto")
+set_f16_order(os.environ.get("POWERINFER_F16_ORDER", "auto") or "auto")

@@ -46,13 +46,16 @@ static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *vx) {
     *s = sum_partials(acc);
 }
 
-/* llama.cpp's AVX-512 F16 order (as avx512.c and avx2.c): 64 accumulators over
- * 64-element steps, element i + j going to accumulator j; they are summed lane-wise
- * as (A0 + A2) + (A1 + A3) over the four 16-wide groups A0..A3, and then as hsum8
- * over the low and high 8 lanes added; the last n % 64 products (all of them when
- * n < 64) are added in double. The product of two F16 values is exact in float, so
- * acc + w * x rounds once, exactly as the SIMD fused multiply-add. */
-static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *vx) {
+/* The twins of x86_256.h's F16 kernels, one per llama.cpp build of ggml_vec_dot_f16
+ * (select.c picks the order). Element i + j goes to accumulator j of a STEP-element
+ * step; the product of two F16 values is exact in float, so acc + w * x rounds once,
+ * exactly as the SIMD fused multiply-add; the last n % STEP products (all of them
+ * when n < STEP) are added in double. */
+
+/* AVX-512 build (GGML_F16_STEP 64, EPR 16): 64 accumulators summed lane-wise as
+ * (A0 + A2) + (A1 + A3) over the four 16-wide groups A0..A3, then as hsum8 over the
+ * low and high 8 lanes added. */
+static void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *vx) {
     const uint16_t *w = vw, *x = vx;
     float acc[64] = {0};
     const int64_t np = n & ~(int64_t)63;
@@ -67,6 +70,29 @@ static void vec_dot_f16(int64_t n, float *s, const void *vw, const void *vx) {
             v[l] = hi + lo;
         }
         sum = hsum8(v);
+    }
+    for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]));
+    *s = (float)sum;
+}
+
+/* AVX2 build (GGML_F16_STEP 32, EPR 8): 32 accumulators summed lane-wise as
+ * (A0 + A2) + (A1 + A3) over the four 8-wide groups, then lanes l + (l + 4), then
+ * two pairwise adds (the two _mm_hadd_ps of GGML_F32x8_REDUCE). */
+static void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *vx) {
+    const uint16_t *w = vw, *x = vx;
+    float acc[32] = {0};
+    const int64_t np = n & ~(int64_t)31;
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 32; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * pi_fp16_to_fp32(x[i + j]);
+    double sum = 0.0;
+    if (np > 0) {
+        float t[4];
+        for (int l = 0; l < 4; l++) {
+            const float lo = (acc[l] + acc[16 + l]) + (acc[8 + l] + acc[24 + l]);
+            const float hi = (acc[4 + l] + acc[20 + l]) + (acc[12 + l] + acc[28 + l]);
+            t[l] = lo + hi;
+        }
+        sum = (double)((t[0] + t[1]) + (t[2] + t[3]));
     }
     for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]));
     *s = (float)sum;
@@ -320,28 +346,34 @@ static void from_float_bf16(const float *x, void *vy, int64_t n) {
 
 static void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
 
-const pi_isa pi_isa_scalar = {
-    .name = "scalar",
-    .vec_dot =
-        {
-            [PI_TYPE_F32] = vec_dot_f32,
-            [PI_TYPE_F16] = vec_dot_f16,
-            [PI_TYPE_BF16] = vec_dot_bf16,
-            [PI_TYPE_Q4_0] = vec_dot_q4_0,
-            [PI_TYPE_Q4_1] = vec_dot_q4_1,
-            [PI_TYPE_Q8_0] = vec_dot_q8_0,
-            [PI_TYPE_Q5_0] = vec_dot_q5_0,
-            [PI_TYPE_Q4_K] = vec_dot_q4_K,
-            [PI_TYPE_Q5_K] = vec_dot_q5_K,
-            [PI_TYPE_Q6_K] = vec_dot_q6_K,
-        },
-    .from_float =
-        {
-            [PI_TYPE_F32] = from_float_f32,
-            [PI_TYPE_F16] = from_float_f16,
-            [PI_TYPE_BF16] = from_float_bf16,
-            [PI_TYPE_Q8_0] = from_float_q8_0,
-            [PI_TYPE_Q8_1] = from_float_q8_1,
-            [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,
-        },
+/* one table per F16 order (pi_internal.h), chosen in select.c */
+#define TABLE(F16_DOT) {                                                                            \
+    .name = "scalar",                                                                               \
+    .vec_dot =                                                                                      \
+        {                                                                                           \
+            [PI_TYPE_F32] = vec_dot_f32,                                                            \
+            [PI_TYPE_F16] = F16_DOT,                                                                \
+            [PI_TYPE_BF16] = vec_dot_bf16,                                                          \
+            [PI_TYPE_Q4_0] = vec_dot_q4_0,                                                          \
+            [PI_TYPE_Q4_1] = vec_dot_q4_1,                                                          \
+            [PI_TYPE_Q8_0] = vec_dot_q8_0,                                                          \
+            [PI_TYPE_Q5_0] = vec_dot_q5_0,                                                          \
+            [PI_TYPE_Q4_K] = vec_dot_q4_K,                                                          \
+            [PI_TYPE_Q5_K] = vec_dot_q5_K,                                                          \
+            [PI_TYPE_Q6_K] = vec_dot_q6_K,                                                          \
+        },                                                                                          \
+    .from_float =                                                                                   \
+        {                                                                                           \
+            [PI_TYPE_F32] = from_float_f32,                                                         \
+            [PI_TYPE_F16] = from_float_f16,                                                         \
+            [PI_TYPE_BF16] = from_float_bf16,                                                       \
+            [PI_TYPE_Q8_0] = from_float_q8_0,                                                       \
+            [PI_TYPE_Q8_1] = from_float_q8_1,                                                       \
+            [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,                                                  \
+        },                                                                                          \
+}
+const pi_isa pi_isa_scalar[PI_F16_ORDERS] = {
+    [PI_F16_ORDER_AVX2] = TABLE(vec_dot_f16_step32),
+    [PI_F16_ORDER_AVX512] = TABLE(vec_dot_f16_step64),
 };
+#undef TABLE

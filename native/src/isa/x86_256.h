@@ -74,30 +74,50 @@ static inline __m256i dot4_diff_256(__m256i a, __m256i b, __m256i s) {
 
 /* ---- F16 rows ------------------------------------------------------------------ */
 
-/* The float operations of llama.cpp's AVX-512 ggml_vec_dot_f16, run by both x86
- * files and the scalar path, so F16 rows (the F16 KV cache in attention) give the
- * same bits on every ISA and as llama.cpp: four 16-lane accumulators over
- * 64-element steps, summed as (A0 + A2) + (A1 + A3) and then by halves; the last
- * n % 64 products (all of them when n < 64) are added in double. (llama.cpp's own
- * AVX2 build uses 32-element steps instead.) Each 16-lane accumulator is kept as
- * two 256-bit halves, also in the AVX-512 build: as fast as 512-bit there
- * (vcvtph2ps bound) and ~8% faster inside pi_op_matmul, where it avoids 512-bit
- * power-state changes. */
-static inline void vec_dot_f16(int64_t n, float *s, const void *vw, const void *vx) {
-    const uint16_t *w = vw, *x = vx;
+/* The float operations of llama.cpp's ggml_vec_dot_f16 in its two x86 builds, run
+ * by both x86 files (the scalar path has twins), so F16 rows (the F16 KV cache in
+ * attention) give the same bits on every ISA and as llama.cpp on the same CPU
+ * (select.c picks the order). Both FMA F16 products (exact in float) into four
+ * accumulators and add the last n % STEP products (all of them when n < STEP) in
+ * double. */
 #define LD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+
+/* AVX-512 build (GGML_F16_STEP 64, EPR 16): four 16-lane accumulators, summed as
+ * (A0 + A2) + (A1 + A3) and then by halves. Each 16-lane accumulator is kept as two
+ * 256-bit halves, also in the AVX-512 build: as fast as 512-bit there (vcvtph2ps
+ * bound) and ~8% faster inside pi_op_matmul, where it avoids 512-bit power-state
+ * changes. */
+static inline void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *vx) {
+    const uint16_t *w = vw, *x = vx;
     __m256 a[8]; /* accumulator k: a[2k] lanes 0-7, a[2k+1] lanes 8-15 */
     for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
     const int64_t np = n & ~(int64_t)63;
     for (int64_t i = 0; i < np; i += 64)
         for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LD(x + i + 8 * k), a[k]);
-#undef LD
     const __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
     const __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
     double sum = np > 0 ? hsum256(_mm256_add_ps(hi, lo)) : 0.0;
     for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
     *s = (float)sum;
 }
+
+/* AVX2 build (GGML_F16_STEP 32, EPR 8): four 8-lane accumulators, summed as
+ * (A0 + A2) + (A1 + A3), low + high 128 bits, then two hadds (GGML_F32x8_REDUCE). */
+static inline void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *vx) {
+    const uint16_t *w = vw, *x = vx;
+    __m256 a[4];
+    for (int k = 0; k < 4; k++) a[k] = _mm256_setzero_ps();
+    const int64_t np = n & ~(int64_t)31;
+    for (int64_t i = 0; i < np; i += 32)
+        for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LD(x + i + 8 * k), a[k]);
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    double sum = np > 0 ? (double)_mm_cvtss_f32(_mm_hadd_ps(t1, t1)) : 0.0;
+    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
+    *s = (float)sum;
+}
+#undef LD
 
 /* ---- quantized rows ------------------------------------------------------------ */
 /* One accumulator, blocks in order, and for Q4_1 a fused m_w * s_x accumulation:
