@@ -166,14 +166,13 @@ def test_multibyte_stream(ours, ref, prompt, n):
 
 
 def _batched_logprobs(ref, tokens):
-    """llama.cpp's token logprobs with every row from one batched evaluation, paired
-    as llama-cpp-python's echo pairs them (row i with token i)."""
+    """llama.cpp's log-softmax rows (float64, n_tokens × n_vocab) of ``tokens`` evaluated in
+    one batch."""
     ref.reset()
     ref.eval(tokens)
     rows = np.array(ref.scores[: len(tokens)], dtype=np.float64)
     rows -= rows.max(axis=1, keepdims=True)
-    logp = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
-    return logp[np.arange(len(tokens)), tokens]
+    return rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
 
 
 def test_echo_and_logprobs(ours, ref):
@@ -184,18 +183,21 @@ def test_echo_and_logprobs(ours, ref):
     assert la["token_logprobs"][0] is None and lb["token_logprobs"][0] is None
     # llama.cpp computes the completion rows one token per eval, and its one-token path
     # differs from its own batched evaluation of the same tokens (by 0.78 in a logit of
-    # row 7 here, AVX2 host); ours gives the batched value either way. So each logprob must
-    # be llama.cpp's, by one of its two evaluations of the same sequence, within 0.05.
+    # row 7 here, AVX2 host); ours gives the batched value either way. So each row's
+    # logprobs must be llama.cpp's, by one of its two evaluations of the same sequence,
+    # within 0.05 (echo pairs row i with token i, as llama-cpp-python does).
     ids = ours.input_ids[: ours.n_tokens].tolist()
-    batched = _batched_logprobs(ref, ids)[1 : len(la["token_logprobs"])]
-    got, decoded = np.array(la["token_logprobs"][1:]), np.array(lb["token_logprobs"][1:])
-    near = (np.abs(got - decoded) <= 0.05) | (np.abs(got - batched) <= 0.05)
-    assert near.all(), {"ours": got, "llama.cpp": decoded, "llama.cpp batched": batched}
-    for ta, tb in zip(la["top_logprobs"][1:], lb["top_logprobs"][1:]):
+    batched = _batched_logprobs(ref, ids)
+    for i in range(1, len(la["token_logprobs"])):
+        ta, tb = la["top_logprobs"][i], lb["top_logprobs"][i]
+        tc = {ref.detokenize([int(t)]).decode("utf-8", "replace"): float(batched[i, t])
+              for t in np.argsort(batched[i])[-8:]}
         common = set(ta) & set(tb)
         assert len(common) >= 2
-        for k in common:
-            assert abs(ta[k] - tb[k]) < 0.05, k
+        row_ok = [all(abs(ta[k] - want[k]) < 0.05 for k in common & set(want)) and
+                  abs(la["token_logprobs"][i] - lp) <= 0.05
+                  for want, lp in ((tb, lb["token_logprobs"][i]), (tc, batched[i, ids[i]]))]
+        assert any(row_ok), (i, ta, tb, tc)
 
 
 def test_logprobs_stream(ours, ref):

@@ -27,15 +27,11 @@ from powerinfer_backend import _native
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
-try:
-    from fixtures import write_tiny_llama
-    from test_kernels_matmul import _GGML_VEC_DOT as GGML_VEC_DOT, ggml_cpu
-except ImportError:  # tests/ imported as a package
-    from tests.fixtures import write_tiny_llama
-    from tests.test_kernels_matmul import _GGML_VEC_DOT as GGML_VEC_DOT, ggml_cpu
+from tests.fixtures import ROOT
+from tests.fixtures.ggml import GGML_VEC_DOT, ggml_cpu
+from tests.fixtures.tiny_gguf import write_tiny_llama
 
 ffi, lib = _native.ffi, _native.lib
-ROOT = Path(__file__).resolve().parent.parent
 ORDERS = ("avx2", "avx512")
 LENGTHS = range(1, 301)
 F16 = 1  # PI_TYPE_F16
