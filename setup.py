@@ -7,6 +7,23 @@ import pathlib
 
 from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+
+class build_py_fresh(build_py):
+    """Drop the modules a previous build left in build/lib/powerinfer_backend before
+    copying the current ones: setuptools never deletes files there, so modules that a
+    checkout no longer has (the flat layout before the layer folders, an extension at its
+    old path) would otherwise ship in the wheel and shadow their new homes. The current
+    extension (_native/_pi_native*) is kept, so an unchanged build is not recompiled."""
+
+    def run(self):
+        old = pathlib.Path(self.build_lib) / "powerinfer_backend"
+        keep = old / "_native"
+        for f in old.rglob("*") if old.is_dir() else ():
+            if f.is_file() and (f.suffix == ".py" or not (f.parent == keep and f.name.startswith("_pi_native"))):
+                f.unlink()
+        super().run()
 
 
 class build_ext_cuda(build_ext):
@@ -34,4 +51,5 @@ def _packages() -> list[str]:
 
 setup(packages=_packages(),
       package_dir={"powerinfer_backend.adapters": "adapters"},
-      cffi_modules=["powerinfer_backend/_native/_build.py:ffibuilder"], cmdclass={"build_ext": build_ext_cuda})
+      cffi_modules=["powerinfer_backend/_native/_build.py:ffibuilder"],
+      cmdclass={"build_ext": build_ext_cuda, "build_py": build_py_fresh})

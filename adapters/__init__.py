@@ -1,7 +1,7 @@
 """Framework adapters for powerinfer_backend, one subpackage per framework.
 
 This folder sits at the repository's top level and is installed as
-``powerinfer_backend.adapters`` (``package-dir`` in pyproject.toml), so it never collides
+``powerinfer_backend.adapters`` (``package_dir`` in setup.py), so it never collides
 with the unrelated ``adapters`` distribution on PyPI:
 
 * ``powerinfer_backend.adapters.llamacpp`` — ``install()`` makes ``llama_cpp.Llama`` ours,

@@ -126,7 +126,7 @@ def import_package():
         pkg = types.ModuleType("powerinfer_backend")
         pkg.__path__ = [str(ROOT / "powerinfer_backend")]
         sys.modules["powerinfer_backend"] = pkg
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    sys.path[:0] = [str(ROOT)]
 
 
 def main() -> None:
@@ -175,7 +175,7 @@ def run(args, summary: dict) -> None:
     import numpy as np
     from gguf import GGMLQuantizationType as T
 
-    from fixtures import write_tiny_llama
+    from tests.fixtures.tiny_gguf import write_tiny_llama
     from powerinfer_backend import _native
     from powerinfer_backend._native import ffi, lib
     from powerinfer_backend.sparsity.calibrate import fraction_at_or_above, threshold_for_sparsity
@@ -372,7 +372,7 @@ def run(args, summary: dict) -> None:
 def kernel_matrix(pool, kind: str) -> dict:
     """Every gate/up type x FFN form x (max_tok, n_tok) on a small random layer: the
     device partial vs the CPU-only sum over the same hot rows (threshold 0), and reruns
-    bit-identical. What tests/test_cuda_device.py checks, without needing pytest."""
+    bit-identical. What tests/hybrid/devices/test_cuda.py checks, without needing pytest."""
     import numpy as np
     from gguf import GGMLQuantizationType as T
     from gguf import quants

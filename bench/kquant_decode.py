@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from fixtures import write_tiny_llama  # noqa: E402
+from tests.fixtures.tiny_gguf import write_tiny_llama  # noqa: E402
 from powerinfer_backend.cli.bench import format_table, run_bench  # noqa: E402
 
 

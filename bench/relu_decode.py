@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from fixtures import write_tiny_llama  # noqa: E402
+from tests.fixtures.tiny_gguf import write_tiny_llama  # noqa: E402
 from powerinfer_backend import Llama  # noqa: E402
 from powerinfer_backend.sparsity.calibrate import fraction_at_or_above, hist_quantiles, threshold_for_sparsity  # noqa: E402
 from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel  # noqa: E402

@@ -12,7 +12,7 @@ __all__ = ["Llama", "__version__"]
 
 def _checkout_adapters() -> None:
     """From a source checkout (``PYTHONPATH=.``, no install), ``powerinfer_backend.adapters``
-    is the top-level ``adapters/`` folder, as an install maps it (pyproject.toml)."""
+    is the top-level ``adapters/`` folder, as an install maps it (setup.py)."""
     import importlib.util
     import os
     import sys

@@ -16,7 +16,6 @@ MOVED = {
     "pwri": "loader.pwri",
     "artifacts": "loader.artifacts",
     "models": "loader.models",
-    "engine": "engine",
     "down_cache": "engine.down_cache",
     "sidecar": "sparsity.sidecar",
     "calibrate": "sparsity.calibrate",
@@ -39,12 +38,20 @@ MOVED = {
 }
 
 
+# names an old module had that now live in a higher layer than its new home (which may
+# not import them): set on the new module when the old name is imported
+EXTRA = {"pwri": {"pwri_predictors": "sparsity.predictors"}}
+
+
 class _AliasLoader(importlib.abc.Loader):
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, target: str, extra: dict | None = None, package: str = ""):
+        self.target, self.extra, self.package = target, extra or {}, package
 
     def create_module(self, spec):
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        for name, source in self.extra.items():
+            setattr(module, name, getattr(importlib.import_module(f"{self.package}.{source}"), name))
+        return module
 
     def exec_module(self, module):  # already executed under its new name
         pass
@@ -57,13 +64,21 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(self.prefix):
             return None
-        new = MOVED.get(fullname[len(self.prefix):])
+        old, _, sub = fullname[len(self.prefix):].partition(".")
+        new = MOVED.get(old)
         if new is None:
             return None
-        return importlib.util.spec_from_loader(fullname, _AliasLoader(self.prefix + new))
+        # a submodule under an old name (powerinfer_backend.placement.budget) is the new one too
+        target_name = self.prefix + new + ("." + sub if sub else "")
+        if target_name == fullname:
+            return None
+        extra = None if sub else EXTRA.get(old)
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(target_name, extra, self.prefix[:-1]))
 
 
 def install(package: str) -> None:
-    """Make the old names of ``package`` importable (idempotent)."""
+    """Make the old names of ``package`` importable (idempotent). First on sys.meta_path,
+    so that an old name's submodules resolve to the new modules rather than loading their
+    files a second time through the aliased package's __path__."""
     if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
-        sys.meta_path.append(_AliasFinder(package))
+        sys.meta_path.insert(0, _AliasFinder(package))

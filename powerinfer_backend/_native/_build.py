@@ -30,6 +30,9 @@ def _cdef_text(header: str) -> str:
     return text
 
 
+if not HEADER.is_file():  # imported from an install (the wheel ships this script): nothing to build
+    raise ImportError(f"{__name__} is the build script of a source checkout; {HEADER} is not here")
+
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text(HEADER.read_text()))
 

@@ -1,7 +1,7 @@
 """nvcc build of the CUDA device, ``libpi_cuda.so`` (native/cuda/; docs/building.md).
 
 Opt-in: ``setup.py`` calls :func:`build_shared` only when ``POWERINFER_CUDA=1``; the
-default build never looks for nvcc. The CI compile check (tests/test_cuda_build.py) runs
+default build never looks for nvcc. The CI compile check (tests/hybrid/devices/test_cuda_build.py) runs
 the same :func:`compile_objects` / :func:`link` commands, so what CI checks is what an
 install builds.
 

@@ -7,4 +7,4 @@ context with its KV cache), the worker pool (``pool``), the device handles (``de
 (``kernels``), the transposed ``ffn_down`` cache build (``down_cache``), the C predictor
 scores (``scores``) and the close-once helper they share (``closing``)."""
 
-from .native import NativeContext, NativeModel, default_threads  # noqa: F401
+from .native import FFN_HIST_BINS, FFN_HIST_MIN_EXP, NativeContext, NativeModel, default_threads  # noqa: F401

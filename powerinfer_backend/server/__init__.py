@@ -5,12 +5,16 @@ extra.
 ``create_app`` and ``serve`` (:mod:`.app`) are exported lazily: importing this package,
 or :mod:`.options`, does not need FastAPI."""
 
-__all__ = ["create_app", "serve"]
+# name -> module holding it (the old flat server module's names included)
+_LAZY = {"create_app": "app", "serve": "app", "APIError": "errors", "Job": "worker", "ModelWorker": "worker",
+         "ServerState": "state", "CompletionBody": "schemas", "ChatBody": "schemas", "EmbeddingBody": "schemas",
+         "TokenizeBody": "schemas", "DetokenizeBody": "schemas", "LlamaCompletionBody": "schemas"}
+__all__ = list(_LAZY)
 
 
 def __getattr__(name):
-    if name in __all__:
-        from . import app
+    if name in _LAZY:
+        import importlib
 
-        return getattr(app, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,7 +29,7 @@ from .base import Closing
 __all__ = ["CudaDevice", "CudaFFN", "cuda_ffn_bytes", "library_path", "load", "CDEF"]
 
 #: The cffi declarations of native/cuda/pi_cuda.h (its text without comments and
-#: preprocessor lines; tests/test_cuda_build.py checks that the two agree). Kept here
+#: preprocessor lines; tests/hybrid/devices/test_cuda_build.py checks that the two agree). Kept here
 #: because an installed package has no native/ folder.
 CDEF = """
 typedef struct pi_cuda_device pi_cuda_device;
