@@ -49,12 +49,13 @@ class _AliasLoader(importlib.abc.Loader):
 
     def create_module(self, spec):
         module = importlib.import_module(self.target)
+        self.spec = module.__spec__  # importlib overwrites __spec__ with the alias's; put back below
         for name, source in self.extra.items():
             setattr(module, name, getattr(importlib.import_module(f"{self.package}.{source}"), name))
         return module
 
-    def exec_module(self, module):  # already executed under its new name
-        pass
+    def exec_module(self, module):  # already executed under its new name: keep its own spec
+        module.__spec__ = self.spec
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
