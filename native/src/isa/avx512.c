@@ -21,6 +21,7 @@
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
+#include "table.h"
 
 #define VNNI_TARGET __attribute__((target("avx512vnni")))
 #define NOINLINE __attribute__((noinline))
@@ -195,35 +196,4 @@ static void from_float_bf16(const float *x, void *vy, int64_t n) {
     }
 }
 
-/* one table per F16 order (pi_internal.h), chosen in select.c */
-#define TABLE(F16_DOT) {                                                                            \
-    .name = "avx512",                                                                               \
-    .vec_dot =                                                                                      \
-        {                                                                                           \
-            [PI_TYPE_F32] = vec_dot_f32,                                                            \
-            [PI_TYPE_F16] = F16_DOT,                                                                \
-            [PI_TYPE_BF16] = vec_dot_bf16,                                                          \
-            [PI_TYPE_Q4_0] = vec_dot_q4_0,                                                          \
-            [PI_TYPE_Q4_1] = vec_dot_q4_1,                                                          \
-            [PI_TYPE_Q8_0] = vec_dot_q8_0,                                                          \
-            [PI_TYPE_Q5_0] = vec_dot_q5_0,                                                          \
-            [PI_TYPE_Q4_K] = vec_dot_q4_K,                                                          \
-            [PI_TYPE_Q5_K] = vec_dot_q5_K,                                                          \
-            [PI_TYPE_Q6_K] = vec_dot_q6_K,                                                          \
-        },                                                                                          \
-    .from_float =                                                                                   \
-        {                                                                                           \
-            [PI_TYPE_F32] = from_float_f32,                                                         \
-            [PI_TYPE_F16] = from_float_f16,                                                         \
-            [PI_TYPE_BF16] = from_float_bf16,                                                       \
-            [PI_TYPE_Q8_0] = from_float_q8_0,                                                       \
-            [PI_TYPE_Q8_1] = from_float_q8_1,                                                       \
-            [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,                                                  \
-        },                                                                                          \
-    .down_tiles = pi_down_tiles_avx2,                                                               \
-}
-const pi_isa pi_isa_avx512[PI_F16_ORDERS] = {
-    [PI_F16_ORDER_AVX2] = TABLE(vec_dot_f16_step32),
-    [PI_F16_ORDER_AVX512] = TABLE(vec_dot_f16_step64),
-};
-#undef TABLE
+PI_ISA_DEFINE(pi_isa_avx512, "avx512", pi_down_tiles_avx2);

@@ -1,0 +1,42 @@
+/* The kernel table every ISA file exports, once per F16 order (pi_internal.h; select.c
+ * picks one): each file defines the same static kernel names, so one initializer serves
+ * all three and a kernel added to one table cannot be forgotten in another. */
+#ifndef PI_ISA_TABLE_H
+#define PI_ISA_TABLE_H
+
+#define PI_ISA_TABLE_(NAME, F16_DOT, TILES)                                                        \
+    {                                                                                               \
+        .name = NAME,                                                                               \
+        .vec_dot =                                                                                  \
+            {                                                                                       \
+                [PI_TYPE_F32] = vec_dot_f32,                                                        \
+                [PI_TYPE_F16] = F16_DOT,                                                            \
+                [PI_TYPE_BF16] = vec_dot_bf16,                                                      \
+                [PI_TYPE_Q4_0] = vec_dot_q4_0,                                                      \
+                [PI_TYPE_Q4_1] = vec_dot_q4_1,                                                      \
+                [PI_TYPE_Q8_0] = vec_dot_q8_0,                                                      \
+                [PI_TYPE_Q5_0] = vec_dot_q5_0,                                                      \
+                [PI_TYPE_Q4_K] = vec_dot_q4_K,                                                      \
+                [PI_TYPE_Q5_K] = vec_dot_q5_K,                                                      \
+                [PI_TYPE_Q6_K] = vec_dot_q6_K,                                                      \
+            },                                                                                      \
+        .from_float =                                                                               \
+            {                                                                                       \
+                [PI_TYPE_F32] = from_float_f32,                                                     \
+                [PI_TYPE_F16] = from_float_f16,                                                     \
+                [PI_TYPE_BF16] = from_float_bf16,                                                   \
+                [PI_TYPE_Q8_0] = from_float_q8_0,                                                   \
+                [PI_TYPE_Q8_1] = from_float_q8_1,                                                   \
+                [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,                                              \
+            },                                                                                      \
+        .down_tiles = TILES,                                                                        \
+    }
+
+/* const pi_isa VAR[PI_F16_ORDERS]: the tables of one ISA, TILES its sparse down kernel */
+#define PI_ISA_DEFINE(VAR, NAME, TILES)                                                            \
+    const pi_isa VAR[PI_F16_ORDERS] = {                                                             \
+        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, TILES),                       \
+        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, TILES),                     \
+    }
+
+#endif
