@@ -22,16 +22,25 @@ def isa(request):
         _native.set_isa("auto")
 
 
+def _native_pool(n_threads: int):
+    out = _native.ffi.new("pi_pool **")
+    _native.check(_native.lib.pi_pool_create(n_threads, out), "pi_pool_create")
+    try:
+        yield out[0]
+    finally:
+        _native.lib.pi_pool_free(out[0])
+
+
 @pytest.fixture
 def pool():
     """A 2-thread native worker pool (the calling thread plus one worker)."""
-    out = _native.ffi.new("pi_pool **")
-    _native.check(_native.lib.pi_pool_create(2, out), "pi_pool_create")
-    p = out[0]
-    try:
-        yield p
-    finally:
-        _native.lib.pi_pool_free(p)
+    yield from _native_pool(2)
+
+
+@pytest.fixture(scope="module")
+def pool1():
+    """A single-thread pool (the calling thread only), shared by a module's tests."""
+    yield from _native_pool(1)
 
 
 @pytest.fixture(scope="session")

@@ -58,14 +58,6 @@ def restore_order():
         _native.set_isa(isa)
 
 
-@pytest.fixture(scope="module")
-def pool1():
-    out = ffi.new("pi_pool **")
-    _native.check(lib.pi_pool_create(1, out), "pi_pool_create")
-    yield out[0]
-    lib.pi_pool_free(out[0])
-
-
 def rows(n: int, n_rows: int = 4, n_tok: int = 2):
     """F16 weight rows and F16-exact float32 activations (so their F16 conversion is
     lossless and ggml sees the same bytes): zero-mean, with cancellation."""

@@ -64,15 +64,6 @@ TOL_LOOSE = {"F32": 1e-5, "F16": 2e-3, "BF16": 1.5e-2, "Q8_0": 2e-2, "Q4_0": 0.1
 # ---- native calls ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pool1():
-    """A single-thread pool (the calling thread only)."""
-    out = ffi.new("pi_pool **")
-    _native.check(lib.pi_pool_create(1, out), "pi_pool_create")
-    yield out[0]
-    lib.pi_pool_free(out[0])
-
-
 def native_matmul(pool, tname: str, wbytes: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     n_tok = x.shape[0]

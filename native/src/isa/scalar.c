@@ -53,15 +53,27 @@ static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *vx) {
  * exactly as the SIMD fused multiply-add; the last n % STEP products (all of them
  * when n < STEP) are added in double. */
 
+/* acc[j] += w[i + j] * x[i + j] over the whole STEP-element steps; returns where they end */
+static int64_t f16_steps(int64_t n, int step, const uint16_t *w, const uint16_t *x, float *acc) {
+    const int64_t np = n / step * step;
+    for (int64_t i = 0; i < np; i += step)
+        for (int j = 0; j < step; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * pi_fp16_to_fp32(x[i + j]);
+    return np;
+}
+
+/* sum + the products from np on, in double, as the result */
+static float f16_tail(int64_t np, int64_t n, const uint16_t *w, const uint16_t *x, double sum) {
+    for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]));
+    return (float)sum;
+}
+
 /* AVX-512 build (GGML_F16_STEP 64, EPR 16): 64 accumulators summed lane-wise as
  * (A0 + A2) + (A1 + A3) over the four 16-wide groups A0..A3, then as hsum8 over the
  * low and high 8 lanes added. */
 static void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *vx) {
     const uint16_t *w = vw, *x = vx;
     float acc[64] = {0};
-    const int64_t np = n & ~(int64_t)63;
-    for (int64_t i = 0; i < np; i += 64)
-        for (int j = 0; j < 64; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * pi_fp16_to_fp32(x[i + j]);
+    const int64_t np = f16_steps(n, 64, w, x, acc);
     double sum = 0.0;
     if (np > 0) {
         float v[8];
@@ -72,8 +84,7 @@ static void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *
         }
         sum = hsum8(v);
     }
-    for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]));
-    *s = (float)sum;
+    *s = f16_tail(np, n, w, x, sum);
 }
 
 /* AVX2 build (GGML_F16_STEP 32, EPR 8): 32 accumulators summed lane-wise as
@@ -82,9 +93,7 @@ static void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *
 static void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *vx) {
     const uint16_t *w = vw, *x = vx;
     float acc[32] = {0};
-    const int64_t np = n & ~(int64_t)31;
-    for (int64_t i = 0; i < np; i += 32)
-        for (int j = 0; j < 32; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * pi_fp16_to_fp32(x[i + j]);
+    const int64_t np = f16_steps(n, 32, w, x, acc);
     double sum = 0.0;
     if (np > 0) {
         float t[4];
@@ -95,8 +104,7 @@ static void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *
         }
         sum = (double)((t[0] + t[1]) + (t[2] + t[3]));
     }
-    for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]));
-    *s = (float)sum;
+    *s = f16_tail(np, n, w, x, sum);
 }
 
 static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
