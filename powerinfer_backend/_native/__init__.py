@@ -9,8 +9,34 @@ from __future__ import annotations
 
 import os
 
-from ._pi_native import ffi, lib
-from .enums import IsaBit, Status
+
+def _extension():
+    """The cffi extension: the one built beside this file, or the file named by
+    ``POWERINFER_NATIVE_EXT`` (another build of the same library, e.g. the sanitizer build
+    in build/sanitize/, docs/reliability.md), loaded under the same module name."""
+    path = os.environ.get("POWERINFER_NATIVE_EXT")
+    if not path:
+        from . import _pi_native
+        return _pi_native
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    if not os.path.isfile(path):
+        raise ImportError(f"POWERINFER_NATIVE_EXT={path}: no such file (build it with .ci/sanitize, "
+                          "docs/reliability.md)")
+    name = __name__ + "._pi_native"
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path, loader=loader))
+    sys.modules[name] = module  # enums imports it by name
+    loader.exec_module(module)
+    return module
+
+
+_ext = _extension()
+ffi, lib = _ext.ffi, _ext.lib
+
+from .enums import IsaBit, Status  # noqa: E402 - after the extension (it reads its ffi)
 
 __all__ = ["ffi", "lib", "check", "last_error", "set_isa", "isa_name", "supported_isas", "set_f16_order",
            "f16_order_name"]

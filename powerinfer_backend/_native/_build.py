@@ -4,7 +4,9 @@ The cdef is read from ``native/include/powerinfer.h`` (the whole C API) with the
 preprocessor lines dropped, so the header stays the single source of truth.
 Per-ISA kernels select their instruction set with ``#pragma GCC target`` inside
 their own files, so the library is portable and picks a path at run time.
-Set ``POWERINFER_NATIVE=1`` to also compile everything with ``-march=native``.
+Set ``POWERINFER_NATIVE=1`` to also compile everything with ``-march=native``;
+``POWERINFER_SANITIZE=address,undefined`` (any ``-fsanitize=`` list) builds the sanitizer
+variant, with the test-only planted bugs of ``native/sanitize/`` (docs/reliability.md).
 """
 
 import os
@@ -39,16 +41,33 @@ ffibuilder.cdef(_cdef_text(HEADER.read_text()))
 _sources = sorted(str(p.relative_to(ROOT)) for p in (NATIVE / "src").rglob("*.c"))
 _headers = sorted(str(p.relative_to(ROOT)) for p in NATIVE.rglob("*.h"))  # rebuild when a header changes
 _cflags = ["-std=c11", "-O3", "-fno-math-errno", "-pthread", "-Wall", "-Wno-unused-function"]
+_ldflags = ["-pthread", "-lm"]
+_preamble = '#include "powerinfer.h"'
+_include = [str(NATIVE / "include"), str(NATIVE / "src")]
 if os.environ.get("POWERINFER_NATIVE") == "1":
     _cflags.append("-march=native")
+_SANITIZE = os.environ.get("POWERINFER_SANITIZE", "").strip()
+if _SANITIZE:  # e.g. "address,undefined": the sanitizer build (docs/reliability.md, .ci/sanitize)
+    _san = [f"-fsanitize={_SANITIZE}", "-fno-omit-frame-pointer"]
+    if "undefined" in _SANITIZE.split(","):
+        # a UBSan report aborts, as ASan's do; and signed overflow is checked although
+        # CPython's CFLAGS (which distutils puts first) say -fwrapv: the C code must not rely on it
+        _san += ["-fno-sanitize-recover=undefined", "-fno-wrapv"]
+    _cflags = [f for f in _cflags if f != "-O3"] + ["-O1", "-g"] + _san
+    _ldflags += _san
+    # the test-only planted bugs (tests/_native/test_sanitizers.py): never in the normal build
+    _sources.append(str((NATIVE / "sanitize" / "planted.c").relative_to(ROOT)))
+    ffibuilder.cdef(_cdef_text((NATIVE / "sanitize" / "planted.h").read_text()))
+    _preamble += '\n#include "planted.h"'
+    _include.append(str(NATIVE / "sanitize"))
 
 ffibuilder.set_source(
     "powerinfer_backend._native._pi_native",
-    '#include "powerinfer.h"',
+    _preamble,
     sources=_sources,
-    include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
+    include_dirs=_include,
     extra_compile_args=_cflags,
-    extra_link_args=["-pthread", "-lm"],
+    extra_link_args=_ldflags,
     depends=_headers,
 )
 

@@ -77,6 +77,7 @@ class Summary:
     by_kind: dict = field(default_factory=lambda: collections.defaultdict(collections.Counter))
     exceptions: collections.Counter = field(default_factory=collections.Counter)
     rejected_unnamed: int = 0  # rejections whose message does not name the file
+    unnamed_examples: list = field(default_factory=list)  # (input, mutation, message) of the first few
     saved: list = field(default_factory=list)
 
     @property
@@ -90,7 +91,8 @@ class Summary:
         return {"inputs": self.inputs, "wall_s": round(self.wall_s, 2), "inputs_per_s": round(self.rate, 2),
                 "outcomes": dict(self.outcomes), "by_seed": {k: dict(v) for k, v in self.by_seed.items()},
                 "by_kind": {k: dict(v) for k, v in self.by_kind.items()}, "exceptions": dict(self.exceptions),
-                "rejected_unnamed": self.rejected_unnamed, "saved": self.saved}
+                "rejected_unnamed": self.rejected_unnamed, "unnamed_examples": self.unnamed_examples,
+                "saved": self.saved}
 
 
 class _Worker:
@@ -232,6 +234,8 @@ def _count(s: Summary, i: int, seed: Seed, data: bytes, mutation: str, path: str
         s.exceptions[exc["type"]] += 1
         if outcome == "rejected" and path not in exc["message"]:
             s.rejected_unnamed += 1
+            if len(s.unnamed_examples) < 10:
+                s.unnamed_examples.append((i, mutation, f"{exc['type']}: {exc['message'][:300]}"))
     if outcome in BAD_OUTCOMES:
         s.saved.append(_save(i, seed, data, mutation, log, reply, outcome, out, run_seed))
 

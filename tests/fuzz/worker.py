@@ -1,7 +1,8 @@
 """The warm fuzz worker: ``python -m tests.fuzz.worker [WARM.gguf]`` imports the package and
 llama-cpp-python once (and loads the valid file WARM once, so that lazy imports and caches
 are warm too), then for every request line on stdin (JSON: ``path``, ``timeout`` seconds,
-``mem_mb``, ``log``, ``n_threads``) forks a child that loads the file with
+``mem_mb``, ``log``, ``n_threads``; ``selftest``: "abort" / "hang" after the load, for the
+harness's tests) forks a child that loads the file with
 ``Llama(path, n_ctx=32)``, evaluates two tokens when it loads, closes it, and reports on a
 pipe. The worker never touches an input, so a crashing or hanging child costs only its own
 fork: the worker waits at most ``timeout`` seconds (then SIGKILL) and answers one JSON line
@@ -62,7 +63,7 @@ def _load_and_eval(path: str, n_threads: int, result: dict) -> None:
     llm.close()
 
 
-def _child(path: str, n_threads: int, mem_mb: int, result_fd: int, log: str) -> None:
+def _child(path: str, n_threads: int, mem_mb: int, result_fd: int, log: str, selftest: str | None) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -74,6 +75,10 @@ def _child(path: str, n_threads: int, mem_mb: int, result_fd: int, log: str) -> 
     result: dict = {"loaded": False}
     try:
         _load_and_eval(path, n_threads, result)
+        if selftest == "abort":  # the harness's own tests: a crash and a hang it must see
+            os.abort()
+        if selftest == "hang":
+            time.sleep(1e6)
     except BaseException as e:  # noqa: BLE001 - every exception is an outcome to count
         result["exception"] = _describe(e)
     os.write(result_fd, json.dumps(result).encode())
@@ -112,7 +117,8 @@ def _serve_one(req: dict) -> dict:
     if pid == 0:
         try:
             os.close(r)
-            _child(req["path"], int(req.get("n_threads", 1)), int(req.get("mem_mb", 0)), w, req["log"])
+            _child(req["path"], int(req.get("n_threads", 1)), int(req.get("mem_mb", 0)), w, req["log"],
+                   req.get("selftest"))
         finally:
             os._exit(70)
     os.close(w)
