@@ -177,6 +177,11 @@ class _Vocab:
     def check_bpe_keys(self) -> None:
         if self.pre not in (None, "") and self.pre not in PRE_TOKENIZERS:
             raise self.fail(PRE, f"unknown pre-tokenizer '{self.pre}' (llama.cpp refuses the file)")
+        if self.pre == "whitespace" and self.model != "whitespace":
+            # it keeps the raw bytes; only the "whitespace" model's session drops the spaces
+            raise self.fail(PRE, f"'whitespace' with tokenizer model '{self.model}': tokenizing text with two "
+                                 "spaces in a row hands a space to llama.cpp's BPE merge lookup, which aborts "
+                                 "the process (find_bpe_rank: GGML_ASSERT)")
         why = ("required for a BPE vocabulary (tokenizer.ggml.model "
                f"'{self.model}'); llama.cpp refuses the file")
         self.array(MERGES, (int(_V.STRING),), required="" if self.pre == "kimi-k2" and self.model != "gemma4" else why)

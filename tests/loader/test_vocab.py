@@ -81,6 +81,7 @@ DEFECTS = [
     ("merges_not_strings", {MERGES: ([1, 2], V.ARRAY, V.INT32)}, 64, MERGES, "array of int32"),
     ("pre_unknown", {K + "pre": "no-such-pre"}, 64, K + "pre", "unknown pre-tokenizer 'no-such-pre'"),
     ("pre_not_string", {K + "pre": (3, V.UINT32)}, 64, K + "pre", "has type uint32"),
+    ("pre_whitespace_with_gpt2_model", {K + "pre": "whitespace"}, 64, K + "pre", "two spaces in a row"),
     ("model_unknown", {K + "model": "nosuch"}, 64, K + "model", "unknown tokenizer model 'nosuch'"),
     ("model_missing", {K + "model": None}, 64, K + "model", "missing"),
     ("model_no_vocab", {K + "model": "no_vocab"}, 64, K + "model", "no vocabulary"),
@@ -137,6 +138,7 @@ UNCHECKED = [
     ("duplicate_after_nul", None, "GGML_ASSERT(id_to_token.size() == token_to_id.size()) failed"),
     ("wordpiece_byte_token", None, "fatal error"),
     ("model_no_vocab", "hello", "GGML_ASSERT(tokenizer"),
+    ("pre_whitespace_with_gpt2_model", "a  b", "GGML_ASSERT(token_left.find(' ') == std::string::npos)"),
     ("add_eos_without_eos", "hello", "GGML_ASSERT(vocab.token_eos() != LLAMA_TOKEN_NULL) failed"),
     ("spm_without_byte_tokens", "hello world", "std::out_of_range"),
     ("charsmap_node_outside", "a", "Index out of array bounds in XCDA array"),
@@ -213,6 +215,7 @@ VALID = [
     ("pre_missing", {K + "pre": None}, 64),
     ("kimi_k2_without_merges", {K + "pre": "kimi-k2", MERGES: None}, 64),
     ("gemma4_model", {K + "model": "gemma4"}, 64),
+    ("whitespace_model_and_pre", {K + "model": "whitespace", K + "pre": "whitespace"}, 64),
     ("spm_with_byte_tokens", dict(SPM, **{TOKENS: (ALL_BYTES_SPM, V.ARRAY, V.STRING),
                                           TYPES: ([BYTE] * 256 + [1, 1], V.ARRAY, V.INT32)}), 258),
     ("wordpiece_with_ids", dict(BERT, **{K + "seperator_token_id": 1, K + "unknown_token_id": 2}), 64),
@@ -222,13 +225,17 @@ VALID = [
 ]
 
 
+# spaces in a row, a tab, NUL, a lone continuation byte, invalid UTF-8, NBSP, "▁"
+NASTY_TEXT = b"hello world  a\tb\n\x00\x01\x80\xff \xc2\xa0 \xe2\x96\x81x"
+
+
 @pytest.mark.parametrize("case", VALID, ids=[c[0] for c in VALID])
 def test_valid_vocabularies_pass_and_load(tmp_path, case):
     name, extra, n_vocab = case
     path = tiny(tmp_path, name, extra, n_vocab)
     check_vocab(path)
     tok = LlamaCppTokenizer(path)  # would abort this process if the check let a defect through
-    ids = tok.tokenize("hello world\n\x01\xff".encode("utf-8", "surrogateescape"), add_bos=True)
+    ids = tok.tokenize(NASTY_TEXT, add_bos=True)
     assert ids and all(0 <= i < tok.n_vocab for i in ids)
     tok.detokenize(ids)
     tok.close()
@@ -260,13 +267,16 @@ def test_real_models_pass(model_path):
 
 def test_every_listed_pre_tokenizer_loads(tmp_path):
     """PRE_TOKENIZERS was read from llama.cpp's source: each name must load with the
-    llama.cpp installed (a name it dropped would be a false pass)."""
+    llama.cpp installed (a name it dropped would be a false pass) and tokenize any text."""
     import llama_cpp
 
     for i, pre in enumerate(sorted(PRE_TOKENIZERS)):
-        path = tiny(tmp_path, f"pre{i}", {K + "pre": pre})
+        model = "whitespace" if pre == "whitespace" else "gpt2"
+        path = tiny(tmp_path, f"pre{i}", {K + "pre": pre, K + "model": model})
         check_vocab(path)
-        llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False).close()
+        m = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        m.detokenize(m.tokenize(NASTY_TEXT, add_bos=True, special=True))
+        m.close()
 
 
 def test_result_cached_per_path_size_and_mtime(tmp_path, monkeypatch):
