@@ -256,6 +256,14 @@ class _Vocab:
             need += ["bos", "sep"]  # a WordPiece tokenize with special tokens adds both
         if t in ("WPM", "UGM"):
             need.append("unk")  # text it cannot spell becomes UNK (id -1 if none: later lookups abort)
+        for role in ("bos", "eos"):  # llama-cpp-python's Llama decodes both texts (strict UTF-8)
+            if ids[role] >= 0:
+                try:
+                    self.texts[ids[role]].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise self.fail(_ID[role], f"token {ids[role]} {_show(self.texts[ids[role]])} is not valid "
+                                               f"UTF-8; llama-cpp-python decodes the {role.upper()} text and "
+                                               "refuses the file") from None
         for role in need:
             if ids[role] < 0:
                 why = "is missing" if self.kv.get(_ID[role]) is None else "is outside the vocabulary"

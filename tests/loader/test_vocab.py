@@ -89,6 +89,7 @@ DEFECTS = [
     ("add_bos_not_bool", {K + "add_bos_token": (1, V.UINT32)}, 64, K + "add_bos_token", "needs bool"),
     ("add_eos_without_eos", {K + "add_eos_token": True, K + "eos_token_id": None}, 8, K + "eos_token_id",
      "no default EOS token"),
+    ("bos_text_not_utf8", {TOKENS: tokens_with(i0=b"\xa0x")}, 64, K + "bos_token_id", "not valid UTF-8"),
     ("wordpiece_without_sep", BERT, 64, K + "seperator_token_id", "no default SEP token"),
     ("wordpiece_without_unk", dict(BERT, **{K + "seperator_token_id": 1}), 64, K + "unknown_token_id",
      "no default UNK token"),
