@@ -4,13 +4,16 @@ code.
 Owns the architecture table (``arch``) and GGUF reading with the ``gguf`` package:
 GGUF/ggml type facts and tensor views (``types``), the guarded header reader
 (``reader``), hyper-parameters (``hparams``), conversion of types the kernels lack
-(``convert``) and the validated, memory-mapped model (``load``: ``load_gguf``). Also PowerInfer's files as raw tensors
+(``convert``) and the validated, memory-mapped model (``load``: ``load_gguf``); llama.cpp's
+vocabulary rules, checked before a file reaches llama.cpp (``vocab``: ``check_vocab``, over a
+fast metadata scan, ``gguf_meta``, with ``vocab_texts`` and ``ugm_charsmap``). Also PowerInfer's files as raw tensors
 (``pwri``), the per-model artifact folders (``artifacts``) and the embedded default
 model's location (``models``). Imports nothing above itself."""
 
 from .arch import ArchSpec, TensorSpec, layer_tensor_names  # noqa: F401
 from .hparams import HParams  # noqa: F401
 from .load import PWRI_LAYER_TENSORS, GGUFModel, load_gguf  # noqa: F401
+from .vocab import check_vocab  # noqa: F401
 from .types import GGUF_MAGIC, KERNEL_TYPES, PWRI_MAGIC, TensorView, UnsupportedTensorTypeWarning  # noqa: F401
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "TensorSpec",
     "TensorView",
     "UnsupportedTensorTypeWarning",
+    "check_vocab",
     "layer_tensor_names",
     "load_gguf",
 ]

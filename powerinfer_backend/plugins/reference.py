@@ -33,8 +33,17 @@ def _no_extra_buffer_types():
 
 def load_reference(model_path: str, **kwargs):
     """A ``llama_cpp.Llama`` on ``model_path`` (kwargs as for llama_cpp.Llama), with
-    AMX/repack buffers disabled (see module docstring)."""
+    AMX/repack buffers disabled (see module docstring).
+
+    Raises:
+        ValueError: the file's vocabulary would abort llama.cpp or it refuses it
+            (:func:`powerinfer_backend.loader.vocab.check_vocab`), or llama-cpp-python
+            cannot load the file.
+    """
+    from ..loader.vocab import check_vocab
     from ..text.tokenizer import llama_cpp_class
+
+    check_vocab(model_path)
 
     kwargs.setdefault("verbose", False)
     with _no_extra_buffer_types():

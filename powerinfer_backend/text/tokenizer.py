@@ -24,14 +24,18 @@ class LlamaCppTokenizer:
     Loads only the vocabulary (no weights, no compute context).
 
     Raises:
-        ValueError: llama.cpp cannot read the file's vocabulary.
+        ValueError: llama.cpp cannot read the file's vocabulary, or it holds contents on
+            which llama.cpp would abort the process (checked first:
+            :func:`powerinfer_backend.loader.vocab.check_vocab`).
     """
 
     def __init__(self, model_path: str, n_ctx: int = 512, chat_format: Optional[str] = None):
         import llama_cpp  # heavy import, deferred to first use
 
         from ..loader.pwri import vocab_path
+        from ..loader.vocab import check_vocab
         model_path = vocab_path(model_path)  # a PowerInfer (PWRI) file: a GGUF copy of its metadata
+        check_vocab(model_path)  # the file llama.cpp gets: some vocabularies abort the process
         try:
             # llama-cpp-python's log callback prints to sys.stderr even with verbose=False
             # ("n_ctx_seq (512) > n_ctx_train (0)": a vocab-only model has no context length).
