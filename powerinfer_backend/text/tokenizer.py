@@ -34,8 +34,16 @@ class LlamaCppTokenizer:
 
         from ..loader.pwri import vocab_path
         from ..loader.vocab import check_vocab
+        given = model_path
         model_path = vocab_path(model_path)  # a PowerInfer (PWRI) file: a GGUF copy of its metadata
-        check_vocab(model_path)  # the file llama.cpp gets: some vocabularies abort the process
+        # errors name the file the caller gave, and the metadata copy llama.cpp reads if there is one
+        named = given if model_path == given else f"{given} (its metadata copy {model_path})"
+        try:
+            check_vocab(model_path)  # the file llama.cpp gets: some vocabularies abort the process
+        except ValueError as e:
+            if model_path == given:
+                raise
+            raise ValueError(f"{given}: {e}") from e
         try:
             # llama-cpp-python's log callback prints to sys.stderr even with verbose=False
             # ("n_ctx_seq (512) > n_ctx_train (0)": a vocab-only model has no context length).
@@ -45,7 +53,7 @@ class LlamaCppTokenizer:
                 self._vocab_model = llama_cpp_class()(model_path=model_path, vocab_only=True, verbose=False,
                                                     n_ctx=max(1, int(n_ctx)), chat_format=chat_format)
         except Exception as e:  # llama-cpp-python raises ValueError or RuntimeError
-            raise ValueError(f"{model_path}: llama.cpp could not load the vocabulary: {e}") from e
+            raise ValueError(f"{named}: llama.cpp could not load the vocabulary: {e}") from e
         m = self._vocab_model
         self.n_vocab = m.n_vocab()
         self.token_bos = m.token_bos()

@@ -79,6 +79,7 @@ class Summary:
     rejected_unnamed: int = 0  # rejections whose message does not name the file
     unnamed_examples: list = field(default_factory=list)  # (input, mutation, message) of the first few
     saved: list = field(default_factory=list)
+    child_s: collections.Counter = field(default_factory=collections.Counter)  # children's wall time per outcome
 
     @property
     def rate(self) -> float:
@@ -91,6 +92,7 @@ class Summary:
         return {"inputs": self.inputs, "wall_s": round(self.wall_s, 2), "inputs_per_s": round(self.rate, 2),
                 "outcomes": dict(self.outcomes), "by_seed": {k: dict(v) for k, v in self.by_seed.items()},
                 "by_kind": {k: dict(v) for k, v in self.by_kind.items()}, "exceptions": dict(self.exceptions),
+                "child_ms_mean": {k: round(1000 * v / self.outcomes[k], 1) for k, v in self.child_s.items()},
                 "rejected_unnamed": self.rejected_unnamed, "unnamed_examples": self.unnamed_examples,
                 "saved": self.saved}
 
@@ -226,6 +228,7 @@ def _count(s: Summary, i: int, seed: Seed, data: bytes, mutation: str, path: str
            outcome: str, out: Path, run_seed: int) -> None:
     s.inputs += 1
     s.outcomes[outcome] += 1
+    s.child_s[outcome] += reply["wall"]
     s.by_seed[seed.name][outcome] += 1
     for kind in set(_describe_kinds(mutation)):
         s.by_kind[kind][outcome] += 1

@@ -51,6 +51,7 @@ class Seed:
 
 def tiny_seeds(folder: str | os.PathLike) -> list[Seed]:
     """Write :data:`TINY_SEEDS` into ``folder`` and parse them."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
     out = []
     for name, write in TINY_SEEDS.items():
         path = Path(folder) / f"seed_{name}.gguf"
