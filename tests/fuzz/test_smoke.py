@@ -1,7 +1,8 @@
 """The CI fuzz smoke pass (docs/reliability.md "Fuzzing"): a fixed-seed run of 2,000
 mutants of the tiny fixture seeds and of the real SmolLM2 header, each loaded with
 ``Llama(path, n_ctx=32)`` in a fork of a warm worker. Every input must load or be rejected
-with one of our exception types: no crash, no hang, no unexpected exception type.
+with one of our exception types whose message names the file: no crash, no hang, no
+unexpected exception type.
 ``POWERINFER_FUZZ_INPUTS`` changes the count (the sanitizer job runs fewer: .ci/sanitize)."""
 
 from __future__ import annotations
@@ -38,3 +39,5 @@ def test_fuzz_smoke(tmp_path):
     assert s.by_seed[Path(default_model_path()).stem].total() == SMOKE_INPUTS // REAL_EVERY
     bad = {k: s.outcomes[k] for k in harness.BAD_OUTCOMES if s.outcomes[k]}
     assert not bad, f"{bad} of {s.inputs} inputs (saved in {tmp_path}/crashes):\n{_first_bad(s.saved)}"
+    # every refusal names the file the caller gave
+    assert s.rejected_unnamed == 0, s.unnamed_examples
