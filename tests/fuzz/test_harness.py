@@ -109,3 +109,17 @@ def test_crasher_saved_with_its_description(worker, seeds, tmp_path):
     assert info["seed"] == seeds[0].name and info["mutation"] == "bitflip bytes.bits 1.2"
     assert info["status"] == -6 and "--seed 3 --start 5" in info["rebuild"]
     assert (tmp_path / "crashes" / "3_0000005_crash.gguf").read_bytes() == seeds[0].region
+
+
+def test_memory_limit_applies(worker, tmp_path):
+    """A child gets its memory limit: RLIMIT_AS refuses the real model's 94 MB map with
+    8 MB of headroom (a clean refusal naming the errno); under ASan the worker's watchdog
+    kills the child instead."""
+    from powerinfer_backend.loader.models import default_model_path
+
+    reply = worker.run(_req(default_model_path(), tmp_path / "log", mem_mb=8, timeout=120))
+    if harness.under_asan():
+        assert harness.classify(reply) == "oom", reply
+    else:
+        assert harness.classify(reply) == "rejected", reply
+        assert "Cannot allocate memory" in reply["result"]["exception"]["message"]
