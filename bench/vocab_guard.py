@@ -53,15 +53,15 @@ def main() -> None:
 
     print(f"{'model':<40} {'n_vocab':>8} {'first ms':>16} {'repeated ms':>16} {'llama.cpp load ms':>18}")
     for path in args.model or _models():
-        def first():
+        def first(path=path):
             vocab._CHECKED.clear()
             vocab.check_vocab(path)
 
         med_f, best_f = _ms(first, args.repeats)
-        med_r, best_r = _ms(lambda: vocab.check_vocab(path), args.repeats)
+        med_r, best_r = _ms(lambda path=path: vocab.check_vocab(path), args.repeats)
         lc = "-"
         if not args.no_llama_cpp:
-            def load():
+            def load(path=path):
                 llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False).close()
 
             med_l, best_l = _ms(load, max(1, args.repeats // 2))

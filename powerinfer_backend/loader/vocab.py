@@ -222,14 +222,15 @@ class _Vocab:
         if any(i in altered for ids in groups.values() for i in ids):
             msg += (" (as llama.cpp reads them: each token up to its first NUL byte, an empty one as "
                     "'[EMPTY_<id>]')")
-        return msg + ": llama.cpp aborts the process loading this vocabulary (GGML_ASSERT id_to_token.size() == token_to_id.size())"
+        return msg + (": llama.cpp aborts the process loading this vocabulary "
+                      "(GGML_ASSERT id_to_token.size() == token_to_id.size())")
 
     def resolve(self) -> dict[str, int]:
         """bos/eos/unk/sep as llama.cpp resolves them (-1: none): the model's defaults,
         dropped when outside the vocabulary, then the file's id when inside it."""
         ids = {"bos": -1, "eos": -1, "unk": -1, "sep": -1}
         ids.update(_DEFAULT_IDS[self.model])
-        if self.pre in ("glm4", "chatglm-bpe"):
+        if self.type == "BPE" and self.pre in ("glm4", "chatglm-bpe"):
             ids["bos"] = -1
         for role, key in _ID.items():
             if ids[role] >= self.n:

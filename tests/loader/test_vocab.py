@@ -300,7 +300,8 @@ def test_unreadable_and_corrupt_files(tmp_path):
     with pytest.raises(ValueError, match="cannot read the file"):
         check_vocab(tmp_path / "absent.gguf")
     path = tiny(tmp_path, "m")
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[:data.find(b"tokenizer.ggml.merges") + 40])
     with pytest.raises(ValueError, match=f"{cut}: truncated or corrupt GGUF header: reading key '{MERGES}'"):
