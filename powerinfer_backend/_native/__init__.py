@@ -36,7 +36,7 @@ def _extension():
 _ext = _extension()
 ffi, lib = _ext.ffi, _ext.lib
 
-from .enums import IsaBit, Status  # noqa: E402 - after the extension (it reads its ffi)
+from .enums import IsaBit, Status  # after the extension: it imports it by name
 
 __all__ = ["ffi", "lib", "check", "last_error", "set_isa", "isa_name", "supported_isas", "set_f16_order",
            "f16_order_name"]

@@ -191,7 +191,15 @@ def run(n_inputs: int, run_seed: int, out: str | os.PathLike, *, jobs: int = 2, 
     todo = iter(range(start, start + n_inputs))
     t0 = time.perf_counter()
 
+    errors: list[BaseException] = []
+
     def loop(j: int) -> None:
+        try:
+            _loop(j)
+        except BaseException as e:  # noqa: BLE001 - re-raised by run() after the join
+            errors.append(e)
+
+    def _loop(j: int) -> None:
         w = _Worker(str(out / "work" / f"seed_{tiny[0].name}.gguf"), env)
         path, log = str(out / "work" / f"input_{j}.gguf"), str(out / "work" / f"input_{j}.log")
         try:
@@ -219,6 +227,8 @@ def run(n_inputs: int, run_seed: int, out: str | os.PathLike, *, jobs: int = 2, 
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     summary.wall_s = time.perf_counter() - t0
     (out / "summary.json").write_text(json.dumps(summary.as_dict(), indent=1))
     return summary

@@ -113,7 +113,7 @@ class Mutator:
             return self._bitflip(buf, rng)
         g = groups[int(rng.integers(0, len(groups)))]
         i, j = rng.choice(len(g), size=2, replace=False)
-        (pa, n, la), (pb, _n, lb) = g[int(i)], g[int(j)]
+        (pa, n, la), (pb, _, lb) = g[int(i)], g[int(j)]
         buf[pb:pb + n] = buf[pa:pa + n]
         return buf, f"token_dup {lb} := {la} (byte {pb}, {n} bytes)"
 

@@ -10,7 +10,12 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
 
-from tests.fixtures.tiny_archs import write_tiny_falcon, write_tiny_gemma3, write_tiny_opt, write_tiny_qwen2
+from tests.fixtures.tiny_archs import (
+    write_tiny_falcon,
+    write_tiny_gemma3,
+    write_tiny_opt,
+    write_tiny_qwen2,
+)
 from tests.fixtures.tiny_gguf import write_tiny_llama
 
 from .gguf_layout import Layout, parse

@@ -12,7 +12,6 @@ import gguf
 import pytest
 
 from tests.fuzz import harness
-from tests.fuzz.gguf_layout import parse
 from tests.fuzz.seeds import TINY_SEEDS, tiny_seeds
 
 

@@ -27,18 +27,18 @@ import warnings
 
 os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml_abort would start gdb for a backtrace (> 60 s under ASan)
 
-import contextlib  # noqa: E402
+import contextlib
 
-import llama_cpp  # noqa: E402,F401 - imported once here, before the forks
-import llama_cpp._internals  # noqa: E402
-import llama_cpp.llama  # noqa: E402
+import llama_cpp  # imported once here, before the forks
+import llama_cpp._internals
+import llama_cpp.llama
 
 # llama-cpp-python's verbose=False points fd 1 and 2 at /dev/null while llama.cpp loads, so
 # an abort's message (GGML_ASSERT ...) would vanish: the children keep their log file instead
 llama_cpp._internals.suppress_stdout_stderr = llama_cpp.llama.suppress_stdout_stderr = (
     lambda disable=False: contextlib.nullcontext())
 
-from powerinfer_backend import Llama  # noqa: E402
+from powerinfer_backend import Llama
 
 _UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 _PROMPT = b"Hello world"
