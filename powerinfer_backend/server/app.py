@@ -67,6 +67,7 @@ def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, a
     app.router.route_class = CheckedBodyRoute  # size and nesting checked before a body is parsed
     app.state.serve = state
     app.state.max_body_bytes = int(max_body_bytes)
+    app.state.check_request = check_key  # also before a body is read (bodies are read before dependencies run)
     add_error_handlers(app)
     register_openai(app, state)
     register_llama_server(app, state)

@@ -107,7 +107,9 @@ def parse_json(raw: bytes):
 
 class CheckedBodyRoute(APIRoute):
     """An ``APIRoute`` whose JSON body passes :func:`read_checked_body` (the limit:
-    ``app.state.max_body_bytes``) and :func:`parse_json` before FastAPI validates it."""
+    ``app.state.max_body_bytes``) and :func:`parse_json` before FastAPI validates it;
+    ``app.state.check_request(request)`` (the API key), when set, runs before the body
+    is read."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()
@@ -115,8 +117,11 @@ class CheckedBodyRoute(APIRoute):
             return handler
 
         async def checked(request: Request):
-            limit = getattr(request.app.state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
-            raw = await read_checked_body(request, limit)
+            state = request.app.state
+            check = getattr(state, "check_request", None)
+            if check is not None:
+                await check(request)
+            raw = await read_checked_body(request, getattr(state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
             parsed = parse_json(raw)
             # FastAPI reads a body as JSON only under a JSON content type, and takes it
             # from Starlette's caches of the body and of its parsed JSON

@@ -73,3 +73,23 @@ def test_size_limit(tiny_app, tiny_client):
 def test_not_standard_json(tiny_client, raw):
     r = tiny_client.post("/tokenize", content=raw)
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
+
+
+def test_api_key_checked_before_the_body_is_read(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from powerinfer_backend import Llama
+    from powerinfer_backend.server.app import create_app
+    from tests.fixtures.server import write_server_model
+
+    with Llama(write_server_model(tmp_path / "m.gguf"), n_ctx=64, n_threads=1, verbose=False) as llm:
+        app = create_app(llm, api_key="k", max_body_bytes=1000)
+        try:
+            with TestClient(app, raise_server_exceptions=False) as c:
+                for raw in (b"x" * 2000, b"[" * 500, b"{bad"):
+                    assert c.post("/tokenize", content=raw).status_code == 401
+                    assert c.post("/tokenize", content=raw, headers={"Authorization": "Bearer k"}).status_code in (
+                        400, 413)
+                assert c.post("/tokenize", json={"content": "hi"}, headers={"x-api-key": "k"}).status_code == 200
+        finally:
+            app.state.serve.worker.stop()
