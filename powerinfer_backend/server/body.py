@@ -71,7 +71,7 @@ async def read_checked_body(request: Request, max_body_bytes: int) -> bytes:
         APIError(413): the body (or its Content-Length) is over ``max_body_bytes``.
         APIError(400): arrays / objects nested deeper than :data:`MAX_DEPTH`.
     """
-    too_big = APIError(413, f"the request body is over the limit of {max_body_bytes} bytes", param=None)
+    too_big = APIError(413, f"the request body is over the limit of {max_body_bytes} bytes")
     if _content_length(request.scope) > max_body_bytes:
         raise too_big
     chunks, n = [], 0
