@@ -9,9 +9,9 @@ llama-cpp-python, docs/building.md); about 3-6 minutes on a 16-core host with an
 What it does, for two synthetic 7B-shaped llama models it writes itself (n_embd 4096,
 n_ff 11008, 32 heads, --layers layers, a 32000-token vocabulary; random F16 weights
 quantized to --quant by llama.cpp's own quantizer): a ReLU one (``powerinfer.ffn_act =
-"relu"``, with a sparsity sidecar whose gate thresholds skip --sparsity of the neurons,
-as bench/relu_decode.py makes it: random weights fire half of the neurons, trained ReLU
-models ~90%) and a SwiGLU one (dense):
+"relu"``, with a sparsity sidecar whose thresholds skip --sparsity of the neurons: on |h|
+by default, the form the device split takes, made as bench/relu_decode.py makes them;
+random weights fire half of the neurons, trained ReLU models ~90%) and a SwiGLU one (dense):
 
 1. **logits**: teacher-forced logits of --n-check random tokens, ``Llama(device=...)``
    against the CPU-only engine (both ``sparse="exact"``, the arithmetic a placed context
@@ -267,8 +267,8 @@ def run_model(kind: str, a, G, dev) -> dict:
 
         from powerinfer_backend.sparsity.sidecar import read_sidecar
 
-        sidecar = path.with_suffix(f".sparse{a.sparsity:g}.gguf")
-        make_sidecar(path, sidecar, a.sparsity, a.threads)
+        sidecar = path.with_suffix(f".sparse{a.sparsity:g}-{a.threshold_on}.gguf")
+        make_sidecar(path, sidecar, a.sparsity, a.threads, threshold_on=a.threshold_on)
         freq = read_sidecar(sidecar, model_path=path).neuron_freq
     r: dict = {"model": str(path), "kind": kind, "quant": a.quant, **shape, "full_device_bytes": full}
     cpu = open_llm(path, a, device="cpu", sparse="exact")
@@ -301,7 +301,7 @@ def format_table(res: dict) -> str:
     lines.append(f"{'model':8s} {'engine':24s} {'decode tok/s':>12s} {'prefill tok/s':>13s}")
     for m in res["models"]:
         s = m["speed"]
-        for k, label in (("ours", f"ours {res['device']['name']} {s['fraction']:.0%}"),
+        for k, label in (("ours", f"ours on {res['device']['name']} {s['fraction']:.0%}"),
                          ("llama_cpp_layers", f"llama.cpp -ngl {s['llama_cpp_layers']['n_gpu_layers']}"),
                          ("ours_cpu", "ours CPU"), ("llama_cpp_cpu", "llama.cpp CPU")):
             lines.append(f"{m['kind']:8s} {label:24s} {s[k]['decode_tok_s']:12.2f} {s[k]['prefill_tok_s']:13.2f}")
@@ -325,6 +325,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fractions", type=float, nargs=3, default=(0.1, 0.25, 0.5),
                     help="the three budgets of the logits and memory checks (default 0.1 0.25 0.5)")
     ap.add_argument("--sparsity", type=float, default=0.9, help="ReLU model: fraction of neurons skipped")
+    ap.add_argument("--threshold-on", choices=("product", "gate"), default="product",
+                    help="ReLU model's thresholds: on |h| (default; what the device split takes) or on the gate "
+                         "(CATS; refused with a device today, then the run falls back to exact)")
     # defaults (full / --small): see _DEFAULTS
     ap.add_argument("--ctx", type=int, default=None, help="n_ctx (default 512 / 128)")
     ap.add_argument("--batch", type=int, default=None, help="n_batch, the prefill batch (default 128 / 32)")
