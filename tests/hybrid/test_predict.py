@@ -46,7 +46,7 @@ def _plan(attn_on, hot, output_on=False, n_ff=128):
 def test_row_and_block_bytes(tiny):
     _, s = tiny
     assert pr.attn_weight_bytes(s, 0) == ATTN_W == 13568
-    assert pr.ffn_row_bytes(s, 1) == ROW
+    assert pr.ffn_row_bytes(s, 1) == pr.ffn_row_bytes(s, 1, device=True) == ROW
 
 
 def test_ours_bytes_and_times_exact(tiny):

@@ -9,7 +9,7 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   KV cache of ``n_past`` positions (K and V, F16) — from the device when the plan put it
   there, else from the host; then the split FFN, whose two halves run at once:
   ``max(device FFN bytes / device bandwidth, host FFN bytes / host bandwidth)``. The
-  device reads its hot neurons' rows (gate row, up row, the F16 down row); the host reads
+  device reads its hot neurons' rows (gate row, up row, an F16 down row); the host reads
   its cold neurons' rows, each row with the probability the FFN mode reads it
   (:data:`ROW_READS`: a row marked "always" is read for every neuron, "freq" only for a
   neuron that fires, with probability its firing frequency). With ``device_skips`` the
@@ -169,13 +169,14 @@ def attn_weight_bytes(s: ModelSizes, i: int) -> int:
     return sum(t.nbytes for slot, t in s.layers[i].items() if slot not in _FFN_ROW_SLOTS)
 
 
-def ffn_row_bytes(s: ModelSizes, i: int) -> tuple[int, int, int]:
+def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False) -> tuple[int, int, int]:
     """Bytes of one neuron's rows in layer ``i``, as the split FFN reads them: gate row
     (0 for an ungated FFN) and up row of n_embd in their GGUF types, the down row of
-    n_embd at ``s.down_t_bytes`` per element (the F16 down_t / the device's F16 down)."""
+    n_embd: on the host the CPU's down_t (``s.down_t_bytes`` per element: F16, F32 for an
+    all-F32 model), on the device F16 (the ggml device's gathered down columns)."""
     L = s.layers[i]
     gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0
-    return gate, row_bytes(L["ffn_up"].type, s.n_embd), s.n_embd * s.down_t_bytes
+    return gate, row_bytes(L["ffn_up"].type, s.n_embd), s.n_embd * (2 if device else s.down_t_bytes)
 
 
 def _kv_read(s: ModelSizes, n_past: int) -> int:
@@ -232,7 +233,7 @@ def predict_ours(sizes: ModelSizes, plan: Plan, neuron_freq: np.ndarray | None, 
         hot = np.zeros(sizes.n_ff, bool)
         hot[L.hot_ids] = True
         rows = ffn_row_bytes(sizes, i)
-        dev = _rows_read(rows, freq[i][hot], dev_mode)
+        dev = _rows_read(ffn_row_bytes(sizes, i, device=True), freq[i][hot], dev_mode)
         if not placed and mode == "dense":  # the dense CPU path reads the GGUF tensors as stored
             host = float(sum(sizes.layers[i][slot].nbytes for slot in _FFN_ROW_SLOTS if slot in sizes.layers[i]))
         else:
