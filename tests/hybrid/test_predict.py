@@ -43,10 +43,15 @@ def _plan(attn_on, hot, output_on=False, n_ff=128):
     return P.Plan(10 ** 9, 100, 4, n_ff, 0, output_on, 1 if output_on else 0, layers)
 
 
-def test_row_and_block_bytes(tiny):
+def test_row_and_block_bytes(tiny, tmp_path):
     _, s = tiny
     assert pr.attn_weight_bytes(s, 0) == ATTN_W == 13568
     assert pr.ffn_row_bytes(s, 1) == pr.ffn_row_bytes(s, 1, device=True) == ROW
+    # an all-F32 model: the CPU's down_t stays F32, the device's down columns are F16
+    m = load_gguf(write_tiny_llama(tmp_path / "f32.gguf", types={"matrix": 0, "token_embd": 0}), verbose=False)
+    s32 = P.ModelSizes.from_gguf(m)
+    m.close()
+    assert pr.ffn_row_bytes(s32, 0) == (256, 256, 256) and pr.ffn_row_bytes(s32, 0, device=True) == (256, 256, 128)
 
 
 def test_ours_bytes_and_times_exact(tiny):
