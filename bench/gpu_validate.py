@@ -198,7 +198,7 @@ def measure_speed(eval_tokens, reset, a, tokens: list[int]) -> dict:
     return {"prefill_tok_s": a.n_prefill / t_pre, "decode_tok_s": a.n_decode / t_dec}
 
 
-def speed(path: Path, a, sizes, budget: int, sidecar: Path | None, tokens: list[int]) -> dict:
+def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, tokens: list[int]) -> dict:
     """Decode/prefill tok/s: ours on the device and CPU-only, llama.cpp layer split and CPU-only."""
     import llama_cpp
 
@@ -221,15 +221,17 @@ def speed(path: Path, a, sizes, budget: int, sidecar: Path | None, tokens: list[
         gc.collect()
     n_gpu, _ = llama_cpp_offload(sizes, budget, n_ctx=a.ctx, n_batch=a.batch)
     for key, ngl in (("llama_cpp_layers", n_gpu), ("llama_cpp_cpu", 0)):
+        free0 = device_free(G, dev.name)
         ref = load_reference(str(path), n_ctx=a.ctx, n_batch=a.batch, n_threads=a.threads,
                              n_threads_batch=a.threads, n_gpu_layers=ngl)
+        free1 = device_free(G, dev.name)
 
         def ref_eval(t, ref=ref):
             ref.eval(t)
             return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         out[key] = measure_speed(ref_eval, ref.reset, a, tokens)
-        out[key]["n_gpu_layers"] = ngl
+        out[key].update(n_gpu_layers=ngl, allocated=free0 - free1)  # llama.cpp's own device bytes (a GPU's)
         ref.close()
         del ref
         gc.collect()
@@ -282,7 +284,7 @@ def run_model(kind: str, a, G, dev) -> dict:
         r["budgets"].append({"fraction": f, **check_budget(path, a, G, dev, int(f * full), ref, tokens[:a.n_check])})
     budget = int(a.budget_fraction * full)
     log(f"{kind}: speed at {a.budget_fraction:.0%} ({budget} B)")
-    r["speed"] = {"fraction": a.budget_fraction, "budget": budget, **speed(path, a, sizes, budget, sidecar, tokens)}
+    r["speed"] = {"fraction": a.budget_fraction, "budget": budget, **speed(path, a, G, dev, sizes, budget, sidecar, tokens)}
     if a.device_bandwidth:
         r["predicted"] = predicted(path, a, sizes, budget, freq)
     return r
@@ -302,7 +304,9 @@ def format_table(res: dict) -> str:
     for m in res["models"]:
         s = m["speed"]
         for k, label in (("ours", f"ours on {res['device']['name']} {s['fraction']:.0%}"),
-                         ("llama_cpp_layers", f"llama.cpp -ngl {s['llama_cpp_layers']['n_gpu_layers']}"),
+                         ("llama_cpp_layers", f"llama.cpp -ngl {s['llama_cpp_layers']['n_gpu_layers']}" + (
+                             f" {s['llama_cpp_layers']['allocated'] / 2**20:.0f}MiB" if res['device']['type'] != "cpu"
+                             else "")),
                          ("ours_cpu", "ours CPU"), ("llama_cpp_cpu", "llama.cpp CPU")):
             lines.append(f"{m['kind']:8s} {label:24s} {s[k]['decode_tok_s']:12.2f} {s[k]['prefill_tok_s']:13.2f}")
         lines.append(f"{m['kind']:8s} ours / layer split: decode {s['decode_ratio']:.2f}x, prefill "
@@ -358,6 +362,9 @@ def main(argv=None) -> int:
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 2
+    # the device's runtime (a CUDA context, streams) is created now, so that the free-memory
+    # differences below count our buffers only
+    keep = G.GgmlDevice(dev.name, a.device_threads)
     res = {"device": {"name": dev.name, "description": dev.description, "type": dev.type,
                       "total_bytes": dev.total_bytes}, "ggml_version": G.bind(), "args": vars(a).copy(),
            "models": []}
@@ -368,6 +375,7 @@ def main(argv=None) -> int:
                    "met": bool(relu) and relu[0]["speed"]["decode_ratio"] >= 3.0}
     res["ok"] = all(b["ok"] for m in res["models"] for b in m["budgets"])
     res["seconds"] = time.perf_counter() - t0
+    keep.close()
     print(format_table(res))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=2))
