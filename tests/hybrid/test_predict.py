@@ -164,6 +164,12 @@ def test_bad_inputs(tiny):
         args = dict(device_gbps=1, host_gbps=1, mode="dense") | kw
         with pytest.raises(ValueError, match="gbps must be a finite bandwidth"):
             pr.predict_ours(s, plan, None, **args)
+    for kw, what in (({"n_past": -1}, "n_past must be an integer >= 0"), ({"sync_s": -1e-6}, "sync_s must be"),
+                     ({"predictor_bytes": 1.5}, "predictor_bytes must be an integer")):
+        with pytest.raises(ValueError, match=what):
+            pr.predict_ours(s, plan, None, device_gbps=1, host_gbps=1, mode="dense", **kw)
+    with pytest.raises(ValueError, match="n_past must be an integer >= 0"):
+        pr.predict_layer_split(s, 0, device_gbps=1, host_gbps=1, n_ctx=100, n_batch=4, n_past=-2)
     with pytest.raises(ValueError, match="mode must be one of"):
         pr.predict_ours(s, plan, None, device_gbps=1, host_gbps=1, mode="sparse")
     with pytest.raises(ValueError, match="plan has 2 layers of n_ff 64"):

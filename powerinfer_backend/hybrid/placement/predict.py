@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .plan import Plan
-from .planners import _check_freq
+from .planners import _check_freq, _check_int
 from .sizes import _FFN_ROW_SLOTS, ACT_BYTES, KV_ELEM_BYTES, ModelSizes, kv_bytes_per_layer, row_bytes, scratch_bytes
 
 __all__ = ["ROW_READS", "MODES", "LayerTime", "Prediction", "default_mode", "attn_weight_bytes",
@@ -214,12 +214,16 @@ def predict_ours(sizes: ModelSizes, plan: Plan, neuron_freq: np.ndarray | None, 
         A :class:`Prediction` (``engine="ours"``).
 
     Raises:
-        ValueError: an unknown mode, a bandwidth <= 0, a plan whose layer count or n_ff
-            differs from ``sizes``, or a bad ``neuron_freq``.
+        ValueError: an unknown mode, a bandwidth <= 0, a negative n_past, predictor_bytes
+            or sync_s, a plan whose layer count or n_ff differs from ``sizes``, or a bad
+            ``neuron_freq``.
     """
     if mode not in ROW_READS:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     bd, bh = _check_bw("device_gbps", device_gbps), _check_bw("host_gbps", host_gbps)
+    n_past, predictor_bytes = _check_int("n_past", n_past, 0), _check_int("predictor_bytes", predictor_bytes, 0)
+    if not (isinstance(sync_s, (int, float)) and math.isfinite(sync_s) and sync_s >= 0):
+        raise ValueError(f"sync_s must be finite seconds >= 0, got {sync_s!r}")
     if len(plan.layers) != sizes.n_layer or plan.n_ff != sizes.n_ff:
         raise ValueError(f"plan has {len(plan.layers)} layers of n_ff {plan.n_ff}; the model has {sizes.n_layer} "
                          f"of {sizes.n_ff}")
@@ -280,9 +284,10 @@ def predict_layer_split(sizes: ModelSizes, vram_budget: int, *, device_gbps: flo
     the offloaded ones, else from the host; times add up.
 
     Raises:
-        ValueError: a bandwidth <= 0.
+        ValueError: a bandwidth <= 0 or a negative n_past.
     """
     bd, bh = _check_bw("device_gbps", device_gbps), _check_bw("host_gbps", host_gbps)
+    n_past = _check_int("n_past", n_past, 0)
     n_gpu, out_on = llama_cpp_offload(sizes, vram_budget, n_ctx=n_ctx, n_batch=n_batch)
     layers = []
     for i in range(sizes.n_layer):
