@@ -1,8 +1,8 @@
 """``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
 text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
 speed against llama.cpp in the same run (or sweeps FFN densities), ``plan`` shows the VRAM
-placement for a budget (docs/placement.md; with ``--predict`` its predicted decode tok/s),
-``serve`` answers OpenAI- and llama-server-compatible HTTP requests."""
+placement for a budget (docs/placement.md), ``serve`` answers OpenAI- and
+llama-server-compatible HTTP requests."""
 
 from __future__ import annotations
 
