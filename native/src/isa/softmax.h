@@ -42,8 +42,8 @@ static inline float sm_reduce(float x, float *b, float *z) {
     return n;
 }
 
-/* the degree-5 polynomial in b of exp(b) - 1 without its linear term's constant:
- * p(b) = c1 b + c2 b^2 + ... as the vector code groups it (two halves in b^2) */
+/* linear + u (c2 + c3 b + u (c4 + c5 b)), u = b^2: exp(b)'s terms of degree 2..5,
+ * grouped as the vector code does; linear is c1 b (exp(b) - 1) or 1 + c1 b (exp(b)) */
 static inline float sm_poly(float b, float linear) {
     const float u = b * b;
     const float hi = fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f));
