@@ -6,7 +6,7 @@
 
 #include "softmax.h" /* softmax_w8 / softmax_w16: after the including file's target pragma */
 
-#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, TILES)                                                        \
+#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, TILES)                                                \
     {                                                                                               \
         .name = NAME,                                                                               \
         .vec_dot =                                                                                  \
@@ -36,10 +36,10 @@
     }
 
 /* const pi_isa VAR[PI_F16_ORDERS]: the tables of one ISA, TILES its sparse down kernel */
-#define PI_ISA_DEFINE(VAR, NAME, TILES)                                                            \
+#define PI_ISA_DEFINE(VAR, NAME, TILES)                                                             \
     const pi_isa VAR[PI_F16_ORDERS] = {                                                             \
-        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, TILES),                       \
-        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, TILES),                     \
+        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, TILES),           \
+        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, TILES),        \
     }
 
 #endif
