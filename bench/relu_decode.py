@@ -45,12 +45,15 @@ def build(path: Path, layers: int) -> None:
     print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.time() - t:.0f} s", file=sys.stderr)
 
 
-def make_sidecar(path: Path, out: Path, sparsity: float, threads: int) -> None:
+def make_sidecar(path: Path, out: Path, sparsity: float, threads: int, threshold_on: str = "gate") -> None:
+    """A sidecar of per-layer thresholds skipping ``sparsity`` of the neurons on 64 random
+    tokens: on |relu(gate x)| ("gate", CATS: up and down rows of a skipped neuron unread)
+    or on |h| ("product": only down rows skipped; the form a device split takes)."""
     g = load_gguf(str(path), verbose=False)
     hp = g.hparams
     m = NativeModel(g)
     ctx = NativeContext(m, n_ctx=128, n_batch=64, n_threads=threads)
-    ctx.set_ffn_threshold_on("gate")
+    ctx.set_ffn_threshold_on(threshold_on)
     hist = np.zeros((hp.n_layer, hp.n_ff, FFN_HIST_BINS), np.uint32)
     ctx.set_ffn_hist(hist)
     ctx.eval(list(np.random.default_rng(0).integers(1, hp.n_vocab, 64)))
@@ -62,7 +65,7 @@ def make_sidecar(path: Path, out: Path, sparsity: float, threads: int) -> None:
     prof = SparsityProfile(thresholds=thr, layer_sparsity=np.full(hp.n_layer, sparsity, np.float32),
                            neuron_freq=freq, neuron_quantiles=hist_quantiles(hist, QUANTILES),
                            layer_hist=(layer / layer.sum(axis=1, keepdims=True)).astype(np.float32),
-                           ffn_act="relu", info={"threshold_on": "gate", "method": "bench: fixed sparsity"})
+                           ffn_act="relu", info={"threshold_on": threshold_on, "method": "bench: fixed sparsity"})
     from powerinfer_backend.loader.artifacts import model_fingerprint
 
     prof.info.update(model_sha256=model_fingerprint(path), model_file=path.name)

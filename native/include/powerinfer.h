@@ -244,7 +244,7 @@ const char *pi_isa_name(void);
  * ggml_vec_dot_f16, 64-element steps) or "avx2" (its AVX2 build, 32-element steps).
  * "auto" (the default) takes the one llama.cpp runs on this CPU: avx512 where the CPU
  * has AVX512F, else avx2. The environment variable POWERINFER_F16_ORDER sets the
- * initial choice. */
+ * initial choice. It also selects the softmax: that build's exp and lane order. */
 int pi_f16_order_set(const char *name);
 const char *pi_f16_order_name(void);
 
@@ -279,7 +279,7 @@ int pi_op_rope(float *x, int64_t n_tok, int32_t n_head, int32_t head_dim, int32_
                int32_t rope_type);
 /* y = act(x), elementwise */
 int pi_op_act(int32_t act, const float *x, float *y, int64_t n);
-/* In-place softmax over n floats */
+/* In-place softmax over n floats, as llama.cpp's build of the F16 order (pi_f16_order_set) */
 int pi_op_softmax(float *x, int64_t n);
 /* Causal grouped-query attention of n_tok queries against a KV cache.
  * q: n_tok rows of n_head*head_dim floats. k: one row of n_head_kv*head_dim

@@ -147,13 +147,15 @@ typedef struct pi_isa {
     const char *name;
     pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
+    void (*softmax)(float *x, int64_t n);      /* in place, llama.cpp's exp and sum order (isa/softmax.h) */
     pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
 } pi_isa;
 
 /* F16 dot order: the float operations of llama.cpp's ggml_vec_dot_f16 on the CPU
  * llama.cpp would run here (its GGML_F16_STEP / GGML_F16_EPR: 32 / 8 with AVX2,
  * 64 / 16 with AVX512F). Every ISA path has one table per order (isa/select.c picks
- * one); the tables differ only in vec_dot[PI_TYPE_F16]. */
+ * one); the tables differ only in vec_dot[PI_TYPE_F16] and softmax (the exp and lane
+ * order of llama.cpp's softmax in the same build). */
 enum { PI_F16_ORDER_AVX2, PI_F16_ORDER_AVX512, PI_F16_ORDERS };
 
 extern const pi_isa pi_isa_scalar[PI_F16_ORDERS];
@@ -247,7 +249,6 @@ float pi_act1(int32_t act, float x);
 /* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's
  * forward pass; see act.c); u NULL: h[i] = gelu(g[i]) */
 void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n);
-void pi_softmax(float *x, int64_t n);
 
 /* The KV cache has a multiple of PI_KV_PAD cells, so V dot products can run over whole
  * blocks (unused cells are zero or stale but finite, and get zero weight). */

@@ -127,6 +127,8 @@ def cmd_plan(args) -> int:
 
     model = _model_path(args.model)
     budget = parse_vram_budget(args.vram_budget)
+    if args.predict and args.device_bandwidth is None:
+        raise ValueError("plan --predict needs --device-bandwidth GB/s")
     if args.layer_split:
         from pathlib import Path
 
@@ -155,15 +157,24 @@ def cmd_plan(args) -> int:
             print("powerinfer-backend: matplotlib is not installed (pip install matplotlib): no plot written",
                   file=sys.stderr)
             png = None
+    pred = None
+    if args.predict:
+        from .predict import predict_for_plan
+
+        pred = predict_for_plan(model, plan, args)
     if args.json:
         d = plan.to_json()
         for layer in d["layers"]:
             layer["n_hot"] = len(layer.pop("hot_ids"))
         d.update(plan_file=str(plan.path), cached=plan.cached, png=png, bytes_by_category=plan.bytes_by_category())
+        if pred is not None:
+            d["prediction"] = {k: v for k, v in pred.items() if k != "text"}
         print(json.dumps(d))
     else:
         print(plan.format_table())
         print(f"plan: {plan.path}{' (reused)' if plan.cached else ''}" + (f"; plot: {png}" if png else ""))
+        if pred is not None:
+            print(pred["text"])
     return 0
 
 
@@ -309,6 +320,22 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--layer-split", action="store_true",
                     help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")
+    pr = pl.add_argument_group("prediction (--predict): decode tok/s from bytes read over bandwidths")
+    pr.add_argument("--predict", action="store_true",
+                    help="predict decode tok/s for this plan and for llama.cpp's layer split at the same budget")
+    pr.add_argument("--device-bandwidth", type=float, default=None, metavar="GB/s",
+                    help="device memory bandwidth (e.g. 1008 for an RTX 4090, 4800 for an H200)")
+    pr.add_argument("--host-bandwidth", type=float, default=None, metavar="GB/s",
+                    help="host memory bandwidth (default: measured now with numpy over --threads threads)")
+    pr.add_argument("--mode", choices=("auto", "dense", "relu", "threshold", "predictor"), default="auto",
+                    help="FFN mode of the CPU half (default auto: predictor / relu / threshold / dense, as the "
+                         "engine would choose from the model and its sidecar)")
+    pr.add_argument("--device-skips", action="store_true",
+                    help="the device skips inactive hot rows as the CPU does (default: it reads all hot rows)")
+    pr.add_argument("--n-past", type=int, default=0, help="KV positions read per layer (default 0)")
+    pr.add_argument("--sync-us", type=float, default=0.0,
+                    help="microseconds per layer that runs on both sides (activation round trip; default 0)")
+    pr.add_argument("--threads", type=int, default=2, help="threads for the host bandwidth measurement (default 2)")
     pl.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("serve", help="OpenAI- and llama-server-compatible HTTP server (docs/serving.md)")

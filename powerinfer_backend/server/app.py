@@ -16,7 +16,8 @@ Design:
   ``create_chat_completion`` (through our ``Llama``), so they mean what they mean there.
 
 Modules: :mod:`.worker` (the thread and its queue), :mod:`.state` (running a request on
-it), :mod:`.schemas` and :mod:`.params` (request bodies to generation arguments),
+it), :mod:`.body` (raw body limits), :mod:`.schemas` (the declared request bodies) and
+:mod:`.params` (request fields to generation arguments),
 :mod:`.errors`, :mod:`.routes` (OpenAI), :mod:`.compat` and :mod:`.llama_completion`
 (llama-server); this one wires them into an app and serves it.
 """
@@ -37,6 +38,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from fastapi import Depends, FastAPI, Request  # noqa: E402
 
 from .. import __version__  # noqa: E402
+from .body import DEFAULT_MAX_BODY_BYTES, CheckedBodyRoute  # noqa: E402
 from .compat import register_llama_server  # noqa: E402
 from .errors import APIError, add_error_handlers  # noqa: E402
 from .routes import register_openai  # noqa: E402
@@ -44,10 +46,11 @@ from .state import ServerState  # noqa: E402
 
 
 def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, api_key: Optional[str] = None,
-               disconnect_poll_s: float = 0.1) -> FastAPI:
+               disconnect_poll_s: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The FastAPI application serving ``llm`` (a :class:`powerinfer_backend.Llama`, or
     anything with its API). ``max_queue``: requests that may wait behind the running
-    one before 503; ``api_key``: required as ``Authorization: Bearer`` when set."""
+    one before 503; ``api_key``: required as ``Authorization: Bearer`` when set;
+    ``max_body_bytes``: larger request bodies get 413."""
     state = ServerState(llm, model_alias or os.path.basename(getattr(llm, "model_path", "model")), max_queue,
                         api_key, disconnect_poll_s)
 
@@ -61,7 +64,10 @@ def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, a
                 raise APIError(401, "invalid or missing API key", "authentication_error")
 
     app = FastAPI(title="powerinfer_backend", version=__version__, dependencies=[Depends(check_key)])
+    app.router.route_class = CheckedBodyRoute  # size and nesting checked before a body is parsed
     app.state.serve = state
+    app.state.max_body_bytes = int(max_body_bytes)
+    app.state.check_request = check_key  # also before a body is read (bodies are read before dependencies run)
     add_error_handlers(app)
     register_openai(app, state)
     register_llama_server(app, state)

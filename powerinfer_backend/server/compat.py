@@ -11,7 +11,7 @@ from fastapi import Request
 from .. import __version__
 from .llama_completion import llama_completion
 from .params import check_token_ids
-from .schemas import DetokenizeBody, LlamaCompletionBody, TokenizeBody, read_body
+from .schemas import DetokenizeBody, LlamaCompletionBody, TokenizeBody
 from .state import ServerState
 
 
@@ -63,8 +63,7 @@ def register_llama_server(app, state: ServerState) -> None:
 
     @app.post("/tokenize")
     @app.post("/extras/tokenize")
-    async def tokenize(request: Request):
-        b = await read_body(request, TokenizeBody)
+    async def tokenize(b: TokenizeBody):
         toks = state.llm.tokenize(b.content.encode("utf-8"), add_bos=b.add_special, special=b.parse_special)
         if b.with_pieces:
             pieces = []
@@ -80,12 +79,11 @@ def register_llama_server(app, state: ServerState) -> None:
 
     @app.post("/detokenize")
     @app.post("/extras/detokenize")
-    async def detokenize(request: Request):
-        b = await read_body(request, DetokenizeBody)
-        check_token_ids(b.tokens, state.n_vocab)
+    async def detokenize(b: DetokenizeBody):
+        check_token_ids(b.tokens, state.n_vocab, param="tokens")
         return {"content": state.llm.detokenize(b.tokens, special=True).decode("utf-8", "replace")}
 
     @app.post("/completion")
     @app.post("/v1/completion")
-    async def completion(request: Request):
-        return await llama_completion(request, await read_body(request, LlamaCompletionBody), state)
+    async def completion(request: Request, b: LlamaCompletionBody):
+        return await llama_completion(request, b, state)

@@ -6,6 +6,7 @@ pieces never split), its response and stream shapes, and per-token probabilities
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Dict, List, Optional
 
@@ -14,15 +15,15 @@ from fastapi import Request
 
 from .errors import APIError
 from .params import check_finite, check_token_ids, parse_grammar
-from .schemas import LlamaCompletionBody
+from .schemas import LlamaCompletionBody, LlamaPrompt
 from .state import ServerState
 
 
 def _llama_prompt(llm, prompt, add_special: Optional[bool]):
-    if isinstance(prompt, dict):
-        if "multimodal_data" in prompt and prompt["multimodal_data"]:
-            raise APIError(400, "multimodal prompts are not supported")
-        prompt = prompt.get("prompt_string", "")
+    if isinstance(prompt, LlamaPrompt):
+        if prompt.multimodal_data:
+            raise APIError(400, "multimodal prompts are not supported", param="prompt")
+        prompt = prompt.prompt_string
     if isinstance(prompt, str):
         return llm.tokenize(prompt.encode("utf-8"), add_bos=True if add_special is None else add_special,
                             special=True)
@@ -57,17 +58,19 @@ def _next_token_probs(llm, logits: np.ndarray, chosen: Optional[int], n_probs: i
     return out
 
 
-def _logit_bias(lb, n_vocab: int) -> Dict[int, float]:
-    """llama-server's ``logit_bias``, ``{"id": bias}`` or ``[[id, bias], ...]``, as
-    ``{id: bias}``; a bias of ``false`` bans the token."""
+def _logit_bias(llm, lb, n_vocab: int) -> Dict[int, float]:
+    """llama-server's ``logit_bias``, ``{"id or text": bias}`` or ``[[id or text, bias],
+    ...]`` (a text: each of its tokens), as ``{id: bias}``; a bias of ``false`` bans the
+    token."""
     bias: Dict[int, float] = {}
-    items = lb.items() if isinstance(lb, dict) else (lb or [])
-    for item in items:
-        tok, v = item if isinstance(lb, dict) else (item[0], item[1])
-        tok = int(tok)
-        if not 0 <= tok < n_vocab:
-            raise APIError(400, f"logit_bias: token id {tok} out of range")
-        bias[tok] = -math.inf if v is False else float(v)
+    for tok, v in (lb.items() if isinstance(lb, dict) else lb or ()):
+        if isinstance(tok, str) and not re.fullmatch(r"-?[0-9]+", tok):
+            ids = llm.tokenize(tok.encode("utf-8"), add_bos=False, special=False)
+        else:
+            ids = [int(tok)]
+        check_token_ids(ids, n_vocab, "logit_bias: token id", param="logit_bias")
+        for t in ids:
+            bias[t] = -math.inf if v is False else float(v)
     return bias
 
 
@@ -83,15 +86,15 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     llm = state.llm
     tokens = _llama_prompt(llm, b.prompt, b.add_special)
     if not tokens:
-        raise APIError(400, "empty prompt")
-    check_token_ids(tokens, state.n_vocab, "prompt token id")
+        raise APIError(400, "empty prompt", param="prompt")
+    check_token_ids(tokens, state.n_vocab, "prompt token id", param="prompt")
     if len(tokens) >= state.n_ctx:
         raise APIError(400, f"the prompt ({len(tokens)} tokens) exceeds the available context size "
-                            f"({state.n_ctx} tokens)", "exceed_context_size_error")
+                            f"({state.n_ctx} tokens)", "exceed_context_size_error", param="prompt")
     check_finite(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
                  repeat_penalty=b.repeat_penalty, presence_penalty=b.presence_penalty,
                  frequency_penalty=b.frequency_penalty)
-    bias = _logit_bias(b.logit_bias, state.n_vocab)
+    bias = _logit_bias(llm, b.logit_bias, state.n_vocab)
     if b.ignore_eos:
         bias[llm.token_eos()] = -math.inf
     grammar = parse_grammar(b.grammar, llm, b.json_schema)

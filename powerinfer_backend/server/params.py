@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .errors import APIError
 
@@ -20,9 +20,9 @@ def logit_bias(d: Optional[Dict[str, float]], n_vocab: int) -> Optional[Dict[int
         try:
             tok = int(k)
         except ValueError:
-            raise APIError(400, f"logit_bias keys must be token ids, got {k!r}") from None
+            raise APIError(400, f"logit_bias keys must be token ids, got {k!r}", param="logit_bias") from None
         if not 0 <= tok < n_vocab:
-            raise APIError(400, f"logit_bias: token id {tok} out of range [0, {n_vocab})")
+            raise APIError(400, f"logit_bias: token id {tok} out of range [0, {n_vocab})", param="logit_bias")
         out[tok] = float(v)
     return out
 
@@ -36,16 +36,17 @@ def parse_grammar(text: Optional[str], llm, schema: Optional[dict] = None):
     import llama_cpp
     from llama_cpp import LlamaGrammar
 
+    param = "grammar" if text else "json_schema"
     try:
         g = (LlamaGrammar.from_string(text, verbose=False) if text
              else LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False))
     except Exception as e:
-        raise APIError(400, f"invalid grammar: {e}") from None
+        raise APIError(400, f"invalid grammar: {e}", param=param) from None
     vocab = getattr(getattr(llm, "_model", None), "vocab", None)
     if vocab is not None:
         probe = llama_cpp.llama_sampler_init_grammar(vocab, g._grammar.encode("utf-8"), g._root.encode("utf-8"))
         if not probe:
-            raise APIError(400, "invalid grammar: llama.cpp cannot parse it")
+            raise APIError(400, "invalid grammar: llama.cpp cannot parse it", param=param)
         llama_cpp.llama_sampler_free(probe)
     return g
 
@@ -54,15 +55,15 @@ def check_finite(**values) -> None:
     """Raises APIError(400) for a value (keyword: field name) that is inf or NaN."""
     for k, v in values.items():
         if v is not None and not math.isfinite(v):
-            raise APIError(400, f"{k} must be a finite number, got {v}")
+            raise APIError(400, f"{k} must be a finite number, got {v}", param=k)
 
 
-def check_token_ids(ids, n_vocab: int, what: str = "token id") -> None:
+def check_token_ids(ids, n_vocab: int, what: str = "token id", param: Optional[str] = None) -> None:
     """Raises APIError(400) naming the first id outside [0, n_vocab) (llama.cpp would
-    abort the process on it)."""
+    abort the process on it); ``param``: the request field holding them."""
     bad = [t for t in ids if not 0 <= t < n_vocab]
     if bad:
-        raise APIError(400, f"{what} {bad[0]} out of range [0, {n_vocab})")
+        raise APIError(400, f"{what} {bad[0]} out of range [0, {n_vocab})", param=param)
 
 
 def sampling(b, llm, n_vocab: int) -> dict:
@@ -72,7 +73,7 @@ def sampling(b, llm, n_vocab: int) -> dict:
                  frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
                  repeat_penalty=b.repeat_penalty)
     if b.n != 1:
-        raise APIError(400, f"n={b.n}: only n=1 is supported")
+        raise APIError(400, f"n={b.n}: only n=1 is supported", param="n")
     return dict(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p, top_k=b.top_k,
                 stop=b.stop or [], frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
                 repeat_penalty=b.repeat_penalty, seed=b.seed, mirostat_mode=b.mirostat_mode,
@@ -91,4 +92,25 @@ def response_format(rf):
         return {"type": "json_object", "schema": js.get("schema", js)}
     if t in ("json_object", "text"):
         return None if t == "text" else rf
-    raise APIError(400, f"response_format type {t!r} is not supported")
+    raise APIError(400, f"response_format type {t!r} is not supported", param="response_format")
+
+
+def dumped(value):
+    """A request model (or a list of them) as the plain JSON value the client sent
+    (fields it left out stay out), for llama-cpp-python, which takes dicts."""
+    if isinstance(value, list):
+        return [dumped(v) for v in value]
+    dump = getattr(value, "model_dump", None)
+    return dump(by_alias=True, exclude_unset=True) if dump is not None else value
+
+
+def functions(defs, tools: bool = True) -> Optional[List[Dict[str, Any]]]:
+    """``tools`` (or, ``tools=False``, the legacy ``functions``) as llama-cpp-python
+    takes them: a function left without ``parameters`` gets OpenAI's meaning of that, no
+    parameters (llama-cpp-python's handlers read the key)."""
+    out = dumped(defs)
+    for d in out or ():
+        f = d["function"] if tools else d
+        if f.get("parameters") is None:
+            f["parameters"] = {"type": "object", "properties": {}}
+    return out

@@ -10,8 +10,8 @@ import numpy as np
 from fastapi import Request
 
 from .errors import APIError
-from .params import check_token_ids, response_format, sampling
-from .schemas import ChatBody, CompletionBody, EmbeddingBody, chat_message, read_body
+from .params import check_token_ids, dumped, functions, response_format, sampling
+from .schemas import ChatBody, CompletionBody, EmbeddingBody, chat_message
 from .state import ServerState
 
 
@@ -39,36 +39,34 @@ def register_openai(app, state: ServerState) -> None:
 
     @app.post("/v1/completions")
     @app.post("/completions")
-    async def completions(request: Request):
-        b = await read_body(request, CompletionBody)
+    async def completions(request: Request, b: CompletionBody):
         prompt = b.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if isinstance(prompt, list) and isinstance(prompt[0], str):
             if len(prompt) != 1:
-                raise APIError(400, "only one prompt per request is supported")
+                raise APIError(400, "only one prompt per request is supported", param="prompt")
             prompt = prompt[0]
         if isinstance(prompt, list):
-            check_token_ids(prompt, state.n_vocab, "prompt token id")
+            check_token_ids(prompt, state.n_vocab, "prompt token id", param="prompt")
         kw = dict(sampling(b, state.llm, state.n_vocab), suffix=b.suffix, max_tokens=b.max_tokens, logprobs=b.logprobs,
                   echo=b.echo, model=state.model_alias)
         return await answer(request, b.stream, lambda llm, stream: llm.create_completion(prompt, stream=stream, **kw))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
-    async def chat_completions(request: Request):
-        b = await read_body(request, ChatBody)
+    async def chat_completions(request: Request, b: ChatBody):
         kw = sampling(b, state.llm, state.n_vocab)
         kw.update(max_tokens=b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens,
-                  tools=b.tools, tool_choice=b.tool_choice, functions=b.functions, function_call=b.function_call,
-                  response_format=response_format(b.response_format), logprobs=b.logprobs,
-                  top_logprobs=b.top_logprobs, model=state.model_alias)
-        messages = [chat_message(m) for m in b.messages]
+                  tools=functions(b.tools), tool_choice=dumped(b.tool_choice),
+                  functions=functions(b.functions, tools=False),
+                  function_call=dumped(b.function_call), response_format=response_format(dumped(b.response_format)),
+                  logprobs=b.logprobs, top_logprobs=b.top_logprobs, model=state.model_alias)
+        messages = [chat_message(dumped(m)) for m in b.messages]
         return await answer(request, b.stream,
                             lambda llm, stream: llm.create_chat_completion(messages, stream=stream, **kw))
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
-    async def embeddings(request: Request):
-        b = await read_body(request, EmbeddingBody)
+    async def embeddings(request: Request, b: EmbeddingBody):
         inputs = [b.input] if isinstance(b.input, str) else list(b.input)
 
         def work(llm):

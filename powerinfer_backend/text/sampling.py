@@ -74,6 +74,11 @@ class TokenDataBuffer:
         self._ids_intact = False
         return int(self.array.data[sel].id)
 
+    def selected_logit(self) -> float:
+        """The selected entry's logit after a chain ran (-inf: every token was masked)."""
+        addr, _, sel = self._hdr.tolist()
+        return float(self.logit_col[sel]) if addr == self._addr else float(self.array.data[sel].logit)
+
 
 class ChainSampler:
     """Applies a ``llama_cpp._internals.LlamaSampler`` chain to rows of our logits.
@@ -105,6 +110,13 @@ class ChainSampler:
         buf.fill(logits)
         llama_cpp.llama_sampler_apply(smpl, buf.ref)
         token = buf.selected_id()
+        if buf.selected_logit() == -np.inf:
+            # every token was masked (a grammar no token of this vocabulary can continue):
+            # accepting it would make llama.cpp's grammar throw through its C API, which
+            # aborts the process
+            raise ValueError(f"no token can be sampled: the sampler chain masked the whole vocabulary "
+                             f"({buf.n_vocab} tokens; e.g. a grammar that no token of this model's "
+                             f"vocabulary can continue)")
         llama_cpp.llama_sampler_accept(smpl, token)
         return token
 

@@ -47,17 +47,6 @@ def cpu_has_avx512f() -> bool | None:
     return None if flags is None else "avx512f" in flags
 
 
-@pytest.fixture
-def restore_order():
-    """Put the F16 order and ISA path back as they were."""
-    order, isa = _native.f16_order_name(), _native.isa_name()
-    try:
-        yield
-    finally:
-        _native.set_f16_order(order)
-        _native.set_isa(isa)
-
-
 def rows(n: int, n_rows: int = 4, n_tok: int = 2):
     """F16 weight rows and F16-exact float32 activations (so their F16 conversion is
     lossless and ggml sees the same bytes): zero-mean, with cancellation."""

@@ -162,21 +162,71 @@ def test_real_tracks_llama_cpp(gemma_engines):
     assert delta.mean() <= 1.25 * self_delta.mean()
 
 
-def test_real_greedy_follows_llama_cpp(gemma_engines):
+# Teacher-forced along llama.cpp's greedy continuations (issue 15): the code prompt is
+# where ours once differed at a margin of 1.02 (libm's expf in the softmax instead of
+# llama.cpp's polynomial; isa/softmax.h).
+TEACHER_PROMPTS = (GEMMA_PROMPT, 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+                   "First Citizen:\nBefore we proceed any further, hear me speak.\n")
+N_CONTINUE = 48
+MARGIN = 0.1  # llama.cpp's top-2 margin from which a different top-1 counts
+
+
+@pytest.fixture(scope="module")
+def teacher_forced(gemma_engines):
+    """Per prompt: (prompt tokens, llama.cpp's 48 greedy tokens, rows predicting them from
+    ours (one batch), llama.cpp's batch and llama.cpp's decode path (one token per eval))."""
+    _, ctx, ref = gemma_engines
+    out = []
+    for text in TEACHER_PROMPTS:
+        prompt = ref.tokenize(text.encode(), special=True)
+        ref.reset()
+        ref.eval(prompt)  # greedy as ref.generate(temp=0) decodes, without its sampler's per-step cost
+        expected = []
+        while True:
+            expected.append(int(np.argmax(ref.scores[ref.n_tokens - 1])))
+            if len(expected) == N_CONTINUE:
+                break
+            ref.eval(expected[-1:])
+        seq = prompt + expected
+        at = slice(len(prompt) - 1, len(seq) - 1)
+        ctx.truncate(0)
+        ours = ctx.eval(seq, logits_all=True)[at].copy()
+        out.append((prompt, expected, ours, _ref_rows(ref, seq, one_by_one=False)[at],
+                    _ref_rows(ref, seq, one_by_one=True)[at]))
+    return out
+
+
+def _top1_differences(rows: np.ndarray, ref_rows: np.ndarray) -> list[tuple[int, float]]:
+    """(position, llama.cpp margin) where rows' argmax differs from ref_rows' while
+    ref_rows' top-2 margin is >= MARGIN."""
+    top2 = np.sort(ref_rows, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    return [(i, round(float(margin[i]), 3)) for i in range(len(rows))
+            if rows[i].argmax() != ref_rows[i].argmax() and margin[i] >= MARGIN]
+
+
+def test_real_teacher_forced_top1_within_llama_cpp_noise(teacher_forced):
+    """3 prompts x 48 tokens: our top-1 differs from llama.cpp's batch (at its margin >=
+    0.1) no more often than llama.cpp's own decode path does on the same tokens. Ours
+    follows llama.cpp's decode path, so we also report how many rows equal it bitwise."""
+    ours_n = self_n = same = total = 0
+    for prompt, expected, ours, batch, seq in teacher_forced:
+        d_ours, d_self = _top1_differences(ours, batch), _top1_differences(seq, batch)
+        ours_n, self_n = ours_n + len(d_ours), self_n + len(d_self)
+        same += sum(np.array_equal(a, b) for a, b in zip(ours, seq))
+        total += len(expected)
+        print(f"\nprompt of {len(prompt)} tokens: ours {d_ours}, llama.cpp decode vs batch {d_self}")
+    print(f"top-1 differences at margin >= {MARGIN}: ours {ours_n}, llama.cpp's own {self_n} of {total}; "
+          f"rows bit-identical to llama.cpp's decode path: {same} of {total}")
+    assert total == len(TEACHER_PROMPTS) * N_CONTINUE
+    assert ours_n <= self_n
+
+
+def test_real_greedy_follows_llama_cpp(teacher_forced):
     """Teacher-forced along llama.cpp's greedy continuation: our argmax equals its token
     at every step except near-ties (llama.cpp's top-2 margin < 0.25), at most 2 of 24."""
-    _, ctx, ref = gemma_engines
-    prompt = ref.tokenize(GEMMA_PROMPT.encode(), special=True)
-    ref.reset()
-    expected = []
-    for tok in ref.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
-        expected.append(tok)
-        if len(expected) == 24:
-            break
-    seq = prompt + expected
-    ctx.truncate(0)
-    ours = ctx.eval(seq, logits_all=True)[len(prompt) - 1 : -1].copy()
-    ref_rows = _ref_rows(ref, seq, one_by_one=False)[len(prompt) - 1 : -1]
+    _, expected, ours, ref_rows, _ = teacher_forced[0]  # GEMMA_PROMPT
+    expected, ours, ref_rows = expected[:24], ours[:24], ref_rows[:24]
     top2 = np.sort(ref_rows, axis=1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
     bad = [i for i in range(len(expected)) if ours[i].argmax() != expected[i]]

@@ -4,7 +4,9 @@
 #ifndef PI_ISA_TABLE_H
 #define PI_ISA_TABLE_H
 
-#define PI_ISA_TABLE_(NAME, F16_DOT, TILES)                                                        \
+#include "softmax.h" /* softmax_w8 / softmax_w16: after the including file's target pragma */
+
+#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, TILES)                                                \
     {                                                                                               \
         .name = NAME,                                                                               \
         .vec_dot =                                                                                  \
@@ -29,14 +31,15 @@
                 [PI_TYPE_Q8_1] = from_float_q8_1,                                                   \
                 [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,                                              \
             },                                                                                      \
+        .softmax = SOFTMAX,                                                                         \
         .down_tiles = TILES,                                                                        \
     }
 
 /* const pi_isa VAR[PI_F16_ORDERS]: the tables of one ISA, TILES its sparse down kernel */
-#define PI_ISA_DEFINE(VAR, NAME, TILES)                                                            \
+#define PI_ISA_DEFINE(VAR, NAME, TILES)                                                             \
     const pi_isa VAR[PI_F16_ORDERS] = {                                                             \
-        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, TILES),                       \
-        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, TILES),                     \
+        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, TILES),           \
+        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, TILES),        \
     }
 
 #endif

@@ -1,4 +1,5 @@
-/* Elementwise activations (SiLU, GELU tanh approximation, ReLU) and softmax. */
+/* Elementwise activations (SiLU, GELU tanh approximation, ReLU); the softmax entry point
+ * (the kernel is the ISA table's, isa/softmax.h). */
 #include <pthread.h>
 
 #include "pi_internal.h"
@@ -51,34 +52,6 @@ void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n) {
     }
 }
 
-/* Sum of 16 floats in the pairwise order of an AVX-512 horizontal add (halves,
- * then quarters, then pairs), so the softmax denominator rounds as llama.cpp's. */
-static float sum16(const float *v) {
-    float a[8], b[4];
-    for (int i = 0; i < 8; i++) a[i] = v[i] + v[i + 8];
-    for (int i = 0; i < 4; i++) b[i] = a[i] + a[i + 4];
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-/* Softmax; the sum runs in double over float sums of 16-element chunks (as ggml's
- * AVX-512 path), the tail element by element. */
-void pi_softmax(float *x, int64_t n) {
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0.0;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        for (int k = 0; k < 16; k++) x[i + k] = expf(x[i + k] - mx);
-        sum += sum16(x + i);
-    }
-    for (; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (i = 0; i < n; i++) x[i] *= inv;
-}
-
 int pi_op_act(int32_t act, const float *x, float *y, int64_t n) {
     if (x == NULL || y == NULL) return pi_set_error(PI_ERR_INVALID, "pi_op_act: NULL argument");
     if (act != PI_ACT_SILU && act != PI_ACT_GELU && act != PI_ACT_RELU)
@@ -89,6 +62,6 @@ int pi_op_act(int32_t act, const float *x, float *y, int64_t n) {
 
 int pi_op_softmax(float *x, int64_t n) {
     if (x == NULL || n < 1) return pi_set_error(PI_ERR_INVALID, "pi_op_softmax: bad arguments");
-    pi_softmax(x, n);
+    pi_isa_current()->softmax(x, n); /* llama.cpp's exp for this CPU (isa/softmax.h) */
     return PI_OK;
 }

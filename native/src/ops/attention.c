@@ -62,7 +62,7 @@ static void attn_task(void *varg, int ith, int nth) {
          * getting weight 0, so sums group as in llama.cpp's padded KV view. */
         const int64_t np = pad_kv(n) <= j->v_ld ? pad_kv(n) : n;
         for (int64_t p = n; p < np; p++) scores[p] = -INFINITY;
-        pi_softmax(scores, np);
+        j->isa->softmax(scores, np);
         cvt(scores, weights, np);
         float *o = j->out + (t * j->n_head + h) * hd;
         const char *vb = (const char *)j->v + (int64_t)g * hd * j->v_ld * esz;

@@ -33,8 +33,10 @@ match; :func:`parse_vram_budget` and :func:`resolve_budget` turn user input into
 One concern a module: ``sizes`` (tensor sizes and the byte arithmetic), ``plan``
 (:class:`Plan` and its JSON file format), ``planners`` (:func:`plan_placement`,
 :func:`plan_layer_split`), ``budget`` (user input to bytes), ``cache`` (the plan stored
-beside the model) and ``plot`` (:func:`write_plot`). Every name is re-exported here, so
-``from powerinfer_backend.hybrid import placement`` reaches them all.
+beside the model), ``plot`` (:func:`write_plot`) and ``predict`` (decode tok/s predicted
+from a plan and bandwidths: :func:`predict_ours`, :func:`predict_layer_split`). Every
+name is re-exported here, so ``from powerinfer_backend.hybrid import placement``
+reaches them all.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from .budget import _BUDGET_RE, _UNITS, DEFAULT_FREE_MARGIN, BudgetDecision, par
 from .cache import PLAN_NAME, load_plan, neuron_frequencies, plan_for_model, plan_path
 from .plan import FORMAT_VERSION, LayerPlan, Plan
 from .planners import _check_freq, _check_int, plan_layer_split, plan_placement
+from .predict import (MODES, ROW_READS, LayerTime, Prediction, attn_weight_bytes, default_mode, ffn_row_bytes,
+                      format_predictions, llama_cpp_offload, measure_host_bandwidth, predict_layer_split,
+                      predict_ours)
 from .plot import _PLOT_MARK, _human, _layer_rows, write_plot
 from .sizes import (_F16, _F32, _FFN_ROW_SLOTS, _T, ACT_BYTES, DEVICE_ALIGN, KV_ELEM_BYTES, KV_PAD, MAP_BYTES,
                     NEURON_GROUP, GiB, KiB, MiB, ModelSizes, TensorSize, TiB, _n_cells, align_up,
@@ -55,5 +60,6 @@ __all__ = [
     "row_bytes", "align_up", "scratch_bytes", "kv_bytes_per_layer", "attn_block_bytes",
     "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes", "layer_bytes",
     "plan_placement", "plan_layer_split", "neuron_frequencies", "parse_vram_budget", "resolve_budget", "plan_path",
-    "plan_for_model", "load_plan",
+    "plan_for_model", "load_plan", "Prediction", "LayerTime", "predict_ours", "predict_layer_split",
+    "llama_cpp_offload", "measure_host_bandwidth", "format_predictions", "default_mode",
 ]

@@ -1,0 +1,340 @@
+"""Decode throughput predicted from a plan: bytes each side reads per token, over bandwidths.
+
+Batch-1 decode of a quantized model is memory-bound, so one token costs about the bytes
+it reads divided by the bandwidth of the memory they are read from. The model here
+(docs/placement.md, "Predicted throughput"):
+
+* **ours** (:func:`predict_ours`, a :class:`Plan` of :func:`plan_placement`): per layer,
+  serially, the attention block — its weights (every slot but ffn_gate/up/down) and the
+  KV cache of ``n_past`` positions (K and V, F16) — from the device when the plan put it
+  there, else from the host; then the split FFN, whose two halves run at once:
+  ``max(device FFN bytes / device bandwidth, host FFN bytes / host bandwidth)``. The
+  device reads its hot neurons' rows (gate row, up row, an F16 down row); the host reads
+  its cold neurons' rows, each row with the probability the FFN mode reads it
+  (:data:`ROW_READS`: a row marked "always" is read for every neuron, "freq" only for a
+  neuron that fires, with probability its firing frequency). With ``device_skips`` the
+  device reads its rows by the same rule (PowerInfer's own GPU kernels); without it, all
+  hot rows (a ggml ``mul_mat`` over the gathered rows, what the ggml device does).
+  Then the output block (output_norm and the output matrix) where the plan put it,
+  plus ``sync_s`` per layer with work on both sides (the round trip of the activations).
+  A model with nothing placed and mode "dense" reads the GGUF FFN tensors as stored (the
+  dense CPU path); once anything is placed every layer's down is the F16 down_t (the
+  engine's rule), and so it is for every sparse mode.
+* **llama.cpp's layer split** (:func:`predict_layer_split`): whole layers as stored in
+  the GGUF (all tensors plus the KV cache) on the device from the last layer backwards
+  while they fit in the budget minus the same scratch our plan reserves, the output block
+  too when every layer fits (``-ngl`` counts it as one more layer); each layer and the
+  output read densely from where they are; times add up (no overlap).
+
+Not modelled: compute (prefill, or a slow device), the token embedding row (one row),
+norms' arithmetic, launch overheads beyond ``sync_s``, the lower efficiency of gathered
+rows against streams (docs/sparsity.md measured 15-35% more per byte on the CPU), cache
+effects (a model smaller than the last-level cache reads faster than DRAM bandwidth).
+Bandwidths are in GB/s (1e9 bytes per second); times in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .plan import Plan
+from .planners import _check_freq, _check_int
+from .sizes import _FFN_ROW_SLOTS, ACT_BYTES, KV_ELEM_BYTES, ModelSizes, kv_bytes_per_layer, row_bytes, scratch_bytes
+
+__all__ = ["ROW_READS", "MODES", "LayerTime", "Prediction", "default_mode", "attn_weight_bytes",
+           "ffn_row_bytes", "predict_ours", "llama_cpp_offload", "predict_layer_split", "measure_host_bandwidth",
+           "format_predictions"]
+
+#: Per FFN mode, how each neuron row (gate, up, down) is read: "always" (every neuron)
+#: or "freq" (only when the neuron fires: probability = its firing frequency).
+#: relu: the gate (the up row of an ungated FFN) decides, the rest only when it fires;
+#: threshold: dense gate and up, down rows of the neurons kept; predictor: only the
+#: predicted rows (taken as the firing ones).
+ROW_READS: dict[str, tuple[str, str, str]] = {
+    "dense": ("always", "always", "always"),
+    "relu": ("always", "freq", "freq"),
+    "threshold": ("always", "always", "freq"),
+    "predictor": ("freq", "freq", "freq"),
+}
+MODES = tuple(ROW_READS)
+
+
+def default_mode(act: str, *, has_sidecar: bool, has_predictors: bool) -> str:
+    """The FFN mode the engine runs by default: "predictor" with trained predictors,
+    "relu" for the ReLU activation (exact sparsity), "threshold" with a calibration
+    sidecar, else "dense". ``act`` is the FFN activation name ("silu", "gelu", "relu",
+    "drelu"); drelu counts as threshold (its up row is always read)."""
+    if has_predictors:
+        return "predictor"
+    if act == "relu":
+        return "relu"
+    return "threshold" if has_sidecar else "dense"
+
+
+@dataclass
+class LayerTime:
+    """One layer's predicted decode cost (bytes per token, seconds per token).
+
+    Attributes:
+        layer: index.
+        attn_on_device: where the attention block is read from.
+        attn_bytes: its weights + the KV cache read.
+        device_ffn_bytes, host_ffn_bytes: FFN bytes read on each side.
+        t_attn, t_ffn_device, t_ffn_host: seconds for each part.
+        t: the layer's seconds: t_attn + the FFN (max of the halves for ours, the sum of
+            whatever is on each side for the layer split) + sync.
+    """
+
+    layer: int
+    attn_on_device: bool
+    attn_bytes: int
+    device_ffn_bytes: float
+    host_ffn_bytes: float
+    t_attn: float
+    t_ffn_device: float
+    t_ffn_host: float
+    t: float
+
+
+@dataclass
+class Prediction:
+    """Predicted decode throughput of one engine under one placement.
+
+    Attributes:
+        engine: "ours" or "llama.cpp layer split".
+        device_gbps, host_gbps: the bandwidths used (GB/s).
+        layers: one :class:`LayerTime` per layer.
+        output_on_device: where the output block is read from.
+        output_bytes: output_norm + output matrix bytes.
+        t_output: seconds for the output block.
+        n_gpu_layers: layers whole on the device (the layer split; None for ours).
+        mode: the FFN mode assumed for ours ("dense" for the layer split).
+    """
+
+    engine: str
+    device_gbps: float
+    host_gbps: float
+    layers: list[LayerTime]
+    output_on_device: bool
+    output_bytes: int
+    t_output: float
+    n_gpu_layers: int | None = None
+    mode: str = "dense"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def seconds_per_token(self) -> float:
+        return sum(L.t for L in self.layers) + self.t_output
+
+    @property
+    def tok_s(self) -> float:
+        s = self.seconds_per_token
+        return math.inf if s == 0 else 1.0 / s
+
+    @property
+    def device_bytes_read(self) -> float:
+        """Bytes per token read from device memory."""
+        return (sum(L.device_ffn_bytes + (L.attn_bytes if L.attn_on_device else 0) for L in self.layers)
+                + (self.output_bytes if self.output_on_device else 0))
+
+    @property
+    def host_bytes_read(self) -> float:
+        """Bytes per token read from host memory."""
+        return (sum(L.host_ffn_bytes + (0 if L.attn_on_device else L.attn_bytes) for L in self.layers)
+                + (0 if self.output_on_device else self.output_bytes))
+
+    def to_json(self) -> dict:
+        return {"engine": self.engine, "tok_s": self.tok_s, "seconds_per_token": self.seconds_per_token,
+                "device_gbps": self.device_gbps, "host_gbps": self.host_gbps, "mode": self.mode,
+                "device_bytes_read": self.device_bytes_read, "host_bytes_read": self.host_bytes_read,
+                "output_on_device": self.output_on_device, "t_output": self.t_output,
+                "n_gpu_layers": self.n_gpu_layers, "notes": self.notes,
+                "layers": [vars(L).copy() for L in self.layers]}
+
+
+def _check_bw(name: str, v: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite bandwidth > 0 in GB/s, got {v!r}")
+    return float(v) * 1e9
+
+
+def attn_weight_bytes(s: ModelSizes, i: int) -> int:
+    """Layer ``i``'s dense (non-FFN-row) tensors as stored: attention norms, q/k/v/o,
+    biases, ffn_norm and whatever else is not ffn_gate/ffn_up/ffn_down (bytes)."""
+    return sum(t.nbytes for slot, t in s.layers[i].items() if slot not in _FFN_ROW_SLOTS)
+
+
+def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False) -> tuple[int, int, int]:
+    """Bytes of one neuron's rows in layer ``i``, as the split FFN reads them: gate row
+    (0 for an ungated FFN) and up row of n_embd in their GGUF types, the down row of
+    n_embd: on the host the CPU's down_t (``s.down_t_bytes`` per element: F16, F32 for an
+    all-F32 model), on the device F16 (the ggml device's gathered down columns)."""
+    L = s.layers[i]
+    gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0
+    return gate, row_bytes(L["ffn_up"].type, s.n_embd), s.n_embd * (2 if device else s.down_t_bytes)
+
+
+def _kv_read(s: ModelSizes, n_past: int) -> int:
+    return 2 * n_past * s.n_embd_kv * KV_ELEM_BYTES
+
+
+def _rows_read(rows: tuple[int, int, int], freq: np.ndarray, mode: str) -> float:
+    """Expected bytes read for the neurons with frequencies ``freq`` under ``mode``."""
+    total = 0.0
+    for b, how in zip(rows, ROW_READS[mode]):
+        total += b * (float(freq.sum()) if how == "freq" else float(freq.shape[0]))
+    return total
+
+
+def predict_ours(sizes: ModelSizes, plan: Plan, neuron_freq: np.ndarray | None, *, device_gbps: float,
+                 host_gbps: float, mode: str, device_skips: bool = False, n_past: int = 0,
+                 predictor_bytes: int = 0, sync_s: float = 0.0) -> Prediction:
+    """Predicted decode tok/s of our hybrid under ``plan`` (the model in this module's docstring).
+
+    Args:
+        sizes: the model's sizes (the ones the plan was made from).
+        plan: a placement of ``sizes`` (``plan.layers[i].hot_ids``: device neurons).
+        neuron_freq: float (n_layer, n_ff) firing frequencies in [0, 1]; None = all 1.0
+            (every neuron fires: no sparsity).
+        device_gbps, host_gbps: memory bandwidths in GB/s (> 0).
+        mode: one of :data:`MODES` (see :func:`default_mode`).
+        device_skips: the device skips rows as the host does (else it reads all hot rows).
+        n_past: KV positions read per layer (the context length at the token).
+        predictor_bytes: bytes of one layer's predictor read on the host per token
+            (mode "predictor").
+        sync_s: seconds added per layer with work on both sides (the round trip of its
+            activations between host and device).
+
+    Returns:
+        A :class:`Prediction` (``engine="ours"``).
+
+    Raises:
+        ValueError: an unknown mode, a bandwidth <= 0, a negative n_past, predictor_bytes
+            or sync_s, a plan whose layer count or n_ff differs from ``sizes``, or a bad
+            ``neuron_freq``.
+    """
+    if mode not in ROW_READS:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    bd, bh = _check_bw("device_gbps", device_gbps), _check_bw("host_gbps", host_gbps)
+    n_past, predictor_bytes = _check_int("n_past", n_past, 0), _check_int("predictor_bytes", predictor_bytes, 0)
+    if not (isinstance(sync_s, (int, float)) and math.isfinite(sync_s) and sync_s >= 0):
+        raise ValueError(f"sync_s must be finite seconds >= 0, got {sync_s!r}")
+    if len(plan.layers) != sizes.n_layer or plan.n_ff != sizes.n_ff:
+        raise ValueError(f"plan has {len(plan.layers)} layers of n_ff {plan.n_ff}; the model has {sizes.n_layer} "
+                         f"of {sizes.n_ff}")
+    freq = _check_freq(sizes, neuron_freq)
+    placed = plan.output_on_device or any(L.attn_on_device or L.n_hot for L in plan.layers)
+    dev_mode = mode if device_skips else "dense"
+    layers = []
+    for i, L in enumerate(plan.layers):
+        attn = attn_weight_bytes(sizes, i) + _kv_read(sizes, n_past)
+        t_attn = attn / (bd if L.attn_on_device else bh)
+        hot = np.zeros(sizes.n_ff, bool)
+        hot[L.hot_ids] = True
+        rows = ffn_row_bytes(sizes, i)
+        dev = _rows_read(ffn_row_bytes(sizes, i, device=True), freq[i][hot], dev_mode)
+        if not placed and mode == "dense":  # the dense CPU path reads the GGUF tensors as stored
+            host = float(sum(sizes.layers[i][slot].nbytes for slot in _FFN_ROW_SLOTS if slot in sizes.layers[i]))
+        else:
+            host = _rows_read(rows, freq[i][~hot], mode) + (predictor_bytes if mode == "predictor" else 0)
+        td, th = dev / bd, host / bh
+        # a layer with work on both sides pays one round trip of its activations
+        both = (L.attn_on_device or L.n_hot > 0) and (not L.attn_on_device or L.n_hot < sizes.n_ff)
+        layers.append(LayerTime(i, L.attn_on_device, attn, dev, host, t_attn, td, th,
+                                t_attn + max(td, th) + (sync_s if both else 0.0)))
+    out = sizes.output_norm.nbytes + sizes.output.nbytes
+    pred = Prediction("ours", device_gbps, host_gbps, layers, plan.output_on_device, out,
+                      out / (bd if plan.output_on_device else bh), mode=mode)
+    if neuron_freq is None and mode != "dense":
+        pred.notes.append("no measured frequencies: every neuron counted as firing")
+    return pred
+
+
+def _gguf_layer_bytes(s: ModelSizes, i: int) -> int:
+    return sum(t.nbytes for t in s.layers[i].values())
+
+
+def llama_cpp_offload(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int) -> tuple[int, bool]:
+    """(n_gpu_layers, output_on_device) of llama.cpp's layer split at ``vram_budget`` bytes:
+    the last layers whole as stored in the GGUF, each with its F16 KV cache of n_ctx
+    positions (n_ctx rounded up to 64, as ours), while they fit in the budget minus our
+    plan's scratch for (n_ctx, n_batch); the output block (output_norm + output matrix +
+    n_batch logits) when every layer fits too. No alignment padding: an estimate of
+    llama.cpp's own accounting, which reserves its compute buffer as we reserve scratch."""
+    left = int(vram_budget) - scratch_bytes(sizes, n_ctx, n_batch)
+    n = 0
+    for i in reversed(range(sizes.n_layer)):
+        b = _gguf_layer_bytes(sizes, i) + kv_bytes_per_layer(sizes, n_ctx)
+        if b > left:
+            break
+        left, n = left - b, n + 1
+    out = sizes.output_norm.nbytes + sizes.output.nbytes + n_batch * sizes.n_vocab * ACT_BYTES
+    return n, n == sizes.n_layer and out <= left
+
+
+def predict_layer_split(sizes: ModelSizes, vram_budget: int, *, device_gbps: float, host_gbps: float, n_ctx: int,
+                        n_batch: int, n_past: int = 0) -> Prediction:
+    """Predicted decode tok/s of llama.cpp with its layer split at ``vram_budget`` bytes
+    (:func:`llama_cpp_offload`): every layer read densely as stored, from the device for
+    the offloaded ones, else from the host; times add up.
+
+    Raises:
+        ValueError: a bandwidth <= 0 or a negative n_past.
+    """
+    bd, bh = _check_bw("device_gbps", device_gbps), _check_bw("host_gbps", host_gbps)
+    n_past = _check_int("n_past", n_past, 0)
+    n_gpu, out_on = llama_cpp_offload(sizes, vram_budget, n_ctx=n_ctx, n_batch=n_batch)
+    layers = []
+    for i in range(sizes.n_layer):
+        on = i >= sizes.n_layer - n_gpu
+        bw = bd if on else bh
+        attn = attn_weight_bytes(sizes, i) + _kv_read(sizes, n_past)
+        ffn = float(sum(sizes.layers[i][slot].nbytes for slot in _FFN_ROW_SLOTS if slot in sizes.layers[i]))
+        layers.append(LayerTime(i, on, attn, ffn if on else 0.0, 0.0 if on else ffn, attn / bw,
+                                ffn / bw if on else 0.0, 0.0 if on else ffn / bw, (attn + ffn) / bw))
+    out = sizes.output_norm.nbytes + sizes.output.nbytes
+    return Prediction("llama.cpp layer split", device_gbps, host_gbps, layers, out_on, out,
+                      out / (bd if out_on else bh), n_gpu_layers=n_gpu)
+
+
+def measure_host_bandwidth(nbytes: int = 256 << 20, n_threads: int = 1, repeats: int = 5) -> float:
+    """The host's read bandwidth in GB/s: the best of ``repeats`` timed sums of a float64
+    array of ``nbytes`` (large enough to miss the caches), split over ``n_threads``
+    threads (numpy's sum releases the GIL). About 0.1-0.5 s.
+
+    Raises:
+        ValueError: nbytes < 1 MiB or n_threads < 1.
+    """
+    if nbytes < (1 << 20) or n_threads < 1:
+        raise ValueError(f"nbytes must be >= 1 MiB and n_threads >= 1, got {nbytes}, {n_threads}")
+    a = np.ones(nbytes // 8, np.float64)
+    parts = np.array_split(a, n_threads)
+    best = math.inf
+    for _ in range(max(1, repeats)):
+        threads = [threading.Thread(target=np.sum, args=(p,)) for p in parts[1:]]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        np.sum(parts[0])
+        for th in threads:
+            th.join()
+        best = min(best, time.perf_counter() - t)
+    return a.nbytes / best / 1e9
+
+
+def format_predictions(ours: Prediction, split: Prediction) -> str:
+    """Two lines (one per engine: tok/s, bytes read per token on each side) and the ratio."""
+    def line(p: Prediction) -> str:
+        where = f"n_gpu_layers {p.n_gpu_layers}" if p.n_gpu_layers is not None else f"mode {p.mode}"
+        return (f"{p.engine:22s} {p.tok_s:10.2f} tok/s   device {p.device_bytes_read / 1e6:10.2f} MB/token   "
+                f"host {p.host_bytes_read / 1e6:10.2f} MB/token   ({where})")
+
+    lines = [f"predicted decode (device {ours.device_gbps:g} GB/s, host {ours.host_gbps:g} GB/s; memory-bound model, "
+             f"docs/placement.md):", line(ours), line(split), f"ratio ours / layer split: {ours.tok_s / split.tok_s:.2f}"]
+    lines += [f"note: {n}" for n in ours.notes]
+    return "\n".join(lines)
