@@ -132,7 +132,7 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
     gguf = ctx.model.gguf
     sizes = P.ModelSizes.from_gguf(gguf)
     if choice.ggml_name is None:
-        return _cpu_only(choice, vram_budget, n_gpu_layers, sizes, ctx, verbose)
+        return _cpu_only(choice, vram_budget, n_gpu_layers, sizes, ctx)
     dev = open_device(choice, device_threads)
     try:
         return _place(ctx, dev, choice, model_path, sizes, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers,
@@ -144,16 +144,14 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         raise
 
 
-def _cpu_only(choice: DeviceChoice, vram_budget, n_gpu_layers, sizes, ctx, verbose) -> Offload:
-    """No device: a given budget is ignored, said once (a notice), and ``"auto"`` says
-    why it found none once (with the notice, else as a verbose line)."""
+def _cpu_only(choice: DeviceChoice, vram_budget, n_gpu_layers, sizes, ctx) -> Offload:
+    """No device: a given budget is ignored, said once (a notice); ``"auto"`` says why it
+    found none once (in that notice, else in the verbose summary line)."""
     given = [f"{k}={v!r}" for k, v in (("vram_budget", vram_budget), ("n_gpu_layers", n_gpu_layers))
              if v not in (None, 0)]
     dec = P.resolve_budget(None, n_gpu_layers, sizes, free_bytes=None, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch)
     why = choice.message or f"device={choice.requested!r}"
     notices = [f"{', '.join(given)} ignored: {why}; running on the CPU"] if given else []
-    if choice.message and not given and verbose:
-        print(f"powerinfer_backend: {choice.message}", file=sys.stderr)
     return Offload("cpu" if choice.requested == "cpu" else choice.requested, dec, notices=notices,
                    message=choice.message)
 
