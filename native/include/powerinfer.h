@@ -450,6 +450,39 @@ typedef int (*pi_ffn_offload_wait_fn)(void *handle, float *y_device, int64_t *n_
 int pi_context_set_ffn_offload(pi_context *ctx, int32_t layer, void *handle, pi_ffn_offload_start_fn start,
                                pi_ffn_offload_wait_fn wait, const int32_t *hot_ids, int64_t n_hot);
 
+
+/* ---- ggml backend devices (native/src/device/ggml/; docs/placement.md) ----
+ * ggml is reached only through dlopen/dlsym of the llama_cpp package's own shared objects
+ * (lib_dir/libggml-base.so.0, libggml.so.0, libggml-cpu.so.0, opened with RTLD_NOLOAD first: the
+ * copies `import llama_cpp` mapped). Every function below but pi_ggml_bind needs a bound ggml
+ * (PI_ERR_INVALID before). */
+typedef struct pi_gdev pi_gdev; /* an open ggml backend device */
+typedef struct pi_gdev_info {
+    char name[128];
+    char description[256];
+    int32_t type; /* 0 CPU, 1 GPU, 2 IGPU, 3 ACCEL (ggml's enum order) */
+    int64_t free_bytes, total_bytes;
+} pi_gdev_info;
+typedef struct pi_gdev_buffers { int64_t weights, kv, compute; } pi_gdev_buffers; /* bytes per ggml buffer */
+/* bind ggml: lib_dir = llama_cpp's lib folder; version_out (n bytes) receives ggml_version() (also on a
+ * version error); PI_ERR_UNSUPPORTED (the message names both versions, or the file / symbol missing and
+ * where it was looked for) when outside [min_version, max_version). Binding the same folder again is a
+ * no-op; a different folder afterwards is PI_ERR_INVALID. */
+int pi_ggml_bind(const char *lib_dir, const char *min_version, const char *max_version, char *version_out, size_t n);
+int pi_ggml_load_backends(const char *dir); /* ggml_backend_load_all_from_path: GPU backends of a GPU build */
+int32_t pi_ggml_dev_count(void);            /* -1 when ggml is not bound */
+int pi_ggml_dev_info(int32_t i, pi_gdev_info *out);
+/* open device by ggml name ("CPU", "CUDA0", ...); n_threads: the CPU backend's threads (ignored by GPUs);
+ * the CPU device uses the plain CPU buffer type (no AMX/repack extra buffer types). An unknown name is
+ * PI_ERR_INVALID listing the devices ggml has. */
+int pi_gdev_open(const char *name, int32_t n_threads, pi_gdev **out);
+void pi_gdev_free(pi_gdev *d);
+int pi_gdev_get_info(const pi_gdev *d, pi_gdev_info *out);
+/* bytes this device's buffer type allocates for one tensor [ne0, ne1] of ggml type ggml_type
+ * (ggml_backend_buft_get_alloc_size; -1 for a bad type or shape), and its alignment */
+int64_t pi_gdev_tensor_bytes(const pi_gdev *d, int32_t ggml_type, int64_t ne0, int64_t ne1);
+int64_t pi_gdev_alignment(const pi_gdev *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -48,7 +48,7 @@ ffibuilder.set_source(
     sources=_sources,
     include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
     extra_compile_args=_cflags,
-    extra_link_args=["-pthread", "-lm"],
+    extra_link_args=["-pthread", "-lm", "-ldl"],
     depends=_headers,
 )
 
