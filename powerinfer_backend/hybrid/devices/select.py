@@ -2,7 +2,8 @@
 ggml reports (:mod:`powerinfer_backend.engine.ggml`), and the byte rule of an open device
 (:class:`DeviceSizer`) that placement plans with.
 
-Names (case-insensitive):
+Names (case-insensitive, except that lower-case ``"cpu"`` means no device while ggml's
+own name ``"CPU"`` is its CPU device):
 
 * ``"auto"`` (or None): the first discrete GPU ggml reports; none → CPU only (one message);
   an integrated GPU only when asked for by name;
@@ -16,7 +17,6 @@ Names (case-insensitive):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -50,10 +50,10 @@ class DeviceChoice:
 
 def ggml_lib_dir() -> str:
     """The folder ggml is loaded from: llama_cpp's ``lib`` (where a GPU build puts its
-    backend libraries)."""
-    import llama_cpp
+    backend libraries; :func:`powerinfer_backend.engine.ggml.lib_dir`)."""
+    from ...engine.ggml import lib_dir
 
-    return os.path.join(os.path.dirname(os.path.abspath(llama_cpp.__file__)), "lib")
+    return str(lib_dir())
 
 
 def describe_devices(devices) -> str:
@@ -75,9 +75,10 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
     if not isinstance(device, str) or not device.strip():
         raise ValueError(f"device must be a name ('auto', 'cuda', 'metal', 'vulkan', 'hip', a ggml device name, "
                          f"'ggml-cpu', 'cpu'), got {device!r}")
-    req = device.strip().lower()
-    if req == "cpu":
-        return DeviceChoice(req, None)
+    name = device.strip()
+    if name == "cpu":
+        return DeviceChoice(name, None)
+    req = name.lower()
     from ...engine import ggml
 
     if req == "auto":
@@ -97,15 +98,16 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
         found = [d for d in devs if d.name == _GGML_CPU]
     elif req in BACKENDS:
         found = [d for d in devs if any(d.name.lower().startswith(p.lower()) for p in BACKENDS[req])]
-    else:
-        found = [d for d in devs if d.name.lower() == req]
+    else:  # a ggml name: exactly, else ignoring case
+        found = [d for d in devs if d.name == name] or [d for d in devs if d.name.lower() == name.lower()]
     if not found:
         what = f"no {req} device" if req in BACKENDS else f"no device named {device!r}"
         hint = (" (a GPU backend comes with a GPU build of llama-cpp-python, docs/building.md)"
                 if req in BACKENDS else "")
         raise ValueError(f"device={device!r}: ggml reports {what}; devices found: {describe_devices(devs)} "
                          f"(backends loaded from {ggml_lib_dir()}){hint}")
-    return DeviceChoice(req, found[0].name, found[0].type)
+    keyword = req in CPU_DEVICE_NAMES or req in BACKENDS
+    return DeviceChoice(req if keyword else name, found[0].name, found[0].type)
 
 
 def open_device(choice: DeviceChoice, n_threads: int = 1):
