@@ -27,9 +27,9 @@ from typing import Mapping, Protocol
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["KiB", "MiB", "GiB", "TiB", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "CPU_ALIGN", "Sizer", "BufferRule",
+__all__ = ["KiB", "MiB", "GiB", "TiB", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "KV_ELEM_BYTES", "ACT_BYTES", "CPU_ALIGN", "Sizer", "BufferRule",
            "CPU_BUFT", "TensorSize", "ModelSizes", "align_up", "row_bytes", "tensor_device_bytes",
-           "compute_bytes", "kv_bytes_per_layer", "attn_weight_bytes", "attn_block_bytes", "output_block_bytes",
+           "compute_bytes", "scratch_bytes", "kv_bytes_per_layer", "dense_weight_bytes", "attn_block_bytes", "output_block_bytes",
            "neuron_bytes", "hot_bytes", "layer_bytes", "full_device_bytes"]
 
 KiB = 1 << 10
@@ -49,6 +49,10 @@ KV_TYPE = _F16
 #: ggml's CPU buffer type alignment (TENSOR_ALIGNMENT; ggml_backend_buft_get_alignment of
 #: ggml_backend_cpu_buffer_type() on llama-cpp-python 0.3.36 / ggml 0.25.3)
 CPU_ALIGN = 32
+#: Bytes per KV cache element (F16) and per F32 activation element: kept for callers
+#: that estimate traffic (hybrid/placement/predict.py); the plan counts through a sizer.
+KV_ELEM_BYTES = 2
+ACT_BYTES = 4
 #: Per-layer slots placed neuron by neuron (hot rows), not as part of the dense block.
 _FFN_ROW_SLOTS = ("ffn_gate", "ffn_up", "ffn_down")
 
@@ -158,6 +162,9 @@ class ModelSizes:
         layers: per layer, slot name (:data:`arch.LAYER_SLOTS`) -> :class:`TensorSize`.
         output_norm: F32 [n_embd].
         output: the output projection [n_embd, n_vocab] (the token embedding when tied).
+        down_t_bytes: bytes per element of the CPU's transposed down cache (2 = F16; 4 =
+            F32 when every ffn_down is F32; :func:`powerinfer_backend.engine.down_cache.down_t_dtype`).
+            The device holds its hot down columns as F16 whatever this is.
     """
 
     n_layer: int
@@ -170,6 +177,7 @@ class ModelSizes:
     layers: tuple[Mapping[str, TensorSize], ...]
     output_norm: TensorSize
     output: TensorSize
+    down_t_bytes: int = 2
 
     @property
     def n_embd_kv(self) -> int:
@@ -192,11 +200,13 @@ class ModelSizes:
                            if t is not None})  # optional slots an architecture lacks
         g = model.global_tensors()
         out = g["output"] if g["output"] is not None else g["tok_embd"]
+        all_f32 = all(layer["ffn_down"].type == _F32 for layer in layers)
         return cls(n_layer=hp.n_layer, n_embd=hp.n_embd, n_ff=hp.n_ff, n_head=hp.n_head,
                    n_head_kv=hp.n_head_kv, n_embd_head=hp.n_embd_head, n_vocab=hp.n_vocab,
                    layers=tuple(layers),
                    output_norm=TensorSize(int(g["output_norm"].type), tuple(g["output_norm"].ne)),
-                   output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)))
+                   output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)),
+                   down_t_bytes=4 if all_f32 else 2)
 
 
 def _n_cells(n_ctx: int) -> int:
@@ -208,13 +218,17 @@ def compute_bytes(s: ModelSizes, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BU
     return int(sizer.compute_bytes(s, n_ctx, n_batch))
 
 
+#: the name before issue 14 (device scratch then; the compute buffer now)
+scratch_bytes = compute_bytes
+
+
 def kv_bytes_per_layer(s: ModelSizes, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
     """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] F16 (n_cells =
     n_ctx rounded up to :data:`KV_PAD`), each aligned."""
     return 2 * align_up(sizer.tensor_bytes(KV_TYPE, s.n_embd_kv, _n_cells(n_ctx)), sizer.alignment)
 
 
-def attn_weight_bytes(s: ModelSizes, i: int, sizer: Sizer = CPU_BUFT) -> int:
+def dense_weight_bytes(s: ModelSizes, i: int, sizer: Sizer = CPU_BUFT) -> int:
     """Layer ``i``'s dense tensors on the device (bytes): every slot the layer has except
     ffn_gate/ffn_up/ffn_down (norms, q/k/v/o, biases, q/k norms, post norms), each aligned."""
     return sum(tensor_device_bytes(t, sizer) for slot, t in s.layers[i].items() if slot not in _FFN_ROW_SLOTS)
@@ -222,7 +236,7 @@ def attn_weight_bytes(s: ModelSizes, i: int, sizer: Sizer = CPU_BUFT) -> int:
 
 def attn_block_bytes(s: ModelSizes, i: int, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
     """Layer ``i``'s attention block on the device: its dense tensors and its KV cache."""
-    return attn_weight_bytes(s, i, sizer) + kv_bytes_per_layer(s, n_ctx, sizer)
+    return dense_weight_bytes(s, i, sizer) + kv_bytes_per_layer(s, n_ctx, sizer)
 
 
 def output_block_bytes(s: ModelSizes, n_batch: int | None = None, sizer: Sizer = CPU_BUFT) -> int:
