@@ -483,6 +483,38 @@ int pi_gdev_get_info(const pi_gdev *d, pi_gdev_info *out);
 int64_t pi_gdev_tensor_bytes(const pi_gdev *d, int32_t ggml_type, int64_t ne0, int64_t ne1);
 int64_t pi_gdev_alignment(const pi_gdev *d);
 
+/* compute buffer bytes a context reserves on d for its worst case (n_batch tokens, n_ctx cells, attention +
+ * an FFN with n_hot = n_ff + the output block): a constant of (model, n_ctx, n_batch, device) */
+int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out);
+/* place the plan on d (copies now; the context owns the placement, d must outlive the context); refuses with
+ * PI_ERR_NOMEM before allocating anything when weights+kv+compute exceed budget_bytes or the device's free
+ * memory (both byte counts in the message). From then on pi_eval runs the placed attention blocks and the
+ * output block as ggml graphs on d, and each layer with hot neurons splits its FFN: d computes the hot
+ * neurons densely on a device thread while the calling thread computes the cold ones (thresholds as set
+ * by pi_context_set_ffn_sparsity, which hot layers need first), merged in a fixed order (the device's
+ * partial sum, continued by the cold neurons in id order): reruns give identical bits. Layers with hot
+ * neurons must be gated without a predictor; a fused attn_qkv (Falcon) cannot be placed. */
+int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placement *layers,
+                               int32_t output_on_device, int64_t budget_bytes);
+int pi_context_ggml_buffers(const pi_context *c, pi_gdev_buffers *out); /* the sizes ggml allocated */
+
+/* ---- Test-only entry points of a ggml placement (for the tests; not a stable API) ----
+ * pi_test_ggml_zero_rows: zero rows [row0, row0 + n_rows) (ne1 index) of a placed device tensor of
+ * `layer`: an attention slot (PI_L_ATTN_Q, ...), or with PI_L_FFN_GATE / PI_L_FFN_UP the hot rows (row r =
+ * the plan's r-th hot neuron), PI_L_FFN_DOWN the hot down columns' F16 rows (row e = output element e).
+ * pi_test_ggml_trace(c, cap): record up to cap events from now (cap 0 stops and frees); each is one device
+ * step (kind 0 attention, 1 hot FFN, 2 output; layer n_layer for the output) or the CPU half of a split
+ * FFN computing the cold neurons' activations (kind 3), with CLOCK_MONOTONIC start and end in ns.
+ * pi_test_ggml_trace_read copies up to cap events recorded since the last read and returns their number
+ * (-1 when tracing is off). */
+typedef struct pi_test_ggml_event {
+    int32_t kind, layer;
+    int64_t t0_ns, t1_ns;
+} pi_test_ggml_event;
+int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t row0, int64_t n_rows);
+int pi_test_ggml_trace(pi_context *c, int32_t cap);
+int32_t pi_test_ggml_trace_read(pi_context *c, pi_test_ggml_event *out, int32_t cap);
+
 #ifdef __cplusplus
 }
 #endif

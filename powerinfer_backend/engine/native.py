@@ -75,6 +75,19 @@ def _pred_tensor(obj, name: str):
     return t, obj
 
 
+def _layer_array(plan_layers):
+    """-> (pi_layer_placement[] of ``plan_layers`` (attn_on_device, hot_ids), the id arrays to keep alive)."""
+    layers = ffi.new("pi_layer_placement[]", len(plan_layers))
+    keep = []
+    for i, L in enumerate(plan_layers):
+        ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
+        keep.append(ids)
+        layers[i].attn_on_device = int(L.attn_on_device)
+        layers[i].n_hot = ids.shape[0]
+        layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
+    return layers, keep
+
+
 class NativeModel:
     """A model in the C library over the (memory-mapped) tensors of a loaded GGUF.
 
@@ -316,15 +329,43 @@ class NativeContext:
         if (plan.n_ctx, plan.n_batch) != (self.n_ctx, self.n_batch):
             raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
                              f"n_ctx {self.n_ctx}, n_batch {self.n_batch}")
-        layers = ffi.new("pi_layer_placement[]", hp.n_layer)
-        keep = []
-        for i, L in enumerate(plan.layers):
-            ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
-            keep.append(ids)
-            layers[i].attn_on_device = int(L.attn_on_device)
-            layers[i].n_hot = ids.shape[0]
-            layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
-        return layers, keep
+        return _layer_array(plan.layers)
+
+    def ggml_compute_bytes(self, dev) -> int:
+        """Bytes of the compute buffer a placement on ``dev`` (a :class:`~powerinfer_backend.engine.ggml.GgmlDevice`)
+        reserves: ggml-alloc's size of the worst-case graphs (n_batch tokens over n_ctx cells, every layer's
+        attention and an FFN with all n_ff neurons hot, the output block); a constant of (model, n_ctx,
+        n_batch, device)."""
+        out = ffi.new("int64_t *")
+        check(lib.pi_context_ggml_compute_bytes(self._ptr, dev._live(), out), "ggml compute buffer")
+        return int(out[0])
+
+    def set_ggml_device(self, dev, layers, output_on_device: bool, budget_bytes: int) -> None:
+        """Place ``layers`` (per layer an object with ``attn_on_device`` and ``hot_ids``, e.g. a plan's
+        LayerPlan list) and the output block (``output_on_device``) on the ggml device ``dev``: copies now
+        into three ggml buffers (:meth:`ggml_buffers`); from then on each eval runs the placed attention
+        blocks and output block on ``dev`` and splits hot layers' FFNs (the device's hot neurons on its
+        thread, the cold ones here at once). Hot layers need :meth:`set_ffn_sparsity` first. Once per
+        context; ``dev`` is kept alive with the context.
+
+        Raises:
+            MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
+                counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
+            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
+        """
+        arr, _keep = _layer_array(layers)
+        if len(layers) != self.model.gguf.hparams.n_layer:
+            raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")
+        with self._exclusive():
+            check(lib.pi_context_set_ggml_device(self._ptr, dev._live(), arr, int(bool(output_on_device)),
+                                                 int(budget_bytes)), f"placing the model on ggml device {dev.name}")
+        self._device = dev
+
+    def ggml_buffers(self) -> dict[str, int]:
+        """Bytes of the ggml buffers the placement allocated: ``weights``, ``kv``, ``compute``."""
+        out = ffi.new("pi_gdev_buffers *")
+        check(lib.pi_context_ggml_buffers(self._ptr, out), "ggml buffers")
+        return {"weights": int(out.weights), "kv": int(out.kv), "compute": int(out.compute)}
 
     def set_device(self, device, plan) -> None:
         """Run the device half of ``plan`` on ``device`` (a

@@ -67,6 +67,7 @@ enum { PI_G_BUFFER_USAGE_WEIGHTS = 1 };
     X(gt *, add, (gctx *, gt *, gt *))                                                                    \
     X(gt *, scale, (gctx *, gt *, float))                                                                 \
     X(gt *, rms_norm, (gctx *, gt *, float))                                                              \
+    X(gt *, norm, (gctx *, gt *, float))                                                                  \
     X(gt *, rope_ext, (gctx *, gt *, gt *, gt *, int, int, int, float, float, float, float, float, float)) \
     X(gt *, soft_max_ext, (gctx *, gt *, gt *, float, float))                                             \
     X(gt *, flash_attn_ext, (gctx *, gt *, gt *, gt *, gt *, float, float, float))                        \
@@ -106,6 +107,11 @@ enum { PI_G_BUFFER_USAGE_WEIGHTS = 1 };
     X(void *, backend_reg_get_proc_address, (struct ggml_backend_reg *, const char *))                    \
     X(void, backend_load_all_from_path, (const char *))                                                   \
     X(gbuf_t, backend_alloc_ctx_tensors_from_buft, (gctx *, gbuft_t))                                     \
+    X(size_t, backend_alloc_ctx_tensors_from_buft_size, (gctx *, gbuft_t))                                \
+    X(gbuf_t, backend_cpu_buffer_from_ptr, (void *, size_t))                                              \
+    X(int, backend_tensor_alloc, (gbuf_t, gt *, void *))                                                  \
+    X(void, gallocr_reserve_n_size, (struct ggml_gallocr *, struct ggml_cgraph *, const int *, const int *,  \
+                                     size_t *))                                                           \
     X(struct ggml_gallocr *, gallocr_new, (gbuft_t))                                                      \
     X(void, gallocr_free, (struct ggml_gallocr *))                                                        \
     X(bool, gallocr_reserve, (struct ggml_gallocr *, struct ggml_cgraph *))                               \
