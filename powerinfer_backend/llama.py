@@ -74,25 +74,18 @@ class Llama:
         seed: sampling seed (0xFFFFFFFF = random, as llama.cpp).
         vram_budget: device memory for dense blocks and hot neurons: GiB as a number or
             a size string ("512MiB", "8GiB"); None = from ``n_gpu_layers`` if given, else
-            the device's free memory minus a margin (docs/placement.md). Above the
-            device's free memory: ``ValueError`` with both byte counts. Without a device:
-            CPU only (a warning when a budget was given).
-        device (keyword): a ggml device (docs/placement.md, "Devices"): "auto" (default:
-            the first discrete GPU ggml reports, else CPU only with one message; an
-            integrated GPU only by name), "cuda", "metal", "vulkan", "hip" (the first
-            device of that backend; from a GPU build of llama-cpp-python,
-            docs/building.md), a ggml device name ("CUDA0", "Vulkan1";
-            ``powerinfer-backend devices`` lists them), "ggml-cpu" (ggml's CPU backend as
-            the device, ``device_threads`` threads; "cpu-device" is an alias), or "cpu"
-            (no device). A name ggml does not have: ``ValueError`` listing those it has;
-            ggml missing or of an unsupported version: ``RuntimeError``.
-        placement (keyword): "neurons" (attention blocks, then hot neurons by firing
-            frequency; default) or "layers" (whole layers, llama.cpp's -ngl split).
-        n_gpu_layers (keyword): converted to a budget once when ``vram_budget`` is not
-            given (0 = CPU only, N = N whole layers' bytes, -1 = everything).
-        reset_gpu_index, disable_gpu_index, device_threads (keywords): PowerInfer's
-            --reset-gpu-index (recompute the cached plan) / --disable-gpu-index (no FFN
-            neurons on the device); threads of "ggml-cpu" as the device (default 1).
+            the device's free memory minus a margin; above it: ``ValueError`` with both
+            byte counts (docs/placement.md). Without a device: ignored with a warning.
+        device (keyword): "auto" (default: the first discrete GPU ggml reports, else CPU
+            only, said once), "cuda" / "metal" / "vulkan" / "hip" (the first device of
+            that backend: a GPU build of llama-cpp-python, docs/building.md), a ggml
+            device name ("CUDA0"; ``powerinfer-backend devices``), "ggml-cpu" (ggml's CPU
+            backend as the device; alias "cpu-device") or "cpu" (none). Unknown name:
+            ``ValueError`` listing ggml's devices; ggml missing / wrong version: ``RuntimeError``.
+        placement (keyword): "neurons" (dense blocks, then hot neurons; default) or
+            "layers" (whole layers, as llama.cpp's -ngl). n_gpu_layers, reset_gpu_index,
+            disable_gpu_index, device_threads (keywords): N whole layers' bytes (0 CPU,
+            -1 all) without ``vram_budget``; PowerInfer's flags; "ggml-cpu" threads.
         logits_all: keep logits for every position (needed by ``logprobs``).
         embedding: allow ``embed`` / ``create_embedding``.
         last_n_tokens_size: window of the repeat / frequency / presence penalties.

@@ -187,9 +187,16 @@ def place_plan(ctx, dev, plan: P.Plan, budget_bytes: int) -> None:
     Raises:
         MemoryError: the plan exceeds ``budget_bytes`` or the device's free memory
             (refused before anything is allocated; both byte counts in the message).
-        ValueError: ggml allocated other sizes than the plan counts (a placement/engine
-            mismatch: both named).
+        ValueError: the plan is for another model or n_ctx / n_batch, or ggml allocated
+            other sizes than the plan counts (a placement/engine mismatch: both named).
     """
+    hp = ctx.model.gguf.hparams
+    if len(plan.layers) != hp.n_layer or plan.n_ff != hp.n_ff:
+        raise ValueError(f"placement plan for {len(plan.layers)} layers x n_ff {plan.n_ff}, the model has "
+                         f"{hp.n_layer} x {hp.n_ff}")
+    if (plan.n_ctx, plan.n_batch) != (ctx.n_ctx, ctx.n_batch):
+        raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
+                         f"n_ctx {ctx.n_ctx}, n_batch {ctx.n_batch}")
     split_arithmetic(ctx)  # the same FFN arithmetic at every budget (the CPU half's cold neurons)
     ctx.set_ggml_device(dev, plan.layers, bool(plan.output_on_device), int(budget_bytes))
     ctx.hold_device(dev)  # the device outlives the context's use of it
