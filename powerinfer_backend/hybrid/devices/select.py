@@ -85,12 +85,12 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
         try:
             ggml.bind()
         except RuntimeError as e:  # auto never fails for want of ggml: CPU only, said once
-            return DeviceChoice(req, None, message=f"device='auto': ggml unavailable ({e}); CPU only")
+            return DeviceChoice(req, None, message=f"device='auto': ggml unavailable ({e})")
         devs = ggml.list_devices()
         gpu = next((d for d in devs if d.type == "gpu"), None)
         if gpu is None:
             return DeviceChoice(req, None, message=f"device='auto': ggml found no discrete GPU (devices: "
-                                                   f"{describe_devices(devs)}); CPU only")
+                                                   f"{describe_devices(devs)})")
         return DeviceChoice(req, gpu.name, gpu.type)
     ggml.bind()
     devs = ggml.list_devices()

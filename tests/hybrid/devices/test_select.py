@@ -37,7 +37,7 @@ def test_auto_without_a_gpu_is_cpu_only_with_one_message():
     for arg in ("auto", None, "AUTO"):
         c = resolve_device(arg)
         assert c.ggml_name is None and c.requested == "auto"
-        assert c.message == "device='auto': ggml found no discrete GPU (devices: CPU (cpu)); CPU only"
+        assert c.message == "device='auto': ggml found no discrete GPU (devices: CPU (cpu))"
 
 
 @pytest.mark.parametrize("name, what", [("cuda", "no cuda device"), ("metal", "no metal device"),
