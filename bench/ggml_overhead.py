@@ -26,7 +26,7 @@ from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs; the best of each is compared")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device-threads", type=int, default=2)
     ap.add_argument("--n-decode", type=int, default=64)
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     engines = {"cpu (exact)": Llama(path, device="cpu", sparse="exact", **kw)}
     full = None
     for name, frac, placement in (("ggml-cpu 100%", 1.0, "neurons"), ("ggml-cpu 50% neurons", 0.5, "neurons"),
-                                  ("ggml-cpu 50% layers", 0.5, "layers"), ("ggml-cpu 10% neurons", 0.1, "neurons")):
+                                  ("ggml-cpu 50% layers", 0.5, "layers"), ("ggml-cpu 25% neurons", 0.25, "neurons")):
         budget = "1GiB" if full is None else f"{int(full * frac)}B"
         llm = Llama(path, device="ggml-cpu", device_threads=a.device_threads, vram_budget=budget,
                     placement=placement, **kw)
