@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from pathlib import Path
 
 from .._native import check, ffi, lib
@@ -120,6 +121,8 @@ class GgmlDevice(Closing):
         self._ptr = out[0]
         self.name = str(name)
         self.n_threads = int(n_threads)
+        self._contexts = weakref.WeakSet()  # contexts placed here point into the device: it must outlive them
+        self._close_requested = False
 
     @property
     def ptr(self):
@@ -156,8 +159,9 @@ class GgmlDevice(Closing):
         return int(lib.pi_gdev_alignment(self._live()))
 
     def close(self) -> None:
-        """Free the device (once; contexts placed on it must be closed first: they hold it)."""
-        if getattr(self, "_ptr", None) is not None:
+        """Free the device once no open context is placed on it (until then the free is deferred)."""
+        self._close_requested = True
+        if getattr(self, "_ptr", None) is not None and not any(c.is_open for c in self._contexts):
             lib.pi_gdev_free(self._ptr)
             self._ptr = None
 

@@ -210,3 +210,15 @@ def test_falcon_is_refused_with_the_reason(tmp_path, cpu_dev):
         ctx.set_ggml_device(cpu_dev, [layer(True)] * g.hparams.n_layer, False, 1 << 40)
     ctx.close()
     m.close()
+
+
+def test_closing_the_device_first_defers_its_free(tiny):
+    _, m = tiny
+    dev = ggml.GgmlDevice("CPU", 1)
+    ctx = _ctx(m)
+    ctx.set_ggml_device(dev, [layer(True, range(8))] * 3, True, 1 << 40)
+    dev.close()  # the context still computes on it
+    assert dev.ptr is not None
+    assert ctx.eval(TOKS[:4]).shape == (1, m.gguf.hparams.n_vocab)
+    ctx.close()
+    assert dev.ptr is None
