@@ -52,6 +52,7 @@ def test_smollm2_teacher_forced_logits_close(smol):
     with ggml.GgmlDevice("CPU", 1) as dev:
         ctx = _ctx(smol, True, dev)
         got = np.concatenate([ctx.eval(PROMPT, logits_all=True).copy()] + [ctx.eval([t]).copy() for t in cont[:-1]])
+        assert ctx.ggml_buffers()["compute"] == ctx.ggml_compute_bytes(dev)  # the reserve held: nothing grew
         ctx.close()
     top2 = np.sort(want, axis=1)[:, -2:]
     sure = top2[:, 1] - top2[:, 0] >= 1.0
