@@ -202,14 +202,18 @@ def test_architectures_attention_on_the_device(tmp_path, cpu_dev, arch):
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
 
 
-def test_falcon_is_refused_with_the_reason(tmp_path, cpu_dev):
-    g = load_gguf(write_tiny_falcon(tmp_path / "f.gguf"), verbose=False)
-    m = NativeModel(g)
-    ctx = _ctx(m, sparse=False)
-    with pytest.raises(NotImplementedError, match="fused attn_qkv"):
-        ctx.set_ggml_device(cpu_dev, [layer(True)] * g.hparams.n_layer, False, 1 << 40)
-    ctx.close()
-    m.close()
+def test_unsupported_placements_are_refused_with_the_reason(tmp_path, cpu_dev):
+    """Falcon's fused attn_qkv cannot go on the device; OPT's ungated FFN cannot be split."""
+    for write, kind, layers_of, match in [
+            (write_tiny_falcon, NotImplementedError, lambda n: [layer(True)] * n, "fused attn_qkv"),
+            (write_tiny_opt, NotImplementedError, lambda n: [layer(False, [1, 5])] * n, "needs a gated FFN")]:
+        g = load_gguf(write(tmp_path / f"{write.__name__}.gguf"), verbose=False)
+        m = NativeModel(g)
+        ctx = _ctx(m, sparse=write is write_tiny_opt)
+        with pytest.raises(kind, match=match):
+            ctx.set_ggml_device(cpu_dev, layers_of(g.hparams.n_layer), False, 1 << 40)
+        ctx.close()
+        m.close()
 
 
 def test_closing_the_device_first_defers_its_free(tiny):
