@@ -411,7 +411,9 @@ int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out)
  * output block as ggml graphs on d, and each layer with hot neurons splits its FFN: d computes the hot
  * neurons densely on a device thread while the calling thread computes the cold ones (thresholds as set
  * by pi_context_set_ffn_sparsity, which hot layers need first), merged in a fixed order (the device's
- * partial sum, continued by the cold neurons in id order): reruns give identical bits. Layers with hot
+ * partial sum, continued by the cold neurons in id order): reruns give identical bits. The device computes
+ * its hot neurons densely (the threshold applies to the cold ones; pi_context_ffn_stats counts every hot
+ * neuron as used). Layers with hot
  * neurons must be gated without a predictor; a fused attn_qkv (Falcon) cannot be placed. */
 int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placement *layers,
                                int32_t output_on_device, int64_t budget_bytes);

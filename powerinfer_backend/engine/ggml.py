@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from pathlib import Path
 
 from .._native import check, ffi, lib
@@ -120,6 +121,8 @@ class GgmlDevice(Closing):
         self._ptr = out[0]
         self.name = str(name)
         self.n_threads = int(n_threads)
+        self._contexts = weakref.WeakSet()  # contexts placed here point into the device: it must outlive them
+        self._close_requested = False
 
     @property
     def ptr(self):
@@ -156,7 +159,45 @@ class GgmlDevice(Closing):
         return int(lib.pi_gdev_alignment(self._live()))
 
     def close(self) -> None:
-        """Free the device (once; contexts placed on it must be closed first: they hold it)."""
-        if getattr(self, "_ptr", None) is not None:
+        """Free the device once no open context is placed on it (until then the free is deferred)."""
+        self._close_requested = True
+        if getattr(self, "_ptr", None) is not None and not any(c.is_open for c in self._contexts):
             lib.pi_gdev_free(self._ptr)
             self._ptr = None
+
+
+# ---- test-only entry points (pi_test_ggml_*): not a stable API ----
+
+#: pi_test_ggml_event.kind: the device's attention / hot FFN / output steps, and the CPU half of a split FFN
+TRACE_KINDS = ("attn", "ffn", "output", "cold")
+
+
+def testing_zero_rows(ctx, layer: int, slot: str, row0: int = 0, n_rows: int | None = None) -> None:
+    """Test only: zero rows [row0, row0 + n_rows) of a placed device tensor of ``layer`` of a context on a
+    ggml device: an attention slot by name (``"attn_q"``, ...; all rows when n_rows is None), or
+    ``"ffn_gate"`` / ``"ffn_up"`` (the hot rows in plan order), ``"ffn_down"`` (the F16 down rows).
+
+    Raises:
+        ValueError: not placed on a ggml device, slot not on the device, rows out of range.
+    """
+    from ..loader.arch import LAYER_SLOTS
+
+    s = LAYER_SLOTS.index(slot)
+    if n_rows is None:
+        n_rows = ctx.model.gguf.layer_tensor(layer, slot).ne[1] - row0
+    check(lib.pi_test_ggml_zero_rows(ctx._ptr, int(layer), s, int(row0), int(n_rows)), f"blk.{layer}.{slot}")
+
+
+def testing_trace(ctx, cap: int) -> None:
+    """Test only: record up to ``cap`` device-step and CPU-half events of ``ctx`` from now (0 stops)."""
+    check(lib.pi_test_ggml_trace(ctx._ptr, int(cap)), "pi_test_ggml_trace")
+
+
+def testing_trace_read(ctx, cap: int = 4096) -> list[tuple[str, int, int, int]]:
+    """Test only: the events since the last read as (kind, layer, t0_ns, t1_ns), CLOCK_MONOTONIC; kind in
+    :data:`TRACE_KINDS`."""
+    ev = ffi.new("pi_test_ggml_event[]", cap)
+    n = lib.pi_test_ggml_trace_read(ctx._ptr, ev, cap)
+    if n < 0:
+        raise ValueError("pi_test_ggml_trace_read: tracing is off (testing_trace first)")
+    return [(TRACE_KINDS[ev[i].kind], int(ev[i].layer), int(ev[i].t0_ns), int(ev[i].t1_ns)) for i in range(n)]

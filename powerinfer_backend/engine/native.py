@@ -335,6 +335,7 @@ class NativeContext:
             check(lib.pi_context_set_ggml_device(self._ptr, dev._live(), arr, int(bool(output_on_device)),
                                                  int(budget_bytes)), f"placing the model on ggml device {dev.name}")
         self._device = dev
+        dev._contexts.add(self)
 
     def ggml_buffers(self) -> dict[str, int]:
         """Bytes of the ggml buffers the placement allocated: ``weights``, ``kv``, ``compute``."""
@@ -457,6 +458,8 @@ class NativeContext:
             self._ptr = None
         if self.model._close_requested:
             self.model.close()
+        if getattr(self._device, "_close_requested", False):  # a ggml device closed while placed here
+            self._device.close()
 
     def __del__(self):
         self.close()

@@ -243,6 +243,7 @@ static int gg_submit_ffn(pi_dev *dv, pi_context *c, int l, int64_t n_tok) {
     if (p->ffn[l] == NULL) return 0;
     p->ffn_l = l;
     p->ffn_args = pi_ffn_sparse_base(c, l, n_tok);
+    p->ev_t0 = pi_now_ns(); /* the CPU half starts as the device's is posted */
     p->ffn_rc = pi_ffn_split_start(p->ffn[l], &p->ffn_args, p->used_dev);
     return 1;
 }
@@ -257,7 +258,6 @@ static int gg_submit_output(pi_dev *dv, pi_context *c, const float *x, int64_t n
 static void gg_wait(pi_dev *dv, pi_context *c) {
     pi_gplaced *p = dv->impl;
     if (p->ffn_l < 0) return; /* attention and output ran in their submit */
-    p->ev_t0 = pi_now_ns();
     const int rc = p->ffn_rc ? p->ffn_rc
                              : pi_ffn_split_finish(c->pool, p->ffn[p->ffn_l], &p->ffn_args, c->ffn_scratch, p->cold_ids,
                                                    p->cold_off, p->used_dev, NULL);

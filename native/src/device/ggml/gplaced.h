@@ -5,12 +5,14 @@
 #define PI_GGML_GPLACED_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "device/device.h"
 #include "device/ffn_half.h"
 #include "device/ggml/backend.h"
 #include "device/ggml/layout.h"
 
+enum { JOB_NONE, JOB_POSTED, JOB_TAKEN };
 enum { PI_GG_EV_ATTN = 0, PI_GG_EV_FFN = 1, PI_GG_EV_OUTPUT = 2, PI_GG_EV_COLD = 3 }; /* pi_test_ggml_event.kind */
 
 typedef struct pi_gplaced {
@@ -40,7 +42,10 @@ typedef struct pi_gplaced {
     int thread_on;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int job_pending, job_done, stop;
+    atomic_uint_fast64_t job_seq, done_seq; /* jobs posted, jobs finished */
+    atomic_int job_state;                    /* JOB_*: the posted job's claim */
+    atomic_int sleeping, waiting, stop;     /* the device thread / the caller sleep on cv */
+    int64_t spin_ns;                         /* how long either spins before sleeping (0: never) */
     int job_l;
     const float *job_x;
     int64_t job_tok;
@@ -53,7 +58,7 @@ typedef struct pi_gplaced {
     /* test-only trace (pi_test_ggml_trace_*) */
     pi_test_ggml_event *ev;
     int32_t ev_cap, ev_n;
-    int64_t ev_t0; /* when the CPU half of the FFN in flight started */
+    int64_t ev_t0; /* when the CPU half of the FFN in flight started (its device half posted) */
 } pi_gplaced;
 
 /* steps.c: one step as a graph on the device (any host thread; one at a time) */
