@@ -63,8 +63,10 @@ def main(argv=None) -> int:
     for name, r in runs.items():
         st = engines[name].stats().get("device")
         dec, pre = max(x[1] for x in r), max(x[0] for x in r)
-        out["configs"][name] = {"decode_tok_s": [round(x[1], 1) for x in r], "prefill_tok_s": [round(x[0], 1) for x in r],
-                                "best_decode_vs_cpu": round(dec / base[0], 3), "best_prefill_vs_cpu": round(pre / base[1], 3),
+        out["configs"][name] = {"decode_tok_s": [round(x[1], 1) for x in r],
+                                "prefill_tok_s": [round(x[0], 1) for x in r],
+                                "best_decode_vs_cpu": round(dec / base[0], 3),
+                                "best_prefill_vs_cpu": round(pre / base[1], 3),
                                 "device_bytes": st["reserved"] if st else 0}
     for llm in engines.values():
         llm.close()

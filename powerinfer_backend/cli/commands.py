@@ -123,29 +123,30 @@ def cmd_perplexity(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from ..hybrid.placement import parse_vram_budget, plan_for_model, write_plot
+    from ..hybrid.devices import planning_sizer
+    from ..hybrid.placement import ModelSizes, parse_vram_budget, plan_for_model, plan_layer_split, write_plot
+    from ..loader import load_gguf
 
     model = _model_path(args.model)
     budget = parse_vram_budget(args.vram_budget)
-    if args.layer_split:
-        from pathlib import Path
+    g = load_gguf(model, verbose=False)
+    try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
+        with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
+            if args.layer_split:
+                from pathlib import Path
 
-        from ..loader.artifacts import artifact_dir, atomic_write_json
-        from ..loader import load_gguf
-        from ..hybrid.placement import ModelSizes, plan_layer_split
+                from ..loader.artifacts import artifact_dir, atomic_write_json
 
-        g = load_gguf(model, verbose=False)
-        try:
-            sizes = ModelSizes.from_gguf(g)
-        finally:
-            g.close()
-        plan = plan_layer_split(sizes, budget, n_ctx=args.ctx, n_batch=args.batch)
-        plan.path = Path(args.out) if args.out else artifact_dir(model, create=True) / "layer-split.json"
-        atomic_write_json(plan.path, plan.to_json())
-    else:
-        plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch,
-                              sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
-                              disable_gpu_index=args.disable_gpu_index, out=args.out)
+                plan = plan_layer_split(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
+                                        sizer=sizer)
+                plan.path = Path(args.out) if args.out else artifact_dir(model, create=True) / "layer-split.json"
+                atomic_write_json(plan.path, plan.to_json())
+            else:
+                plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch, model=g,
+                                      sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
+                                      disable_gpu_index=args.disable_gpu_index, out=args.out, sizer=sizer)
+    finally:
+        g.close()
     png = None
     if not args.no_plot:
         png = args.png or str(plan.path.with_suffix(".png"))
@@ -334,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--force", action="store_true", help="replace an existing --png file that is not our plot")
     pl.add_argument("--layer-split", action="store_true",
                     help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
+    pl.add_argument("--device", default="auto",
+                    help="count bytes as this ggml device allocates them (default auto: the first discrete GPU, "
+                         "else ggml's CPU buffer rule with an estimated compute buffer; ggml-cpu: exact for the "
+                         "CPU device)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")
     pl.set_defaults(func=cmd_plan)
 

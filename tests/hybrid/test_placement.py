@@ -309,25 +309,53 @@ def test_plan_cached_beside_model(tmp_path):
 def test_cli_plan(tmp_path, capsys):
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
     png = tmp_path / "plan.png"
-    assert cli_main(["plan", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4",
-                     "--png", str(png), "--json"]) == 0
+    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100",
+                     "--batch", "4", "--png", str(png), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["device_bytes"] == FULL and [L["n_hot"] for L in out["layers"]] == [128, 128]
     assert out["bytes_by_category"]["kv_cache"] == 2 * 16384
     if out["png"]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cli_main(["plan", "--model", path, "--vram-budget", "60KiB", "--ctx", "100", "--batch", "4",
-                     "--no-plot"]) == 0
+    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", "60KiB", "--ctx", "100",
+                     "--batch", "4", "--no-plot"]) == 0
     text = capsys.readouterr().out
     assert "vram budget 61440 B" in text and text.count("\n") >= 5 and "KV cache: split" in text
     user = tmp_path / "mine.png"
     user.write_bytes(b"USER DATA")
-    argv = ["plan", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4", "--png", str(user)]
+    argv = ["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4",
+            "--png", str(user)]
     if out["png"]:  # matplotlib present: a file that is not our plot is kept unless --force
         assert cli_main(argv) == 2 and user.read_bytes() == b"USER DATA"
         assert "Refusing to overwrite" in capsys.readouterr().err
         assert cli_main(argv + ["--force"]) == 0 and user.read_bytes()[:4] == b"\x89PNG"
         assert cli_main(argv) == 0  # our own plot may be replaced
         capsys.readouterr()
-    assert cli_main(["plan", "--model", path, "--vram-budget", "-3"]) == 2
+    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", "-3"]) == 2
     assert "vram_budget must be >= 0" in capsys.readouterr().err
+
+
+def test_cli_plan_counts_with_the_device(tmp_path, capsys):
+    """--device ggml-cpu: the CPU device's own byte rule and compute buffer (a context
+    measures it), recorded in the plan's inputs; the default without a GPU: CPU_BUFT."""
+    from powerinfer_backend.engine.native import NativeContext, NativeModel
+    from powerinfer_backend.hybrid.devices import DeviceSizer, open_device, resolve_device
+
+    path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
+    argv = ["plan", "--model", path, "--vram-budget", "1GiB", "--ctx", "100", "--batch", "4", "--no-plot", "--json"]
+    assert cli_main(argv + ["--device", "ggml-cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    g = load_gguf(path, verbose=False)
+    m = NativeModel(g)
+    ctx = NativeContext(m, n_ctx=100, n_batch=4, n_threads=1)
+    with open_device(resolve_device("ggml-cpu")) as dev:
+        compute = ctx.ggml_compute_bytes(dev)
+        full = P.full_device_bytes(P.ModelSizes.from_gguf(g), 100, 4, DeviceSizer(dev, ctx))
+    ctx.close()
+    m.close()
+    assert (out["inputs"]["device"], out["inputs"]["align"], out["compute_bytes"]) == ("CPU", 32, compute)
+    assert out["device_bytes"] == full == FULL - COMPUTE + compute  # only the compute buffer was estimated
+    assert cli_main(argv + ["--device", "cpu", "--layer-split"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device_bytes"] == FULL and out["compute_bytes"] == COMPUTE  # CPU_BUFT
+    assert cli_main(argv + ["--device", "Vulkan9"]) == 2
+    assert "no device named 'Vulkan9'" in capsys.readouterr().err

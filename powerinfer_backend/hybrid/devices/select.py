@@ -17,11 +17,12 @@ own name ``"CPU"`` is its CPU device):
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 __all__ = ["BACKENDS", "CPU_DEVICE_NAMES", "DeviceChoice", "DeviceSizer", "resolve_device", "open_device",
-           "ggml_lib_dir", "describe_devices"]
+           "ggml_lib_dir", "describe_devices", "planning_sizer"]
 
 #: backend name -> the prefixes of its ggml device names (HIP builds of ggml-cuda say "ROCm")
 BACKENDS = {"cuda": ("CUDA",), "metal": ("Metal", "MTL"), "vulkan": ("Vulkan",), "hip": ("ROCm", "HIP")}
@@ -162,3 +163,33 @@ class DeviceSizer:
         if self._compute is None:
             self._compute = int(self._ctx.ggml_compute_bytes(self._dev))
         return self._compute
+
+
+@contextmanager
+def planning_sizer(device: Optional[str], gguf, *, n_ctx: int, n_batch: int) -> Iterator:
+    """The sizer a plan made ahead of time counts with (``powerinfer-backend plan``): the
+    device's own rule and compute buffer (measured on a context of ``n_ctx`` / ``n_batch``
+    over ``gguf``, a loaded :class:`powerinfer_backend.loader.GGUFModel`), or the
+    pure-Python :data:`powerinfer_backend.hybrid.placement.CPU_BUFT` when ``device``
+    resolves to CPU only ("cpu", or "auto" without a GPU).
+
+    Raises:
+        ValueError, RuntimeError: as :func:`resolve_device`.
+    """
+    from ...engine.native import NativeContext, NativeModel
+    from ..placement import CPU_BUFT
+
+    choice = resolve_device(device)
+    if choice.ggml_name is None:
+        yield CPU_BUFT
+        return
+    model = NativeModel(gguf)
+    try:
+        ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=1)
+        try:
+            with open_device(choice) as dev:
+                yield DeviceSizer(dev, ctx)
+        finally:
+            ctx.close()
+    finally:
+        model.close()
