@@ -25,7 +25,6 @@ MOVED = {
     "placement": "hybrid.placement",
     "offload": "hybrid.offload",
     "device": "hybrid.devices",
-    "cuda_device": "hybrid.devices.cuda",
     "tokenizer": "text.tokenizer",
     "sampling": "text.sampling",
     "hookspecs": "plugins.hookspecs",

@@ -74,17 +74,18 @@ class Llama:
         seed: sampling seed (0xFFFFFFFF = random, as llama.cpp).
         vram_budget: device memory for dense blocks and hot neurons: GiB as a number or
             a size string ("512MiB", "8GiB"); None = from ``n_gpu_layers`` if given, else
-            free device memory minus a margin (docs/placement.md). Without a GPU: CPU
-            only (a warning when a budget was given).
-        device (keyword): "cuda" (hot FFN rows on the GPU; needs the CUDA part built),
-            "cpu", or "cpu-device" (the CPU test device that runs the whole plan in its
-            own pool and threads); default: "cuda" when it loads, else CPU.
-        placement (keyword): "neurons" (hot neurons by firing frequency; default) or
-            "layers" (whole layers, llama.cpp's -ngl split).
-        n_gpu_layers (keyword): converted to a budget once when ``vram_budget`` is not
-            given (0 = CPU only, N = N layers' bytes, -1 = all that fits).
-        reset_gpu_index, disable_gpu_index, device_threads (keywords): PowerInfer's
-            --reset-gpu-index / --disable-gpu-index; cpu-device worker threads.
+            the device's free memory minus a margin; above it: ``ValueError`` with both
+            byte counts (docs/placement.md). Without a device: ignored with a warning.
+        device (keyword): "auto" (default: the first discrete GPU ggml reports, else CPU
+            only, said once), "cuda" / "metal" / "vulkan" / "hip" (the first device of
+            that backend: a GPU build of llama-cpp-python, docs/building.md), a ggml
+            device name ("CUDA0"; ``powerinfer-backend devices``), "ggml-cpu" (ggml's CPU
+            backend as the device; alias "cpu-device") or "cpu" (none). Unknown name:
+            ``ValueError`` listing ggml's devices; ggml missing / wrong version: ``RuntimeError``.
+        placement (keyword): "neurons" (dense blocks, then hot neurons; default) or
+            "layers" (whole layers, as llama.cpp's -ngl). n_gpu_layers, reset_gpu_index,
+            disable_gpu_index, device_threads (keywords): N whole layers' bytes (0 CPU,
+            -1 all) without ``vram_budget``; PowerInfer's flags; "ggml-cpu" threads.
         logits_all: keep logits for every position (needed by ``logprobs``).
         embedding: allow ``embed`` / ``create_embedding``.
         last_n_tokens_size: window of the repeat / frequency / presence penalties.

@@ -16,7 +16,7 @@ OLD_NAMES = {  # old module -> names users imported from it
     "gguf_model": ["load_gguf", "GGUFModel", "TensorView", "GGUF_MAGIC", "PWRI_LAYER_TENSORS"],
     "pwri": ["vocab_path", "read_gpuidx", "pwri_predictors"],
     "sidecar": ["sidecar_path", "read_sidecar"],
-    "device": ["open_device", "CpuDevice", "place_model"],
+    "device": ["open_device", "resolve_device"],
     "down_cache": ["transposed_down", "down_t_dtype"],
     "train_predictor": ["train_predictors"],
     "backends": ["create_backend", "plugin_manager"],
@@ -48,5 +48,5 @@ def test_old_names_still_importable(old, names):
 def test_submodule_of_an_old_name_is_not_loaded_twice():
     a = importlib.import_module("powerinfer_backend.placement.budget")
     assert a is importlib.import_module("powerinfer_backend.hybrid.placement.budget")
-    assert importlib.import_module("powerinfer_backend.device.cpu") is \
-        importlib.import_module("powerinfer_backend.hybrid.devices.cpu")
+    assert importlib.import_module("powerinfer_backend.device.select") is \
+        importlib.import_module("powerinfer_backend.hybrid.devices.select")

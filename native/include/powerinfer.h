@@ -361,94 +361,80 @@ int pi_op_ffn_sparse_ungated(pi_pool *pool, int32_t act, int32_t up_type, const 
 int pi_op_transpose_to(int32_t type_out, const void *src, int32_t src_type, int64_t n_rows,
                        int64_t n_cols, void *dst);
 
-/* ---- Devices for the hybrid executor (device/cpu_device.c; docs/placement.md) ----
- * A device holds the device half of a placement plan: a memory pool reserved once,
- * up front (allocations past it fail with PI_ERR_NOMEM and count in n_refused), and
- * its own thread and workers. kind "cpu-device" is a test device on the CPU; "cuda"
- * is PI_ERR_UNSUPPORTED in this library (it would live in its own shared object).
- * One hybrid op at a time per device. */
-typedef struct pi_device pi_device;
-typedef struct pi_device_ffn pi_device_ffn;
-typedef struct pi_device_stats {
-    int64_t reserved;   /* bytes reserved at creation */
-    int64_t used;       /* bytes allocated (each allocation rounded up to 256) */
-    int64_t high_water; /* most bytes ever allocated (<= reserved) */
-    int64_t n_refused;  /* allocations refused */
-    int64_t n_jobs;     /* device halves run */
-    int64_t rows;       /* hot rows processed, summed over tokens */
-    int64_t n_attn;     /* attention blocks run (a placed model's layers, per eval) */
-    int64_t n_output;   /* output blocks run */
-    int32_t n_threads;
-} pi_device_stats;
-int pi_device_create(const char *kind, int64_t reserve_bytes, int32_t n_threads, pi_device **out);
-void pi_device_free(pi_device *dev);
-int pi_device_alloc(pi_device *dev, int64_t nbytes, void **out);
-int pi_device_get_stats(const pi_device *dev, pi_device_stats *out);
-/* Device bytes pi_device_ffn_upload takes: gate, up, down_t rows and the int32 map
- * (n_hot rows each), pi_ffn_sparse scratch, x and y (max_tok rows of n_embd floats),
- * each rounded up to 256; 0 when n_hot == 0; -1 for bad types or sizes. */
-int64_t pi_device_ffn_bytes(int32_t gate_up_type, int32_t down_t_type, int64_t n_embd, int64_t n_hot,
-                            int64_t max_tok);
-/* Copy one layer's hot rows to the device as compact rows: row r = neuron hot_ids[r]
- * (strictly increasing ids < n_ff). gate, up: n_ff rows of n_embd (gate_up_type);
- * down_t: n_ff rows of n_embd (down_t_type: F32, F16, Q8_0, Q4_0). All or nothing:
- * PI_ERR_NOMEM (and nothing allocated) when the rows do not fit the reservation. */
-int pi_device_ffn_upload(pi_device *dev, int32_t gate_up_type, const void *gate, const void *up, int64_t n_embd,
-                         int64_t n_ff, int32_t down_t_type, const void *down_t, const int32_t *hot_ids,
-                         int64_t n_hot, int64_t max_tok, pi_device_ffn **out);
-void pi_device_ffn_free(pi_device_ffn *f);
-int64_t pi_device_ffn_n_hot(const pi_device_ffn *f);
-/* The FFN of n_tok <= max_tok tokens split by the upload: the device sums the hot rows
- * (pi_op_ffn_sparse semantics over its compact rows) while the calling thread computes
- * the cold neurons' activations on `pool` from the full gate/up; then the calling thread
- * continues the device's partial sum with the cold rows of down_t. Both run in
- * increasing neuron id order, so y equals, bit for bit, one CPU accumulation over the
- * hot ids and then the cold ids - and the unsplit pi_op_ffn_sparse when the hot ids are
- * the lowest ones. y_device (optional) receives the device partial. */
-int pi_op_ffn_hybrid(pi_pool *pool, const pi_device_ffn *f, int32_t act, const void *gate, const void *up,
-                     const void *down_t, const float *x, int64_t n_tok, float threshold, float *y, float *y_device);
-
-/* ---- A placed model: the device half of a placement plan (device/placed.c) ----
- * One layer of a plan (powerinfer_backend.placement.LayerPlan). */
+/* ---- A placement plan's layer (powerinfer_backend.hybrid.placement.LayerPlan) ----
+ * what pi_context_set_ggml_device places of one layer. */
 typedef struct pi_layer_placement {
     int32_t attn_on_device; /* the layer's non-FFN tensors (norms, q/k/v/o, biases) and KV cache */
     int32_t reserved0;
-    int64_t n_hot;          /* FFN neurons kept as compact rows on the device */
+    int64_t n_hot;          /* FFN neurons the device computes (gathered rows) */
     const int32_t *hot_ids; /* n_hot strictly increasing ids < n_ff */
 } pi_layer_placement;
-/* *total_bytes = device bytes pi_context_set_device takes for this plan, each buffer rounded up to
- * 256: activation scratch for n_batch tokens (when anything is placed), per placed
- * layer its attention tensors as stored and its KV cache (n_ctx rounded up to 64), per
- * layer the hot rows (gate, up, down_t, int32 map), and the output block (output_norm,
- * output matrix, n_batch rows of logits). *scratch_bytes (optional) receives the
- * scratch part. PI_ERR_INVALID for an invalid plan, PI_ERR_UNSUPPORTED for what cannot
- * be placed yet (ungated FFNs, LayerNorm models' dense blocks, predictor layers). */
-int pi_context_plan_bytes(const pi_context *ctx, const pi_layer_placement *layers, int32_t output_on_device,
-                          int64_t *total_bytes, int64_t *scratch_bytes);
-/* Put the plan on `dev` (copies now; once per context; the device must outlive the
- * context): from then on pi_eval runs placed attention blocks and the output block on
- * the device, and each layer with hot rows splits its FFN: the device computes the hot
- * rows while the calling thread computes the cold ones, merged in a fixed order
- * (device partial + CPU partial). Layers with hot rows must have a down_t
- * (pi_context_set_ffn_sparsity; its threshold applies to both halves) and no predictor.
- * PI_ERR_NOMEM (nothing allocated) when the plan does not fit the device. */
-int pi_context_set_device(pi_context *ctx, pi_device *dev, const pi_layer_placement *layers,
-                          int32_t output_on_device);
 
-/* ---- An FFN half on an external device (device/placed.c) ----
- * For a device in another shared object (libpi_cuda's pi_cuda_ffn_run_async /
- * pi_cuda_ffn_wait have these signatures): the device holds `layer`'s hot rows
- * (hot_ids, strictly increasing); at each eval the engine calls start(handle, form, x,
- * n_tok, threshold) with the layer's normed FFN input, computes the cold neurons'
- * activations, calls wait(handle, y_device, n_used) for the device's partial sum (n_tok
- * rows of n_embd) and kept counts, and continues that sum with the cold rows (as the
- * cpu-device). Both return 0 on success; a failure fails pi_eval. The layer needs a
- * down_t (pi_context_set_ffn_sparsity) and no other device half; handle must outlive
- * the context. */
-typedef int (*pi_ffn_offload_start_fn)(void *handle, int32_t form, const float *x, int64_t n_tok, float threshold);
-typedef int (*pi_ffn_offload_wait_fn)(void *handle, float *y_device, int64_t *n_used);
-int pi_context_set_ffn_offload(pi_context *ctx, int32_t layer, void *handle, pi_ffn_offload_start_fn start,
-                               pi_ffn_offload_wait_fn wait, const int32_t *hot_ids, int64_t n_hot);
+/* ---- ggml backend devices (native/src/device/ggml/; docs/placement.md) ----
+ * ggml is reached only through dlopen/dlsym of the llama_cpp package's own shared objects
+ * (lib_dir/libggml-base.so.0, libggml.so.0, libggml-cpu.so.0, opened with RTLD_NOLOAD first: the
+ * copies `import llama_cpp` mapped). Every function below but pi_ggml_bind needs a bound ggml
+ * (PI_ERR_INVALID before). */
+typedef struct pi_gdev pi_gdev; /* an open ggml backend device */
+typedef struct pi_gdev_info {
+    char name[128];
+    char description[256];
+    int32_t type; /* 0 CPU, 1 GPU, 2 IGPU, 3 ACCEL (ggml's enum order) */
+    int64_t free_bytes, total_bytes;
+} pi_gdev_info;
+typedef struct pi_gdev_buffers { int64_t weights, kv, compute; } pi_gdev_buffers; /* bytes per ggml buffer */
+/* bind ggml: lib_dir = llama_cpp's lib folder; version_out (n bytes) receives ggml_version() (also on a
+ * version error); PI_ERR_UNSUPPORTED (the message names both versions, or the file / symbol missing and
+ * where it was looked for) when outside [min_version, max_version). Binding the same folder again is a
+ * no-op; a different folder afterwards is PI_ERR_INVALID. */
+int pi_ggml_bind(const char *lib_dir, const char *min_version, const char *max_version, char *version_out, size_t n);
+int pi_ggml_load_backends(const char *dir); /* ggml_backend_load_all_from_path: GPU backends of a GPU build */
+int32_t pi_ggml_dev_count(void);            /* -1 when ggml is not bound */
+int pi_ggml_dev_info(int32_t i, pi_gdev_info *out);
+/* open device by ggml name ("CPU", "CUDA0", ...); n_threads: the CPU backend's threads (ignored by GPUs);
+ * the CPU device uses the plain CPU buffer type (no AMX/repack extra buffer types). An unknown name is
+ * PI_ERR_INVALID listing the devices ggml has. */
+int pi_gdev_open(const char *name, int32_t n_threads, pi_gdev **out);
+void pi_gdev_free(pi_gdev *d);
+int pi_gdev_get_info(const pi_gdev *d, pi_gdev_info *out);
+/* bytes this device's buffer type allocates for one tensor [ne0, ne1] of ggml type ggml_type
+ * (ggml_backend_buft_get_alloc_size; -1 for a bad type or shape), and its alignment */
+int64_t pi_gdev_tensor_bytes(const pi_gdev *d, int32_t ggml_type, int64_t ne0, int64_t ne1);
+int64_t pi_gdev_alignment(const pi_gdev *d);
+
+/* compute buffer bytes a context reserves on d for its worst case (n_batch tokens, n_ctx cells, attention +
+ * an FFN with n_hot = n_ff + the output block): a constant of (model, n_ctx, n_batch, device) */
+int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out);
+/* place the plan on d (copies now; the context owns the placement, d must outlive the context); refuses with
+ * PI_ERR_NOMEM before allocating anything when weights+kv+compute exceed budget_bytes or the device's free
+ * memory (both byte counts in the message). From then on pi_eval runs the placed attention blocks and the
+ * output block as ggml graphs on d, and each layer with hot neurons splits its FFN: d computes the hot
+ * neurons densely on a device thread while the calling thread computes the cold ones (thresholds as set
+ * by pi_context_set_ffn_sparsity, which hot layers need first), merged in a fixed order (the device's
+ * partial sum, continued by the cold neurons in id order): reruns give identical bits. The device computes
+ * its hot neurons densely (the threshold applies to the cold ones; pi_context_ffn_stats counts every hot
+ * neuron as used). Layers with hot
+ * neurons must be gated without a predictor; a fused attn_qkv (Falcon) cannot be placed. */
+int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placement *layers,
+                               int32_t output_on_device, int64_t budget_bytes);
+int pi_context_ggml_buffers(const pi_context *c, pi_gdev_buffers *out); /* the sizes ggml allocated */
+
+/* ---- Test-only entry points of a ggml placement (for the tests; not a stable API) ----
+ * pi_test_ggml_zero_rows: zero rows [row0, row0 + n_rows) (ne1 index) of a placed device tensor of
+ * `layer`: an attention slot (PI_L_ATTN_Q, ...), or with PI_L_FFN_GATE / PI_L_FFN_UP the hot rows (row r =
+ * the plan's r-th hot neuron), PI_L_FFN_DOWN the hot down columns' F16 rows (row e = output element e).
+ * pi_test_ggml_trace(c, cap): record up to cap events from now (cap 0 stops and frees); each is one device
+ * step (kind 0 attention, 1 hot FFN, 2 output; layer n_layer for the output) or the CPU half of a split
+ * FFN computing the cold neurons' activations (kind 3), with CLOCK_MONOTONIC start and end in ns.
+ * pi_test_ggml_trace_read copies up to cap events recorded since the last read and returns their number
+ * (-1 when tracing is off). */
+typedef struct pi_test_ggml_event {
+    int32_t kind, layer;
+    int64_t t0_ns, t1_ns;
+} pi_test_ggml_event;
+int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t row0, int64_t n_rows);
+int pi_test_ggml_trace(pi_context *c, int32_t cap);
+int32_t pi_test_ggml_trace_read(pi_context *c, pi_test_ggml_event *out, int32_t cap);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,5 @@
-"""The bottom layer, ``_native``: the raw binding. Owns the cffi build (``_build``; the
-optional CUDA library's, ``_build_cuda``), loading the extension (``ffi``, ``lib``), C
-status codes turned into Python exceptions (:func:`check`), the C header's enums as
+"""The bottom layer, ``_native``: the raw binding. Owns the cffi build (``_build``),
+loading the extension (``ffi``, ``lib``), C status codes turned into Python exceptions (:func:`check`), the C header's enums as
 Python enums (``enums``), the kernel-path choice (:func:`set_isa`) and the F16 dot
 order (:func:`set_f16_order`). Only ``engine`` above it may touch ``lib`` / ``ffi``;
 everything else goes through :func:`check` and ``enums``."""

@@ -41,7 +41,7 @@ ffibuilder.cdef(_cdef_text(HEADER.read_text()))
 _sources = sorted(str(p.relative_to(ROOT)) for p in (NATIVE / "src").rglob("*.c"))
 _headers = sorted(str(p.relative_to(ROOT)) for p in NATIVE.rglob("*.h"))  # rebuild when a header changes
 _cflags = ["-std=c11", "-O3", "-fno-math-errno", "-pthread", "-Wall", "-Wno-unused-function"]
-_ldflags = ["-pthread", "-lm"]
+_ldflags = ["-pthread", "-lm", "-ldl"]
 _preamble = '#include "powerinfer.h"'
 _include = [str(NATIVE / "include"), str(NATIVE / "src")]
 if os.environ.get("POWERINFER_NATIVE") == "1":

@@ -1,8 +1,8 @@
 """``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
 text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
 speed against llama.cpp in the same run (or sweeps FFN densities), ``plan`` shows the VRAM
-placement for a budget (docs/placement.md), ``serve`` answers OpenAI- and
-llama-server-compatible HTTP requests."""
+placement for a budget (docs/placement.md), ``devices`` lists the ggml devices a placement
+can use, ``serve`` answers OpenAI- and llama-server-compatible HTTP requests."""
 
 from __future__ import annotations
 
@@ -123,31 +123,32 @@ def cmd_perplexity(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from ..hybrid.placement import parse_vram_budget, plan_for_model, write_plot
+    from ..hybrid.devices import planning_sizer
+    from ..hybrid.placement import ModelSizes, parse_vram_budget, plan_for_model, plan_layer_split, write_plot
+    from ..loader import load_gguf
 
     model = _model_path(args.model)
     budget = parse_vram_budget(args.vram_budget)
     if args.predict and args.device_bandwidth is None:
         raise ValueError("plan --predict needs --device-bandwidth GB/s")
-    if args.layer_split:
-        from pathlib import Path
+    g = load_gguf(model, verbose=False)
+    try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
+        with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
+            if args.layer_split:
+                from pathlib import Path
 
-        from ..loader.artifacts import artifact_dir, atomic_write_json
-        from ..loader import load_gguf
-        from ..hybrid.placement import ModelSizes, plan_layer_split
+                from ..loader.artifacts import artifact_dir, atomic_write_json
 
-        g = load_gguf(model, verbose=False)
-        try:
-            sizes = ModelSizes.from_gguf(g)
-        finally:
-            g.close()
-        plan = plan_layer_split(sizes, budget, n_ctx=args.ctx, n_batch=args.batch)
-        plan.path = Path(args.out) if args.out else artifact_dir(model, create=True) / "layer-split.json"
-        atomic_write_json(plan.path, plan.to_json())
-    else:
-        plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch,
-                              sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
-                              disable_gpu_index=args.disable_gpu_index, out=args.out)
+                plan = plan_layer_split(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
+                                        sizer=sizer)
+                plan.path = Path(args.out) if args.out else artifact_dir(model, create=True) / "layer-split.json"
+                atomic_write_json(plan.path, plan.to_json())
+            else:
+                plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch, model=g,
+                                      sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
+                                      disable_gpu_index=args.disable_gpu_index, out=args.out, sizer=sizer)
+    finally:
+        g.close()
     png = None
     if not args.no_plot:
         png = args.png or str(plan.path.with_suffix(".png"))
@@ -175,6 +176,32 @@ def cmd_plan(args) -> int:
         print(f"plan: {plan.path}{' (reused)' if plan.cached else ''}" + (f"; plot: {png}" if png else ""))
         if pred is not None:
             print(pred["text"])
+    return 0
+
+
+def _mem(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def cmd_devices(args) -> int:
+    """The devices ggml found (index, name, type, free/total memory, description)."""
+    from ..engine import ggml
+    from ..hybrid.devices import ggml_lib_dir
+
+    version = ggml.bind()
+    devs = ggml.list_devices()
+    if args.json:
+        print(json.dumps({"ggml_version": version, "lib_dir": ggml_lib_dir(),
+                          "devices": [{"index": d.index, "name": d.name, "description": d.description,
+                                       "type": d.type, "free_bytes": d.free_bytes, "total_bytes": d.total_bytes}
+                                      for d in devs]}))
+        return 0
+    print(f"ggml {version} from {ggml_lib_dir()}: {len(devs)} device(s)")
+    print(f"{'index':>5}  {'name':<12} {'type':<5} {'free':>11} {'total':>11}  description")
+    for d in devs:
+        print(f"{d.index:5d}  {d.name:<12} {d.type:<5} {_mem(d.free_bytes):>11} {_mem(d.total_bytes):>11}  "
+              f"{d.description}")
+    print("use: --device NAME (or cuda / metal / vulkan / hip / auto); ggml-cpu = ggml's CPU backend as the device")
     return 0
 
 
@@ -319,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--force", action="store_true", help="replace an existing --png file that is not our plot")
     pl.add_argument("--layer-split", action="store_true",
                     help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
+    pl.add_argument("--device", default="auto",
+                    help="count bytes as this ggml device allocates them (default auto: the first discrete GPU, "
+                         "else ggml's CPU buffer rule with an estimated compute buffer; ggml-cpu: exact for the "
+                         "CPU device)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (hot ids as counts)")
     pr = pl.add_argument_group("prediction (--predict): decode tok/s from bytes read over bandwidths")
     pr.add_argument("--predict", action="store_true",
@@ -338,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--threads", type=int, default=2, help="threads for the host bandwidth measurement (default 2)")
     pl.set_defaults(func=cmd_plan)
 
+    dv = sub.add_parser("devices", help="the ggml devices found (name, type, free/total memory)")
+    dv.add_argument("--json", action="store_true", help="print the list as JSON")
+    dv.set_defaults(func=cmd_devices)
+
     s = sub.add_parser("serve", help="OpenAI- and llama-server-compatible HTTP server (docs/serving.md)")
     from ..server.options import add_arguments
 
@@ -356,15 +391,20 @@ def _add_sparse(p) -> None:
 def _add_device(p) -> None:
     p.add_argument("--vram-budget", default=None,
                    help="device budget: GiB as a number, or a size like 512MiB / 8GiB (default: none)")
-    p.add_argument("--device", choices=("cpu", "cpu-device", "cuda"), default=None,
-                   help="cpu-device: the CPU test device that runs the split in its own pool and threads")
+    p.add_argument("--device", default=None,
+                   help="auto (default: the first discrete GPU, else CPU only), cuda, metal, vulkan, hip, a ggml "
+                        "device name (`powerinfer-backend devices`), ggml-cpu (ggml's CPU backend as the device), "
+                        "or cpu")
+    p.add_argument("--device-threads", type=_positive("--device-threads"), default=None,
+                   help="threads of ggml-cpu as the device (default 1)")
     p.add_argument("--placement", choices=("neurons", "layers"), default="neurons",
                    help="hot neurons by frequency (default) or whole layers as llama.cpp's -ngl")
 
 
 def _device_kwargs(args) -> dict:
     return {k: v for k, v in (("vram_budget", args.vram_budget), ("device", args.device),
-                              ("placement", args.placement)) if v is not None}
+                              ("device_threads", args.device_threads), ("placement", args.placement))
+            if v is not None}
 
 
 def _positive(name):
@@ -385,7 +425,8 @@ def main(argv=None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, OSError, MemoryError, NotImplementedError) as e:  # MemoryError: KV cache too big
+    except (ValueError, OSError, MemoryError, NotImplementedError, RuntimeError) as e:  # MemoryError: KV cache
+        # too big; RuntimeError: ggml missing or of another version
         print(f"powerinfer-backend: error: {e}", file=sys.stderr)
         return 2
 

@@ -75,6 +75,19 @@ def _pred_tensor(obj, name: str):
     return t, obj
 
 
+def _layer_array(plan_layers):
+    """-> (pi_layer_placement[] of ``plan_layers`` (attn_on_device, hot_ids), the id arrays to keep alive)."""
+    layers = ffi.new("pi_layer_placement[]", len(plan_layers))
+    keep = []
+    for i, L in enumerate(plan_layers):
+        ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
+        keep.append(ids)
+        layers[i].attn_on_device = int(L.attn_on_device)
+        layers[i].n_hot = ids.shape[0]
+        layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
+    return layers, keep
+
+
 class NativeModel:
     """A model in the C library over the (memory-mapped) tensors of a loaded GGUF.
 
@@ -286,83 +299,49 @@ class NativeContext:
 
     @property
     def device(self):
-        """The device this context computes on (:meth:`set_device`, :meth:`hold_device`), or None."""
+        """The ggml device this context is placed on (:meth:`set_ggml_device`), or None."""
         return self._device
 
     def hold_device(self, device) -> None:
-        """Keep ``device`` alive as long as this context: the owner of the external FFN
-        halves given to :meth:`set_ffn_offload`."""
+        """Keep ``device`` alive as long as this context."""
         self._device = device
 
-    def plan_bytes(self, plan) -> tuple[int, int]:
-        """(total, scratch) device bytes :meth:`set_device` takes for ``plan``
-        (:class:`powerinfer_backend.hybrid.placement.Plan`), by the C library's own count.
+    def ggml_compute_bytes(self, dev) -> int:
+        """Bytes of the compute buffer a placement on ``dev`` (a :class:`~powerinfer_backend.engine.ggml.GgmlDevice`)
+        reserves: ggml-alloc's size of the worst-case graphs (n_batch tokens over n_ctx cells, every layer's
+        attention and an FFN with all n_ff neurons hot, the output block); a constant of (model, n_ctx,
+        n_batch, device)."""
+        out = ffi.new("int64_t *")
+        check(lib.pi_context_ggml_compute_bytes(self._ptr, dev._live(), out), "ggml compute buffer")
+        return int(out[0])
+
+    def set_ggml_device(self, dev, layers, output_on_device: bool, budget_bytes: int) -> None:
+        """Place ``layers`` (per layer an object with ``attn_on_device`` and ``hot_ids``, e.g. a plan's
+        LayerPlan list) and the output block (``output_on_device``) on the ggml device ``dev``: copies now
+        into three ggml buffers (:meth:`ggml_buffers`); from then on each eval runs the placed attention
+        blocks and output block on ``dev`` and splits hot layers' FFNs (the device's hot neurons on its
+        thread, the cold ones here at once). Hot layers need :meth:`set_ffn_sparsity` first. Once per
+        context; ``dev`` is kept alive with the context.
 
         Raises:
-            ValueError: the plan does not match the model. NotImplementedError: what
-                cannot be placed yet (ungated FFNs, LayerNorm models' dense blocks).
+            MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
+                counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
+            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
         """
-        layers, _keep = self._placements(plan)
-        total, scratch = ffi.new("int64_t *"), ffi.new("int64_t *")
-        check(lib.pi_context_plan_bytes(self._ptr, layers, int(plan.output_on_device), total, scratch),
-              "placement plan")
-        return int(total[0]), int(scratch[0])
-
-    def _placements(self, plan):
-        hp = self.model.gguf.hparams
-        if len(plan.layers) != hp.n_layer or plan.n_ff != hp.n_ff:
-            raise ValueError(f"placement plan for {len(plan.layers)} layers x n_ff {plan.n_ff}, the model has "
-                             f"{hp.n_layer} x {hp.n_ff}")
-        if (plan.n_ctx, plan.n_batch) != (self.n_ctx, self.n_batch):
-            raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
-                             f"n_ctx {self.n_ctx}, n_batch {self.n_batch}")
-        layers = ffi.new("pi_layer_placement[]", hp.n_layer)
-        keep = []
-        for i, L in enumerate(plan.layers):
-            ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
-            keep.append(ids)
-            layers[i].attn_on_device = int(L.attn_on_device)
-            layers[i].n_hot = ids.shape[0]
-            layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
-        return layers, keep
-
-    def set_device(self, device, plan) -> None:
-        """Run the device half of ``plan`` on ``device`` (a
-        :class:`powerinfer_backend.hybrid.devices.cpu.CpuDevice`): its placed attention blocks and
-        KV caches, its output block, and per layer its hot FFN rows (the CPU computes the
-        cold ones concurrently; docs/placement.md). Layers with hot rows must have been
-        made sparse first (:meth:`set_ffn_sparsity`, threshold 0 for exact results). Once
-        per context; the device is kept alive by the context.
-
-        Raises:
-            ValueError: the plan does not match this model/context, or a hot layer has
-                no down_t. MemoryError: the plan does not fit the device's free bytes.
-        """
-        layers, _keep = self._placements(plan)
+        arr, _keep = _layer_array(layers)
+        if len(layers) != self.model.gguf.hparams.n_layer:
+            raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")
         with self._exclusive():
-            check(lib.pi_context_set_device(self._ptr, device._ptr, layers, int(plan.output_on_device)),
-                  "placing the model on the device")
-        self._device = device
+            check(lib.pi_context_set_ggml_device(self._ptr, dev._live(), arr, int(bool(output_on_device)),
+                                                 int(budget_bytes)), f"placing the model on ggml device {dev.name}")
+        self._device = dev
+        dev._contexts.add(self)
 
-    def set_ffn_offload(self, layer: int, ffn) -> None:
-        """Give layer ``layer``'s hot rows to an external device's FFN half ``ffn`` (an
-        object with ``offload_pointers()`` -> (handle, start, wait) addresses of C
-        functions with ``pi_ffn_offload_start_fn`` / ``_wait_fn`` signatures, and
-        ``hot_ids``; e.g. :class:`powerinfer_backend.hybrid.devices.cuda.CudaFFN`). The layer
-        must be sparse first (:meth:`set_ffn_sparsity`); ``ffn`` is kept alive here.
-
-        Raises:
-            ValueError: bad layer or ids, no down_t, or the layer already split.
-        """
-        handle, start, wait = ffn.offload_pointers()
-        ids = np.ascontiguousarray(ffn.hot_ids, dtype=np.int32)
-        with self._exclusive():
-            check(lib.pi_context_set_ffn_offload(
-                self._ptr, int(layer), ffi.cast("void *", handle), ffi.cast("pi_ffn_offload_start_fn", start),
-                ffi.cast("pi_ffn_offload_wait_fn", wait), ffi.cast("const int32_t *", ffi.from_buffer(ids)),
-                ids.shape[0]), f"blk.{layer}: FFN offload")
-        self._offload = getattr(self, "_offload", {})
-        self._offload[int(layer)] = ffn
+    def ggml_buffers(self) -> dict[str, int]:
+        """Bytes of the ggml buffers the placement allocated: ``weights``, ``kv``, ``compute``."""
+        out = ffi.new("pi_gdev_buffers *")
+        check(lib.pi_context_ggml_buffers(self._ptr, out), "ggml buffers")
+        return {"weights": int(out.weights), "kv": int(out.kv), "compute": int(out.compute)}
 
     def set_ffn_predictor(self, layer: int, fc1, fc2=None, threshold: float = 0.0) -> None:
         """Give layer ``layer`` an activation predictor (docs/predictors.md): only
@@ -479,6 +458,8 @@ class NativeContext:
             self._ptr = None
         if self.model._close_requested:
             self.model.close()
+        if getattr(self._device, "_close_requested", False):  # a ggml device closed while placed here
+            self._device.close()
 
     def __del__(self):
         self.close()

@@ -1,31 +1,29 @@
 """From the user's ``vram_budget`` / ``n_gpu_layers`` / ``device`` to a context running
-under a placement plan (issue 6; docs/placement.md).
+under a placement plan on a ggml device (issues 6, 14; docs/placement.md).
 
-:func:`offload` decides the budget (:func:`powerinfer_backend.hybrid.placement.resolve_budget`),
-makes or reuses the plan (:func:`~powerinfer_backend.hybrid.placement.plan_for_model`, or the
-classic whole-layer split with ``placement="layers"``), opens the device reserving
-exactly the plan's bytes, and places the context on it
-(:func:`powerinfer_backend.hybrid.devices.place.place_model`).
-
-Devices: ``"cpu"`` (none: everything on the CPU), ``"cpu-device"`` (the test device:
-a separate pool and threads on the CPU running the whole plan - attention blocks, KV
-caches, output block, hot rows - so the split is exercised without a GPU; its "free
-memory" is the host's available memory) and ``"cuda"`` (a GPU, with the CUDA part built
-with ``POWERINFER_CUDA=1``: hot FFN rows only for now, attention stays on the CPU).
-``None`` = ``"cuda"`` when it loads, else ``"cpu"``.
+:func:`offload` resolves the device name (:func:`powerinfer_backend.hybrid.devices.select.resolve_device`:
+"auto", "cuda", "metal", "vulkan", "hip", a ggml device name, "ggml-cpu" / "cpu-device",
+"cpu"), opens it, decides the budget against its free memory
+(:func:`powerinfer_backend.hybrid.placement.resolve_budget`), makes or reuses the plan with
+the device's byte rule (:class:`~powerinfer_backend.hybrid.devices.select.DeviceSizer`;
+:func:`~powerinfer_backend.hybrid.placement.plan_for_model`, or whole layers with
+``placement="layers"``) and places the context on the device
+(``NativeContext.set_ggml_device``), checking that ggml allocated exactly the plan's bytes
+per buffer.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import placement as P
+from .devices.select import DeviceChoice, DeviceSizer, open_device, resolve_device
 
-__all__ = ["DEVICES", "PLACEMENTS", "Offload", "offload", "host_available_bytes"]
+__all__ = ["PLACEMENTS", "Offload", "offload", "split_arithmetic"]
 
-DEVICES = ("cpu", "cpu-device", "cuda")
 PLACEMENTS = ("neurons", "layers")
 
 
@@ -34,56 +32,70 @@ class Offload:
     """What :func:`offload` did.
 
     Attributes:
-        device_kind: "cpu", "cpu-device" or "cuda".
+        device_kind: the ``device`` name as resolved ("ggml-cpu", "cuda", "CUDA0", "auto",
+            "cpu", ...).
         decision: the budget and why (:class:`powerinfer_backend.hybrid.placement.BudgetDecision`).
         plan: the plan run (None when nothing is placed).
-        device: the open device object (None on the CPU).
+        device: the open :class:`powerinfer_backend.engine.ggml.GgmlDevice` (None on the CPU).
+        ctx: the placed context (None on the CPU).
         notices: warnings for the user (``Llama`` raises them at the caller's line).
+        message: the one line ``"auto"`` gives without a GPU (shown with ``verbose``, or as a
+            notice when a budget was asked for).
     """
 
     device_kind: str
     decision: Optional[P.BudgetDecision] = None
     plan: Optional[P.Plan] = None
     device: Any = None
+    ctx: Any = None
     notices: list = field(default_factory=list)
+    message: str = ""
+    _high_water: int = 0
 
     def summary(self) -> str:
         """One line for ``verbose`` output."""
         if self.plan is None:
-            why = f" ({self.decision.message})" if self.decision and self.decision.message else ""
-            return f"device: none, CPU only{why}"
+            why = self.message or (self.decision.message if self.decision else "")
+            return f"device: none, CPU only{f' ({why})' if why else ''}"
         p = self.plan
-        return (f"device {self.device_kind}: {p.device_bytes} of {p.budget_bytes} budget bytes; "
-                f"{sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
+        return (f"device {self.device_kind} (ggml {self.device.info.name}): {p.device_bytes} of {p.budget_bytes} "
+                f"budget bytes; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
                 f"hot neurons {p.hot_fraction:.1%}, output {'device' if p.output_on_device else 'cpu'}")
 
     def stats(self) -> dict:
-        """Device counters (:meth:`powerinfer_backend.hybrid.devices.cpu.CpuDevice.stats`), {} on the CPU."""
-        return self.device.stats() if self.device is not None else {}
+        """The device's memory, {} on the CPU: ``kind`` (the name asked for), ``name``
+        (ggml's), ``type``, ``reserved`` (the plan's bytes), ``used`` (the bytes of the
+        buffers ggml allocated), ``high_water`` (the most ``used`` seen), ``buffers``
+        (bytes per buffer: weights, kv, compute), ``free_bytes`` / ``total_bytes`` (the
+        device's memory now, ``ggml_backend_dev_memory``)."""
+        if self.device is None:
+            return {}
+        bufs = self.ctx.ggml_buffers()
+        used = sum(bufs.values())
+        self._high_water = max(self._high_water, used)
+        info = self.device.info
+        return {"kind": self.device_kind, "name": info.name, "type": info.type, "reserved": self.plan.device_bytes,
+                "used": used, "high_water": self._high_water, "buffers": dict(bufs),
+                "free_bytes": info.free_bytes, "total_bytes": info.total_bytes}
+
+    def close(self) -> None:
+        """Free the device (after the context that uses it is closed; idempotent)."""
+        if self.device is not None:
+            self.device.close()
+            self.device = None
 
 
-def host_available_bytes() -> int:
-    """MemAvailable of this host (bytes): the cpu-device's "free device memory"."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
+def split_arithmetic(ctx) -> None:
+    """Give every layer of ``ctx`` that has no sparse FFN yet its transposed down with
+    threshold 0: the CPU half of a split computes its cold neurons over it, so the FFN
+    arithmetic is the same at every budget (docs/placement.md, "Exactness")."""
+    from ..engine.down_cache import down_t_dtype, transposed_down
 
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _cuda_available() -> bool:
-    from .devices.cuda import load
-
-    try:
-        load()
-        return True
-    except RuntimeError:
-        return False
+    gguf = ctx.model.gguf
+    dtype = down_t_dtype(gguf)
+    for i in range(gguf.hparams.n_layer):
+        if not ctx.has_ffn_sparsity(i):
+            ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
 
 
 def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,
@@ -97,124 +109,111 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
             :func:`powerinfer_backend.hybrid.placement.parse_vram_budget`.
         n_gpu_layers: llama.cpp's parameter, converted once when ``vram_budget`` is
             not given (:func:`powerinfer_backend.hybrid.placement.resolve_budget`).
-        device: one of :data:`DEVICES` or None (auto).
-        placement: "neurons" (hot neurons by firing frequency, PowerInfer) or
-            "layers" (whole layers, llama.cpp's -ngl split).
-        device_threads: worker threads of the cpu-device.
+        device: a device name (:mod:`powerinfer_backend.hybrid.devices.select`); None = "auto".
+        placement: "neurons" (attention blocks, then hot neurons by firing frequency,
+            PowerInfer) or "layers" (whole layers, llama.cpp's -ngl split).
+        device_threads: threads of ggml's CPU backend when it is the device ("ggml-cpu").
         reset_gpu_index, disable_gpu_index: as PowerInfer's --reset-gpu-index /
             --disable-gpu-index (:func:`powerinfer_backend.hybrid.placement.plan_for_model`).
 
     Raises:
-        ValueError: a bad budget, device or placement name; a ``vram_budget`` above
-            the device's free memory (both byte counts named; nothing allocated).
-        NotImplementedError: device="cuda" without the CUDA part.
+        ValueError: a bad budget, device or placement name, a device ggml does not have
+            (the message lists those it has); a ``vram_budget`` above the device's free
+            memory (both byte counts named; nothing allocated).
+        RuntimeError: ggml missing or of an unsupported version for a named device.
+        NotImplementedError: a model the device cannot run (the engine's message).
     """
-    if device is not None and device not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)} or None, got {device!r}")
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
         raise ValueError(f"device_threads must be an integer in [1, 512], got {device_threads!r}")
-    if device is None:
-        device = "cuda" if _cuda_available() else "cpu"
-    if device == "cuda":
-        from .devices.cuda import load
-
-        try:
-            load()
-        except RuntimeError as e:
-            raise NotImplementedError(f"device='cuda': {e}") from e
+    P.parse_vram_budget(vram_budget)  # validated before anything opens
+    choice = resolve_device(device)
     gguf = ctx.model.gguf
     sizes = P.ModelSizes.from_gguf(gguf)
-    if device == "cpu":
-        P.parse_vram_budget(vram_budget)  # still validated
-        given = [f"{k}={v!r}" for k, v in (("vram_budget", vram_budget), ("n_gpu_layers", n_gpu_layers))
-                 if v not in (None, 0)]
-        dec = P.resolve_budget(None, n_gpu_layers, sizes, free_bytes=None, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch)
-        return Offload("cpu", dec, notices=[f"{', '.join(given)} ignored: no GPU device (the CUDA part is not "
-                                            f"built); running on the CPU"] if given else [])
-    if device == "cuda":
-        return _offload_cuda(ctx, model_path, sizes, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers,
-                             device_threads=device_threads, disable_gpu_index=disable_gpu_index, verbose=verbose)
-    free = host_available_bytes()
-    dec, notices = _resolve(vram_budget, n_gpu_layers, sizes, free, ctx)
-    if dec.message and verbose:
-        import sys
+    if choice.ggml_name is None:
+        return _cpu_only(choice, vram_budget, n_gpu_layers, sizes, ctx)
+    dev = open_device(choice, device_threads)
+    try:
+        return _place(ctx, dev, choice, model_path, sizes, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers,
+                      placement=placement, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
+                      verbose=verbose)
+    except BaseException:
+        if ctx.device is not dev:  # a placed context still points at the device: it goes with the context
+            dev.close()
+        raise
 
+
+def _cpu_only(choice: DeviceChoice, vram_budget, n_gpu_layers, sizes, ctx) -> Offload:
+    """No device: a given budget is ignored, said once (a notice); ``"auto"`` says why it
+    found none once (in that notice, else in the verbose summary line)."""
+    given = [f"{k}={v!r}" for k, v in (("vram_budget", vram_budget), ("n_gpu_layers", n_gpu_layers))
+             if v not in (None, 0)]
+    dec = P.resolve_budget(None, n_gpu_layers, sizes, free_bytes=None, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch)
+    why = choice.message or f"device={choice.requested!r}"
+    notices = [f"{', '.join(given)} ignored: {why}; running on the CPU"] if given else []
+    return Offload("cpu" if choice.requested == "cpu" else choice.requested, dec, notices=notices,
+                   message=choice.message)
+
+
+def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, placement, reset_gpu_index,
+           disable_gpu_index, verbose) -> Offload:
+    gguf = ctx.model.gguf
+    sizer = DeviceSizer(dev, ctx)
+    free = int(dev.info.free_bytes)
+    dec, notices = _resolve(vram_budget, n_gpu_layers, sizes, free, ctx, sizer)
+    if dec.message and verbose:
         print(f"powerinfer_backend: {dec.message}", file=sys.stderr)
     if placement == "layers":
-        plan = P.plan_layer_split(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch)
+        plan = P.plan_layer_split(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:
         plan = P.plan_for_model(model_path, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, model=gguf,
                                 reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-                                verbose=verbose)
+                                sizer=sizer, verbose=verbose)
+    kind = choice.requested
     if plan.device_bytes == 0:
-        return Offload(device, dec, notices=notices)
-    from .devices.place import place_model
+        dev.close()
+        return Offload(kind, dec, notices=notices)
+    place_plan(ctx, dev, plan, dec.bytes)
+    return Offload(kind, dec, plan, dev, ctx, notices)
 
-    dev = place_model(ctx, plan, n_threads=device_threads, kind=device)
-    return Offload(device, dec, plan, dev, notices)
+
+def place_plan(ctx, dev, plan: P.Plan, budget_bytes: int) -> None:
+    """Put ``plan`` on ``dev`` for ``ctx`` (``NativeContext.set_ggml_device``) and check
+    that ggml allocated exactly the plan's bytes per buffer. Every layer's FFN is first
+    given its transposed down at threshold 0 unless a sparse mode set one
+    (:func:`split_arithmetic`).
+
+    Raises:
+        MemoryError: the plan exceeds ``budget_bytes`` or the device's free memory
+            (refused before anything is allocated; both byte counts in the message).
+        ValueError: the plan is for another model or n_ctx / n_batch, or ggml allocated
+            other sizes than the plan counts (a placement/engine mismatch: both named).
+    """
+    hp = ctx.model.gguf.hparams
+    if len(plan.layers) != hp.n_layer or plan.n_ff != hp.n_ff:
+        raise ValueError(f"placement plan for {len(plan.layers)} layers x n_ff {plan.n_ff}, the model has "
+                         f"{hp.n_layer} x {hp.n_ff}")
+    if (plan.n_ctx, plan.n_batch) != (ctx.n_ctx, ctx.n_batch):
+        raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
+                         f"n_ctx {ctx.n_ctx}, n_batch {ctx.n_batch}")
+    split_arithmetic(ctx)  # the same FFN arithmetic at every budget (the CPU half's cold neurons)
+    ctx.set_ggml_device(dev, plan.layers, bool(plan.output_on_device), int(budget_bytes))
+    ctx.hold_device(dev)  # the device outlives the context's use of it
+    got, want = ctx.ggml_buffers(), plan.buffer_bytes()
+    if dict(got) != want:
+        raise ValueError(f"device {dev.info.name}: ggml allocated {dict(got)} bytes per buffer, the placement plan "
+                         f"counts {want} (model {ctx.model.gguf.path})")
 
 
-def _resolve(vram_budget, n_gpu_layers, sizes, free, ctx):
+def _resolve(vram_budget, n_gpu_layers, sizes, free, ctx, sizer):
     """resolve_budget, its warnings (and the n_gpu_layers conversion, said once) as
     notices for the caller's line."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dec = P.resolve_budget(vram_budget, n_gpu_layers, sizes, free_bytes=free, n_ctx=ctx.n_ctx,
-                               n_batch=ctx.n_batch)
+                               n_batch=ctx.n_batch, sizer=sizer)
     notices = [str(w.message) for w in caught]
     if dec.source == "n_gpu_layers":
         notices.append(dec.message)
     return dec, notices
-
-
-def _offload_cuda(ctx, model_path, sizes, *, vram_budget, n_gpu_layers, device_threads, disable_gpu_index,
-                  verbose) -> Offload:
-    """The GPU holds hot FFN rows only (attention, KV cache and output stay on the CPU):
-    the largest neuron plan whose CUDA uploads (rows plus each layer's own buffers for
-    n_batch tokens, ``cuda_ffn_bytes``) fit the budget; each layer is then split by the
-    engine (``pi_context_set_ffn_offload``): GPU partial sum, continued on the CPU."""
-    from .devices.cuda import CudaDevice, cuda_ffn_bytes
-    from ..engine.down_cache import down_t_dtype, transposed_down
-    from .devices.place import _ACT_FORM, split_arithmetic
-
-    gguf = ctx.model.gguf
-    hp = gguf.hparams
-    free = CudaDevice.probe()["free_bytes"]  # after the CUDA context and our kernels
-    dec, notices = _resolve(vram_budget, n_gpu_layers, sizes, free, ctx)
-    dname = down_t_dtype(gguf)
-    dtype_id = 0 if dname == "f32" else 1
-    gate_types = [gguf.layer_tensor(i, "ffn_up").type for i in range(hp.n_layer)]  # up: gate's type, always present
-
-    def cuda_bytes(plan):
-        return sum(cuda_ffn_bytes(int(gate_types[i]), dtype_id, hp.n_embd, L.n_hot, ctx.n_batch)
-                   for i, L in enumerate(plan.layers))
-
-    freq, _ = P.neuron_frequencies(model_path, model=gguf)
-    lo, hi = 0, dec.bytes  # the largest planning budget whose real bytes fit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if cuda_bytes(P.plan_placement(sizes, freq, mid, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch,
-                                       neurons_only=True, disable_gpu_index=disable_gpu_index)) <= dec.bytes:
-            lo = mid
-        else:
-            hi = mid - 1
-    plan = P.plan_placement(sizes, freq, lo, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, neurons_only=True,
-                            disable_gpu_index=disable_gpu_index)
-    reserve = cuda_bytes(plan)
-    if reserve == 0:
-        return Offload("cuda", dec, notices=notices)
-    dev = CudaDevice(reserve, n_threads=device_threads)
-    form = _ACT_FORM[hp.act]
-    split_arithmetic(ctx)
-    for i, L in enumerate(plan.layers):
-        if L.n_hot:
-            gate, up = gguf.layer_tensor(i, "ffn_gate"), gguf.layer_tensor(i, "ffn_up")
-            f = dev.upload_ffn(form, int(gate.type), gate.data, up.data, dtype_id,
-                               transposed_down(gguf, i, dtype=dname), hp.n_embd, hp.n_ff, L.hot_ids,
-                               max_tok=ctx.n_batch)
-            ctx.set_ffn_offload(i, f)
-    ctx.hold_device(dev)
-    return Offload("cuda", dec, plan, dev, notices)
-

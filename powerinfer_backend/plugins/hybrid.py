@@ -64,11 +64,12 @@ class HybridBackend:
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since the last reset (:func:`powerinfer_backend.sparsity.modes.stats`),
-        and with a device its counters under ``"device"`` (bytes, jobs, hot rows)."""
+        and with a device its memory under ``"device"``
+        (:meth:`powerinfer_backend.hybrid.offload.Offload.stats`: kind, name, reserved, used,
+        high_water, buffers)."""
         out = sparsity.stats(self.ctx, self.sparse, reset=reset)
         if self.offload.device is not None:
-            out["device"] = self.offload.stats() | {"kind": self.offload.device_kind,
-                                                    "plan_bytes": self.offload.plan.device_bytes}
+            out["device"] = self.offload.stats()
         return out
 
     @property
@@ -87,6 +88,9 @@ class HybridBackend:
     def close(self) -> None:
         self.ctx.close()
         self.model.close()
+        off = getattr(self, "offload", None)
+        if off is not None:
+            off.close()  # the device after the context placed on it
 
 
 @hookimpl

@@ -62,3 +62,27 @@ def test_bench_json():
         assert r[engine]["decode_tok_s"] > 0 and r[engine]["prefill_tok_s"] > 0
     assert r["ratio"]["decode"] > 0 and r["ratio"]["prefill"] > 0
     assert 0 <= r["ours"]["python_overhead_pct"] <= 100 and r["ours"]["llama_decode_tok_s"] > 0
+
+
+def test_devices_lists_what_ggml_found():
+    from powerinfer_backend.engine import ggml
+
+    p = _run("devices")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"ggml {ggml.bind()} from {ggml.lib_dir()}: {len(ggml.list_devices())} device(s)"
+    assert lines[1].split() == ["index", "name", "type", "free", "total", "description"]
+    cpu = next(line.split() for line in lines[2:] if line.split()[1] == "CPU")
+    assert cpu[2] == "cpu" and cpu[4] in ("MiB", "GiB") and float(cpu[5]) > 0  # total memory
+    p = _run("devices", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["ggml_version"] == ggml.bind() and d["lib_dir"] == str(ggml.lib_dir())
+    cpu = next(x for x in d["devices"] if x["name"] == "CPU")
+    assert cpu["type"] == "cpu" and 0 < cpu["free_bytes"] <= cpu["total_bytes"]
+
+
+def test_generate_on_a_missing_device_is_one_clear_line():
+    p = _run("generate", "--prompt", "hi", "-n", "1", "--device", "Vulkan7", "--ctx", "64")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "device='Vulkan7': ggml reports no device named 'Vulkan7'; devices found: CPU (cpu)" in p.stderr

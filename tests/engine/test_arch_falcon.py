@@ -188,20 +188,20 @@ def test_relu_predictor_active_lists(tmp_path):
     assert out["none_used"] == 0 and np.abs(out["none"] - base).max() > 1e-3
 
 
-def test_hybrid_split_refused_but_plan_computes(tmp_path):
-    """The placement plan sizes an ungated model (no gate rows); the device FFN split
-    (pi_op_ffn_hybrid) needs a gated FFN and says so."""
+def test_placement_plan_sizes_an_ungated_ffn(tmp_path):
+    """The placement plan sizes an ungated model: a hot neuron is its up row and down
+    column only (no gate row)."""
     from powerinfer_backend.hybrid import placement as P
-    from powerinfer_backend.hybrid.devices import CpuDevice, upload_plan
 
     m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", ffn_act="relu"), verbose=False)
     sizes = P.ModelSizes.from_gguf(m)
-    assert P.neuron_bytes(sizes, 0)[0] == 0  # no gate row
+    g, u, d = P.neuron_bytes(sizes, 0)
+    assert g == 0 and u > 0 and d == 2 * m.hparams.n_embd  # no gate row; the down column in F16
+    assert P.hot_bytes(sizes, 0, 1) == P.align_up(u, P.CPU_ALIGN) + P.align_up(d, P.CPU_ALIGN)
     freq = np.random.default_rng(0).random((m.hparams.n_layer, m.hparams.n_ff))
     plan = P.plan_placement(sizes, freq, P.full_device_bytes(sizes, 64, 2) // 2, n_ctx=64, n_batch=2)
-    with CpuDevice(1 << 20, n_threads=1) as dev:
-        with pytest.raises(NotImplementedError, match="gated FFN"):
-            upload_plan(dev, m, plan, max_tok=2)
+    assert 0 < plan.device_bytes <= P.full_device_bytes(sizes, 64, 2) // 2
+    m.close()
 
 
 def test_gelu_calibrate_then_auto(tmp_path):

@@ -21,18 +21,19 @@ from tests.fixtures.tiny_gguf import write_tiny_llama
 
 F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
 
-# the tiny model below, worked out by hand (Q8_0 row of 64 = 2 blocks x 34 B = 68 B):
-#   attention block: attn_norm 256 + q 4352 + k 2304 (2176 aligned) + v 2304 + out 4352
-#   + ffn_norm 256 = 13824, + KV for n_ctx 100 (128 cells x 32 x F16, K and V) 16384
-ATTN_BLOCK = 13824 + 16384
-#   128 hot rows: gate 8704 + up 8704 + down_t F16 16384 + map 512
-HOT_ALL = 34304
-#   output_norm 256 + tied embedding 4352 + logits 4 x 64 x 4 = 1024
-OUTPUT = 5632
-#   n_batch 4: x, xn, y 3 x 1024; q, attn 2 x 1024; k, v 2 x 512; g, u 2 x 2048;
-#   scores 4 x 4 heads x 128 cells x 4 = 8192; quantize input 1024
-SCRATCH = 19456
-FULL = SCRATCH + 2 * (ATTN_BLOCK + HOT_ALL) + OUTPUT  # 154112
+# the tiny model below, worked out by hand with ggml's CPU buffer rule (P.CPU_BUFT: a
+# tensor takes ggml_nbytes rounded up to 32; Q8_0 row of 64 = 2 blocks x 34 B = 68 B):
+#   attention block: attn_norm 256 + q 4352 + k 2176 + v 2176 + out 4352 + ffn_norm 256
+#   = 13568, + KV for n_ctx 100 (128 cells x 32 x F16, K and V: 2 x 8192) 16384
+ATTN_BLOCK = 13568 + 16384
+#   128 hot neurons: gate [64, 128] Q8_0 8704 + up 8704 + down F16 [128, 64] 16384
+HOT_ALL = 33792
+#   output_norm 256 + tied embedding 4352 (the logits are in the compute buffer)
+OUTPUT = 4608
+#   compute estimate, n_batch 4: 4 B x 4 tokens x (3 x 64 + 2 x 64 + 2 x 32 + 2 x 128
+#   + 2 x 4 heads x 128 cells + 64 vocab) = 16 x 1728
+COMPUTE = 27648
+FULL = COMPUTE + 2 * (ATTN_BLOCK + HOT_ALL) + OUTPUT  # 159744
 
 
 @pytest.fixture(scope="module")
@@ -46,32 +47,65 @@ def tiny(tmp_path_factory):
 
 def test_byte_accounting_is_exact(tiny):
     _, s = tiny
-    assert P.attn_block_bytes(s, 0, 100) == ATTN_BLOCK == 30208
     assert P.kv_bytes_per_layer(s, 100) == 16384 and P.kv_bytes_per_layer(s, 128) == 16384
     assert P.kv_bytes_per_layer(s, 129) == 24576  # 192 cells: one more KV_PAD block of 64
-    assert P.hot_bytes(s, 0, 128) == HOT_ALL and P.hot_bytes(s, 0, 1) == 4 * 256 and P.hot_bytes(s, 0, 0) == 0
+    assert P.attn_block_bytes(s, 0, 100) == ATTN_BLOCK == 29952
+    # one neuron: gate 68 -> 96, up 68 -> 96, down column F16 128
+    assert P.hot_bytes(s, 0, 128) == HOT_ALL and P.hot_bytes(s, 0, 1) == 96 + 96 + 128 and P.hot_bytes(s, 0, 0) == 0
     assert P.neuron_bytes(s, 1) == (68, 68, 128)
     assert P.output_block_bytes(s, 4) == OUTPUT
-    assert P.scratch_bytes(s, 100, 4) == SCRATCH
-    assert P.full_device_bytes(s, 100, 4) == FULL == 154112
+    assert P.compute_bytes(s, 100, 4) == COMPUTE
+    assert P.full_device_bytes(s, 100, 4) == FULL == 159744
 
 
-def test_full_zero_and_below_scratch(tiny):
+class _PaddedRows:
+    """A sizer as ggml's CUDA buffer type counts: quantized tensors padded by one row
+    of 512 elements' bytes when ne0 is not a multiple of 512, alignment 128."""
+
+    name, alignment, exact = "padded", 128, True
+
+    def tensor_bytes(self, t, ne0, ne1=1):
+        pad = P.row_bytes(t, 512 - ne0 % 512) if t not in (0, 1) and ne0 % 512 else 0
+        return P.row_bytes(t, ne0) * ne1 + pad
+
+    def compute_bytes(self, sizes, n_ctx, n_batch):
+        return 1000
+
+
+def test_sizer_decides_every_byte(tiny):
+    """The plan counts what the sizer says: row padding and alignment of the device's
+    buffer type, its compute buffer."""
+    _, s = tiny
+    z = _PaddedRows()
+    q8_pad = 448 // 32 * 34  # 448 more Q8_0 elements
+    assert P.tensor_device_bytes(s.layers[0]["attn_q"], z) == P.align_up(4352 + q8_pad, 128) == 4864
+    assert P.kv_bytes_per_layer(s, 100, z) == 16384  # F16: no padding, 8192 is 128-aligned
+    assert P.hot_bytes(s, 0, 1, z) == 2 * P.align_up(68 + q8_pad, 128) + 128
+    assert P.compute_bytes(s, 100, 4, z) == 1000
+    full = P.full_device_bytes(s, 100, 4, z)
+    p = P.plan_placement(s, None, full, n_ctx=100, n_batch=4, sizer=z)
+    assert p.device_bytes == full and p.compute_bytes == 1000 and p.hot_fraction == 1.0
+    assert p.buffer_bytes() == {"weights": full - 1000 - 2 * 16384, "kv": 2 * 16384, "compute": 1000}
+
+
+def test_full_zero_and_below_compute(tiny):
     _, s = tiny
     full = P.plan_placement(s, None, FULL, n_ctx=100, n_batch=4)
     assert full.device_bytes == FULL and full.kv_location == "device" and full.output_on_device
     assert [L.n_hot for L in full.layers] == [128, 128] and full.hot_fraction == 1.0
-    assert full.bytes_by_category() == {"scratch": SCRATCH, "attention": 2 * 13824, "kv_cache": 2 * 16384,
+    assert full.bytes_by_category() == {"compute": COMPUTE, "attention": 2 * 13568, "kv_cache": 2 * 16384,
                                         "output": OUTPUT, "ffn_hot": 2 * HOT_ALL, "free": 0}
-    for budget in (0, SCRATCH - 1):
+    assert full.buffer_bytes() == {"weights": 2 * (13568 + HOT_ALL) + OUTPUT, "kv": 2 * 16384, "compute": COMPUTE}
+    for budget in (0, COMPUTE - 1):
         p = P.plan_placement(s, None, budget, n_ctx=100, n_batch=4)
         assert p.device_bytes == 0 and p.kv_location == "cpu" and not p.output_on_device
         assert all(L.n_hot == 0 for L in p.layers)
-    # one byte short of everything: dense blocks come first, so the last hot rows stay
-    # on the CPU (one 256 B unit of each row array: 2 of layer 1's neurons)
+    # one byte short of everything: dense blocks come first, so the last hot neuron stays
+    # on the CPU (127 neurons: gate and up 127 x 68 = 8636 -> 8640, down 16256)
     p = P.plan_placement(s, None, FULL - 1, n_ctx=100, n_batch=4)
-    assert p.device_bytes == FULL - 256 and p.output_on_device and p.kv_location == "device"
-    assert [L.n_hot for L in p.layers] == [128, 126]
+    assert P.hot_bytes(s, 1, 127) == 2 * 8640 + 16256
+    assert p.device_bytes == FULL - HOT_ALL + P.hot_bytes(s, 1, 127) and p.output_on_device
+    assert [L.n_hot for L in p.layers] == [128, 127] and p.kv_location == "device"
 
 
 def test_dense_first_then_hot_by_frequency(tiny):
@@ -79,29 +113,29 @@ def test_dense_first_then_hot_by_frequency(tiny):
     freq = np.zeros((2, 128))
     freq[1, [5, 77, 100]] = 0.9  # the most frequent neurons are in layer 1
     freq[0, 3] = 0.5
-    base = SCRATCH + 2 * ATTN_BLOCK + OUTPUT
-    # 3 hot rows: gate 3 x 68 -> 256, up 256, down_t 3 x 128 -> 512, map 12 -> 256; 4 rows: 1792
-    assert P.hot_bytes(s, 1, 3) == 1280 and P.hot_bytes(s, 1, 4) == 1792
-    p = P.plan_placement(s, freq, base + 1280, n_ctx=100, n_batch=4)
+    base = COMPUTE + 2 * ATTN_BLOCK + OUTPUT
+    # 3 hot neurons: gate 3 x 68 = 204 -> 224, up 224, down F16 3 x 128 = 384; 4: 288 + 288 + 512
+    assert P.hot_bytes(s, 1, 3) == 832 and P.hot_bytes(s, 1, 4) == 1088
+    p = P.plan_placement(s, freq, base + 832, n_ctx=100, n_batch=4)
     assert p.kv_location == "device" and p.output_on_device
     assert p.layers[1].hot_ids.tolist() == [5, 77, 100] and p.layers[0].n_hot == 0
-    assert p.device_bytes == base + 1280 and p.layers[1].freq_mass == 1.0
+    assert p.device_bytes == base + 832 and p.layers[1].freq_mass == 1.0
     # room for two groups of 32: layer 1's first group, then layer 0's (mean 0.5/32 > 0)
     g32 = P.hot_bytes(s, 0, 32)
-    assert g32 == 2304 + 2304 + 4096 + 256
+    assert g32 == 2176 + 2176 + 4096
     p = P.plan_placement(s, freq, base + 2 * g32, n_ctx=100, n_batch=4)
     assert [L.n_hot for L in p.layers] == [32, 32] and p.device_bytes == base + 2 * g32
     assert {5, 77, 100} <= set(p.layers[1].hot_ids.tolist())
     # layer 0 ranks id 3 first, then the zeros by id: 0, 1, 2, 4, ..., 31
     assert p.layers[0].hot_ids.tolist() == list(range(32))
-    # no room for the dense blocks' scratch: nothing at all, even with hot neurons ready
-    assert P.plan_placement(s, freq, SCRATCH - 1, n_ctx=100, n_batch=4).device_bytes == 0
+    # no room for the compute buffer: nothing at all, even with hot neurons ready
+    assert P.plan_placement(s, freq, COMPUTE - 1, n_ctx=100, n_batch=4).device_bytes == 0
 
 
 def test_disable_gpu_index(tiny):
     _, s = tiny
     p = P.plan_placement(s, None, FULL, n_ctx=100, n_batch=4, disable_gpu_index=True)
-    assert all(L.n_hot == 0 for L in p.layers) and p.device_bytes == SCRATCH + 2 * ATTN_BLOCK + OUTPUT
+    assert all(L.n_hot == 0 for L in p.layers) and p.device_bytes == COMPUTE + 2 * ATTN_BLOCK + OUTPUT
 
 
 def test_bad_inputs(tiny):
@@ -142,7 +176,7 @@ def model_sizes(draw):
                        "attn_out": mat(n_embd, n_embd), "ffn_norm": P.TensorSize(F32, (n_embd,)),
                        "ffn_gate": mat(n_embd, n_ff), "ffn_up": mat(n_embd, n_ff), "ffn_down": mat(n_ff, n_embd)})
     s = P.ModelSizes(n_layer, n_embd, n_ff, n_head, n_head_kv, head, n_vocab, tuple(layers),
-                     P.TensorSize(F32, (n_embd,)), mat(n_embd, n_vocab), draw(st.sampled_from([2, 4])))
+                     P.TensorSize(F32, (n_embd,)), mat(n_embd, n_vocab))
     freq = draw(st.sampled_from(["none", "random", "ties"]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if freq == "none":
@@ -155,18 +189,20 @@ def model_sizes(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(model_sizes(), st.floats(0, 1.2), st.integers(1, 3000), st.integers(1, 64), st.booleans())
-def test_plan_never_exceeds_budget(sf, frac, n_ctx, n_batch, disable):
+@given(model_sizes(), st.floats(0, 1.2), st.integers(1, 3000), st.integers(1, 64), st.booleans(), st.booleans())
+def test_plan_never_exceeds_budget(sf, frac, n_ctx, n_batch, disable, padded):
     s, f = sf
-    full = P.full_device_bytes(s, n_ctx, n_batch)
+    z = _PaddedRows() if padded else P.CPU_BUFT
+    full = P.full_device_bytes(s, n_ctx, n_batch, z)
     budget = int(full * frac)
-    p = P.plan_placement(s, f, budget, n_ctx=n_ctx, n_batch=n_batch, disable_gpu_index=disable)
+    p = P.plan_placement(s, f, budget, n_ctx=n_ctx, n_batch=n_batch, disable_gpu_index=disable, sizer=z)
     assert p.device_bytes <= budget
     # the total is the sum of its parts, recomputed from the byte functions
-    want = (P.scratch_bytes(s, n_ctx, n_batch) if p.device_bytes else 0) + \
-        (P.output_block_bytes(s, n_batch) if p.output_on_device else 0)
+    want = (P.compute_bytes(s, n_ctx, n_batch, z) if p.device_bytes else 0) + \
+        (P.output_block_bytes(s, n_batch, z) if p.output_on_device else 0)
     for L in p.layers:
-        want += (P.attn_block_bytes(s, L.layer, n_ctx) if L.attn_on_device else 0) + P.hot_bytes(s, L.layer, L.n_hot)
+        want += (P.attn_block_bytes(s, L.layer, n_ctx, z) if L.attn_on_device else 0) + \
+            P.hot_bytes(s, L.layer, L.n_hot, z)
         ids = L.hot_ids
         assert ids.dtype == np.int32 and np.all(np.diff(ids) > 0) and (ids.size == 0 or 0 <= ids[0] <= ids[-1] < s.n_ff)
         if disable:
@@ -216,8 +252,8 @@ def test_resolve_budget_rules(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert P.resolve_budget(None, 0, s, free_bytes=1 << 30, **kw).bytes == 0
-        assert P.resolve_budget(None, 1, s, free_bytes=1 << 30, **kw).bytes == SCRATCH + layer
-        assert P.resolve_budget(None, 2, s, free_bytes=1 << 30, **kw).bytes == SCRATCH + 2 * layer
+        assert P.resolve_budget(None, 1, s, free_bytes=1 << 30, **kw).bytes == COMPUTE + layer
+        assert P.resolve_budget(None, 2, s, free_bytes=1 << 30, **kw).bytes == COMPUTE + 2 * layer
         assert P.resolve_budget(None, 3, s, free_bytes=1 << 30, **kw).bytes == FULL  # + the output "layer"
         assert P.resolve_budget(None, -1, s, free_bytes=1 << 30, **kw).bytes == FULL
         d = P.resolve_budget(None, -1, s, free_bytes=50000, **kw)  # capped, never an error
@@ -248,11 +284,17 @@ def test_plan_cached_beside_model(tmp_path):
     p3 = P.plan_for_model(path, FULL, n_ctx=100, n_batch=4)
     assert not p3.cached and p3.device_bytes == FULL
     assert not P.plan_for_model(path, FULL, n_ctx=100, n_batch=4, reset_gpu_index=True).cached
+    # another device (the sizer's name, alignment, compute bytes): recomputed with its bytes
+    z = _PaddedRows()
+    pz = P.plan_for_model(path, FULL, n_ctx=100, n_batch=4, sizer=z)
+    assert not pz.cached and pz.inputs["device"] == "padded" and pz.inputs["align"] == 128
+    assert pz.compute_bytes == 1000 and P.plan_for_model(path, FULL, n_ctx=100, n_batch=4, sizer=z).cached
+    assert not P.plan_for_model(path, FULL, n_ctx=100, n_batch=4).cached
     p4 = P.plan_for_model(path, FULL, n_ctx=100, n_batch=4, disable_gpu_index=True)
     assert not p4.cached and p4.hot_fraction == 0.0
     freq = np.zeros((2, 128), np.float32)
     freq[0, :7] = 1
-    p5 = P.plan_for_model(path, SCRATCH + 2 * ATTN_BLOCK + OUTPUT + 4 * 1024, n_ctx=100, n_batch=4, neuron_freq=freq)
+    p5 = P.plan_for_model(path, COMPUTE + 2 * ATTN_BLOCK + OUTPUT + 4 * 1024, n_ctx=100, n_batch=4, neuron_freq=freq)
     assert p5.inputs["freq_source"].startswith("array:") and p5.layers[0].hot_ids.tolist()[:7] == list(range(7))
     # a plan recorded for another model is not overwritten without reset_gpu_index
     d = json.loads(p5.path.read_text())
@@ -267,25 +309,53 @@ def test_plan_cached_beside_model(tmp_path):
 def test_cli_plan(tmp_path, capsys):
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
     png = tmp_path / "plan.png"
-    assert cli_main(["plan", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4",
-                     "--png", str(png), "--json"]) == 0
+    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100",
+                     "--batch", "4", "--png", str(png), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["device_bytes"] == FULL and [L["n_hot"] for L in out["layers"]] == [128, 128]
     assert out["bytes_by_category"]["kv_cache"] == 2 * 16384
     if out["png"]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cli_main(["plan", "--model", path, "--vram-budget", "60KiB", "--ctx", "100", "--batch", "4",
-                     "--no-plot"]) == 0
+    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", "60KiB", "--ctx", "100",
+                     "--batch", "4", "--no-plot"]) == 0
     text = capsys.readouterr().out
     assert "vram budget 61440 B" in text and text.count("\n") >= 5 and "KV cache: split" in text
     user = tmp_path / "mine.png"
     user.write_bytes(b"USER DATA")
-    argv = ["plan", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4", "--png", str(user)]
+    argv = ["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4",
+            "--png", str(user)]
     if out["png"]:  # matplotlib present: a file that is not our plot is kept unless --force
         assert cli_main(argv) == 2 and user.read_bytes() == b"USER DATA"
         assert "Refusing to overwrite" in capsys.readouterr().err
         assert cli_main(argv + ["--force"]) == 0 and user.read_bytes()[:4] == b"\x89PNG"
         assert cli_main(argv) == 0  # our own plot may be replaced
         capsys.readouterr()
-    assert cli_main(["plan", "--model", path, "--vram-budget", "-3"]) == 2
+    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", "-3"]) == 2
     assert "vram_budget must be >= 0" in capsys.readouterr().err
+
+
+def test_cli_plan_counts_with_the_device(tmp_path, capsys):
+    """--device ggml-cpu: the CPU device's own byte rule and compute buffer (a context
+    measures it), recorded in the plan's inputs; the default without a GPU: CPU_BUFT."""
+    from powerinfer_backend.engine.native import NativeContext, NativeModel
+    from powerinfer_backend.hybrid.devices import DeviceSizer, open_device, resolve_device
+
+    path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
+    argv = ["plan", "--model", path, "--vram-budget", "1GiB", "--ctx", "100", "--batch", "4", "--no-plot", "--json"]
+    assert cli_main(argv + ["--device", "ggml-cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    g = load_gguf(path, verbose=False)
+    m = NativeModel(g)
+    ctx = NativeContext(m, n_ctx=100, n_batch=4, n_threads=1)
+    with open_device(resolve_device("ggml-cpu")) as dev:
+        compute = ctx.ggml_compute_bytes(dev)
+        full = P.full_device_bytes(P.ModelSizes.from_gguf(g), 100, 4, DeviceSizer(dev, ctx))
+    ctx.close()
+    m.close()
+    assert (out["inputs"]["device"], out["inputs"]["align"], out["compute_bytes"]) == ("CPU", 32, compute)
+    assert out["device_bytes"] == full == FULL - COMPUTE + compute  # only the compute buffer was estimated
+    assert cli_main(argv + ["--device", "cpu", "--layer-split"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device_bytes"] == FULL and out["compute_bytes"] == COMPUTE  # CPU_BUFT
+    assert cli_main(argv + ["--device", "Vulkan9"]) == 2
+    assert "no device named 'Vulkan9'" in capsys.readouterr().err

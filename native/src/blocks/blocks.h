@@ -6,7 +6,7 @@
 #include "context.h"
 
 /* What one attention block reads and writes: the host's buffers and tensors, or a
- * device's copies (device/placed.c). */
+ * device's copies (device/ggml/). */
 typedef struct {
     pi_pool *pool;
     const pi_tensor *lt;         /* the layer's PI_L_COUNT tensors */

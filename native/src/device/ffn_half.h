@@ -1,10 +1,12 @@
 /* One layer's FFN split between a device (hot rows) and the CPU (cold rows): the half's
- * interface, implemented by the cpu-device (cpu_device.c) and an external device
- * (offload.c), and the split over it (ffn_split.c). */
+ * interface, implemented by the ggml device (device/ggml/), and the split over it
+ * (ffn_split.c). */
 #ifndef PI_FFN_HALF_H
 #define PI_FFN_HALF_H
 
 #include "pi_internal.h"
+
+typedef struct pi_device_ffn pi_device_ffn;
 
 typedef struct pi_ffn_half_i {
     /* start the device's sum over its hot rows for n_tok rows x (n_hot > 0); n_used: the
@@ -21,6 +23,9 @@ struct pi_device_ffn {
     int32_t *cold; /* host: the other n_ff - n_hot ids, increasing */
 };
 
+/* free a half made by pi_ffn_half_new (NULL is a no-op) */
+void pi_device_ffn_free(pi_device_ffn *f);
+
 /* PI_OK when hot_ids is strictly increasing in [0, n_ff); fn names the caller */
 int pi_ffn_check_hot_ids(const char *fn, const int32_t *hot_ids, int64_t n_hot, int64_t n_ff);
 /* a zeroed half of `size` bytes with its sizes and cold list, or NULL (out of memory) */
@@ -31,17 +36,11 @@ pi_device_ffn *pi_ffn_half_new(size_t size, const pi_ffn_half_i *iface, const in
  * then the CPU continues the device's sum with the cold rows (ids increasing). The
  * result equals one CPU sum over the hot ids, then the cold ids - bit for bit the
  * unsplit run when the hot ids are the layer's lowest (docs/placement.md, Exactness).
- * In two steps for a caller that returns between them: start (the device half), then
+ * In two steps, for a caller that returns between them: start (the device half), then
  * finish (the CPU half, the wait, the merge) unless start failed. ids_buf (n_tok x
  * n_cold) and off_buf (n_tok + 1): optional buffers, else allocated. */
 int pi_ffn_split_start(pi_device_ffn *f, const pi_ffn_sparse_args *base, int64_t *n_used_device);
 int pi_ffn_split_finish(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch,
                         int32_t *ids_buf, int64_t *off_buf, int64_t *n_used_device, float *y_device);
-int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch, int32_t *ids_buf,
-                 int64_t *off_buf, int64_t *n_used_device, float *y_device);
-
-/* offload.c: a layer whose hot rows live on an external device (pi_context_set_ffn_offload) */
-int pi_ffn_offload_half(void *handle, pi_ffn_offload_start_fn start, pi_ffn_offload_wait_fn wait, int64_t n_embd,
-                        int64_t n_ff, const int32_t *hot_ids, int64_t n_hot, pi_device_ffn **out);
 
 #endif

@@ -35,8 +35,6 @@ void pi_device_ffn_free(pi_device_ffn *f) {
     free(f);
 }
 
-int64_t pi_device_ffn_n_hot(const pi_device_ffn *f) { return f ? f->n_hot : -1; }
-
 /* the CPU half: base's computation over the cold neurons only (base->active ignored) */
 static int ffn_cold(pi_pool *pool, const pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch,
                     int32_t *ids_buf, int64_t *off_buf) {
@@ -95,10 +93,4 @@ int pi_ffn_split_finish(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_arg
     if (rc || rc2) return rc ? rc : rc2;
     a.phase = 2; /* y = the device's partial sum, continued by the cold rows in id order */
     return ffn_cold(pool, f, &a, scratch, ids_buf, off_buf);
-}
-
-int pi_ffn_split(pi_pool *pool, pi_device_ffn *f, const pi_ffn_sparse_args *base, void *scratch, int32_t *ids_buf,
-                 int64_t *off_buf, int64_t *n_used_device, float *y_device) {
-    const int rc = pi_ffn_split_start(f, base, n_used_device);
-    return rc ? rc : pi_ffn_split_finish(pool, f, base, scratch, ids_buf, off_buf, n_used_device, y_device);
 }

@@ -10,14 +10,15 @@ A pure function, :func:`plan_placement`, turns
 
 into a :class:`Plan` whose byte total (:attr:`Plan.device_bytes`) is exact and never
 exceeds the budget. docs/placement.md describes the algorithm and the accounting;
-in short, every device buffer is rounded up to :data:`DEVICE_ALIGN` bytes, and
+in short, every tensor is counted as the device's ggml buffer type allocates it (a
+:class:`Sizer`: its ``tensor_bytes`` rounded up to its ``alignment``), and
 
-* scratch (activations of ``n_batch`` tokens) is reserved first: nothing goes to the
-  device unless it fits;
+* the compute buffer (the graphs' scratch for ``n_batch`` tokens) is reserved first:
+  nothing goes to the device unless it fits;
 * then the dense blocks, in order: per layer the attention block (attn_norm, q, k, v,
-  output, ffn_norm, and the layer's KV cache for ``n_ctx`` tokens), layers 0..n-1,
-  then the output block (output_norm, output projection or the tied embedding, and
-  the logits of ``n_batch`` tokens); a block that does not fit is skipped and the
+  output, ffn_norm, every other non-FFN tensor of the layer, and its KV cache for
+  ``n_ctx`` tokens), layers 0..n-1, then the output block (output_norm, output
+  projection or the tied embedding); a block that does not fit is skipped and the
   next one tried;
 * then FFN neurons across all layers, a fractional knapsack: neurons of a layer are
   ranked by frequency (ties: lower id first), cut into groups of
@@ -49,17 +50,18 @@ from .predict import (MODES, ROW_READS, LayerTime, Prediction, attn_weight_bytes
                       format_predictions, llama_cpp_offload, measure_host_bandwidth, predict_layer_split,
                       predict_ours)
 from .plot import _PLOT_MARK, _human, _layer_rows, write_plot
-from .sizes import (_F16, _F32, _FFN_ROW_SLOTS, _T, ACT_BYTES, DEVICE_ALIGN, KV_ELEM_BYTES, KV_PAD, MAP_BYTES,
-                    NEURON_GROUP, GiB, KiB, MiB, ModelSizes, TensorSize, TiB, _n_cells, align_up,
-                    attn_block_bytes, full_device_bytes, hot_bytes, kv_bytes_per_layer, layer_bytes, neuron_bytes,
-                    output_block_bytes, row_bytes, scratch_bytes)
+from .sizes import (_F16, _F32, _FFN_ROW_SLOTS, _T, ACT_BYTES, CPU_ALIGN, CPU_BUFT, KV_ELEM_BYTES, KV_PAD, KV_TYPE,
+                    NEURON_GROUP, BufferRule, GiB, KiB, MiB, ModelSizes, Sizer, TensorSize, TiB, _n_cells, align_up,
+                    attn_block_bytes, compute_bytes, dense_weight_bytes, full_device_bytes, hot_bytes,
+                    kv_bytes_per_layer, layer_bytes, neuron_bytes, output_block_bytes, row_bytes, scratch_bytes,
+                    tensor_device_bytes)
 
 __all__ = [
-    "GiB", "MiB", "DEVICE_ALIGN", "NEURON_GROUP", "KV_PAD", "DEFAULT_FREE_MARGIN", "PLAN_NAME",
-    "FORMAT_VERSION", "TensorSize", "ModelSizes", "LayerPlan", "Plan", "BudgetDecision",
-    "row_bytes", "align_up", "scratch_bytes", "kv_bytes_per_layer", "attn_block_bytes",
-    "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes", "layer_bytes",
-    "plan_placement", "plan_layer_split", "neuron_frequencies", "parse_vram_budget", "resolve_budget", "plan_path",
-    "plan_for_model", "load_plan", "Prediction", "LayerTime", "predict_ours", "predict_layer_split",
+    "GiB", "MiB", "CPU_ALIGN", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "DEFAULT_FREE_MARGIN", "PLAN_NAME",
+    "FORMAT_VERSION", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "LayerPlan", "Plan",
+    "BudgetDecision", "row_bytes", "align_up", "tensor_device_bytes", "compute_bytes", "kv_bytes_per_layer",
+    "dense_weight_bytes", "attn_block_bytes", "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes",
+    "layer_bytes", "plan_placement", "plan_layer_split", "neuron_frequencies", "parse_vram_budget", "resolve_budget",
+    "plan_path", "plan_for_model", "load_plan", "Prediction", "LayerTime", "predict_ours", "predict_layer_split",
     "llama_cpp_offload", "measure_host_bandwidth", "format_predictions", "default_mode",
 ]

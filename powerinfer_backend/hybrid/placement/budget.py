@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .sizes import (GiB, KiB, MiB, TiB, ModelSizes, full_device_bytes, layer_bytes, output_block_bytes,
-                    scratch_bytes)
+from .sizes import (CPU_BUFT, GiB, KiB, MiB, TiB, ModelSizes, Sizer, compute_bytes, full_device_bytes, layer_bytes,
+                    output_block_bytes)
 
 __all__ = ["DEFAULT_FREE_MARGIN", "parse_vram_budget", "BudgetDecision", "resolve_budget"]
 
@@ -82,7 +82,8 @@ class BudgetDecision:
 
 
 def resolve_budget(vram_budget: Any, n_gpu_layers: int | None, sizes: ModelSizes, *, free_bytes: int | None,
-                   n_ctx: int, n_batch: int, margin: int = DEFAULT_FREE_MARGIN) -> BudgetDecision:
+                   n_ctx: int, n_batch: int, margin: int = DEFAULT_FREE_MARGIN,
+                   sizer: Sizer = CPU_BUFT) -> BudgetDecision:
     """Decide the budget from the user's ``vram_budget`` and ``n_gpu_layers``.
 
     Rules, in order (issue 6):
@@ -91,15 +92,16 @@ def resolve_budget(vram_budget: Any, n_gpu_layers: int | None, sizes: ModelSizes
        a given ``n_gpu_layers`` is then ignored with one ``UserWarning``. Above
        ``free_bytes`` -> ValueError with both byte counts.
     2. else an explicit ``n_gpu_layers``: 0 -> CPU only; N > 0 -> the bytes of
-       min(N, n_layer) whole layers (:func:`layer_bytes`) plus scratch, plus the
+       min(N, n_layer) whole layers (:func:`layer_bytes`) plus the compute buffer, plus the
        output block when N > n_layer (llama.cpp counts the output as one more layer);
        -1 -> everything (:func:`full_device_bytes`). Both are capped at
        ``free_bytes`` (never an error). The message says what it became.
     3. else: ``free_bytes - margin`` (at least 0), or 0 without a device.
 
     Args:
-        free_bytes: free device memory after the runtime's own use, or None when
+        free_bytes: free device memory (``ggml_backend_dev_memory``), or None when
             there is no device (then rules 2 and 3 give 0; rule 1 is not checked).
+        sizer: the device's byte rule, for converting ``n_gpu_layers``.
 
     Raises:
         ValueError: a bad ``vram_budget``, ``n_gpu_layers`` < -1 or not an int, or a
@@ -123,12 +125,12 @@ def resolve_budget(vram_budget: Any, n_gpu_layers: int | None, sizes: ModelSizes
         if n == 0:
             return BudgetDecision(0, "n_gpu_layers", "n_gpu_layers=0: CPU only")
         if n == -1:
-            want = full_device_bytes(sizes, n_ctx, n_batch)
+            want = full_device_bytes(sizes, n_ctx, n_batch, sizer)
         else:
-            want = scratch_bytes(sizes, n_ctx, n_batch) + sum(
-                layer_bytes(sizes, i, n_ctx) for i in range(min(n, sizes.n_layer)))
+            want = compute_bytes(sizes, n_ctx, n_batch, sizer) + sum(
+                layer_bytes(sizes, i, n_ctx, sizer) for i in range(min(n, sizes.n_layer)))
             if n > sizes.n_layer:
-                want += output_block_bytes(sizes, n_batch)
+                want += output_block_bytes(sizes, n_batch, sizer)
         got = min(want, free_bytes)
         capped = f", capped at free device memory {free_bytes} bytes" if got < want else ""
         return BudgetDecision(got, "n_gpu_layers", f"n_gpu_layers={n} converted to vram_budget {got} bytes "

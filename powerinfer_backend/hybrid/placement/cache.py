@@ -17,7 +17,7 @@ from ...loader.artifacts import (artifact_dir, artifact_metadata, atomic_write_j
                                  model_fingerprint, read_metadata)
 from .plan import FORMAT_VERSION, Plan
 from .planners import _check_int, plan_placement
-from .sizes import DEVICE_ALIGN, KV_ELEM_BYTES, NEURON_GROUP, ModelSizes
+from .sizes import CPU_BUFT, KV_TYPE, NEURON_GROUP, ModelSizes, Sizer, compute_bytes
 
 __all__ = ["PLAN_NAME", "plan_path", "load_plan", "neuron_frequencies", "plan_for_model"]
 
@@ -84,13 +84,14 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
                    model=None, neuron_freq: np.ndarray | None = None, freq_source: str | None = None,
                    sparsity_sidecar: str | os.PathLike | None = "auto", reset_gpu_index: bool = False,
                    disable_gpu_index: bool = False, out: str | os.PathLike | None = None,
-                   verbose: bool = False) -> Plan:
+                   sizer: Sizer = CPU_BUFT, verbose: bool = False) -> Plan:
     """The plan for the model file at ``model_path``, cached in its artifact folder.
 
     The stored plan (``out`` or :func:`plan_path`) is reused when its recorded inputs
     equal this call's: plan format, model SHA-256, budget, n_ctx, n_batch,
-    disable_gpu_index, the frequency source (the sidecar's SHA-256, or "uniform")
-    and the alignment/group constants. Otherwise it is computed with
+    disable_gpu_index, the frequency source (the sidecar's SHA-256, or "uniform"),
+    the device (the sizer's name, alignment and compute bytes) and the group and KV
+    type constants. Otherwise it is computed with
     :func:`plan_placement` and written atomically with provenance.
 
     Args:
@@ -104,6 +105,8 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
         reset_gpu_index: recompute and overwrite even when a stored plan matches,
             and overwrite a plan recorded for another model.
         disable_gpu_index: no FFN neurons on the device.
+        sizer: the device's byte rule (:class:`~.sizes.Sizer`); default ggml's CPU
+            buffer type (:data:`~.sizes.CPU_BUFT`, for planning without a device).
 
     Raises:
         ValueError: bad arguments, a sidecar for another model, or a stored plan
@@ -117,9 +120,21 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
         neuron_freq, freq_source = neuron_frequencies(model_path, model=model, sparsity_sidecar=sparsity_sidecar,
                                                       verbose=verbose)
     fp = model_fingerprint(model_path)
+    own = model is None
+    if own:
+        from ...loader import load_gguf
+
+        model = load_gguf(model_path, verbose=verbose)
+    try:
+        sizes = ModelSizes.from_gguf(model)
+    finally:
+        if own:
+            model.close()
     inputs = {"format_version": FORMAT_VERSION, "model_sha256": fp, "vram_budget": budget, "n_ctx": int(n_ctx),
               "n_batch": int(n_batch), "disable_gpu_index": bool(disable_gpu_index), "freq_source": freq_source,
-              "align": DEVICE_ALIGN, "group": NEURON_GROUP, "kv_elem_bytes": KV_ELEM_BYTES}
+              "device": sizer.name, "align": int(sizer.alignment),
+              "compute_bytes": compute_bytes(sizes, n_ctx, n_batch, sizer), "group": NEURON_GROUP,
+              "kv_type": KV_TYPE}
     path = Path(out) if out is not None else plan_path(model_path, create=True)
     if path.is_file() and not reset_gpu_index:
         meta = read_metadata(path) or {}
@@ -132,18 +147,8 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
                 pass  # unreadable: recompute
     check_provenance(path, fp, force=reset_gpu_index, model_path=model_path,
                      force_hint="reset_gpu_index=True (--reset-gpu-index)")
-    own = model is None
-    if own:
-        from ...loader import load_gguf
-
-        model = load_gguf(model_path, verbose=verbose)
-    try:
-        sizes = ModelSizes.from_gguf(model)
-    finally:
-        if own:
-            model.close()
     plan = plan_placement(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch,
-                          disable_gpu_index=disable_gpu_index)
+                          disable_gpu_index=disable_gpu_index, sizer=sizer)
     plan.inputs = inputs
     d = plan.to_json()
     d.update(artifact_metadata(model_path, inputs=inputs))

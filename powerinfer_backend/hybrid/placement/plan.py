@@ -13,7 +13,7 @@ from .sizes import GiB, MiB
 
 __all__ = ["FORMAT_VERSION", "LayerPlan", "Plan"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ggml buffers (weights, kv, compute), compute_bytes
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Plan:
     Attributes:
         budget_bytes: the budget it was made for.
         n_ctx, n_batch, n_ff: what it was made for.
-        scratch_bytes: activation scratch on the device (0 when nothing is placed).
+        compute_bytes: the compute buffer on the device (0 when nothing is placed).
         output_on_device: the output block is on the device.
         output_bytes: its device bytes (0 when on the CPU).
         layers: one :class:`LayerPlan` per layer.
@@ -70,7 +70,7 @@ class Plan:
     n_ctx: int
     n_batch: int
     n_ff: int
-    scratch_bytes: int
+    compute_bytes: int
     output_on_device: bool
     output_bytes: int
     layers: list[LayerPlan]
@@ -81,7 +81,7 @@ class Plan:
     @property
     def device_bytes(self) -> int:
         """Every byte the device holds under this plan (<= budget_bytes)."""
-        return self.scratch_bytes + self.output_bytes + sum(L.device_bytes for L in self.layers)
+        return self.compute_bytes + self.output_bytes + sum(L.device_bytes for L in self.layers)
 
     @property
     def kv_location(self) -> str:
@@ -94,17 +94,24 @@ class Plan:
         """Hot neurons / all neurons, over all layers."""
         return sum(L.n_hot for L in self.layers) / max(1, self.n_ff * len(self.layers))
 
+    def buffer_bytes(self) -> dict[str, int]:
+        """Bytes per ggml buffer the device allocates for this plan: ``weights``
+        (attention tensors, hot neurons, output block), ``kv`` (KV caches) and
+        ``compute`` (docs/placement.md, "Byte accounting")."""
+        kv = sum(L.kv_bytes for L in self.layers)
+        return {"weights": self.device_bytes - kv - self.compute_bytes, "kv": kv, "compute": self.compute_bytes}
+
     def bytes_by_category(self) -> dict[str, int]:
-        """Device bytes per category: scratch, attention (weights), kv_cache, output,
+        """Device bytes per category: compute, attention (weights), kv_cache, output,
         ffn_hot; and free (budget - device_bytes)."""
         kv = sum(L.kv_bytes for L in self.layers)
-        return {"scratch": self.scratch_bytes, "attention": sum(L.attn_bytes for L in self.layers) - kv,
+        return {"compute": self.compute_bytes, "attention": sum(L.attn_bytes for L in self.layers) - kv,
                 "kv_cache": kv, "output": self.output_bytes, "ffn_hot": sum(L.hot_bytes for L in self.layers),
                 "free": self.budget_bytes - self.device_bytes}
 
     def to_json(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "budget_bytes": self.budget_bytes, "n_ctx": self.n_ctx,
-                "n_batch": self.n_batch, "n_ff": self.n_ff, "scratch_bytes": self.scratch_bytes,
+                "n_batch": self.n_batch, "n_ff": self.n_ff, "compute_bytes": self.compute_bytes,
                 "output_on_device": self.output_on_device, "output_bytes": self.output_bytes,
                 "device_bytes": self.device_bytes, "inputs": self.inputs,
                 "layers": [{"layer": L.layer, "attn_on_device": L.attn_on_device, "attn_bytes": L.attn_bytes,
@@ -123,7 +130,7 @@ class Plan:
                                 int(L["kv_bytes"]), np.asarray(L["hot_ids"], dtype=np.int32),
                                 int(L["hot_bytes"]), float(L["freq_mass"])) for L in d["layers"]]
             plan = cls(int(d["budget_bytes"]), int(d["n_ctx"]), int(d["n_batch"]), int(d["n_ff"]),
-                       int(d["scratch_bytes"]), bool(d["output_on_device"]), int(d["output_bytes"]), layers,
+                       int(d["compute_bytes"]), bool(d["output_on_device"]), int(d["output_bytes"]), layers,
                        dict(d.get("inputs", {})))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed placement plan ({type(e).__name__}: {e})") from e

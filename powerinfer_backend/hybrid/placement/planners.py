@@ -1,4 +1,4 @@
-"""The planners: :func:`plan_placement` (PowerInfer's policy: scratch, dense blocks,
+"""The planners: :func:`plan_placement` (PowerInfer's policy: compute buffer, dense blocks,
 then hot FFN neurons by firing frequency per byte) and :func:`plan_layer_split` (whole
 layers, as llama.cpp's ``-ngl``), both pure functions of sizes, frequencies and budget."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from .plan import LayerPlan, Plan
-from .sizes import (NEURON_GROUP, ModelSizes, attn_block_bytes, hot_bytes, kv_bytes_per_layer, layer_bytes,
-                    neuron_bytes, output_block_bytes, scratch_bytes)
+from .sizes import (CPU_BUFT, NEURON_GROUP, ModelSizes, Sizer, attn_block_bytes, compute_bytes, hot_bytes,
+                    kv_bytes_per_layer, layer_bytes, neuron_bytes, output_block_bytes)
 
 __all__ = ["plan_placement", "plan_layer_split"]
 
@@ -34,7 +34,7 @@ def _check_freq(s: ModelSizes, neuron_freq: np.ndarray | None) -> np.ndarray:
 
 
 def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: int, *, n_ctx: int,
-                   n_batch: int, disable_gpu_index: bool = False, neurons_only: bool = False) -> Plan:
+                   n_batch: int, disable_gpu_index: bool = False, sizer: Sizer = CPU_BUFT) -> Plan:
     """Place dense blocks and FFN neurons on the device within ``vram_budget`` bytes.
 
     Args:
@@ -42,10 +42,10 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
         neuron_freq: float (n_layer, n_ff), firing frequencies in [0, 1]; None = uniform.
         vram_budget: device bytes available to our allocations (int >= 0).
         n_ctx: KV cache length in tokens (>= 1).
-        n_batch: most tokens per eval call (>= 1), sizes the scratch and logits.
+        n_batch: most tokens per eval call (>= 1), sizes the compute buffer.
         disable_gpu_index: place no FFN neurons (dense blocks only).
-        neurons_only: no scratch and no dense blocks, FFN neurons only (a device that
-            runs only FFN halves and holds its own buffers, e.g. the CUDA device today).
+        sizer: the device's byte rule (:class:`~.sizes.Sizer`; default: ggml's CPU
+            buffer type with an estimated compute buffer).
 
     Returns:
         A :class:`Plan` with ``device_bytes <= vram_budget`` (deterministic: the same
@@ -64,18 +64,18 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
     output_on = False
     n_hot = [0] * nl
     order: list[np.ndarray] = []
-    scratch = 0 if neurons_only else scratch_bytes(sizes, n_ctx, n_batch)
+    compute = compute_bytes(sizes, n_ctx, n_batch, sizer)
     used = 0
-    if scratch <= budget and not neurons_only:
-        used = scratch
+    if compute <= budget:
+        used = compute
         for i in range(nl):
-            b = attn_block_bytes(sizes, i, n_ctx)
+            b = attn_block_bytes(sizes, i, n_ctx, sizer)
             if used + b <= budget:
                 attn_on[i], used = True, used + b
-        ob = output_block_bytes(sizes, n_batch)
+        ob = output_block_bytes(sizes, n_batch, sizer)
         if used + ob <= budget:
             output_on, used = True, used + ob
-    if scratch <= budget and not disable_gpu_index:
+    if compute <= budget and not disable_gpu_index:
         # rank neurons per layer: frequency descending, id ascending
         order = [np.lexsort((np.arange(nff), -freq[i])) for i in range(nl)]
         groups = []  # (-density, group rank, layer)
@@ -95,43 +95,44 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
                 continue
             start, k = g * NEURON_GROUP, min(NEURON_GROUP, nff - g * NEURON_GROUP)
             assert n_hot[i] == start  # groups of one layer come in rank order
-            cur = hot_bytes(sizes, i, start)
-            if used - cur + hot_bytes(sizes, i, start + k) <= budget:
-                used += hot_bytes(sizes, i, start + k) - cur
+            cur = hot_bytes(sizes, i, start, sizer)
+            if used - cur + hot_bytes(sizes, i, start + k, sizer) <= budget:
+                used += hot_bytes(sizes, i, start + k, sizer) - cur
                 n_hot[i] = start + k
                 continue
             lo, hi = 0, k  # largest take in [0, k) that fits
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if used - cur + hot_bytes(sizes, i, start + mid) <= budget:
+                if used - cur + hot_bytes(sizes, i, start + mid, sizer) <= budget:
                     lo = mid
                 else:
                     hi = mid - 1
-            used += hot_bytes(sizes, i, start + lo) - cur
+            used += hot_bytes(sizes, i, start + lo, sizer) - cur
             n_hot[i] = start + lo
             closed[i] = True
-    if scratch > budget or (not any(attn_on) and not output_on and not any(n_hot)):
-        used -= scratch if scratch <= budget else 0
-        scratch = 0  # scratch alone is no plan: nothing goes to the device
+    if compute > budget or (not any(attn_on) and not output_on and not any(n_hot)):
+        used -= compute if compute <= budget else 0
+        compute = 0  # a compute buffer alone is no plan: nothing goes to the device
     layers = []
     for i in range(nl):
         ids = np.sort(order[i][:n_hot[i]]).astype(np.int32) if order else np.zeros(0, np.int32)
         total = float(freq[i].sum())
         mass = float(freq[i][ids].sum()) / total if total > 0 else (1.0 if n_hot[i] == nff else 0.0)
-        kv = kv_bytes_per_layer(sizes, n_ctx) if attn_on[i] else 0
-        layers.append(LayerPlan(i, attn_on[i], attn_block_bytes(sizes, i, n_ctx) if attn_on[i] else 0, kv, ids,
-                                hot_bytes(sizes, i, n_hot[i]), mass))
-    plan = Plan(budget, n_ctx, n_batch, nff, scratch, output_on,
-                output_block_bytes(sizes, n_batch) if output_on else 0, layers)
+        kv = kv_bytes_per_layer(sizes, n_ctx, sizer) if attn_on[i] else 0
+        layers.append(LayerPlan(i, attn_on[i], attn_block_bytes(sizes, i, n_ctx, sizer) if attn_on[i] else 0, kv,
+                                ids, hot_bytes(sizes, i, n_hot[i], sizer), mass))
+    plan = Plan(budget, n_ctx, n_batch, nff, compute, output_on,
+                output_block_bytes(sizes, n_batch, sizer) if output_on else 0, layers)
     assert plan.device_bytes == used and used <= budget, (plan.device_bytes, used, budget)
     return plan
 
 
-def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int) -> Plan:
+def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int,
+                     sizer: Sizer = CPU_BUFT) -> Plan:
     """The classic split llama.cpp's ``-ngl`` makes, in the same :class:`Plan` form:
     whole layers (attention block, KV cache and all n_ff neurons) on the device from
     the last layer backwards while they fit, then the output block (llama.cpp counts it
-    as one more layer after the last); scratch first, as :func:`plan_placement`. For
+    as one more layer after the last); the compute buffer first, as :func:`plan_placement`. For
     comparing the neuron-level policy with layer offloading at the same budget.
 
     Raises:
@@ -143,24 +144,26 @@ def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch
     nl, nff = sizes.n_layer, sizes.n_ff
     whole = [False] * nl
     output_on = False
-    scratch = scratch_bytes(sizes, n_ctx, n_batch)
-    used = scratch
-    if scratch <= budget:
+    compute = compute_bytes(sizes, n_ctx, n_batch, sizer)
+    used = compute
+    if compute <= budget:
         for i in reversed(range(nl)):
-            if used + layer_bytes(sizes, i, n_ctx) > budget:
+            if used + layer_bytes(sizes, i, n_ctx, sizer) > budget:
                 break
-            whole[i], used = True, used + layer_bytes(sizes, i, n_ctx)
-        if all(whole) and used + output_block_bytes(sizes, n_batch) <= budget:
-            output_on, used = True, used + output_block_bytes(sizes, n_batch)
+            whole[i], used = True, used + layer_bytes(sizes, i, n_ctx, sizer)
+        ob = output_block_bytes(sizes, n_batch, sizer)
+        if all(whole) and used + ob <= budget:
+            output_on, used = True, used + ob
     else:
-        scratch = used = 0
+        compute = used = 0
     if not any(whole) and not output_on:
-        scratch = used = 0
-    layers = [LayerPlan(i, whole[i], attn_block_bytes(sizes, i, n_ctx) if whole[i] else 0,
-                        kv_bytes_per_layer(sizes, n_ctx) if whole[i] else 0,
+        compute = used = 0
+    layers = [LayerPlan(i, whole[i], attn_block_bytes(sizes, i, n_ctx, sizer) if whole[i] else 0,
+                        kv_bytes_per_layer(sizes, n_ctx, sizer) if whole[i] else 0,
                         np.arange(nff if whole[i] else 0, dtype=np.int32),
-                        hot_bytes(sizes, i, nff if whole[i] else 0), 1.0 if whole[i] else 0.0) for i in range(nl)]
-    plan = Plan(budget, n_ctx, n_batch, nff, scratch, output_on,
-                output_block_bytes(sizes, n_batch) if output_on else 0, layers)
+                        hot_bytes(sizes, i, nff if whole[i] else 0, sizer), 1.0 if whole[i] else 0.0)
+              for i in range(nl)]
+    plan = Plan(budget, n_ctx, n_batch, nff, compute, output_on,
+                output_block_bytes(sizes, n_batch, sizer) if output_on else 0, layers)
     assert plan.device_bytes == used <= budget, (plan.device_bytes, used, budget)
     return plan

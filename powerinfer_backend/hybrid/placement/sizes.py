@@ -1,46 +1,63 @@
 """Byte arithmetic of placement: a model's tensor sizes in their stored types
 (:class:`ModelSizes`, :class:`TensorSize`) and the exact device bytes of every block a
-plan may put on the device (scratch, KV cache, attention block, output block, hot
-neuron rows, whole layers), each device buffer rounded up to :data:`DEVICE_ALIGN`."""
+plan may put on the device, by a *sizer* (:class:`Sizer`): the rule of the device's
+ggml buffer type for one tensor's bytes and its alignment, and the compute buffer a
+context reserves there.
+
+The device memory layout counted here is the one the ggml device allocates
+(docs/placement.md, "Byte accounting"), three ggml buffers:
+
+* ``weights``: per layer with its attention block on the device, every tensor of the
+  layer except ffn_gate/ffn_up/ffn_down, in its GGUF type and shape; per layer with
+  n_hot > 0, the hot gate rows [n_embd, n_hot] and up rows [n_embd, n_hot] in their
+  GGUF types and the hot down columns as F16 [n_hot, n_embd]; with the output block,
+  output_norm and the output matrix (tok_embd when tied);
+* ``kv``: per layer with its attention block on the device, K and V caches of
+  [n_embd_kv, n_cells] F16 (n_cells = n_ctx rounded up to :data:`KV_PAD`);
+* ``compute``: the context's compute buffer (graph scratch) on that device.
+
+Each tensor takes ``align_up(sizer.tensor_bytes(type, ne0, rows), sizer.alignment)``.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Protocol
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["KiB", "MiB", "GiB", "TiB", "DEVICE_ALIGN", "NEURON_GROUP", "KV_PAD", "KV_ELEM_BYTES", "ACT_BYTES",
-           "MAP_BYTES", "TensorSize", "ModelSizes", "align_up", "row_bytes", "scratch_bytes", "kv_bytes_per_layer",
-           "attn_block_bytes", "output_block_bytes", "neuron_bytes", "hot_bytes", "layer_bytes",
-           "full_device_bytes"]
+__all__ = ["KiB", "MiB", "GiB", "TiB", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "KV_ELEM_BYTES", "ACT_BYTES",
+           "CPU_ALIGN", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "align_up", "row_bytes",
+           "tensor_device_bytes", "compute_bytes", "scratch_bytes", "kv_bytes_per_layer", "dense_weight_bytes",
+           "attn_block_bytes", "output_block_bytes", "neuron_bytes", "hot_bytes", "layer_bytes", "full_device_bytes"]
 
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 TiB = 1 << 40
-#: Every device buffer starts on, and is rounded up to, this many bytes.
-DEVICE_ALIGN = 256
 #: Neurons per knapsack group (one quantization block's worth of rows).
 NEURON_GROUP = 32
 #: The KV cache holds a multiple of this many positions (PI_KV_PAD in native/src/pi_internal.h).
 KV_PAD = 64
-#: Bytes per KV cache element (F16, the engine's default kv_type).
-KV_ELEM_BYTES = 2
-#: Bytes per activation element in device scratch (F32).
-ACT_BYTES = 4
-#: Bytes per row -> neuron map entry (int32).
-MAP_BYTES = 4
 
 _T = GGMLQuantizationType
 _F32 = int(_T.F32)
 _F16 = int(_T.F16)
+#: the KV cache's element type (the context's default kv type)
+KV_TYPE = _F16
+#: ggml's CPU buffer type alignment (TENSOR_ALIGNMENT; ggml_backend_buft_get_alignment of
+#: ggml_backend_cpu_buffer_type() on llama-cpp-python 0.3.36 / ggml 0.25.3)
+CPU_ALIGN = 32
+#: Bytes per KV cache element (F16) and per F32 activation element: kept for callers
+#: that estimate traffic (hybrid/placement/predict.py); the plan counts through a sizer.
+KV_ELEM_BYTES = 2
+ACT_BYTES = 4
 #: Per-layer slots placed neuron by neuron (hot rows), not as part of the dense block.
 _FFN_ROW_SLOTS = ("ffn_gate", "ffn_up", "ffn_down")
 
 
-def align_up(n: int, align: int = DEVICE_ALIGN) -> int:
+def align_up(n: int, align: int) -> int:
     """``n`` bytes rounded up to a multiple of ``align`` (0 stays 0)."""
     return -(-int(n) // align) * align
 
@@ -60,6 +77,55 @@ def row_bytes(ggml_type: int, n: int) -> int:
     return n // block * size
 
 
+class Sizer(Protocol):
+    """How many bytes a device's ggml buffers take (see the module docstring).
+
+    Attributes:
+        name: the buffer rule's name, part of the plan cache key (the ggml device's name
+            for a device, ``"ggml-cpu-buft"`` for :data:`CPU_BUFT`).
+        alignment: bytes every tensor of a buffer is rounded up to.
+        exact: the compute bytes are the device's own count (False: an estimate).
+    """
+
+    name: str
+    alignment: int
+    exact: bool
+
+    def tensor_bytes(self, ggml_type: int, ne0: int, ne1: int = 1) -> int:
+        """Bytes the buffer type allocates for a [ne0, ne1] tensor (before alignment)."""
+
+    def compute_bytes(self, sizes: "ModelSizes", n_ctx: int, n_batch: int) -> int:
+        """The context's compute buffer on the device (bytes)."""
+
+
+@dataclass(frozen=True)
+class BufferRule:
+    """The pure-Python sizer: ggml's CPU buffer type rule (a tensor takes ggml_nbytes,
+    no row padding; alignment :data:`CPU_ALIGN`), for planning without a device
+    (``powerinfer-backend plan`` without a GPU). Its compute bytes are an estimate (the
+    F32 activations of the worst-case graph); a plan run on a device is made with that
+    device's sizer (:class:`powerinfer_backend.hybrid.devices.select.DeviceSizer`)."""
+
+    name: str = "ggml-cpu-buft"
+    alignment: int = CPU_ALIGN
+    exact: bool = False
+
+    def tensor_bytes(self, ggml_type: int, ne0: int, ne1: int = 1) -> int:
+        return row_bytes(ggml_type, int(ne0)) * int(ne1)
+
+    def compute_bytes(self, s: "ModelSizes", n_ctx: int, n_batch: int) -> int:
+        """Estimate: per token F32 x, residual and norm output (n_embd), q and the attention
+        output (n_embd_q), k and v (n_embd_kv), gate and up of n_ff neurons, the scores and
+        softmax of n_head x n_cells, and the logits (n_vocab)."""
+        per_tok = (3 * s.n_embd + 2 * s.n_embd_q + 2 * s.n_embd_kv + 2 * s.n_ff
+                   + 2 * s.n_head * _n_cells(n_ctx) + s.n_vocab)
+        return align_up(4 * int(n_batch) * per_tok, self.alignment)
+
+
+#: the default sizer (ggml's CPU buffer type, estimated compute bytes)
+CPU_BUFT = BufferRule()
+
+
 @dataclass(frozen=True)
 class TensorSize:
     """One tensor's stored type and shape.
@@ -73,9 +139,18 @@ class TensorSize:
     ne: tuple[int, ...]
 
     @property
+    def rows(self) -> int:
+        return math.prod(self.ne[1:])
+
+    @property
     def nbytes(self) -> int:
         """Bytes in the stored type: rows x :func:`row_bytes`."""
-        return row_bytes(self.type, self.ne[0]) * math.prod(self.ne[1:])
+        return row_bytes(self.type, self.ne[0]) * self.rows
+
+
+def tensor_device_bytes(t: TensorSize, sizer: Sizer = CPU_BUFT) -> int:
+    """Bytes ``t`` takes in a device buffer: the buffer type's size, aligned."""
+    return align_up(sizer.tensor_bytes(t.type, t.ne[0], t.rows), sizer.alignment)
 
 
 @dataclass(frozen=True)
@@ -87,9 +162,9 @@ class ModelSizes:
         layers: per layer, slot name (:data:`arch.LAYER_SLOTS`) -> :class:`TensorSize`.
         output_norm: F32 [n_embd].
         output: the output projection [n_embd, n_vocab] (the token embedding when tied).
-        down_t_bytes: bytes per element of the transposed down rows a hot neuron
-            keeps on the device (2 = F16; 4 = F32 when every ffn_down is F32), the rule
-            of :func:`powerinfer_backend.engine.down_cache.down_t_dtype`.
+        down_t_bytes: bytes per element of the CPU's transposed down cache (2 = F16; 4 =
+            F32 when every ffn_down is F32; :func:`powerinfer_backend.engine.down_cache.down_t_dtype`).
+            The device holds its hot down columns as F16 whatever this is.
     """
 
     n_layer: int
@@ -135,66 +210,71 @@ class ModelSizes:
 
 
 def _n_cells(n_ctx: int) -> int:
-    return -(-n_ctx // KV_PAD) * KV_PAD
+    return -(-int(n_ctx) // KV_PAD) * KV_PAD
 
 
-def scratch_bytes(s: ModelSizes, n_ctx: int, n_batch: int) -> int:
-    """Device activation scratch for ``n_batch`` tokens (bytes): F32 buffers of
-    x, xn and the FFN partial sum y (n_embd each), q and the attention output
-    (n_embd_q), k and v (n_embd_kv), gate and up of up to n_ff hot rows, the
-    attention scores (n_head x n_cells, n_cells = n_ctx rounded up to 64) and the
-    quantized matmul input (max(n_embd, n_embd_q) elements at 4 bytes, the widest
-    activation type), each rounded up to :data:`DEVICE_ALIGN`."""
-    B, a = n_batch, ACT_BYTES
-    bufs = [B * s.n_embd * a] * 3 + [B * s.n_embd_q * a] * 2 + [B * s.n_embd_kv * a] * 2 \
-        + [B * s.n_ff * a] * 2 + [B * s.n_head * _n_cells(n_ctx) * a, B * max(s.n_embd, s.n_embd_q) * a]
-    return sum(align_up(b) for b in bufs)
+def compute_bytes(s: ModelSizes, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BUFT) -> int:
+    """The compute buffer on the device (bytes), counted once when anything is placed."""
+    return int(sizer.compute_bytes(s, n_ctx, n_batch))
 
 
-def kv_bytes_per_layer(s: ModelSizes, n_ctx: int) -> int:
-    """One layer's KV cache (bytes): K and V, each n_cells x n_embd_kv F16
-    (n_cells = n_ctx rounded up to 64), each rounded up to DEVICE_ALIGN."""
-    return 2 * align_up(_n_cells(n_ctx) * s.n_embd_kv * KV_ELEM_BYTES)
+#: the name before issue 14 (device scratch then; the compute buffer now)
+scratch_bytes = compute_bytes
 
 
-def attn_block_bytes(s: ModelSizes, i: int, n_ctx: int) -> int:
-    """Layer ``i``'s dense block on the device (bytes): attn_norm, attn_q/k/v,
-    attn_output, ffn_norm in their stored types, each aligned, plus its KV cache."""
-    dense = [slot for slot in s.layers[i] if slot not in _FFN_ROW_SLOTS]  # incl. optional norms / biases
-    return sum(align_up(s.layers[i][slot].nbytes) for slot in dense) + kv_bytes_per_layer(s, n_ctx)
+def kv_bytes_per_layer(s: ModelSizes, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
+    """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] F16 (n_cells =
+    n_ctx rounded up to :data:`KV_PAD`), each aligned."""
+    return 2 * align_up(sizer.tensor_bytes(KV_TYPE, s.n_embd_kv, _n_cells(n_ctx)), sizer.alignment)
 
 
-def output_block_bytes(s: ModelSizes, n_batch: int) -> int:
-    """The output block (bytes): output_norm, the output projection (the token
-    embedding when tied) in its stored type, and F32 logits of n_batch tokens."""
-    return (align_up(s.output_norm.nbytes) + align_up(s.output.nbytes)
-            + align_up(n_batch * s.n_vocab * ACT_BYTES))
+def dense_weight_bytes(s: ModelSizes, i: int, sizer: Sizer = CPU_BUFT) -> int:
+    """Layer ``i``'s dense tensors on the device (bytes): every slot the layer has except
+    ffn_gate/ffn_up/ffn_down (norms, q/k/v/o, biases, q/k norms, post norms), each aligned."""
+    return sum(tensor_device_bytes(t, sizer) for slot, t in s.layers[i].items() if slot not in _FFN_ROW_SLOTS)
+
+
+def attn_block_bytes(s: ModelSizes, i: int, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
+    """Layer ``i``'s attention block on the device: its dense tensors and its KV cache."""
+    return dense_weight_bytes(s, i, sizer) + kv_bytes_per_layer(s, n_ctx, sizer)
+
+
+def output_block_bytes(s: ModelSizes, n_batch: int | None = None, sizer: Sizer = CPU_BUFT) -> int:
+    """The output block (bytes): output_norm and the output projection (the token
+    embedding when tied) in their stored types, each aligned (the logits live in the
+    compute buffer; ``n_batch`` is accepted for older callers and unused)."""
+    return tensor_device_bytes(s.output_norm, sizer) + tensor_device_bytes(s.output, sizer)
 
 
 def neuron_bytes(s: ModelSizes, i: int) -> tuple[int, int, int]:
-    """Bytes of one hot neuron's rows in layer ``i``: (gate row, up row, down_t row)
-    — gate and up rows of n_embd in their stored types (gate 0 without one), the
-    down_t row of n_embd at ``s.down_t_bytes`` per element."""
+    """Bytes of one hot neuron in layer ``i`` before alignment: (gate row, up row, down
+    column) — gate and up rows of n_embd in their stored types (gate 0 without one), the
+    down column of n_embd as F16. The knapsack's cost per neuron."""
     L = s.layers[i]
     gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0  # ungated FFN (Falcon, OPT)
-    return (gate, row_bytes(L["ffn_up"].type, s.n_embd), s.n_embd * s.down_t_bytes)
+    return (gate, row_bytes(L["ffn_up"].type, s.n_embd), row_bytes(_F16, s.n_embd))
 
 
-def hot_bytes(s: ModelSizes, i: int, n_hot: int) -> int:
-    """Device bytes of ``n_hot`` compact hot rows in layer ``i``: the gate, up and
-    down_t row arrays and the int32 row -> neuron map, each aligned (0 for 0 rows)."""
-    g, u, d = neuron_bytes(s, i)
-    return (align_up(n_hot * g) + align_up(n_hot * u) + align_up(n_hot * d)
-            + align_up(n_hot * MAP_BYTES))
+def hot_bytes(s: ModelSizes, i: int, n_hot: int, sizer: Sizer = CPU_BUFT) -> int:
+    """Device bytes of layer ``i``'s ``n_hot`` hot neurons: gate rows [n_embd, n_hot] and up
+    rows [n_embd, n_hot] in their stored types, down columns F16 [n_hot, n_embd], each
+    aligned (0 for 0 neurons)."""
+    if n_hot <= 0:
+        return 0
+    L, a = s.layers[i], sizer.alignment
+    rows = [L[slot].type for slot in ("ffn_gate", "ffn_up") if slot in L]
+    return (sum(align_up(sizer.tensor_bytes(t, s.n_embd, n_hot), a) for t in rows)
+            + align_up(sizer.tensor_bytes(_F16, n_hot, s.n_embd), a))
 
 
-def layer_bytes(s: ModelSizes, i: int, n_ctx: int) -> int:
-    """Layer ``i`` whole on the device: its dense block, KV cache and all n_ff neurons."""
-    return attn_block_bytes(s, i, n_ctx) + hot_bytes(s, i, s.n_ff)
+def layer_bytes(s: ModelSizes, i: int, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
+    """Layer ``i`` whole on the device: its attention block, KV cache and all n_ff neurons."""
+    return attn_block_bytes(s, i, n_ctx, sizer) + hot_bytes(s, i, s.n_ff, sizer)
 
 
-def full_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int) -> int:
-    """Bytes of a plan that puts everything on the device (scratch, every layer
+def full_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BUFT) -> int:
+    """Bytes of a plan that puts everything on the device (compute buffer, every layer
     whole, the output block): the smallest budget at which nothing stays on the CPU."""
-    return (scratch_bytes(s, n_ctx, n_batch) + sum(layer_bytes(s, i, n_ctx) for i in range(s.n_layer))
-            + output_block_bytes(s, n_batch))
+    return (compute_bytes(s, n_ctx, n_batch, sizer) + sum(layer_bytes(s, i, n_ctx, sizer) for i in range(s.n_layer))
+            + output_block_bytes(s, n_batch, sizer))
+

@@ -1,2 +1,2 @@
-"""Tests of ``powerinfer_backend.hybrid.devices``: the cpu-device, the CUDA device
-(build, glue against a mock library, kernels on a GPU) and uploading a plan."""
+"""Tests of ``powerinfer_backend.hybrid.devices``: device names over the devices ggml
+reports, and an open device's byte rule."""

@@ -1,0 +1,285 @@
+/* A placed model on a ggml device: the plan's copies in three ggml buffers (weights, kv,
+ * compute; layout.h), each step as a graph on the device's backend (steps.c), the hot FFN on
+ * the device thread (worker.c) while the CPU computes the cold neurons, behind the device
+ * interface (device/device.h). Steps the forward pass waits on at once (attention, output) run
+ * on the calling thread: the same backend, without a handoff. */
+#include <stdlib.h>
+
+#include "blocks/blocks.h"
+#include "device/ggml/gplaced.h"
+#include "device/ggml/measure.h"
+
+static const pi_device_i gg_i;
+
+pi_gplaced *pi_gg_of(const pi_context *c, const char *fn) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "%s: NULL context", fn), NULL;
+    if (c->dev == NULL || c->dev->iface.name != gg_i.name)
+        return pi_set_error(PI_ERR_INVALID, "%s: the context is not placed on a ggml device", fn), NULL;
+    return c->dev->impl;
+}
+
+/* what cannot be placed (checked before counting bytes) */
+static int check_layer(const pi_context *c, const pi_layer_placement *L, int l) {
+    const pi_model_params *hp = &c->m->hp;
+    const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
+    if (L->n_hot < 0 || L->n_hot > hp->n_ff || (L->n_hot > 0 && L->hot_ids == NULL))
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [0, %lld]", l, (long long)L->n_hot,
+                            (long long)hp->n_ff);
+    if (L->attn_on_device && c->m->mats[l * PI_L_COUNT + PI_L_ATTN_Q].data != lt[PI_L_ATTN_Q].data)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a fused attn_qkv (Falcon) cannot go on a ggml device yet", l);
+    if (L->n_hot == 0) return PI_OK;
+    int rc = pi_ffn_check_hot_ids("pi_context_set_ggml_device", L->hot_ids, L->n_hot, hp->n_ff);
+    if (rc) return rc;
+    if (lt[PI_L_FFN_GATE].data == NULL || lt[PI_L_FFN_UP_BIAS].data != NULL)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: the device split needs a gated FFN without up bias "
+                            "(Falcon/OPT are ungated)", l);
+    if (c->down_t == NULL || c->down_t[l].data == NULL)
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t (pi_context_set_ffn_sparsity) "
+                            "first: the CPU half runs the cold neurons sparsely", l);
+    if (c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL)
+        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
+    if (c->ffn_on_gate) return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
+    return PI_OK;
+}
+
+int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out) {
+    if (c == NULL || d == NULL || out == NULL)
+        return pi_set_error(PI_ERR_INVALID, "pi_context_ggml_compute_bytes: NULL argument");
+    return pi_gg_measure(d, c, pi_gg_flash_supported(d, c), NULL, out);
+}
+
+typedef struct {
+    const pi_gdev *d;
+    gctx *ctx; /* NULL: only sum the bytes */
+    int64_t bytes;
+} plan_sum;
+
+static void plan_visit(void *user, int32_t type, int64_t ne0, int64_t ne1, gt **dst) {
+    plan_sum *s = user;
+    s->bytes += pi_gdev_tensor_slot(s->d, type, ne0, ne1);
+    if (s->ctx != NULL) *dst = s->d->g->new_tensor_2d(s->ctx, type, ne0, ne1);
+}
+
+/* the weights and kv bytes of a plan; with contexts, their tensors made there into p's tables */
+static void plan_tensors(const pi_context *c, const pi_layer_placement *layers, int32_t output_on, plan_sum *w,
+                         plan_sum *kv, pi_gplaced *p) {
+    const pi_gg_visit vw = {plan_visit, w}, vkv = {plan_visit, kv};
+    for (int l = 0; l < c->m->hp.n_layer; l++) {
+        pi_gg_layer L;
+        pi_gg_hot H;
+        pi_gg_layer *Lp = p ? &p->L[l] : &L;
+        pi_gg_layer_tensors(c, l, layers[l].attn_on_device, layers[l].n_hot, &vw, Lp, p ? &p->H[l] : &H);
+        if (layers[l].attn_on_device) pi_gg_kv_tensors(c, &vkv, Lp);
+    }
+    pi_gg_output O;
+    if (output_on) pi_gg_output_tensors(c, &vw, p ? &p->O : &O);
+}
+
+static void gg_free(pi_gplaced *p) {
+    if (p == NULL) return;
+    pi_gg_worker_stop(p);
+    const pi_ggml_api *g = p->g;
+    for (int l = 0; p->ffn != NULL && l < p->c->m->hp.n_layer; l++) pi_device_ffn_free(p->ffn[l]);
+    if (p->ga != NULL) g->gallocr_free(p->ga);
+    if (p->wbuf != NULL) g->backend_buffer_free(p->wbuf);
+    if (p->kvbuf != NULL) g->backend_buffer_free(p->kvbuf);
+    if (p->wctx != NULL) g->free(p->wctx);
+    if (p->kvctx != NULL) g->free(p->kvctx);
+    free(p->L);
+    free(p->H);
+    free(p->ffn);
+    free(p->used_dev);
+    free(p->cold_ids);
+    free(p->cold_off);
+    free(p->mask);
+    free(p->kv_idx);
+    free(p->y_dev);
+    free(p->graph_meta);
+    free(p->ev);
+    free(p);
+}
+
+static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold) {
+    const size_t nl = (size_t)c->m->hp.n_layer, B = (size_t)c->cp.n_batch;
+    pi_gplaced *p = calloc(1, sizeof *p);
+    if (p == NULL) return NULL;
+    p->base = (pi_dev){gg_i, p};
+    p->c = c;
+    p->d = d;
+    p->g = d->g;
+    p->ffn_l = -1;
+    if (!(p->L = calloc(nl, sizeof *p->L)) || !(p->H = calloc(nl, sizeof *p->H)) ||
+        !(p->ffn = calloc(nl, sizeof *p->ffn)) || !(p->used_dev = calloc(B, sizeof *p->used_dev)) ||
+        !(p->cold_ids = malloc((B * (size_t)max_cold + 1) * sizeof *p->cold_ids)) ||
+        !(p->cold_off = malloc((B + 1) * sizeof *p->cold_off)) ||
+        !(p->mask = malloc(B * (size_t)c->n_cells * sizeof *p->mask)) || !(p->kv_idx = malloc(B * sizeof *p->kv_idx)) ||
+        !(p->y_dev = malloc(B * (size_t)c->m->hp.n_embd * sizeof *p->y_dev)) ||
+        !(p->graph_meta = malloc(pi_gg_meta_bytes(p->g)))) {
+        gg_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* one ggml context for n tensors' metadata, and the buffer ggml allocates for them */
+static int alloc_buffer(pi_gplaced *p, gctx **ctx, gbuf_t *buf, int64_t expect, int usage, const char *what) {
+    const pi_ggml_api *g = p->g;
+    if (expect == 0) return PI_OK;
+    *buf = g->backend_alloc_ctx_tensors_from_buft(*ctx, p->d->buft);
+    if (*buf == NULL)
+        return pi_set_error(PI_ERR_NOMEM, "ggml device %s: allocating the %s buffer of %lld bytes failed", p->d->name,
+                            what, (long long)expect);
+    g->backend_buffer_set_usage(*buf, usage);
+    if ((int64_t)g->backend_buffer_get_size(*buf) != expect)
+        return pi_set_error(PI_ERR_INVALID, "ggml device %s: the %s buffer has %zu bytes, the plan counted %lld",
+                            p->d->name, what, g->backend_buffer_get_size(*buf), (long long)expect);
+    return PI_OK;
+}
+
+static gctx *meta_ctx(const pi_ggml_api *g, int64_t n_tensors) {
+    return g->init((pi_ggml_init_params){g->tensor_overhead() * (size_t)(n_tensors + 1), NULL, true});
+}
+
+/* allocate and fill p's buffers for the plan (sizes checked by the caller) */
+static int place(pi_gplaced *p, const pi_layer_placement *layers, int32_t output_on, int64_t wbytes, int64_t kvbytes,
+                 int64_t compute) {
+    pi_context *c = p->c;
+    const pi_ggml_api *g = p->g;
+    const int nl = c->m->hp.n_layer;
+    p->wctx = meta_ctx(g, (int64_t)nl * (PI_L_COUNT + 3) + 3);
+    p->kvctx = meta_ctx(g, 2 * (int64_t)nl);
+    if (p->wctx == NULL || p->kvctx == NULL) return pi_set_error(PI_ERR_NOMEM, "ggml device: out of memory");
+    plan_sum w = {p->d, p->wctx, 0}, kv = {p->d, p->kvctx, 0};
+    plan_tensors(c, layers, output_on, &w, &kv, p);
+    int rc = alloc_buffer(p, &p->wctx, &p->wbuf, wbytes, PI_G_BUFFER_USAGE_WEIGHTS, "weights");
+    if (rc == PI_OK) rc = alloc_buffer(p, &p->kvctx, &p->kvbuf, kvbytes, 0, "kv");
+    if (rc == PI_OK && p->kvbuf != NULL) g->backend_buffer_clear(p->kvbuf, 0); /* masked cells must be finite */
+    for (int l = 0; l < nl && rc == PI_OK; l++) {
+        rc = pi_gg_upload_layer(p, l, layers[l].hot_ids);
+        if (rc == PI_OK && layers[l].n_hot > 0) rc = pi_gg_ffn_half(p, l, layers[l].hot_ids, layers[l].n_hot, &p->ffn[l]);
+    }
+    p->out_on = output_on != 0;
+    if (rc == PI_OK && output_on) pi_gg_upload_output(p);
+    if (rc == PI_OK && compute > 0) {
+        int64_t got = 0;
+        p->ga = g->gallocr_new(p->d->buft);
+        rc = p->ga != NULL ? pi_gg_measure(p->d, c, p->flash, p->ga, &got)
+                           : pi_set_error(PI_ERR_NOMEM, "ggml device: out of memory");
+        if (rc == PI_OK && got != compute)
+            rc = pi_set_error(PI_ERR_INVALID, "ggml device %s: the compute buffer has %lld bytes, the plan counted %lld",
+                              p->d->name, (long long)got, (long long)compute);
+    }
+    if (rc == PI_OK) rc = pi_gg_worker_start(p);
+    return rc;
+}
+
+int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placement *layers, int32_t output_on_device,
+                               int64_t budget_bytes) {
+    if (c == NULL || d == NULL || layers == NULL)
+        return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: NULL argument");
+    if (c->dev != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: the context already has a device");
+    const pi_model_params *hp = &c->m->hp;
+    int any = output_on_device != 0, rc = PI_OK;
+    int64_t max_cold = 0;
+    for (int l = 0; l < hp->n_layer && rc == PI_OK; l++) {
+        rc = check_layer(c, &layers[l], l);
+        any |= layers[l].attn_on_device || layers[l].n_hot > 0;
+        if (layers[l].n_hot > 0 && hp->n_ff - layers[l].n_hot > max_cold) max_cold = hp->n_ff - layers[l].n_hot;
+    }
+    if (rc) return rc;
+    plan_sum w = {d, NULL, 0}, kv = {d, NULL, 0};
+    plan_tensors(c, layers, output_on_device, &w, &kv, NULL);
+    int64_t compute = 0;
+    if (any && (rc = pi_context_ggml_compute_bytes(c, d, &compute))) return rc;
+    const int64_t need = w.bytes + kv.bytes + compute;
+    pi_gdev_info info;
+    pi_gdev_get_info(d, &info);
+    if (need > budget_bytes)
+        return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes (weights %lld + kv %lld + compute %lld), "
+                            "the budget is %lld", (long long)need, (long long)w.bytes, (long long)kv.bytes,
+                            (long long)compute, (long long)budget_bytes);
+    if (need > info.free_bytes)
+        return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, ggml device %s has %lld free",
+                            (long long)need, d->name, (long long)info.free_bytes);
+    pi_gplaced *p = gg_new(c, d, max_cold);
+    if (p == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ggml_device: out of memory");
+    p->flash = pi_gg_flash_supported(d, c);
+    rc = place(p, layers, output_on_device, w.bytes, kv.bytes, compute);
+    if (rc) {
+        gg_free(p);
+        return rc;
+    }
+    c->dev = &p->base;
+    return PI_OK;
+}
+
+int pi_context_ggml_buffers(const pi_context *c, pi_gdev_buffers *out) {
+    pi_gplaced *p = pi_gg_of(c, "pi_context_ggml_buffers");
+    if (p == NULL) return PI_ERR_INVALID;
+    if (out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_ggml_buffers: NULL argument");
+    const pi_ggml_api *g = p->g;
+    out->weights = p->wbuf ? (int64_t)g->backend_buffer_get_size(p->wbuf) : 0;
+    out->kv = p->kvbuf ? (int64_t)g->backend_buffer_get_size(p->kvbuf) : 0;
+    out->compute = p->ga ? (int64_t)g->gallocr_get_buffer_size(p->ga, 0) : 0;
+    return PI_OK;
+}
+
+/* ---- the device interface ---- */
+
+static void note(pi_gplaced *p, int rc) {
+    if (rc && !p->error) p->error = rc; /* pi_eval reports it; the message is set on this thread */
+}
+
+static int gg_submit_attn(pi_dev *dv, pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+    pi_gplaced *p = dv->impl;
+    (void)c;
+    if (p->L[l].k == NULL) return 0;
+    note(p, pi_gg_run_attn(p, l, pos, n_tok));
+    return 1;
+}
+
+static int gg_submit_ffn(pi_dev *dv, pi_context *c, int l, int64_t n_tok) {
+    pi_gplaced *p = dv->impl;
+    if (p->ffn[l] == NULL) return 0;
+    p->ffn_l = l;
+    p->ffn_args = pi_ffn_sparse_base(c, l, n_tok);
+    p->ev_t0 = pi_now_ns(); /* the CPU half starts as the device's is posted */
+    p->ffn_rc = pi_ffn_split_start(p->ffn[l], &p->ffn_args, p->used_dev);
+    return 1;
+}
+
+static int gg_submit_output(pi_dev *dv, pi_context *c, const float *x, int64_t n_out, float *logits) {
+    pi_gplaced *p = dv->impl;
+    if (!p->out_on) return 0;
+    note(p, pi_gg_run_output(p, x, n_out, logits, c->embd));
+    return 1;
+}
+
+static void gg_wait(pi_dev *dv, pi_context *c) {
+    pi_gplaced *p = dv->impl;
+    if (p->ffn_l < 0) return; /* attention and output ran in their submit */
+    const int rc = p->ffn_rc ? p->ffn_rc
+                             : pi_ffn_split_finish(c->pool, p->ffn[p->ffn_l], &p->ffn_args, c->ffn_scratch, p->cold_ids,
+                                                   p->cold_off, p->used_dev, NULL);
+    note(p, rc);
+    p->ffn_l = -1;
+}
+
+static int gg_error(pi_dev *dv) {
+    pi_gplaced *p = dv->impl;
+    const int rc = p->error;
+    p->error = 0;
+    return rc;
+}
+
+static void gg_dev_free(pi_dev *dv) { gg_free(dv->impl); }
+
+static const pi_device_i gg_i = {
+    .name = "ggml",
+    .submit_attn = gg_submit_attn,
+    .submit_ffn = gg_submit_ffn,
+    .submit_output = gg_submit_output,
+    .wait = gg_wait,
+    .error = gg_error,
+    .free = gg_dev_free,
+};

@@ -1,0 +1,82 @@
+/* A context's placement on a ggml device (ggml_placed.c): its buffers and device tensors, the
+ * steps run as graphs (steps.c), the device thread and FFN halves (worker.c), the copies
+ * (upload.c) and the test-only entry points (ggml_test.c). */
+#ifndef PI_GGML_GPLACED_H
+#define PI_GGML_GPLACED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "device/device.h"
+#include "device/ffn_half.h"
+#include "device/ggml/backend.h"
+#include "device/ggml/layout.h"
+
+enum { JOB_NONE, JOB_POSTED, JOB_TAKEN };
+enum { PI_GG_EV_ATTN = 0, PI_GG_EV_FFN = 1, PI_GG_EV_OUTPUT = 2, PI_GG_EV_COLD = 3 }; /* pi_test_ggml_event.kind */
+
+typedef struct pi_gplaced {
+    pi_dev base; /* what the context holds; base.impl is this */
+    pi_context *c;
+    pi_gdev *d;
+    const pi_ggml_api *g;
+    gctx *wctx, *kvctx;      /* metadata of the weights and KV tensors */
+    gbuf_t wbuf, kvbuf;      /* their buffers (NULL when empty) */
+    struct ggml_gallocr *ga; /* the compute buffer, shared by every step (one at a time) */
+    int flash;               /* ggml_flash_attn_ext, else mul_mat + soft_max_ext */
+    pi_gg_layer *L;          /* per layer (w[] and k/v NULL when on the CPU) */
+    pi_gg_hot *H;            /* per layer (n_hot 0 when none) */
+    pi_gg_output O;
+    int out_on;
+    pi_device_ffn **ffn; /* per layer: the FFN half over H[l], NULL without hot neurons */
+    int64_t *used_dev;   /* n_batch counts of the device's kept rows */
+    int32_t *cold_ids;   /* the CPU half's candidate lists */
+    int64_t *cold_off;
+    float *mask;          /* host staging: n_batch x n_cells mask rows */
+    int64_t *kv_idx;      /* n_batch cell indices */
+    float *y_dev;         /* n_batch rows of the device's FFN partial sum */
+    char *graph_meta;     /* graph metadata of the step running (steps are serialized) */
+    int error;            /* first failure in this eval (pi_device_i.error) */
+    /* the device thread and its one job: layer job_l's hot FFN on job_x */
+    pthread_t thread;
+    int thread_on;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_uint_fast64_t job_seq, done_seq; /* jobs posted, jobs finished */
+    atomic_int job_state;                    /* JOB_*: the posted job's claim */
+    atomic_int sleeping, waiting, stop;     /* the device thread / the caller sleep on cv */
+    int64_t spin_ns;                         /* how long either spins before sleeping (0: never) */
+    int job_l;
+    const float *job_x;
+    int64_t job_tok;
+    int job_rc;
+    char job_msg[512];
+    /* the step in flight on the calling thread's side */
+    int ffn_l;           /* -1: none */
+    pi_ffn_sparse_args ffn_args;
+    int ffn_rc;
+    /* test-only trace (pi_test_ggml_trace_*) */
+    pi_test_ggml_event *ev;
+    int32_t ev_cap, ev_n;
+    int64_t ev_t0; /* when the CPU half of the FFN in flight started (its device half posted) */
+} pi_gplaced;
+
+/* steps.c: one step as a graph on the device (any host thread; one at a time) */
+int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, int64_t n_tok);
+int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, int64_t n_tok, float *y);
+int pi_gg_run_output(pi_gplaced *p, const float *x, int64_t n_out, float *logits, float *embd);
+void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1);
+
+/* worker.c: the device thread, and layer l's FFN half (ffn_half.h) run on it */
+int pi_gg_worker_start(pi_gplaced *p);
+void pi_gg_worker_stop(pi_gplaced *p);
+int pi_gg_ffn_half(pi_gplaced *p, int l, const int32_t *hot_ids, int64_t n_hot, pi_device_ffn **out);
+
+/* upload.c: copy layer l's placed tensors (attention slots, hot rows and columns) and the output block */
+int pi_gg_upload_layer(pi_gplaced *p, int l, const int32_t *hot_ids);
+void pi_gg_upload_output(pi_gplaced *p);
+
+/* the placement of c when it is on a ggml device, else NULL (with an error naming fn) */
+pi_gplaced *pi_gg_of(const pi_context *c, const char *fn);
+
+#endif

@@ -1,0 +1,27 @@
+/* What a plan puts in the device's buffers (layout.c), tensor by tensor in one order shared by
+ * the byte rule (the Python plan counts the same), the allocation and the compute sizing:
+ * "weights": per layer with attention on the device every slot but ffn_gate/up/down in its type
+ * and shape, per layer with hot neurons gate and up rows [n_embd, n_hot] in their types and down
+ * columns F16 [n_hot, n_embd], with the output on the device output_norm (+ bias) and the output
+ * matrix; "kv": per layer with attention K and V, [kv_row, n_cells] each in the KV type. */
+#ifndef PI_GGML_LAYOUT_H
+#define PI_GGML_LAYOUT_H
+
+#include "device/ggml/graphs.h"
+
+/* called once per tensor: its ggml type and 2-D shape, and where the tensor goes */
+typedef struct {
+    void (*fn)(void *user, int32_t type, int64_t ne0, int64_t ne1, gt **dst);
+    void *user;
+} pi_gg_visit;
+
+void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot, const pi_gg_visit *v, pi_gg_layer *L,
+                         pi_gg_hot *H);
+void pi_gg_kv_tensors(const pi_context *c, const pi_gg_visit *v, pi_gg_layer *L);
+void pi_gg_output_tensors(const pi_context *c, const pi_gg_visit *v, pi_gg_output *O);
+/* the output matrix: output, or tok_embd when tied */
+const pi_tensor *pi_gg_output_matrix(const pi_context *c);
+/* 1 for the slots that stay on the CPU with a placed attention block (the FFN rows) */
+static inline int pi_gg_is_ffn_rows(int s) { return s == PI_L_FFN_GATE || s == PI_L_FFN_UP || s == PI_L_FFN_DOWN; }
+
+#endif

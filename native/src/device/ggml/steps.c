@@ -1,0 +1,95 @@
+/* The device steps: build the step's graph, place it in the compute buffer, copy the
+ * activations in, compute on the device's backend, copy the results out. */
+#include "device/ggml/gplaced.h"
+
+void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1) {
+    if (p->ev == NULL) return;
+    const int32_t i = __atomic_fetch_add(&p->ev_n, 1, __ATOMIC_RELAXED);
+    if (i < p->ev_cap) p->ev[i] = (pi_test_ggml_event){kind, l, t0, t1};
+}
+
+/* allocate io's graph in the compute buffer (growing it only past the reserved worst case, which
+ * pi_context_ggml_buffers would show) */
+static int alloc(pi_gplaced *p, const pi_gg_io *io) {
+    if (!p->g->gallocr_alloc_graph(p->ga, io->gf))
+        return pi_set_error(PI_ERR_NOMEM, "ggml device %s: cannot allocate a step's graph", p->d->name);
+    return PI_OK;
+}
+
+static int compute(pi_gplaced *p, const pi_gg_io *io) {
+    const int st = p->g->backend_graph_compute(p->d->backend, io->gf);
+    return st == PI_G_STATUS_SUCCESS ? PI_OK
+                                     : pi_set_error(PI_ERR_INVALID, "ggml device %s: graph compute failed (status %d)",
+                                                    p->d->name, st);
+}
+
+int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, int64_t n_tok) {
+    const pi_ggml_api *g = p->g;
+    pi_context *c = p->c;
+    const pi_model_params *hp = &c->m->hp;
+    const int64_t E = hp->n_embd, last = pos[n_tok - 1] + 1;
+    /* cells [0, n_kv): every cached position and this batch, padded (cells past them are masked) */
+    const int64_t n_kv = pi_align_up(last, PI_KV_PAD) < c->n_cells ? pi_align_up(last, PI_KV_PAD) : c->n_cells;
+    const int64_t t0 = pi_now_ns();
+    gctx *ctx = pi_gg_meta(g, p->graph_meta);
+    pi_gg_io io;
+    int rc = pi_gg_attn(g, ctx, c, l, &p->L[l], n_tok, n_kv, p->flash, &io);
+    if (rc == PI_OK) rc = alloc(p, &io);
+    if (rc == PI_OK) {
+        for (int64_t t = 0; t < n_tok; t++) p->kv_idx[t] = pos[t];
+        pi_gg_fill_mask(c, l, pos, n_tok, n_kv, p->mask);
+        g->backend_tensor_set(io.x, c->x, 0, (size_t)(n_tok * E) * sizeof(float));
+        g->backend_tensor_set(io.kv_idx, p->kv_idx, 0, (size_t)n_tok * sizeof(int64_t));
+        g->backend_tensor_set(io.mask, p->mask, 0, (size_t)(n_tok * n_kv) * sizeof(float));
+        if (io.pos != NULL) g->backend_tensor_set(io.pos, pos, 0, (size_t)n_tok * sizeof(int32_t));
+        if (io.freqs != NULL)
+            g->backend_tensor_set(io.freqs, hp->rope_freqs.data, 0, (size_t)(hp->n_rot / 2) * sizeof(float));
+        rc = compute(p, &io);
+    }
+    if (rc == PI_OK) { /* device to host */
+        g->backend_tensor_get(io.out0, c->x, 0, (size_t)(n_tok * E) * sizeof(float));
+        g->backend_tensor_get(io.out1, c->xn, 0, (size_t)(n_tok * E) * sizeof(float));
+    }
+    g->free(ctx);
+    pi_gg_trace_add(p, PI_GG_EV_ATTN, l, t0, pi_now_ns());
+    return rc;
+}
+
+int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, int64_t n_tok, float *y) {
+    const pi_ggml_api *g = p->g;
+    const int64_t E = p->c->m->hp.n_embd;
+    const int64_t t0 = pi_now_ns();
+    gctx *ctx = pi_gg_meta(g, p->graph_meta);
+    pi_gg_io io;
+    int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n_tok, &io);
+    if (rc == PI_OK) rc = alloc(p, &io);
+    if (rc == PI_OK) {
+        g->backend_tensor_set(io.x, x, 0, (size_t)(n_tok * E) * sizeof(float));
+        rc = compute(p, &io);
+    }
+    if (rc == PI_OK) g->backend_tensor_get(io.out0, y, 0, (size_t)(n_tok * E) * sizeof(float));
+    g->free(ctx);
+    pi_gg_trace_add(p, PI_GG_EV_FFN, l, t0, pi_now_ns());
+    return rc;
+}
+
+int pi_gg_run_output(pi_gplaced *p, const float *x, int64_t n_out, float *logits, float *embd) {
+    const pi_ggml_api *g = p->g;
+    const pi_model_params *hp = &p->c->m->hp;
+    const int64_t t0 = pi_now_ns();
+    gctx *ctx = pi_gg_meta(g, p->graph_meta);
+    pi_gg_io io;
+    int rc = pi_gg_output_graph(g, ctx, p->c, &p->O, n_out, &io);
+    if (rc == PI_OK) rc = alloc(p, &io);
+    if (rc == PI_OK) {
+        g->backend_tensor_set(io.x, x, 0, (size_t)(n_out * hp->n_embd) * sizeof(float));
+        rc = compute(p, &io);
+    }
+    if (rc == PI_OK) {
+        g->backend_tensor_get(io.out0, embd, 0, (size_t)(n_out * hp->n_embd) * sizeof(float));
+        g->backend_tensor_get(io.out1, logits, 0, (size_t)(n_out * hp->n_vocab) * sizeof(float));
+    }
+    g->free(ctx);
+    pi_gg_trace_add(p, PI_GG_EV_OUTPUT, hp->n_layer, t0, pi_now_ns());
+    return rc;
+}
