@@ -150,20 +150,18 @@ class Mutator:
         return None
 
     def _dup_chunk(self, buf: bytearray, rng) -> tuple[bytearray, str]:
-        chunk = self._chunk(rng)
-        a, b, label = chunk
-        kind = self._chunk_kind(chunk)
-        fix = ""
-        if kind and rng.random() < 0.6:
-            fix = self._fix_count(buf, kind, +1)
-        out = buf[:b] + buf[a:b] + buf[b:]
-        return out, f"dup_chunk {kind or 'bytes'} {label!r} (bytes {a}-{b}){fix}"
+        return self._edit_chunk(buf, rng, +1)
 
     def _drop_chunk(self, buf: bytearray, rng) -> tuple[bytearray, str]:
+        return self._edit_chunk(buf, rng, -1)
+
+    def _edit_chunk(self, buf: bytearray, rng, delta: int) -> tuple[bytearray, str]:
+        """Duplicate (delta +1) or remove (delta -1) one chunk, often fixing its count too."""
         chunk = self._chunk(rng)
         a, b, label = chunk
         kind = self._chunk_kind(chunk)
         fix = ""
         if kind and rng.random() < 0.6:
-            fix = self._fix_count(buf, kind, -1)
-        return buf[:a] + buf[b:], f"drop_chunk {kind or 'bytes'} {label!r} (bytes {a}-{b}){fix}"
+            fix = self._fix_count(buf, kind, delta)
+        out = buf[:b] + buf[a:b] + buf[b:] if delta > 0 else buf[:a] + buf[b:]
+        return out, f"{'dup' if delta > 0 else 'drop'}_chunk {kind or 'bytes'} {label!r} (bytes {a}-{b}){fix}"

@@ -21,6 +21,13 @@ static gt *input(const pi_ggml_api *g, gctx *ctx, int type, int64_t ne0, int64_t
     return t;
 }
 
+/* every graph: a fresh io, its graph, and its F32 input x of n_tok rows of n_embd */
+static void begin(const pi_ggml_api *g, gctx *ctx, int64_t n_embd, int64_t n_tok, pi_gg_io *io) {
+    memset(io, 0, sizeof *io);
+    io->gf = g->new_graph_custom(ctx, PI_GG_GRAPH_NODES, false);
+    io->x = input(g, ctx, PI_G_TYPE_F32, n_embd, n_tok);
+}
+
 /* the model's norm of rows x: RMSNorm, or LayerNorm (+ bias) with pi_model_params.layer_norm; then * w */
 static gt *norm(const pi_ggml_api *g, gctx *ctx, const pi_model_params *hp, gt *x, gt *w, gt *b) {
     gt *y = hp->layer_norm ? g->norm(ctx, x, hp->rms_eps) : g->rms_norm(ctx, x, hp->rms_eps);
@@ -62,9 +69,7 @@ int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, cons
     const pi_model_params *hp = &c->m->hp;
     const int64_t E = hp->n_embd, H = hp->n_embd_head, R = c->kv_row;
     gt *const *w = L->w;
-    memset(io, 0, sizeof *io);
-    io->gf = g->new_graph_custom(ctx, PI_GG_GRAPH_NODES, false);
-    io->x = input(g, ctx, PI_G_TYPE_F32, E, n_tok);
+    begin(g, ctx, E, n_tok, io);
     io->kv_idx = input(g, ctx, PI_G_TYPE_I64, n_tok, 1);
     io->mask = input(g, ctx, PI_G_TYPE_F32, n_kv, n_tok);
     gt *cur = norm(g, ctx, hp, io->x, w[PI_L_ATTN_NORM], w[PI_L_ATTN_NORM_B]);
@@ -111,9 +116,7 @@ int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, cons
 int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *Hn, int64_t n_tok,
               pi_gg_io *io) {
     const pi_model_params *hp = &c->m->hp;
-    memset(io, 0, sizeof *io);
-    io->gf = g->new_graph_custom(ctx, PI_GG_GRAPH_NODES, false);
-    io->x = input(g, ctx, PI_G_TYPE_F32, hp->n_embd, n_tok);
+    begin(g, ctx, hp->n_embd, n_tok, io);
     gt *gx = g->mul_mat(ctx, Hn->gate, io->x); /* [n_hot, n_tok] */
     gt *ux = g->mul_mat(ctx, Hn->up, io->x);
     gt *h;
@@ -133,9 +136,7 @@ int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_
 int pi_gg_output_graph(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_output *O, int64_t n_out,
                        pi_gg_io *io) {
     const pi_model_params *hp = &c->m->hp;
-    memset(io, 0, sizeof *io);
-    io->gf = g->new_graph_custom(ctx, PI_GG_GRAPH_NODES, false);
-    io->x = input(g, ctx, PI_G_TYPE_F32, hp->n_embd, n_out);
+    begin(g, ctx, hp->n_embd, n_out, io);
     io->out0 = norm(g, ctx, hp, io->x, O->norm, O->norm_b);
     io->out1 = g->mul_mat(ctx, O->out, io->out0); /* [n_vocab, n_out] */
     g->set_output(io->out0);
