@@ -212,6 +212,9 @@ def test_unsupported_placements_are_refused_with_the_reason(tmp_path, cpu_dev):
         ctx = _ctx(m, sparse=write is write_tiny_opt)
         with pytest.raises(kind, match=match):
             ctx.set_ggml_device(cpu_dev, layers_of(g.hparams.n_layer), False, 1 << 40)
+        if write is write_tiny_falcon:  # sizing the compute buffer (planning runs it first) refuses too
+            with pytest.raises(NotImplementedError, match="blk.0: a fused attn_qkv"):
+                ctx.ggml_compute_bytes(cpu_dev)
         ctx.close()
         m.close()
 

@@ -18,6 +18,15 @@ pi_gplaced *pi_gg_of(const pi_context *c, const char *fn) {
     return c->dev->impl;
 }
 
+/* layer l's q/k/v are views of one fused attn_qkv (Falcon): no attention graph for it yet */
+static int fused_qkv(const pi_context *c, int l) {
+    return c->m->mats[l * PI_L_COUNT + PI_L_ATTN_Q].data != c->m->hp.layers[l * PI_L_COUNT + PI_L_ATTN_Q].data;
+}
+
+static int fused_qkv_error(int l) {
+    return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a fused attn_qkv (Falcon) cannot go on a ggml device yet", l);
+}
+
 /* what cannot be placed (checked before counting bytes) */
 static int check_layer(const pi_context *c, const pi_layer_placement *L, int l) {
     const pi_model_params *hp = &c->m->hp;
@@ -25,8 +34,7 @@ static int check_layer(const pi_context *c, const pi_layer_placement *L, int l) 
     if (L->n_hot < 0 || L->n_hot > hp->n_ff || (L->n_hot > 0 && L->hot_ids == NULL))
         return pi_set_error(PI_ERR_INVALID, "blk.%d: n_hot %lld outside [0, %lld]", l, (long long)L->n_hot,
                             (long long)hp->n_ff);
-    if (L->attn_on_device && c->m->mats[l * PI_L_COUNT + PI_L_ATTN_Q].data != lt[PI_L_ATTN_Q].data)
-        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a fused attn_qkv (Falcon) cannot go on a ggml device yet", l);
+    if (L->attn_on_device && fused_qkv(c, l)) return fused_qkv_error(l);
     if (L->n_hot == 0) return PI_OK;
     int rc = pi_ffn_check_hot_ids("pi_context_set_ggml_device", L->hot_ids, L->n_hot, hp->n_ff);
     if (rc) return rc;
@@ -45,6 +53,8 @@ static int check_layer(const pi_context *c, const pi_layer_placement *L, int l) 
 int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out) {
     if (c == NULL || d == NULL || out == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_context_ggml_compute_bytes: NULL argument");
+    for (int l = 0; l < c->m->hp.n_layer; l++) /* the worst case holds every layer's attention graph */
+        if (fused_qkv(c, l)) return fused_qkv_error(l);
     return pi_gg_measure(d, c, pi_gg_flash_supported(d, c), NULL, out);
 }
 
