@@ -14,6 +14,7 @@ from powerinfer_backend import Llama
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
+from tests.fixtures.llama_reference import reference_logits
 from tests.fixtures.tiny_archs import falcon_reference, write_tiny_falcon
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 64, 10)]
@@ -84,12 +85,9 @@ def test_bit_identical_to_llama_cpp(tmp_path, two_norms, n_head_kv, mtype):
     path = write_tiny_falcon(tmp_path / "f8.gguf", two_norms=two_norms, n_head_kv=n_head_kv, matrix_type=mtype)
     ours, _ = _eval(load_gguf(path, verbose=False), decode=True)
     ref = load_reference(path, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
-    rows = []
-    for t in TOKENS:  # the decode path (one token per eval)
-        ref.eval([t])
-        rows.append(np.array(ref.scores[ref.n_tokens - 1], dtype=np.float32))
+    rows = reference_logits(ref, TOKENS, one_by_one=True)  # the decode path (one token per eval)
     ref.close()
-    assert np.array_equal(ours, np.stack(rows)), np.abs(ours - np.stack(rows)).max()
+    assert np.array_equal(ours, rows), np.abs(ours - rows).max()
 
 
 @pytest.mark.parametrize("decode", [False, True], ids=["prompt", "decode"])

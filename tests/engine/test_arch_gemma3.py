@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
+from tests.fixtures.llama_reference import reference_logits
 from tests.fixtures.tiny_archs import gemma3_reference, write_tiny_gemma3
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 64, 10)]
@@ -60,12 +61,9 @@ def test_tiny_bit_identical_to_llama_cpp(tmp_path):
     path = write_tiny_gemma3(tmp_path / "g8.gguf", matrix_type=T.Q8_0)
     ours = _eval(load_gguf(path, verbose=False), TOKENS)
     ref = load_reference(path, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
-    rows = []
-    for t in TOKENS:  # the decode path (one token per eval)
-        ref.eval([t])
-        rows.append(np.array(ref.scores[ref.n_tokens - 1], dtype=np.float32))
+    rows = reference_logits(ref, TOKENS, one_by_one=True)  # the decode path (one token per eval)
     ref.close()
-    assert np.array_equal(ours, np.stack(rows)), np.abs(ours - np.stack(rows)).max()
+    assert np.array_equal(ours, rows), np.abs(ours - rows).max()
 
 
 def test_sparse_ffn_with_post_norm_matches_dense(tmp_path):
@@ -112,16 +110,6 @@ def gemma_engines(gemma_path):
     ref.close()
 
 
-def _ref_rows(ref, tokens, one_by_one: bool) -> np.ndarray:
-    ref.reset()
-    if one_by_one:
-        for t in tokens:
-            ref.eval([t])
-    else:
-        ref.eval(tokens)
-    return np.array(ref.scores[: len(tokens)], dtype=np.float32)
-
-
 def test_real_model_loads_natively(gemma_engines):
     m, _, _ = gemma_engines
     hp = m.hparams
@@ -138,7 +126,7 @@ def test_real_first_positions_bit_identical(gemma_engines):
     tokens = ref.tokenize(GEMMA_PROMPT.encode(), special=True)[:3]
     ctx.truncate(0)
     ours = np.stack([ctx.eval([t])[0].copy() for t in tokens])
-    assert np.array_equal(ours, _ref_rows(ref, tokens, one_by_one=True))
+    assert np.array_equal(ours, reference_logits(ref, tokens, one_by_one=True))
 
 
 def test_real_tracks_llama_cpp(gemma_engines):
@@ -148,8 +136,8 @@ def test_real_tracks_llama_cpp(gemma_engines):
     text = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
             "First Citizen:\nYou are all resolved rather to die than to famish?\n")
     tokens = ref.tokenize(text.encode(), add_bos=True)[:40]
-    batch = _ref_rows(ref, tokens, one_by_one=False)
-    seq = _ref_rows(ref, tokens, one_by_one=True)
+    batch = reference_logits(ref, tokens, one_by_one=False)
+    seq = reference_logits(ref, tokens, one_by_one=True)
     ctx.truncate(0)
     ours = ctx.eval(tokens, logits_all=True).copy()
     top1 = float(np.mean(ours.argmax(1) == batch.argmax(1)))
@@ -191,8 +179,8 @@ def teacher_forced(gemma_engines):
         at = slice(len(prompt) - 1, len(seq) - 1)
         ctx.truncate(0)
         ours = ctx.eval(seq, logits_all=True)[at].copy()
-        out.append((prompt, expected, ours, _ref_rows(ref, seq, one_by_one=False)[at],
-                    _ref_rows(ref, seq, one_by_one=True)[at]))
+        out.append((prompt, expected, ours, reference_logits(ref, seq, one_by_one=False)[at],
+                    reference_logits(ref, seq, one_by_one=True)[at]))
     return out
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
+from tests.fixtures.llama_reference import reference_logits
 from tests.fixtures.tiny_archs import write_tiny_qwen2
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(1, 64, 10)]
@@ -37,12 +38,8 @@ def test_matches_llama_cpp(tmp_path):
     path = write_tiny_qwen2(tmp_path / "q.gguf")
     ours = _ours(path)
     ref = load_reference(path, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
-    rows = []
-    for t in TOKENS:
-        ref.eval([t])
-        rows.append(np.array(ref.scores[ref.n_tokens - 1], dtype=np.float32))
+    rows = reference_logits(ref, TOKENS, one_by_one=True)
     ref.close()
-    rows = np.stack(rows)
     # same dot products, norms, RoPE and attention sums; SiLU's exp may differ by an ulp
     assert np.abs(ours - rows).max() <= 1e-4 * np.abs(rows).max()
     assert np.array_equal(ours[0], rows[0])

@@ -21,6 +21,7 @@ from powerinfer_backend.plugins.reference import load_reference
 from powerinfer_backend.sparsity.perplexity import log_softmax_nll
 
 from tests.fixtures import SHARED_DATA
+from tests.fixtures.llama_reference import reference_logits
 
 N_THREADS = 2
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
@@ -57,16 +58,6 @@ def _ours_logits(llm, tokens, one_by_one=False):
     return be.eval(tokens, logits_all=True).copy()
 
 
-def _ref_logits(ref, tokens, one_by_one=False):
-    ref.reset()
-    if one_by_one:
-        for t in tokens:
-            ref.eval([t])
-    else:
-        ref.eval(tokens)
-    return np.array(ref.scores[: len(tokens)], dtype=np.float32)
-
-
 def _margin(row):
     top2 = np.sort(row)[-2:]
     return float(top2[1] - top2[0])
@@ -75,7 +66,7 @@ def _margin(row):
 def test_first_positions_bit_identical(ours, ref):
     tokens = ref.tokenize(PROMPTS[0].encode(), special=True)[:2]
     got = _ours_logits(ours, tokens, one_by_one=True)
-    expected = _ref_logits(ref, tokens, one_by_one=True)
+    expected = reference_logits(ref, tokens, one_by_one=True)
     assert np.array_equal(got, expected), f"max |dlogit| {np.abs(got - expected).max()}"
 
 
@@ -83,8 +74,8 @@ def test_first_positions_bit_identical(ours, ref):
 def test_logits_track_llama_cpp_on_shakespeare(ours, ref):
     text = SHAKESPEARE.read_text()[:4000]
     tokens = ref.tokenize(text.encode(), add_bos=False)[:128]
-    batch = _ref_logits(ref, tokens)
-    seq = _ref_logits(ref, tokens, one_by_one=True)
+    batch = reference_logits(ref, tokens)
+    seq = reference_logits(ref, tokens, one_by_one=True)
     got = _ours_logits(ours, tokens)
     top1 = float(np.mean(got.argmax(1) == batch.argmax(1)))
     self_top1 = float(np.mean(seq.argmax(1) == batch.argmax(1)))
@@ -120,7 +111,7 @@ def test_greedy_tokens_match_llama_cpp(ours, ref, prompt):
     seq = prompt_tokens + expected
     n0 = len(prompt_tokens) - 1
     ref_dec = np.array(ref.scores[n0: n0 + 64], dtype=np.float32)  # decode-path logits of the greedy run
-    ref_batch = _ref_logits(ref, seq)[n0: n0 + 64]
+    ref_batch = reference_logits(ref, seq)[n0: n0 + 64]
     noise = float(np.quantile(np.abs(ref_dec - ref_batch).max(axis=1), 0.95))
     mine = _ours_logits(ours, seq)[n0: n0 + 64].argmax(1)
     first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
@@ -141,6 +132,6 @@ def test_perplexity_matches_llama_cpp(ours, ref):
     tokens = ref.tokenize(SHAKESPEARE.read_text()[:6000].encode(), add_bos=False)[:256]
     targets = np.asarray(tokens[1:])
     ppl = {name: float(np.exp(log_softmax_nll(logits[:-1], targets).mean()))
-           for name, logits in (("ours", _ours_logits(ours, tokens)), ("llama.cpp", _ref_logits(ref, tokens)))}
+           for name, logits in (("ours", _ours_logits(ours, tokens)), ("llama.cpp", reference_logits(ref, tokens)))}
     print(f"\nperplexity over {len(targets)} scored tokens: ours {ppl['ours']:.4f}, llama.cpp {ppl['llama.cpp']:.4f}")
     assert abs(ppl["ours"] / ppl["llama.cpp"] - 1) < 0.005
