@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 
+from tests.fixtures.llama_reference import reference_logits
 from tests.fixtures.tiny_gguf import write_tiny_llama
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -61,11 +62,7 @@ def test_quantized_model_matches_llama_cpp(f16_model, ftype):
     ctx = NativeContext(NativeModel(m), n_ctx=64, n_batch=64, n_threads=2)
     ours = ctx.eval(tokens, logits_all=True).copy()
     ref_llm = load_reference(path, n_ctx=64, n_threads=2, n_threads_batch=2, logits_all=True)
-    one_by_one = []
-    for t in tokens:  # llama.cpp's decode path: its vec_dot kernels, as ours
-        ref_llm.eval([t])
-        one_by_one.append(np.array(ref_llm.scores[ref_llm.n_tokens - 1], dtype=np.float32))
-    ref = np.stack(one_by_one)
+    ref = reference_logits(ref_llm, tokens, one_by_one=True)  # llama.cpp's decode path: its vec_dot kernels, as ours
     # The same quantized dot products bit for bit; only SiLU's exp differs (docs/parity.md),
     # which now and then flips one Q8 activation rounding and moves a row a little
     scale = np.abs(ref).max()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
+from tests.fixtures.llama_reference import reference_logits
 from tests.fixtures.tiny_gguf import write_tiny_llama
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel
@@ -105,10 +106,8 @@ def _llama_cpp_logprobs(r, seqs, *, one_by_one: bool) -> list:
     """llama.cpp's logprobs of the next tokens of each sequence, batched or one token at a time."""
     out = []
     for seq in seqs:
-        r.reset()
-        for chunk in ([[t] for t in seq] if one_by_one else [seq]):
-            r.eval(chunk)
-        out.append(_log_softmax(r.scores[: len(seq) - 1])[np.arange(len(seq) - 1), np.asarray(seq[1:])])
+        rows = reference_logits(r, seq, one_by_one=one_by_one)[: len(seq) - 1]
+        out.append(_log_softmax(rows)[np.arange(len(seq) - 1), np.asarray(seq[1:])])
     return out
 
 
