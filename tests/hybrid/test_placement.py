@@ -36,17 +36,8 @@ COMPUTE = 27648
 FULL = COMPUTE + 2 * (ATTN_BLOCK + HOT_ALL) + OUTPUT  # 159744
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("pl") / "tiny.gguf", n_layer=2, n_ff=128)
-    m = load_gguf(path, verbose=False)
-    sizes = P.ModelSizes.from_gguf(m)
-    m.close()
-    return path, sizes
-
-
-def test_byte_accounting_is_exact(tiny):
-    _, s = tiny
+def test_byte_accounting_is_exact(tiny_sizes):
+    _, s = tiny_sizes
     assert P.kv_bytes_per_layer(s, 100) == 16384 and P.kv_bytes_per_layer(s, 128) == 16384
     assert P.kv_bytes_per_layer(s, 129) == 24576  # 192 cells: one more KV_PAD block of 64
     assert P.attn_block_bytes(s, 0, 100) == ATTN_BLOCK == 29952
@@ -72,10 +63,10 @@ class _PaddedRows:
         return 1000
 
 
-def test_sizer_decides_every_byte(tiny):
+def test_sizer_decides_every_byte(tiny_sizes):
     """The plan counts what the sizer says: row padding and alignment of the device's
     buffer type, its compute buffer."""
-    _, s = tiny
+    _, s = tiny_sizes
     z = _PaddedRows()
     q8_pad = 448 // 32 * 34  # 448 more Q8_0 elements
     assert P.tensor_device_bytes(s.layers[0]["attn_q"], z) == P.align_up(4352 + q8_pad, 128) == 4864
@@ -88,8 +79,8 @@ def test_sizer_decides_every_byte(tiny):
     assert p.buffer_bytes() == {"weights": full - 1000 - 2 * 16384, "kv": 2 * 16384, "compute": 1000}
 
 
-def test_full_zero_and_below_compute(tiny):
-    _, s = tiny
+def test_full_zero_and_below_compute(tiny_sizes):
+    _, s = tiny_sizes
     full = P.plan_placement(s, None, FULL, n_ctx=100, n_batch=4)
     assert full.device_bytes == FULL and full.kv_location == "device" and full.output_on_device
     assert [L.n_hot for L in full.layers] == [128, 128] and full.hot_fraction == 1.0
@@ -108,8 +99,8 @@ def test_full_zero_and_below_compute(tiny):
     assert [L.n_hot for L in p.layers] == [128, 127] and p.kv_location == "device"
 
 
-def test_dense_first_then_hot_by_frequency(tiny):
-    _, s = tiny
+def test_dense_first_then_hot_by_frequency(tiny_sizes):
+    _, s = tiny_sizes
     freq = np.zeros((2, 128))
     freq[1, [5, 77, 100]] = 0.9  # the most frequent neurons are in layer 1
     freq[0, 3] = 0.5
@@ -132,14 +123,14 @@ def test_dense_first_then_hot_by_frequency(tiny):
     assert P.plan_placement(s, freq, COMPUTE - 1, n_ctx=100, n_batch=4).device_bytes == 0
 
 
-def test_disable_gpu_index(tiny):
-    _, s = tiny
+def test_disable_gpu_index(tiny_sizes):
+    _, s = tiny_sizes
     p = P.plan_placement(s, None, FULL, n_ctx=100, n_batch=4, disable_gpu_index=True)
     assert all(L.n_hot == 0 for L in p.layers) and p.device_bytes == COMPUTE + 2 * ATTN_BLOCK + OUTPUT
 
 
-def test_bad_inputs(tiny):
-    _, s = tiny
+def test_bad_inputs(tiny_sizes):
+    _, s = tiny_sizes
     with pytest.raises(ValueError, match="vram_budget must be an integer >= 0"):
         P.plan_placement(s, None, -1, n_ctx=100, n_batch=4)
     with pytest.raises(ValueError, match="n_ctx"):
@@ -239,8 +230,8 @@ def test_parse_vram_budget_rejects(value):
         P.parse_vram_budget(value)
 
 
-def test_resolve_budget_rules(tiny):
-    _, s = tiny
+def test_resolve_budget_rules(tiny_sizes):
+    _, s = tiny_sizes
     kw = dict(n_ctx=100, n_batch=4)
     layer = ATTN_BLOCK + HOT_ALL
     # explicit vram_budget wins; n_gpu_layers ignored with one warning

@@ -28,23 +28,14 @@ FFN_GGUF = 3 * 8704
 OUT = 256 + 4352  # output_norm + tied embedding
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = write_tiny_llama(tmp_path_factory.mktemp("pr") / "tiny.gguf", n_layer=2, n_ff=128)
-    m = load_gguf(path, verbose=False)
-    sizes = P.ModelSizes.from_gguf(m)
-    m.close()
-    return path, sizes
-
-
 def _plan(attn_on, hot, output_on=False, n_ff=128):
     layers = [P.LayerPlan(i, a, 1 if a else 0, 0, np.asarray(h, np.int32), 0, 0.0)
               for i, (a, h) in enumerate(zip(attn_on, hot))]
     return P.Plan(10 ** 9, 100, 4, n_ff, 0, output_on, 1 if output_on else 0, layers)
 
 
-def test_row_and_block_bytes(tiny, tmp_path):
-    _, s = tiny
+def test_row_and_block_bytes(tiny_sizes, tmp_path):
+    _, s = tiny_sizes
     assert pr.attn_weight_bytes(s, 0) == ATTN_W == 13568
     assert pr.ffn_row_bytes(s, 1) == pr.ffn_row_bytes(s, 1, device=True) == ROW
     # an all-F32 model: the CPU's down_t stays F32, the device's down columns are F16
@@ -54,8 +45,8 @@ def test_row_and_block_bytes(tiny, tmp_path):
     assert pr.ffn_row_bytes(s32, 0) == (256, 256, 256) and pr.ffn_row_bytes(s32, 0, device=True) == (256, 256, 128)
 
 
-def test_ours_bytes_and_times_exact(tiny):
-    _, s = tiny
+def test_ours_bytes_and_times_exact(tiny_sizes):
+    _, s = tiny_sizes
     freq = np.empty((2, 128))
     freq[0, :32], freq[0, 32:], freq[1] = 1.0, 0.25, 0.5
     # layer 0: attention and neurons 0..31 on the device; layer 1 and the output on the host
@@ -85,8 +76,8 @@ def test_ours_bytes_and_times_exact(tiny):
 @pytest.mark.parametrize("mode,cold_bytes", [
     ("dense", 96 * 264), ("relu", 96 * 68 + 24 * 196), ("threshold", 96 * 136 + 24 * 128), ("predictor", 24 * 264),
 ])
-def test_modes(tiny, mode, cold_bytes):
-    _, s = tiny
+def test_modes(tiny_sizes, mode, cold_bytes):
+    _, s = tiny_sizes
     freq = np.full((2, 128), 0.25)
     plan = _plan([False, False], [np.arange(32), np.arange(32)])
     p = pr.predict_ours(s, plan, freq, device_gbps=100, host_gbps=1, mode=mode, predictor_bytes=1000)
@@ -94,8 +85,8 @@ def test_modes(tiny, mode, cold_bytes):
     assert [L.host_ffn_bytes for L in p.layers] == [cold_bytes + extra] * 2
 
 
-def test_dense_cpu_only_reads_gguf_tensors(tiny):
-    _, s = tiny
+def test_dense_cpu_only_reads_gguf_tensors(tiny_sizes):
+    _, s = tiny_sizes
     plan = P.plan_placement(s, None, 0, n_ctx=100, n_batch=4)
     p = pr.predict_ours(s, plan, None, device_gbps=5, host_gbps=5, mode="dense")
     assert p.host_bytes_read == 2 * (ATTN_W + FFN_GGUF) + OUT and p.device_bytes_read == 0
@@ -103,8 +94,8 @@ def test_dense_cpu_only_reads_gguf_tensors(tiny):
     assert split.n_gpu_layers == 0 and split.seconds_per_token == pytest.approx(p.seconds_per_token, rel=1e-12)
 
 
-def test_layer_split_edges(tiny):
-    _, s = tiny
+def test_layer_split_edges(tiny_sizes):
+    _, s = tiny_sizes
     scratch = P.scratch_bytes(s, 100, 4)
     layer = ATTN_W + FFN_GGUF + P.kv_bytes_per_layer(s, 100)  # 39680 + 16384
     out_block = OUT + 4 * 64 * 4
@@ -117,9 +108,9 @@ def test_layer_split_edges(tiny):
     assert p.seconds_per_token == pytest.approx(39680 / 1e9 + 39680 / 10e9 + OUT / 1e9, rel=1e-12)
 
 
-def test_layer_split_monotone_in_budget(tiny):
+def test_layer_split_monotone_in_budget(tiny_sizes):
     """More budget never predicts fewer tok/s for the layer split (a layer moves to the faster memory)."""
-    _, s = tiny
+    _, s = tiny_sizes
     last = 0.0
     for budget in np.linspace(0, P.full_device_bytes(s, 100, 4), 41).astype(int):
         split = pr.predict_layer_split(s, int(budget), device_gbps=20, host_gbps=1, n_ctx=100, n_batch=4)
@@ -127,10 +118,10 @@ def test_layer_split_monotone_in_budget(tiny):
         last = split.tok_s
 
 
-def test_ours_monotone_once_dense_placed_with_a_fast_device(tiny):
+def test_ours_monotone_once_dense_placed_with_a_fast_device(tiny_sizes):
     """Once the dense blocks are all placed more budget only adds hot rows; with a device
     so fast that its half never limits a layer, each one removes host bytes: never slower."""
-    _, s = tiny
+    _, s = tiny_sizes
     freq = np.clip(np.random.default_rng(0).pareto(1.5, (2, 128)) / 4, 0.2, 1.0)
     full = P.full_device_bytes(s, 100, 4)
     last, n = 0.0, 0
@@ -144,11 +135,11 @@ def test_ours_monotone_once_dense_placed_with_a_fast_device(tiny):
     assert n >= 10
 
 
-def test_more_hot_rows_can_be_slower(tiny):
+def test_more_hot_rows_can_be_slower(tiny_sizes):
     """The halves overlap (max): once a layer is device-bound, more hot rows make it slower.
     Layer 0 with 112 hot rows: device 112 x 264 B / 20 GB/s = 1.4784 us, host 16 gate rows +
     16 x 0.05 x (68 + 128) B / 1 GB/s = 1.2448 us; all 128 hot: 33792 B / 20 GB/s = 1.6896 us."""
-    _, s = tiny
+    _, s = tiny_sizes
     freq = np.full((2, 128), 0.05)
     t = [pr.predict_ours(s, _plan([False, False], [np.arange(n), []]), freq, device_gbps=20, host_gbps=1,
                          mode="relu").layers[0] for n in (112, 128)]
@@ -157,8 +148,8 @@ def test_more_hot_rows_can_be_slower(tiny):
     assert t[1].t > t[0].t
 
 
-def test_bad_inputs(tiny):
-    _, s = tiny
+def test_bad_inputs(tiny_sizes):
+    _, s = tiny_sizes
     plan = _plan([False, False], [[], []])
     for kw in ({"device_gbps": 0}, {"host_gbps": -1}, {"device_gbps": float("nan")}, {"host_gbps": True}):
         args = dict(device_gbps=1, host_gbps=1, mode="dense") | kw
