@@ -61,23 +61,19 @@ class TokenDataBuffer:
         hdr[2] = -1
         self._sorted[0] = 0
 
-    def selected_id(self) -> int:
-        """The selected token after a chain ran; notes whether the ids are still 0..n-1 in
-        order (no sampler sorted, shrank or moved the array, e.g. penalties + greedy), so
-        the next fill can skip them."""
+    def selected(self) -> tuple[int, float]:
+        """The selected token and its logit after a chain ran (-inf: every token was
+        masked); notes whether the ids are still 0..n-1 in order (no sampler sorted,
+        shrank or moved the array, e.g. penalties + greedy), so the next fill can skip them."""
         addr, size, sel = self._hdr.tolist()
         if not 0 <= sel < size:
             raise RuntimeError(f"llama.cpp's sampler chain selected no token (selected={sel})")
         if addr == self._addr:
             self._ids_intact = size == self.n_vocab and not self._sorted[0]
-            return int(self.id_col[sel])
+            return int(self.id_col[sel]), float(self.logit_col[sel])
         self._ids_intact = False
-        return int(self.array.data[sel].id)
-
-    def selected_logit(self) -> float:
-        """The selected entry's logit after a chain ran (-inf: every token was masked)."""
-        addr, _, sel = self._hdr.tolist()
-        return float(self.logit_col[sel]) if addr == self._addr else float(self.array.data[sel].logit)
+        entry = self.array.data[sel]
+        return int(entry.id), float(entry.logit)
 
 
 class ChainSampler:
@@ -109,8 +105,8 @@ class ChainSampler:
                 return token  # accepting is a no-op for this chain (no-op penalties, greedy)
         buf.fill(logits)
         llama_cpp.llama_sampler_apply(smpl, buf.ref)
-        token = buf.selected_id()
-        if buf.selected_logit() == -np.inf:
+        token, logit = buf.selected()
+        if logit == -np.inf:
             # every token was masked (a grammar no token of this vocabulary can continue):
             # accepting it would make llama.cpp's grammar throw through its C API, which
             # aborts the process
