@@ -422,7 +422,8 @@ class NativeContext:
         Raises:
             MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
                 counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
-            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
+            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv), or a
+                context of n_seq_max > 1 (the device's KV cache holds one sequence).
         """
         if self.n_seq_max > 1:
             raise NotImplementedError(f"a ggml device placement serves one sequence: n_seq_max is {self.n_seq_max}; "
