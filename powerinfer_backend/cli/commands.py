@@ -150,7 +150,8 @@ def cmd_perplexity(args) -> int:
 
 def cmd_plan(args) -> int:
     from ..hybrid.devices import planning_sizer
-    from ..hybrid.placement import ModelSizes, parse_vram_budget, plan_for_model, plan_layer_split, write_plot
+    from ..hybrid.placement import (ModelSizes, parse_vram_budget, plan_for_model, plan_layer_split,
+                                    why_nothing_placed, write_plot)
     from ..loader import load_gguf
 
     model = _model_path(args.model)
@@ -174,6 +175,9 @@ def cmd_plan(args) -> int:
                 plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch, model=g,
                                       sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
                                       disable_gpu_index=args.disable_gpu_index, out=args.out, sizer=sizer)
+            empty = (why_nothing_placed(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
+                                        sizer=sizer) if plan.device_bytes == 0 and not args.disable_gpu_index
+                     else "")
     finally:
         g.close()
     png = None
@@ -195,14 +199,15 @@ def cmd_plan(args) -> int:
         for layer in d["layers"]:
             layer["n_hot"] = len(layer.pop("hot_ids"))
         d.update(plan_file=str(plan.path), cached=plan.cached, png=png, bytes_by_category=plan.bytes_by_category(),
-                 no_device=no_device or None)
+                 no_device=no_device or None, nothing_placed=empty or None)
         if pred is not None:
             d["prediction"] = {k: v for k, v in pred.items() if k != "text"}
         print(json.dumps(d))
     else:
         print(plan.format_table())
-        if no_device:
-            print(no_device)
+        for line in (empty, no_device):
+            if line:
+                print(line)
         print(f"plan: {plan.path}{' (reused)' if plan.cached else ''}" + (f"; plot: {png}" if png else ""))
         if pred is not None:
             print(pred["text"])

@@ -182,7 +182,8 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
     kind = choice.requested
     if plan.device_bytes == 0:
         dev.close()
-        return Offload(kind, dec, notices=notices)
+        why = P.why_nothing_placed(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
+        return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     place_plan(ctx, dev, plan, dec.bytes)
     return Offload(kind, dec, plan, dev, ctx, notices)
 

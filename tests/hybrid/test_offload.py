@@ -192,3 +192,13 @@ def test_bad_device_options_fail_before_the_model_loads(tmp_path):
         Llama(str(path), device="ggml-cpu", device_threads=0, verbose=False)
     with pytest.raises(ValueError, match="placement must be one of neurons, layers, got 'rows'"):
         Llama(str(path), placement="rows", verbose=False)
+
+
+def test_a_budget_that_places_nothing_says_why(tiny, xdg_cache):
+    """Without --verbose too: the warning names the compute buffer the budget missed."""
+    with pytest.warns(UserWarning, match=r"vram_budget 1024 bytes places nothing: the device's compute buffer alone "
+                                         r"needs [\d.]+ (MiB|bytes) at n_ctx 64, n_batch 16 .*; running on the CPU"):
+        llm = Llama(str(tiny[0]), n_ctx=64, n_batch=16, n_threads=1, verbose=False, vram_budget="1KiB",
+                    device="ggml-cpu")
+    assert "device" not in llm.stats()
+    llm.close()
