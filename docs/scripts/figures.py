@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1]
 IMG = DOCS / "img"
+sys.path.insert(0, str(DOCS.parent))  # this checkout's package, installed or not
 
 
 def placement(out: Path, budget: str, n_ctx: int, n_batch: int, sidecar) -> Path:
@@ -53,12 +55,15 @@ def bench(src: Path, out: Path) -> Path:
         xs = [i + (j - (len(engines) - 1) / 2) * width for i in range(len(metrics))]
         vals = [r[key][m] for m, _ in metrics]
         bars = ax.bar(xs, vals, width, label=label)
-        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
     ax.set_xticks(range(len(metrics)), [m[1] for m in metrics])
     ax.set_ylabel("tokens / s")
     model = Path(str(r.get("model", "model"))).name
-    load = f", load average {r['load_average']}" if "load_average" in r else ""
-    ax.set_title(f"{model}, {r.get('threads', '?')} threads{load}", fontsize=10)
+    load = f"\nload average {r['load_average']}" if "load_average" in r else ""
+    ratio = r.get("ratio", {})
+    ratios = (f"; ours / llama.cpp: decode {ratio['decode']:.2f}x, prefill {ratio['prefill']:.2f}x"
+              if {"decode", "prefill"} <= set(ratio) else "")
+    ax.set_title(f"{model}, {r.get('threads', '?')} threads{ratios}{load}", fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
