@@ -437,9 +437,9 @@ def test_absurd_array_length(tiny, count):
 
 
 def test_array_element_budget(tiny, monkeypatch):
-    from powerinfer_backend.loader import reader as gguf_model  # the array-element limit lives in reader
+    from powerinfer_backend.loader import gguf_meta  # the array-element limit lives in the parser
 
-    monkeypatch.setattr(gguf_model, "_MAX_ARRAY_ELEMS", 100)  # tokens (64) + token_type (64) > 100
+    monkeypatch.setattr(gguf_meta, "MAX_ARRAY_ELEMS", 100)  # tokens (64) + token_type (64) > 100
     _expect_error(tiny, "'tokenizer.ggml.token_type'", "limit of 100 array elements")
 
 
