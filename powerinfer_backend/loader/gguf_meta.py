@@ -15,7 +15,9 @@ more: over :data:`MAX_ARRAY_ELEMS` array elements, arrays of arrays).
 
 from __future__ import annotations
 
+import os
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,21 +128,42 @@ class _Truncated(Exception):
     pass
 
 
-def _map(path: str) -> np.ndarray:
+def _map(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """The file as a read-only np.memmap, and as a plain ndarray view of it (slices of an
+    np.memmap run a Python hook each; views of the plain one still lead back to the map)."""
     try:
-        return np.memmap(path, dtype=np.uint8, mode="r")
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
     except ValueError:  # an empty file cannot be mapped
         raise ValueError(f"{path}: not a GGUF file (empty)") from None
+    return mm, mm.view(np.ndarray)
+
+
+def _stamp(path: str) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+# The header :func:`parse_header` gave last, while something (a loaded model) keeps it: the
+# vocabulary check right after a load (Llama: backend, then tokenizer) reuses its metadata
+# instead of walking the token arrays again.
+_last: tuple[tuple, weakref.ref] | None = None
 
 
 def scan_metadata(path: str) -> dict[str, MetaValue]:
     """Metadata of the GGUF file ``path``: key -> :class:`MetaValue`, in file order.
 
-    Reads nothing of the tensor directory. Raises ValueError for a file that is not a
-    little-endian GGUF v2/v3 or whose metadata is truncated, corrupt, holds an array of
-    arrays or more than :data:`MAX_ARRAY_ELEMS` array elements; OSError if it cannot be read.
+    Reads nothing of the tensor directory; when a header of the unchanged file from
+    :func:`parse_header` is still alive, returns its metadata without reading the file.
+    Raises ValueError for a file that is not a little-endian GGUF v2/v3 or whose metadata is
+    truncated, corrupt, holds an array of arrays or more than :data:`MAX_ARRAY_ELEMS` array
+    elements; OSError if it cannot be read.
     """
-    data = _map(path)
+    last = _last
+    if last is not None:
+        h = last[1]()
+        if h is not None and last[0] == _stamp(path):
+            return h.kv
+    _mm, data = _map(path)
     kv, _pos, _version, _n_tensors = _parse_kv(path, data, memoryview(data), GGUF_MAGIC)
     return kv
 
@@ -162,7 +185,8 @@ def parse_header(path: str, *, pwri: bool = False) -> Header:
             for a corrupt tensor directory, a bad ``general.alignment``, or an entry that
             fails a check above. OSError: the file cannot be read.
     """
-    data = _map(path)
+    stamp = _stamp(path)  # before the map: a file changed meanwhile gets a stale stamp, never a stale header
+    mm, data = _map(path)
     mv = memoryview(data)
     kv, pos, version, n_tensors = _parse_kv(path, data, mv, PWRI_MAGIC if pwri else GGUF_MAGIC)
     size = len(data)
@@ -200,7 +224,10 @@ def parse_header(path: str, *, pwri: bool = False) -> Header:
         seen.add(name)
         nbytes = _check_entry(path, name, ne, ttype, rel, data_offset, alignment, size)
         tensors.append(TensorEntry(name, tuple(ne), ttype, data_offset + rel, nbytes))
-    return Header(version, alignment, data_offset, kv, tensors, data)
+    global _last
+    header = Header(version, alignment, data_offset, kv, tensors, mm)
+    _last = (stamp, weakref.ref(header))
+    return header
 
 
 def _tname(name: str, i: int) -> str:

@@ -63,6 +63,7 @@ class GGUFModel:
     file_size: int = 0
     _kv: dict[str, Any] = field(default_factory=dict, repr=False)
     _mm: Any = field(default=None, repr=False)
+    _header: Any = field(default=None, repr=False)  # the parsed header (gguf_meta reuses it while alive)
     #: PowerInfer extras (``blk.N.fc1.weight``, ``blk.N.fc2.weight``, ``blk.N.ffn_down_t.weight``)
     extra_tensors: dict = field(default_factory=dict, repr=False)
     #: True when the file's magic is "PWRI" (PowerInfer's own GGUF)
@@ -150,6 +151,7 @@ class GGUFModel:
         self.tensors = {}
         self._kv = {}
         self._mm = None
+        self._header = None
 
     def __repr__(self) -> str:
         hp = self.hparams
@@ -319,6 +321,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         file_size=size,
         _kv=kv,
         _mm=header.data,
+        _header=header,
         extra_tensors=extra,
         pwri=pwri,
     )

@@ -233,7 +233,7 @@ def _read_kv(h: Header) -> dict[str, tuple[int, Any]]:
 
 def _tensor_infos(h: Header) -> dict[str, _TensorInfo]:
     """The tensor directory by name, each with its data as a zero-copy view of the map."""
-    data = h.data
+    data = h.data.view(np.ndarray)  # plain views (fast to slice) that still lead back to the map
     return {t.name: _TensorInfo(t.name, t.ne, t.type, t.nbytes, data[t.offset: t.offset + t.nbytes])
             for t in h.tensors}
 
