@@ -61,6 +61,17 @@ def _real_models() -> list:
     return out
 
 
+class _PlainViewReader(gguf.GGUFReader):
+    """``gguf.GGUFReader``'s own parse, over a plain ndarray view of its np.memmap (the same
+    bytes): each slice of an np.memmap runs a Python hook, 2-3x the reader's time on the real
+    models' 100k-800k array elements."""
+
+    def _get(self, *args, **kwargs):
+        if type(self.data) is np.memmap:
+            self.data = self.data.view(np.ndarray)
+        return super()._get(*args, **kwargs)
+
+
 def _reader_value(f: gguf.ReaderField):
     """(value type, element type or None, count, value) of a GGUFReader field: scalars as their raw
     bytes, numeric arrays as one array, string arrays as a list of bytes."""
@@ -77,9 +88,9 @@ def _reader_value(f: gguf.ReaderField):
     return vtype, etype, count, arr
 
 
-def _assert_same_as_gguf_reader(path: str, pwri: bool = False) -> None:
-    h = parse_header(path, pwri=pwri)
-    r = gguf.GGUFReader(path)
+def _assert_same_as_gguf_reader(path: str, reader=gguf.GGUFReader) -> None:
+    h = parse_header(path)
+    r = reader(path)
     fields = {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
     assert list(h.kv) == list(fields)
     for key, f in fields.items():
@@ -88,8 +99,9 @@ def _assert_same_as_gguf_reader(path: str, pwri: bool = False) -> None:
         assert (got.vtype, got.etype, got.count) == (vtype, etype, count), key
         if etype == V.STRING:
             assert isinstance(got.value, StringArray) and len(got.value) == count, key
-            assert [got.value[i] for i in range(count)] == want, key
+            # surrogateescape maps bytes to str one to one: equal lists mean equal bytes
             assert got.value.decode() == [w.decode("utf-8", "surrogateescape") for w in want], key
+            assert [got.value[i] for i in (0, count // 2, count - 1)] == [want[i] for i in (0, count // 2, -1)], key
         elif etype is not None:
             assert isinstance(got.value, np.ndarray) and not got.value.flags.writeable, key
             assert got.value.dtype == want.dtype or (etype == V.BOOL and got.value.dtype == np.uint8), key
@@ -103,8 +115,7 @@ def _assert_same_as_gguf_reader(path: str, pwri: bool = False) -> None:
     assert [(t.name, t.type, t.ne, t.offset, t.nbytes) for t in h.tensors] == [
         (t.name, int(t.tensor_type), tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes))
         for t in r.tensors]
-    if not pwri:
-        assert scan_metadata(path) is h.kv  # the vocabulary check reuses the live header
+    assert scan_metadata(path) is h.kv  # the vocabulary check reuses the live header
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
@@ -169,4 +180,4 @@ def test_array_of_arrays_refused(tmp_path):
 
 @pytest.mark.parametrize("path", _real_models())
 def test_real_model_header_same_as_gguf_reader(path):
-    _assert_same_as_gguf_reader(path)
+    _assert_same_as_gguf_reader(path, reader=_PlainViewReader)
