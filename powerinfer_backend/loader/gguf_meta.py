@@ -19,6 +19,7 @@ import os
 import struct
 import weakref
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -370,8 +371,8 @@ def _walk_strings(data: np.ndarray, mv: memoryview, pos: int, count: int, size: 
     append = lens.append
     start = pos
     try:
-        for _ in range(count):
-            (n,) = u64(mv, pos)
+        for _ in repeat(None, count):  # the hot loop of a load: ~0.25 us per string
+            n = u64(mv, pos)[0]
             append(n)
             pos += 8 + n
     except (struct.error, OverflowError):  # a length took pos past the end (or past 2**63)
