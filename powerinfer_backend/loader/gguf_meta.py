@@ -307,7 +307,7 @@ def _parse_kv(path: str, data: np.ndarray, mv: memoryview, magic: bytes):
         start = pos
         try:
             key_b, pos = _string(mv, pos, size)
-            key = key_b.decode("utf-8", "replace")
+            key = key_b.decode("utf-8")  # strict, as GGUFReader: keys are names, not data
             (vtype,) = _U32(mv, pos)
             value, pos = _read_value(data, mv, pos + 4, vtype, budget, size)
         except (_Truncated, struct.error, OverflowError) as e:
@@ -315,6 +315,9 @@ def _parse_kv(path: str, data: np.ndarray, mv: memoryview, magic: bytes):
             where = f"key '{key}'" if not key.startswith("#") else f"metadata key {key}"
             raise ValueError(f"{path}: truncated or corrupt GGUF header: reading {where} at byte {start}: "
                              f"{detail}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: metadata key #{i} at byte {start} is not valid UTF-8 ({e.reason} at "
+                             f"byte {e.start} of the key)") from None
         except ValueError as e:
             raise ValueError(f"{path}: key '{key}': {e}") from None
         if key in out:  # llama.cpp's gguf reader rejects the file too

@@ -440,6 +440,15 @@ def test_absurd_array_length(tiny, count):
     _expect_error(tiny, "'tokenizer.ggml.token_type'", f"array of {count} int32 values cannot fit")
 
 
+def test_key_not_utf8(tiny):
+    """Keys are names: one that is not UTF-8 is refused (as GGUFReader does), naming its index."""
+    data = bytearray(pathlib.Path(tiny).read_bytes())
+    pos = next(p for p, _n, label in gguf_layout.parse(bytes(data)).strings if label == "key")
+    data[pos] = 0xFF
+    pathlib.Path(tiny).write_bytes(bytes(data))
+    _expect_error(tiny, "metadata key #0 at byte 24 is not valid UTF-8")
+
+
 def test_array_element_budget(tiny, monkeypatch):
     from powerinfer_backend.loader import gguf_meta  # the array-element limit lives in the parser
 
