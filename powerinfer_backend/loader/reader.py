@@ -18,7 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFReader
 
 from .gguf_meta import MAX_ARRAY_ELEMS as _MAX_ARRAY_ELEMS
-from .gguf_meta import Header, StringArray  # noqa: F401 - StringArray: the type of string array values
+from .gguf_meta import Header
 from .types import _FLOAT_TYPES, _GGUF_MAGIC_U32, _MAX_DIMS, _SCALAR_NP, _T, _V, _vtype_name
 
 # GGUFReader's pseudo-fields, ahead of the file's keys in GGUFReader.fields

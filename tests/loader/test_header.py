@@ -29,7 +29,8 @@ _ALL_TYPES = {
     "test.str_raw": (b"\xff\xfe not utf-8", V.STRING), "test.empty_str": ("", V.STRING),
     "test.a_i8": ([-128, 0, 127], V.ARRAY, V.INT8), "test.a_u16": ([0, 65535], V.ARRAY, V.UINT16),
     "test.a_i64": ([-(2**63), 2**63 - 1], V.ARRAY, V.INT64), "test.a_u64": ([2**64 - 1], V.ARRAY, V.UINT64),
-    "test.a_f64": ([0.1, float("inf"), -0.0], V.ARRAY, V.FLOAT64), "test.a_bool": ([True, False, True], V.ARRAY, V.BOOL),
+    "test.a_f64": ([0.1, float("inf"), -0.0], V.ARRAY, V.FLOAT64),
+    "test.a_bool": ([True, False, True], V.ARRAY, V.BOOL),
     "test.a_f32": ([float("nan"), 1e-45], V.ARRAY, V.FLOAT32),
     "test.a_str": (["", "a", b"\x80\x00", "é" * 300], V.ARRAY, V.STRING),
 }  # (no empty array: GGUFWriter refuses to write one)
@@ -157,7 +158,8 @@ def test_pwri_header_same_as_gguf_reader(tmp_path):
     gg = tmp_path / "m.gguf"
     gg.write_bytes(bytes(data))
     a, b = parse_header(pw, pwri=True), parse_header(str(gg))
-    assert [(t.name, t.type, t.ne, t.offset) for t in a.tensors] == [(t.name, t.type, t.ne, t.offset) for t in b.tensors]
+    table = [[(t.name, t.type, t.ne, t.offset) for t in h.tensors] for h in (a, b)]
+    assert table[0] == table[1]
     assert list(a.kv) == list(b.kv)
     _assert_same_as_gguf_reader(str(gg))
     with pytest.raises(ValueError, match="not a GGUF file"):
