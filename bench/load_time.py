@@ -43,7 +43,7 @@ print(json.dumps({"s": time.perf_counter() - t}))
 """
 _LLAMA_CPP_GENERATE = """
 import sys, llama_cpp
-llm = llama_cpp.Llama(sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=1, verbose=False)
+llm = llama_cpp.Llama(sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=1, n_threads_batch=1, verbose=False)
 sys.stdout.write(llm("Once upon a time", max_tokens=1, temperature=0)["choices"][0]["text"] + "\\n")
 """
 
