@@ -255,7 +255,8 @@ class NativeContext:
     def set_ffn_sparsity(self, layer: int, down_t, threshold: float = 0.0) -> None:
         """Make layer ``layer``'s FFN sparse in the down-only form: gate and up stay
         dense; the down projection runs over ``down_t`` (the layer's ffn_down
-        transposed, shape (n_ff, n_embd), float32 or float16 ndarray) and skips
+        transposed, shape (n_ff, n_embd): a float32 or float16 ndarray, or a TensorView
+        of ne (n_embd, n_ff) in F32, F16, Q8_0 or Q4_0, e.g. a Q8_0 ``transposed_down``) and skips
         neurons with |h| < ``threshold`` (CATS / TEAL-style thresholding; docs/sparsity.md).
         ``down_t=None`` makes the layer dense again. The array is kept alive here.
 
@@ -292,6 +293,13 @@ class NativeContext:
         with self._exclusive():
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
+
+    def ffn_down_t_types(self) -> dict:
+        """layer -> ggml type name ("F32", "F16", "Q8_0", ...) of the down_t each sparse
+        layer runs over (:meth:`set_ffn_sparsity`); dense layers are absent."""
+        names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+        return {layer: names[v.dtype] if isinstance(v, np.ndarray) else v.type_name
+                for layer, v in sorted(self._down_t.items())}
 
     def has_ffn_sparsity(self, layer: int) -> bool:
         """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""

@@ -19,8 +19,10 @@ Modes (docs/sparsity.md):
 * a path: that sidecar file (threshold mode).
 
 The down projection of a sparse layer runs over the cached transposed copy
-(:mod:`powerinfer_backend.engine.down_cache`: F16, or F32 for an F32 model), built on
-first use.
+(:mod:`powerinfer_backend.engine.down_cache`, type by
+:func:`~powerinfer_backend.engine.down_cache.down_t_dtype`: Q8_0 for a quantized ffn_down,
+F16 for an F16/BF16 one, F32 for an F32 model), built on first use; ``stats()`` reports
+the type in use as ``"down_t_type"``.
 """
 
 from __future__ import annotations
@@ -197,7 +199,9 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
     """Measured FFN sparsity of ``ctx`` since the last reset: ``{"mode",
     "ffn_sparsity" (mean over all layers, dense layers count 0), "layers"
     (per-layer fractions of neurons skipped), "neurons_used", "neurons_total",
-    "sidecar", "expected_sparsity"}``."""
+    "sidecar", "expected_sparsity", "down_t_type" (ggml type name of the transposed down
+    the sparse layers read, e.g. "Q8_0"; several joined by "+"; None when every layer
+    is dense)}``."""
     used, total = ctx.ffn_stats(reset=False, per_layer=True)
     frac = np.where(total > 0, 1.0 - used / np.maximum(total, 1), 0.0)
     extra = {}
@@ -213,6 +217,8 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
                  "predictor_share_of_ffn": float(ps["pred_ns"].sum() / max(1, ps["ffn_ns"].sum()))}
     if reset:
         ctx.ffn_stats(reset=True)
+    dt = sorted(set(ctx.ffn_down_t_types().values()))
+    extra["down_t_type"] = "+".join(dt) if dt else None
     return extra | {"mode": state.mode, "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
             "layers": [round(float(x), 6) for x in frac], "neurons_used": int(used.sum()),
             "neurons_total": int(total.sum()), "sidecar": state.sidecar,
