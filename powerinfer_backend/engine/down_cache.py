@@ -67,12 +67,15 @@ def down_t_row_bytes(dtype: Any, n_embd: int) -> int:
     return {"f32": 4 * n_embd, "f16": 2 * n_embd, "q8_0": n_embd // 32 * 34}[name]
 
 
-def down_t_dtype(model: GGUFModel) -> str:
+def down_t_dtype(model: GGUFModel, *, split: bool = False) -> str:
     """The down_t type sparse inference uses for ``model``, chosen by bytes read:
 
     * "f32" when every ffn_down is stored F32 (exact);
     * "f16" when any ffn_down is unquantized (F32/F16/BF16: F16 holds F16 exactly),
-      or n_embd is not a multiple of 32 (no whole Q8_0 blocks);
+      when n_embd is not a multiple of 32 (no whole Q8_0 blocks), or with ``split``
+      (a device split: the device holds its hot down columns as F16, so the CPU's
+      cold rows keep those values and moving a neuron across the split changes only
+      the summation order, docs/placement.md);
     * else (quantized sources: Q4_0, Q4_1, Q8_0, K-quants, ...) "q8_0": a kept
       neuron's row costs n_embd / 32 * 34 bytes instead of 2 * n_embd (53%), and the
       sparse down product reads density x n_ff such rows per token, so Q8_0 reads
@@ -83,7 +86,7 @@ def down_t_dtype(model: GGUFModel) -> str:
     if types == {"F32"}:
         return "f32"
     n_embd = model.hparams.n_embd
-    if types & _UNQUANTIZED or n_embd % 32 != 0 or down_t_row_bytes("q8_0", n_embd) >= down_t_row_bytes("f16", n_embd):
+    if split or types & _UNQUANTIZED or n_embd % 32 != 0:
         return "f16"
     return "q8_0"
 

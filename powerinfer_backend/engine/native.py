@@ -166,6 +166,7 @@ class NativeContext:
         self._ptr = out[0]
         self._busy = threading.Lock()
         self._down_t = {}  # layer -> transposed down array the C context points into
+        self._ffn_thr = {}  # layer -> the threshold set with it
         self._hist = None  # the calibration histogram the C context writes into
         self._pred = {}  # layer -> predictor arrays the C context points into
         self._device = None  # the device the C context computes on, kept alive with it
@@ -270,6 +271,7 @@ class NativeContext:
                 check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
                       f"blk.{layer}: dense FFN")
             keep.pop(layer, None)
+            self._ffn_thr.pop(layer, None)
             return
         if not isinstance(down_t, np.ndarray):  # a TensorView (e.g. a PowerInfer ffn_down_t)
             t, keep_obj = _pred_tensor(down_t, f"blk.{layer}.ffn_down_t.weight")
@@ -277,6 +279,7 @@ class NativeContext:
                 check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)),
                       f"blk.{layer}: sparse FFN")
             keep[layer] = keep_obj
+            self._ffn_thr[layer] = float(threshold)
             return
         arr = np.ascontiguousarray(down_t)
         types = {np.dtype(np.float32): lib.PI_TYPE_F32, np.dtype(np.float16): lib.PI_TYPE_F16}
@@ -293,6 +296,7 @@ class NativeContext:
         with self._exclusive():
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
+        self._ffn_thr[layer] = float(threshold)
 
     def ffn_down_t_types(self) -> dict:
         """layer -> ggml type name ("F32", "F16", "Q8_0", ...) of the down_t each sparse
@@ -300,6 +304,10 @@ class NativeContext:
         names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
         return {layer: names[v.dtype] if isinstance(v, np.ndarray) else v.type_name
                 for layer, v in sorted(self._down_t.items())}
+
+    def ffn_threshold(self, layer: int) -> float | None:
+        """The threshold layer ``layer``'s sparse FFN was set with; None when it is dense."""
+        return self._ffn_thr.get(int(layer))
 
     def has_ffn_sparsity(self, layer: int) -> bool:
         """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""

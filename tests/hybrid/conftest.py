@@ -12,11 +12,9 @@ from tests.fixtures.tiny_gguf import write_tiny_llama
 @pytest.fixture(scope="module")
 def tiny_sizes(tmp_path_factory):
     """(path, :class:`ModelSizes`) of a 2-layer tiny llama with n_ff 128 (n_embd 64, 4 heads,
-    2 KV heads, tied embedding of 64 tokens; the writer's defaults). The CPU's down_t is
-    pinned to F16 (the byte figures of test_predict are F16's; the automatic choice for
-    this Q8_0 model, Q8_0, is checked there separately)."""
+    2 KV heads, tied embedding of 64 tokens; the writer's defaults)."""
     path = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", n_layer=2, n_ff=128)
     m = load_gguf(path, verbose=False)
-    sizes = P.ModelSizes.from_gguf(m, down_t_type="f16")
+    sizes = P.ModelSizes.from_gguf(m)
     m.close()
     return path, sizes

@@ -172,8 +172,8 @@ def attn_weight_bytes(s: ModelSizes, i: int) -> int:
 def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False) -> tuple[int, int, int]:
     """Bytes of one neuron's rows in layer ``i``, as the split FFN reads them: gate row
     (0 for an ungated FFN) and up row of n_embd in their GGUF types, the down row of
-    n_embd: on the host the CPU's down_t (``s.down_t_type``: Q8_0 for a quantized ffn_down,
-    F16, F32 for an all-F32 model), on the device F16 (the ggml device's gathered down columns)."""
+    n_embd: on the host the CPU's down_t of a split (``s.down_t_type``: F16, F32 for an
+    all-F32 model), on the device F16 (the ggml device's gathered down columns)."""
     from ...engine.down_cache import down_t_row_bytes
 
     L = s.layers[i]

@@ -162,9 +162,11 @@ class ModelSizes:
         layers: per layer, slot name (:data:`arch.LAYER_SLOTS`) -> :class:`TensorSize`.
         output_norm: F32 [n_embd].
         output: the output projection [n_embd, n_vocab] (the token embedding when tied).
-        down_t_type: the CPU's transposed down cache type, "f16", "f32" or "q8_0"
-            (:func:`powerinfer_backend.engine.down_cache.down_t_dtype`; ``down_t_row_bytes``
-            gives a neuron's row). The device holds its hot down columns as F16 whatever this is.
+        down_t_type: the type of the CPU's transposed down cache in a device split, "f16"
+            or "f32" (:func:`powerinfer_backend.engine.down_cache.down_t_dtype` with
+            ``split=True``: F32 when every ffn_down is F32; never Q8_0, so a neuron has the
+            values of the device's F16 hot down columns on either side of the split);
+            ``down_t_row_bytes`` gives a neuron's row.
     """
 
     n_layer: int
@@ -190,7 +192,7 @@ class ModelSizes:
     @classmethod
     def from_gguf(cls, model, down_t_type: str | None = None) -> "ModelSizes":
         """Sizes of a :class:`powerinfer_backend.loader.GGUFModel` (types as loaded);
-        ``down_t_type`` None: the engine's automatic choice (``down_t_dtype``)."""
+        ``down_t_type`` None: the split's (``down_t_dtype(model, split=True)``)."""
         from ...engine.down_cache import down_t_dtype
         from ...loader.arch import LAYER_SLOTS
 
@@ -207,7 +209,7 @@ class ModelSizes:
                    layers=tuple(layers),
                    output_norm=TensorSize(int(g["output_norm"].type), tuple(g["output_norm"].ne)),
                    output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)),
-                   down_t_type=down_t_type or down_t_dtype(model))
+                   down_t_type=down_t_type or down_t_dtype(model, split=True))
 
 
 def _n_cells(n_ctx: int) -> int:
