@@ -167,6 +167,7 @@ class NativeContext:
         self._busy = threading.Lock()
         self._down_t = {}  # layer -> transposed down array the C context points into
         self._ffn_thr = {}  # layer -> the threshold set with it
+        self._down_dense = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
         self._hist = None  # the calibration histogram the C context writes into
         self._pred = {}  # layer -> predictor arrays the C context points into
         self._device = None  # the device the C context computes on, kept alive with it
@@ -304,6 +305,28 @@ class NativeContext:
         names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
         return {layer: names[v.dtype] if isinstance(v, np.ndarray) else v.type_name
                 for layer, v in sorted(self._down_t.items())}
+
+    def set_ffn_down_dense(self, layer: int, on: bool) -> None:
+        """Sparse layer ``layer`` keeps skipping its skipped neurons' gate/up work, but
+        (``on``) its down product is the dense one over the GGUF ffn_down with those
+        neurons' h set to 0, instead of the kept rows of down_t: fewer bytes when the
+        density times a down_t row exceeds an ffn_down column
+        (:func:`~powerinfer_backend.engine.down_cache.dense_down_cheaper`).
+
+        Raises:
+            ValueError: bad layer. MemoryError: the h rows cannot be allocated.
+        """
+        layer = int(layer)
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_down_dense(self._ptr, layer, 1 if on else 0), f"blk.{layer}: dense down")
+        if on:
+            self._down_dense.add(layer)
+        else:
+            self._down_dense.discard(layer)
+
+    def ffn_down_dense_layers(self) -> list:
+        """The layers :meth:`set_ffn_down_dense` switched on, increasing."""
+        return sorted(self._down_dense)
 
     def ffn_threshold(self, layer: int) -> float | None:
         """The threshold layer ``layer``'s sparse FFN was set with; None when it is dense."""

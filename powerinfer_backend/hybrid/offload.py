@@ -91,7 +91,8 @@ def split_arithmetic(ctx) -> None:
     arithmetic is the same at every budget (docs/placement.md, "Exactness"). The split's
     down_t is F16 (F32 for an all-F32 model: ``down_t_dtype(split=True)``), the values of
     the device's hot down columns; a layer a sparse mode gave a Q8_0 down_t gets the
-    split's instead, with its threshold kept."""
+    split's instead, with its threshold kept, and every layer's down runs over down_t
+    (no ``set_ffn_down_dense``)."""
     from ..engine.down_cache import down_t_dtype, transposed_down
 
     gguf = ctx.model.gguf
@@ -101,6 +102,8 @@ def split_arithmetic(ctx) -> None:
         if types.get(i) not in (None, dtype.upper()) or not ctx.has_ffn_sparsity(i):
             thr = ctx.ffn_threshold(i)
             ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0 if thr is None else thr)
+    for i in ctx.ffn_down_dense_layers():
+        ctx.set_ffn_down_dense(i, False)
 
 
 def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,

@@ -94,3 +94,47 @@ def test_split_gets_f16_down_t_with_thresholds_kept(relu_q8):
     assert modes.stats(ctx, state)["down_t_type"] == "F16"
     ctx.close()
     m.close()
+
+
+def test_dense_down_gate_form(tmp_path, xdg_cache):
+    """The gate form with its down product over the GGUF ffn_down (h of skipped neurons 0):
+    at threshold 0 it is the dense model bit for bit (the gathered gate/up dots have the
+    dense rows' bits); at a threshold, the same bits for 1 and 2 threads, the neurons of
+    the down_t form skipped, logits close to it; a split turns it off."""
+    from powerinfer_backend.engine.down_cache import dense_down_cheaper
+
+    path = write_tiny_llama(tmp_path / "sw.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, seed=3,
+                            n_ctx_train=512)
+    g = load_gguf(path, verbose=False)
+    m = NativeModel(g)
+
+    def run(thr, dense_down, threads=2):
+        ctx = NativeContext(m, n_ctx=32, n_batch=8, n_threads=threads)
+        if thr is not None:
+            ctx.set_ffn_threshold_on("gate")
+            for layer in range(2):
+                ctx.set_ffn_sparsity(layer, transposed_down(g, layer, dtype="q8_0"), thr)
+                ctx.set_ffn_down_dense(layer, dense_down)
+        rows = [ctx.eval(TOKS[:4]).copy()] + [ctx.eval([t]).copy() for t in (4, 8, 12)]
+        out = (np.concatenate(rows), ctx.ffn_stats(), ctx.ffn_down_dense_layers())
+        if thr is not None and dense_down:
+            split_arithmetic(ctx)
+            assert ctx.ffn_down_dense_layers() == []
+        ctx.close()
+        return out
+
+    dense, _, _ = run(None, False)
+    at0, (used0, total0), layers = run(0.0, True)
+    assert layers == [0, 1] and used0 == total0 and np.array_equal(at0.view(np.uint32), dense.view(np.uint32))
+    two, (used, total), _ = run(0.1, True)
+    one, _, _ = run(0.1, True, threads=1)
+    rows_form, (used_t, _), _ = run(0.1, False)
+    assert np.array_equal(two.view(np.uint32), one.view(np.uint32))
+    assert 0.7 * total < used < total and abs(used - used_t) <= 0.01 * total  # the layers' inputs differ slightly
+    # measured: max |d logit| 0.062 against the down_t form, max |logit| 2.77 (the dense down
+    # quantizes h to Q8_0, the down_t form sums float h times Q8_0 rows)
+    assert np.abs(two - rows_form).max() <= 0.05 * np.abs(dense).max()
+    m.close()
+    # the byte rule: Q8_0 ffn_down columns (68 B per neuron at n_embd 64) against Q8_0 down_t rows (68 B)
+    assert not dense_down_cheaper(g, 0, "q8_0", 0.99) and dense_down_cheaper(g, 0, "q8_0", 1.0 + 1e-6) is True
+    assert dense_down_cheaper(g, 0, "f16", 0.55)  # 0.55 x 128 B > 68 B
