@@ -10,9 +10,11 @@ Measured in one process, --runs times, engines interleaved within a run (same fi
 threads): greedy decode of --tokens tokens after a 4-token prompt, one eval per token.
 
 1. dense decode, ours vs llama-cpp-python, for each type;
-2. SwiGLU Q4_0, gate form (``threshold_on = "gate"``: up and down rows of a skipped
-   neuron are not read) at --swiglu-sparsity (thresholds from one statistics pass on
-   random tokens, as bench/relu_decode.py sets them), vs our dense;
+2. SwiGLU Q4_0, gate form (``threshold_on = "gate"``: the up row of a skipped neuron is
+   not read; its down row neither, or at this density the down runs densely over ffn_down
+   with its h 0, whichever reads fewer bytes: ``stats()["down_dense_layers"]``) at
+   --swiglu-sparsity (thresholds from one statistics pass on random tokens, as
+   bench/relu_decode.py sets them), vs our dense;
 3. ReLU Q4_0 with random rank-256 Q8_0 predictors thresholded to --relu-density of
    their scores (bench/predictor_decode.py), vs our dense.
 
@@ -121,7 +123,7 @@ def _dense_vs(make, sparse, tokens, runs) -> dict:
     for llm in llms.values():
         llm.close()
     return {"dense_tok_s": rate["dense"], "sparse_tok_s": rate["sparse"], "ffn_sparsity": st["ffn_sparsity"],
-            "down_t_type": st.get("down_t_type"),
+            "down_t_type": st.get("down_t_type"), "down_dense_layers": st.get("down_dense_layers", []),
             "ratio": statistics.median(s / d for s, d in zip(rate["sparse"], rate["dense"]))}
 
 
@@ -192,7 +194,9 @@ def main() -> None:
               f" tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])}; ours / llama.cpp {d['ratio']:.2f}x")
     if "swiglu_gate" in r:
         s = r["swiglu_gate"]
-        print(f"  SwiGLU Q4_0 gate form, FFN sparsity {s['ffn_sparsity']:.1%} (down_t {s['down_t_type']}): "
+        down = (f"down over ffn_down on {len(s['down_dense_layers'])} layers" if s["down_dense_layers"]
+                else f"down_t {s['down_t_type']}")
+        print(f"  SwiGLU Q4_0 gate form, FFN sparsity {s['ffn_sparsity']:.1%} ({down}): "
               f"dense {_fmt(s['dense_tok_s'])}, sparse {_fmt(s['sparse_tok_s'])} tok/s; "
               f"sparse / dense {s['ratio']:.2f}x")
     if "relu_predictor" in r:
