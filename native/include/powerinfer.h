@@ -203,6 +203,13 @@ int pi_context_set_ffn_hist(pi_context *ctx, uint32_t *hist);
  * as its down row. Also selects what pi_context_set_ffn_hist records. */
 enum pi_ffn_threshold_on { PI_FFN_ON_PRODUCT = 0, PI_FFN_ON_GATE = 1 };
 int pi_context_set_ffn_threshold_on(pi_context *ctx, int32_t on);
+/* on != 0: sparse layer `layer` (pi_context_set_ffn_sparsity) still skips the gate/up
+ * work of its skipped neurons, but its down product is the dense one over the GGUF
+ * ffn_down with those neurons' h set to 0 (instead of the kept rows of down_t): fewer
+ * bytes when density x (down_t row) exceeds the ffn_down column (e.g. the gate form
+ * at 60% density with a Q4_0 file and a Q8_0 down_t). A layer split with a device
+ * (pi_context_set_ggml_device) computes its own way and ignores it. Default 0. */
+int pi_context_set_ffn_down_dense(pi_context *ctx, int32_t layer, int32_t on);
 
 /* Activation predictor of layer `layer` (docs/predictors.md): a bias-free low-rank
  * MLP, score = fc2 . relu(fc1 . x) with x the normed FFN input; fc1 has ne

@@ -19,6 +19,8 @@ void pi_context_free(pi_context *c) {
     free(c->act_scratch);
     free(c->down_t);
     free(c->ffn_threshold);
+    free(c->ffn_dense_down);
+    free(c->ffn_hd);
     free(c->ffn_scratch);
     free(c->ffn_y);
     free(c->ffn_used_tok);

@@ -44,6 +44,8 @@ struct pi_context {
     float *rope_cs_swa;                   /* the same for the local (sliding-window) layers' RoPE */
     pi_mat *down_t;                       /* per layer: transposed down for the sparse FFN (data NULL = dense) */
     float *ffn_threshold;                 /* per layer */
+    uint8_t *ffn_dense_down;              /* per layer: 1 = the kept h go through the GGUF ffn_down (dense) */
+    float *ffn_hd;                        /* n_batch rows of n_ff: that h, allocated on first use */
     void *ffn_scratch;                    /* sparse FFN scratch and output rows, allocated on first use */
     float *ffn_y;
     int64_t *ffn_used_tok;                /* n_batch */

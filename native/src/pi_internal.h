@@ -287,6 +287,8 @@ typedef struct {
     const float *up_bias; /* ungated forms only: n_ff floats added to up.x (NULL = none) */
     int32_t phase;   /* 0: everything; 1: h and the kept rows only (held in scratch); 2: the down
                         accumulation of a phase-1 call's kept rows onto y as it is (not zeroed) */
+    float *h_dense;  /* optional: also the kept h as n_tok rows of n_ff, 0 for every other neuron
+                        (for a dense down product over the GGUF ffn_down instead of down_t rows) */
 } pi_ffn_sparse_args;
 
 /* Bytes of scratch pi_ffn_sparse needs (upper bound, independent of the active sets) */

@@ -197,6 +197,8 @@ class NativeContext:
         self.n_ctx_seq = int(lib.pi_n_ctx_seq(self._ptr))
         self._busy = threading.Lock()
         self._down_t = {}  # layer -> transposed down array the C context points into
+        self._ffn_thr = {}  # layer -> the threshold set with it
+        self._down_dense = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
         self._hist = None  # the calibration histogram the C context writes into
         self._pred = {}  # layer -> predictor arrays the C context points into
         self._device = None  # the device the C context computes on, kept alive with it
@@ -355,7 +357,8 @@ class NativeContext:
     def set_ffn_sparsity(self, layer: int, down_t, threshold: float = 0.0) -> None:
         """Make layer ``layer``'s FFN sparse in the down-only form: gate and up stay
         dense; the down projection runs over ``down_t`` (the layer's ffn_down
-        transposed, shape (n_ff, n_embd), float32 or float16 ndarray) and skips
+        transposed, shape (n_ff, n_embd): a float32 or float16 ndarray, or a TensorView
+        of ne (n_embd, n_ff) in F32, F16, Q8_0 or Q4_0, e.g. a Q8_0 ``transposed_down``) and skips
         neurons with |h| < ``threshold`` (CATS / TEAL-style thresholding; docs/sparsity.md).
         ``down_t=None`` makes the layer dense again. The array is kept alive here.
 
@@ -369,6 +372,7 @@ class NativeContext:
                 check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
                       f"blk.{layer}: dense FFN")
             keep.pop(layer, None)
+            self._ffn_thr.pop(layer, None)
             return
         if not isinstance(down_t, np.ndarray):  # a TensorView (e.g. a PowerInfer ffn_down_t)
             t, keep_obj = _pred_tensor(down_t, f"blk.{layer}.ffn_down_t.weight")
@@ -376,6 +380,7 @@ class NativeContext:
                 check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)),
                       f"blk.{layer}: sparse FFN")
             keep[layer] = keep_obj
+            self._ffn_thr[layer] = float(threshold)
             return
         arr = np.ascontiguousarray(down_t)
         types = {np.dtype(np.float32): lib.PI_TYPE_F32, np.dtype(np.float16): lib.PI_TYPE_F16}
@@ -392,6 +397,40 @@ class NativeContext:
         with self._exclusive():
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
+        self._ffn_thr[layer] = float(threshold)
+
+    def ffn_down_t_types(self) -> dict:
+        """layer -> ggml type name ("F32", "F16", "Q8_0", ...) of the down_t each sparse
+        layer runs over (:meth:`set_ffn_sparsity`); dense layers are absent."""
+        names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+        return {layer: names[v.dtype] if isinstance(v, np.ndarray) else v.type_name
+                for layer, v in sorted(self._down_t.items())}
+
+    def set_ffn_down_dense(self, layer: int, on: bool) -> None:
+        """Sparse layer ``layer`` keeps skipping its skipped neurons' gate/up work, but
+        (``on``) its down product is the dense one over the GGUF ffn_down with those
+        neurons' h set to 0, instead of the kept rows of down_t: fewer bytes when the
+        density times a down_t row exceeds an ffn_down column
+        (:func:`~powerinfer_backend.engine.down_cache.dense_down_cheaper`).
+
+        Raises:
+            ValueError: bad layer. MemoryError: the h rows cannot be allocated.
+        """
+        layer = int(layer)
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_down_dense(self._ptr, layer, 1 if on else 0), f"blk.{layer}: dense down")
+        if on:
+            self._down_dense.add(layer)
+        else:
+            self._down_dense.discard(layer)
+
+    def ffn_down_dense_layers(self) -> list:
+        """The layers :meth:`set_ffn_down_dense` switched on, increasing."""
+        return sorted(self._down_dense)
+
+    def ffn_threshold(self, layer: int) -> float | None:
+        """The threshold layer ``layer``'s sparse FFN was set with; None when it is dense."""
+        return self._ffn_thr.get(int(layer))
 
     def has_ffn_sparsity(self, layer: int) -> bool:
         """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""

@@ -88,14 +88,22 @@ class Offload:
 def split_arithmetic(ctx) -> None:
     """Give every layer of ``ctx`` that has no sparse FFN yet its transposed down with
     threshold 0: the CPU half of a split computes its cold neurons over it, so the FFN
-    arithmetic is the same at every budget (docs/placement.md, "Exactness")."""
+    arithmetic is the same at every budget (docs/placement.md, "Exactness"). The split's
+    down_t is F16 (F32 for an all-F32 model: ``down_t_dtype(split=True)``), the values of
+    the device's hot down columns; a layer a sparse mode gave a Q8_0 down_t gets the
+    split's instead, with its threshold kept, and every layer's down runs over down_t
+    (no ``set_ffn_down_dense``)."""
     from ..engine.down_cache import down_t_dtype, transposed_down
 
     gguf = ctx.model.gguf
-    dtype = down_t_dtype(gguf)
+    dtype = down_t_dtype(gguf, split=True)
+    types = ctx.ffn_down_t_types()
     for i in range(gguf.hparams.n_layer):
-        if not ctx.has_ffn_sparsity(i):
-            ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
+        if types.get(i) not in (None, dtype.upper()) or not ctx.has_ffn_sparsity(i):
+            thr = ctx.ffn_threshold(i)
+            ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0 if thr is None else thr)
+    for i in ctx.ffn_down_dense_layers():
+        ctx.set_ffn_down_dense(i, False)
 
 
 def check_device_options(placement: str = "neurons", device_threads: int = 1) -> None:
