@@ -41,6 +41,13 @@ def cmd_bench(args) -> int:
                            rounds=args.repeats * 5)
         print(json.dumps(result, indent=2) if args.json else format_sweep(result))
         return 0
+    if args.busy is not None:
+        from .busy import format_busy, run_busy_bench
+
+        result = run_busy_bench(_model_path(args.model), n_busy=args.busy, n_threads=args.threads,
+                                n_decode=args.n_decode, repeats=args.repeats)
+        print(json.dumps(result, indent=2) if args.json else format_busy(result))
+        return 0
     from .bench import format_table, run_bench
 
     result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
@@ -320,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_positive("--repeats"), default=3,
                    help="runs per measurement, best kept (default 3)")
     b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
+    b.add_argument("--busy", type=_non_negative("--busy"), default=None, metavar="N",
+                   help="instead: decode only, both engines at their defaults and at --threads, "
+                        "beside N busy processes (pure-CPU loops, killed afterwards)")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--ffn-density-sweep", action="store_true",
                    help="instead: time one decode FFN layer, dense vs sparse at densities 1.0..0.05")
@@ -407,13 +417,17 @@ def _device_kwargs(args) -> dict:
             if v is not None}
 
 
-def _positive(name):
+def _positive(name, least=1):
     def parse(value):
         n = int(value)
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {least}, got {n}")
         return n
     return parse
+
+
+def _non_negative(name):
+    return _positive(name, least=0)
 
 
 def main(argv=None) -> int:
