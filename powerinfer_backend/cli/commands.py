@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", default="Once upon a time", help="prompt text")
     g.add_argument("-n", type=int, default=64,
                    help="tokens to generate (default 64; 0 or less: until end of text or context)")
-    g.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    g.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     g.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
     q.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
-    q.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    q.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     q.add_argument("--json", action="store_true",
                    help='print {"ppl", "nll", "tokens", "chunks", "ffn_sparsity"} as JSON')
     q.add_argument("--verbose", action="store_true", help="print load information to stderr")
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threshold |act(gate)*up| (default) or the gate activation |act(gate)| (CATS)")
     c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
-    c.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    c.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     c.set_defaults(func=cmd_calibrate)
 
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use at most this many bytes of text")
     t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
-    t.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    t.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     t.set_defaults(func=cmd_train_predictor)
 
