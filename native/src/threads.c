@@ -14,8 +14,8 @@
  *
  * Waiting: a worker spins a few microseconds after a chunk (decode issues hundreds of
  * small jobs per token a few microseconds apart), then sleeps on a condition
- * variable. It does not spin at all while its last wait found the core contended
- * (involuntary context switches since the previous sleep): spinning then only takes
+ * variable. It does not spin at all for 100 ms after it was last found preempted
+ * (an involuntary context switch, or a gap inside its spin): spinning then only takes
  * time from the process that wants the core. POWERINFER_POOL_SPIN_US=N fixes the
  * spin instead (0 = never spin), for measurement. */
 #define _GNU_SOURCE /* sched_getaffinity, RUSAGE_THREAD */
@@ -32,12 +32,14 @@
 
 #define PI_SPIN_NS_DEFAULT 50000LL /* 50 us: covers the gap between a token's jobs */
 #define PI_CHUNKS_PER_THREAD 4
+#define PI_CALM_NS 100000000LL /* 100 ms without spinning after a preemption */
+#define PI_GAP_NS 20000LL     /* a gap this long inside a spin: the thread was switched out */
 #define PI_MAX_CHUNKS 0xffff /* n_chunks and next share 16 bits each of the job word */
 
 typedef struct {
     _Alignas(64) pi_pool *pool; /* one cache line per worker: counters written by their owner only */
     int ith;
-    int contended;   /* the last sleep found involuntary switches: do not spin */
+    int64_t calm_at; /* no spinning before this time (ns): the core was recently contended */
     long nivcsw;     /* involuntary context switches at the last check */
     atomic_llong chunks; /* chunks run since the pool was made (pi_test_pool_counts) */
     long long pre;   /* chunks at the start of a job with a stall armed */
@@ -45,7 +47,7 @@ typedef struct {
 
 struct pi_pool {
     int n, chunks_per_thread;
-    int adaptive;    /* spin unless the last wait was contended */
+    int adaptive;    /* no spinning for PI_CALM_NS after a preemption (else spin_ns always) */
     int64_t spin_ns;
     pthread_t *threads;
     worker *w;
@@ -86,8 +88,13 @@ static int was_preempted(worker *w) {
     return r;
 }
 
-static int64_t spin_budget(const pi_pool *p, const worker *w) {
-    return p->adaptive && w->contended ? 0 : p->spin_ns;
+/* How long to spin in the wait starting at `now`. Adaptive: none for PI_CALM_NS after the
+ * thread was last found preempted (checked at every wait, a cheap syscall), so that on a
+ * contended core each wait sleeps at once; the full spin on a quiet one. */
+static int64_t spin_budget(const pi_pool *p, worker *w, int64_t now) {
+    if (!p->adaptive) return p->spin_ns;
+    if (was_preempted(w)) w->calm_at = now + PI_CALM_NS;
+    return now < w->calm_at ? 0 : p->spin_ns;
 }
 
 static void stall_hook(pi_pool *p, worker *w, uint32_t gen) {
@@ -124,17 +131,21 @@ static void run_chunks(pi_pool *p, worker *w, uint32_t gen) {
 }
 
 static uint32_t wait_for_job(pi_pool *p, worker *w, uint32_t seen) {
-    const int64_t budget = spin_budget(p, w);
+    const int64_t t0 = now_ns(), budget = spin_budget(p, w, t0);
     if (budget > 0) {
-        const int64_t t0 = now_ns();
+        int64_t last = t0;
         for (unsigned spins = 1;; spins++) {
             const uint32_t g = job_gen(atomic_load_explicit(&p->job, memory_order_acquire));
             if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed)) return g;
             pi_cpu_relax();
-            if ((spins & 63u) == 0 && now_ns() - t0 >= budget) break;
+            if ((spins & 63u) == 0) {
+                const int64_t t = now_ns();
+                if (t - last >= PI_GAP_NS) w->calm_at = t + PI_CALM_NS; /* switched out mid-spin */
+                if (t - t0 >= budget || t - last >= PI_GAP_NS) break;
+                last = t;
+            }
         }
     }
-    if (p->adaptive) w->contended = was_preempted(w);
     atomic_fetch_add(&p->n_sleeping, 1); /* before the check below: pairs with pi_pool_run's publish */
     pthread_mutex_lock(&p->mu);
     uint32_t g;
@@ -269,7 +280,7 @@ void pi_pool_run(pi_pool *p, pi_task_fn fn, void *arg) {
     run_chunks(p, &p->w[0], gen);
     /* chunks still running on workers: spin a little, then sleep until the last one signals */
     if (atomic_load_explicit(&p->n_done, memory_order_acquire) < total) {
-        const int64_t budget = spin_budget(p, &p->w[0]), t0 = now_ns();
+        const int64_t t0 = now_ns(), budget = spin_budget(p, &p->w[0], t0);
         for (unsigned spins = 1; atomic_load_explicit(&p->n_done, memory_order_acquire) < total; spins++) {
             pi_cpu_relax();
             if ((spins & 63u) == 0 && now_ns() - t0 >= budget) {
@@ -281,7 +292,6 @@ void pi_pool_run(pi_pool *p, pi_task_fn fn, void *arg) {
                 break;
             }
         }
-        if (p->adaptive) p->w[0].contended = was_preempted(&p->w[0]);
     }
     if (armed && atomic_load(&p->stall_gen) == gen + 1u)
         for (int i = 0; i < p->n; i++)
