@@ -140,8 +140,9 @@ static uint32_t wait_for_job(pi_pool *p, worker *w, uint32_t seen) {
             pi_cpu_relax();
             if ((spins & 63u) == 0) {
                 const int64_t t = now_ns();
-                if (t - last >= PI_GAP_NS) w->calm_at = t + PI_CALM_NS; /* switched out mid-spin */
-                if (t - t0 >= budget || t - last >= PI_GAP_NS) break;
+                const int gap = p->adaptive && t - last >= PI_GAP_NS; /* switched out mid-spin */
+                if (gap) w->calm_at = t + PI_CALM_NS;
+                if (t - t0 >= budget || gap) break;
                 last = t;
             }
         }
