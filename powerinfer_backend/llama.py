@@ -63,7 +63,8 @@ class Llama:
         model_path: path of a GGUF file.
         n_ctx: context length in tokens (0 = the model's training context).
         n_batch: most prompt tokens per native call (capped at n_ctx, as llama-cpp-python).
-        n_threads: compute threads (None or <= 0 = the CPUs available to this process).
+        n_threads: compute threads (None or <= 0 = the physical cores available to this
+            process, as llama.cpp; ``engine.default_threads()``, docs/architecture.md).
         seed: sampling seed (0xFFFFFFFF = random, as llama.cpp).
         vram_budget: device memory for dense blocks and hot neurons: GiB as a number or
             a size string ("512MiB", "8GiB"); None = from ``n_gpu_layers`` if given, else

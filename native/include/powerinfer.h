@@ -285,8 +285,10 @@ const char *pi_f16_order_name(void);
 /* ---- Kernel entry points (used by tests and benchmarks) ---------------------- */
 
 typedef struct pi_pool pi_pool;
-/* Persistent worker pool: n_threads - 1 workers plus the calling thread. Workers
- * spin briefly after a job, then sleep on a condition variable. */
+/* Persistent worker pool: n_threads - 1 workers plus the calling thread. Each job is
+ * split into more chunks than threads, claimed from a shared counter; workers spin a
+ * few microseconds after a job (not at all while their core is contended), then sleep
+ * on a condition variable (docs/architecture.md, "Thread pool"). */
 int pi_pool_create(int32_t n_threads, pi_pool **out);
 void pi_pool_free(pi_pool *pool);
 
@@ -469,6 +471,14 @@ typedef struct pi_test_ggml_event {
 int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t row0, int64_t n_rows);
 int pi_test_ggml_trace(pi_context *c, int32_t cap);
 int32_t pi_test_ggml_trace_read(pi_context *c, pi_test_ggml_event *out, int32_t cap);
+
+/* ---- Test-only entry points of a context's thread pool (not a stable API) ----
+ * pi_test_pool_stall: worker `worker` (0 = the calling thread) sleeps `ms` ms inside the next chunk it
+ * takes (once). pi_test_pool_counts: per worker, the chunks it has run since the context was made
+ * (total) and those it ran in the job the last stall fired in (stalled_job; -1 before one fired), up to
+ * cap entries each (either may be NULL); returns n_threads. */
+int pi_test_pool_stall(pi_context *c, int32_t worker, int32_t ms);
+int32_t pi_test_pool_counts(pi_context *c, int64_t *total, int64_t *stalled_job, int32_t cap);
 
 #ifdef __cplusplus
 }

@@ -171,9 +171,15 @@ void pi_quantize_row_q8_K(const float *x, void *y, int64_t n);
 
 /* ---- thread pool (threads.c) ---- */
 typedef void (*pi_task_fn)(void *arg, int ith, int nth);
-/* Run fn(arg, ith, nth) for ith in [0, nth) on the pool; returns when all are done. */
+/* Run fn(arg, ith, nth) for every chunk ith in [0, nth) on the pool (nth: more chunks than
+ * threads, taken in any order by any thread); returns when all are done. A chunk's output
+ * must depend only on ith and nth, never on the thread running it. */
 void pi_pool_run(pi_pool *pool, pi_task_fn fn, void *arg);
 int pi_pool_size(const pi_pool *pool);
+/* The running thread's index in its pool, in [0, pi_pool_size): per-thread scratch only */
+int pi_pool_worker(void);
+int pi_pool_test_stall(pi_pool *pool, int32_t worker, int32_t ms);
+int32_t pi_pool_test_counts(const pi_pool *pool, int64_t *total, int64_t *stalled_job, int32_t cap);
 
 /* Software prefetch of n bytes (gathered rows start on arbitrary pages, where the
  * hardware stream prefetchers have no history yet). */
@@ -184,11 +190,11 @@ static inline void pi_prefetch_bytes(const char *p, int64_t n) {
 /* n rounded up to a multiple of a (a > 0): scratch and device buffer sizes */
 static inline int64_t pi_align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
-/* split [0, n) into nth contiguous parts; part ith is [*lo, *hi) */
+/* split [0, n) into nth contiguous parts of sizes differing by at most one (none empty
+ * while n >= nth); part ith is [*lo, *hi) */
 static inline void pi_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
-    const int64_t per = (n + nth - 1) / nth;
-    *lo = per * ith < n ? per * ith : n;
-    *hi = *lo + per < n ? *lo + per : n;
+    *lo = n * ith / nth;
+    *hi = n * (ith + 1) / nth;
 }
 
 /* ---- ops used by the forward pass (ops/) ---- */

@@ -67,6 +67,13 @@ def cmd_bench(args) -> int:
                            rounds=args.repeats * 5)
         print(json.dumps(result, indent=2) if args.json else format_sweep(result))
         return 0
+    if args.busy is not None:
+        from .busy import format_busy, run_busy_bench
+
+        result = run_busy_bench(_model_path(args.model), n_busy=args.busy, n_threads=args.threads,
+                                n_decode=args.n_decode, repeats=args.repeats)
+        print(json.dumps(result, indent=2) if args.json else format_busy(result))
+        return 0
     from .bench import format_table, run_bench
 
     result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
@@ -278,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
     q.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
-    q.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    q.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     q.add_argument("--json", action="store_true",
                    help='print {"ppl", "nll", "tokens", "chunks", "ffn_sparsity"} as JSON')
     q.add_argument("--verbose", action="store_true", help="print load information to stderr")
@@ -306,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threshold |act(gate)*up| (default) or the gate activation |act(gate)| (CATS)")
     c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
-    c.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    c.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     c.set_defaults(func=cmd_calibrate)
 
@@ -354,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use at most this many bytes of text")
     t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
-    t.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    t.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     t.set_defaults(func=cmd_train_predictor)
 
@@ -367,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_positive("--repeats"), default=3,
                    help="runs per measurement, best kept (default 3)")
     b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
+    b.add_argument("--busy", type=_non_negative("--busy"), default=None, metavar="N",
+                   help="instead: decode only, both engines at their defaults and at --threads, "
+                        "beside N busy processes (pure-CPU loops, killed afterwards)")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--ffn-density-sweep", action="store_true",
                    help="instead: time one decode FFN layer, dense vs sparse at densities 1.0..0.05")
@@ -437,7 +447,7 @@ def _add_generation(p, *, n_default: int) -> None:
     p.add_argument("-n", type=int, default=n_default,
                    help=f"tokens to generate per answer (default {n_default if n_default > 0 else until}; "
                         f"0 or less: {until})")
-    p.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    p.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     p.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
@@ -470,13 +480,17 @@ def _device_kwargs(args) -> dict:
     return device_kwargs(args)
 
 
-def _positive(name):
+def _positive(name, least=1):
     def parse(value):
         n = int(value)
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {least}, got {n}")
         return n
     return parse
+
+
+def _non_negative(name):
+    return _positive(name, least=0)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):

@@ -24,11 +24,22 @@ _ACT = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_REL
 
 
 def default_threads() -> int:
-    """Threads used when none are asked for: the CPUs this process may run on."""
+    """Threads used when none are asked for: the physical cores among the CPUs this
+    process may run on (llama.cpp's own default), counting SMT siblings (hyperthreads)
+    of one core once: a second thread on a core's sibling mostly competes for the same
+    execution units. Falls back to the CPU count where the topology is not readable."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            return max(1, len(cpus))
+    return max(1, len(cores))
 
 
 class NativeModel:

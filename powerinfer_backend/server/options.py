@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--ctx-size", "-c", "--ctx", dest="ctx_size", type=int, default=2048,
                    help="context length in tokens (default 2048; 0 = the model's)")
     p.add_argument("--batch-size", "-b", type=int, default=512, help="prompt tokens per native call (default 512)")
-    p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (default: all CPUs)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (default: the physical cores)")
     p.add_argument("--max-queue", type=_int_in("--max-queue", 0, 1 << 20), default=16,
                    help="requests that may wait behind the running one; more get 503 (default 16)")
     p.add_argument("--chat-format", default=None, help="llama-cpp-python chat format (default: the GGUF template)")

@@ -39,7 +39,7 @@ static void attn_task(void *varg, int ith, int nth) {
     const pi_vec_dot_fn dot = j->isa->vec_dot[j->kv_type];
     const pi_from_float_fn cvt = j->isa->from_float[j->kv_type];
     const float scale = j->scale;
-    float *scores = j->scratch + ith * pi_attention_scratch_floats(j->n_kv, hd);
+    float *scores = j->scratch + pi_pool_worker() * pi_attention_scratch_floats(j->n_kv, hd);
     void *weights = scores + pad_kv(j->n_kv);
     void *qc = scores + 2 * pad_kv(j->n_kv);
     int64_t lo, hi;
