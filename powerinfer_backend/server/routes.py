@@ -1,6 +1,7 @@
 """The OpenAI-compatible endpoints: ``/v1/models``, ``/v1/completions``,
 ``/v1/chat/completions`` (streaming or not) and ``/v1/embeddings``, each also without
-the ``/v1`` prefix. Completions are llama-cpp-python's own, run on the worker."""
+the ``/v1`` prefix. Completions are llama-cpp-python's own, run in a slot of the worker
+(:mod:`.worker`); embeddings on the served Llama between batches."""
 
 from __future__ import annotations
 
@@ -82,4 +83,4 @@ def register_openai(app, state: ServerState) -> None:
             return {"object": "list", "data": data, "model": state.model_alias,
                     "usage": {"prompt_tokens": total, "total_tokens": total}}
 
-        return await state.run_once(request, work)
+        return await state.run_once(request, work, exclusive=True)  # sequence 0 of the served Llama
