@@ -137,11 +137,14 @@ typedef struct pi_model pi_model;
 typedef struct pi_context pi_context;
 
 typedef struct pi_context_params {
-    int32_t n_ctx;     /* KV cache length in tokens */
-    int32_t n_batch;   /* most tokens one pi_eval call may take */
+    int32_t n_ctx;     /* KV cache length in tokens, all sequences together */
+    int32_t n_batch;   /* most tokens one pi_eval / pi_eval_seqs call may take */
     int32_t n_threads; /* compute threads, the calling thread included */
     int32_t kv_type;   /* PI_TYPE_F16 or PI_TYPE_F32 */
+    int32_t n_seq_max; /* sequences (slots) the cache holds, in [1, PI_SEQ_MAX] (0 = 1); each gets
+                        * n_ctx / n_seq_max cells (llama-server's convention) */
 } pi_context_params;
+enum { PI_SEQ_MAX = 256 };
 
 /* Model: validates every tensor's type, shape and byte count; copies nothing
  * from the tensor data. */
@@ -223,10 +226,33 @@ int pi_context_predictor_stats(pi_context *ctx, int64_t *predicted, int64_t *pre
  * floats); NULL stops. */
 int pi_context_set_ffn_capture(pi_context *ctx, float *buf);
 
-/* Number of cached positions; positions [0, pi_kv_used) are valid. */
+/* Number of cached positions of sequence 0; positions [0, pi_kv_used) are valid. */
 int32_t pi_kv_used(const pi_context *ctx);
-/* Forget cached positions >= n_keep (n_keep = 0 clears the cache). */
+/* Forget sequence 0's cached positions >= n_keep (n_keep = 0 clears it). */
 int pi_kv_truncate(pi_context *ctx, int32_t n_keep);
+
+/* Several sequences in one forward pass (docs/architecture.md, "Sequences"): item i
+ * appends n_item_tokens[i] tokens to sequence seq[i] (a prompt chunk or one decode
+ * token) at its positions pi_seq_used(seq[i]), ...; tokens holds the items' tokens one
+ * item after the other. Every weight matrix is read once for all of them; each token
+ * attends only to its own sequence's cells. Logits of each item's last token: row i of
+ * pi_get_logits (pi_n_outputs == n_items). Each sequence at most once per call; the
+ * total at most n_batch (PI_ERR_CONTEXT_FULL), a sequence's tokens at most
+ * pi_n_ctx_seq (PI_ERR_CONTEXT_FULL). pi_eval is this call for sequence 0 alone. */
+int pi_eval_seqs(pi_context *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *n_item_tokens,
+                 int32_t n_items);
+int32_t pi_n_seq_max(const pi_context *ctx);
+/* cells (positions) of each sequence: n_ctx / n_seq_max */
+int32_t pi_n_ctx_seq(const pi_context *ctx);
+/* cached positions of sequence seq (-1 for a seq outside [0, n_seq_max)) */
+int32_t pi_seq_used(const pi_context *ctx, int32_t seq);
+/* Forget sequence seq's cached positions >= n_keep (0 clears the sequence: its slot is free) */
+int pi_seq_truncate(pi_context *ctx, int32_t seq, int32_t n_keep);
+/* Weight-matrix passes of the host forward pass since creation or the last reset (reset
+ * != 0 zeroes the count after reading it): each weight matrix a batched product reads
+ * counts 1 however many tokens it serves (the sparse FFN's gathered gate/up/down rows
+ * count as one pass each). Passes run by a ggml device are not counted. */
+int64_t pi_context_matmul_calls(pi_context *ctx, int32_t reset);
 
 /* Thread-local message of the last failure on this thread. */
 const char *pi_last_error(void);

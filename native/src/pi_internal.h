@@ -215,6 +215,9 @@ int64_t pi_matmul_scratch_size(int32_t type, int64_t n_cols, int64_t n_tok);
  * n_cols and activation type), then the rows of all outputs are split across threads. */
 void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const float *x,
                      int64_t n_tok, void *scratch);
+/* Weight matrices read by this thread's batched products (pi_matmul_multi adds n_outs per
+ * call; the sparse FFN adds its own): pi_eval's delta is pi_context_matmul_calls. */
+extern _Thread_local int64_t pi_weight_passes;
 
 /* Dequantize one row of n elements of `type` to floats (embedding lookup). */
 void pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
@@ -255,13 +258,15 @@ void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n);
 #define PI_KV_PAD 64
 
 /* Attention (see pi_op_attention) with caller-provided scratch of
- * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats. Scores are
- * multiplied by `scale`; n_swa > 0 limits query t to keys at positions
- * > pos[t] - n_swa (sliding window), 0 = all earlier positions. */
+ * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats (n_kv > every pos[t]).
+ * Scores are multiplied by `scale`; n_swa > 0 limits query t to keys at positions
+ * > pos[t] - n_swa (sliding window), 0 = all earlier positions. cell0 (NULL = all 0):
+ * per query, the cache cell of its sequence's position 0 (a slot of pi_eval_seqs). */
 int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim);
 void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, int32_t n_head_kv,
                   int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
-                  int64_t n_kv, const int32_t *pos, float scale, int32_t n_swa, float *out, float *scratch);
+                  int64_t n_kv, const int32_t *pos, const int32_t *cell0, float scale, int32_t n_swa, float *out,
+                  float *scratch);
 
 /* ---- sparse FFN (ops/sparse_ffn.c; see pi_op_ffn_sparse) ---- */
 typedef struct {

@@ -88,6 +88,24 @@ def _layer_array(plan_layers):
     return layers, keep
 
 
+def _token_ids(tokens, what: str, n_vocab: int) -> np.ndarray:
+    """``tokens`` as a non-empty 1-D int32 array of ids in [0, n_vocab); ValueError (starting with ``what``)
+    otherwise. Checked up front so a bad id in a later batch leaves the cache unchanged."""
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError(f"{what}: tokens must be a non-empty 1-D sequence")
+    if ids.dtype.kind not in "iu":
+        if ids.dtype != object:
+            raise ValueError(f"{what}: token ids must be integers, got dtype {ids.dtype}")
+        if not all(isinstance(t, (int, np.integer)) for t in ids):
+            raise ValueError(f"{what}: token ids must be integers")
+    values = ids.tolist()  # Python ints: no wrap-around of int64 ids before the range check
+    bad = next((i for i, t in enumerate(values) if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ValueError(f"{what}: token {values[bad]} at index {bad} is outside [0, {n_vocab})")
+    return ids.astype(np.int32)
+
+
 class NativeModel:
     """A model in the C library over the (memory-mapped) tensors of a loaded GGUF.
 
@@ -137,33 +155,46 @@ class NativeModel:
 
 
 class NativeContext:
-    """A KV cache and compute buffers for one sequence.
+    """A KV cache and compute buffers for ``n_seq_max`` sequences (slots).
+
+    Sequence ``s`` owns cells ``[s * n_ctx_seq, (s + 1) * n_ctx_seq)`` of every layer's cache
+    (each slot padded to 64 cells); :meth:`eval_seqs` decodes tokens of several sequences in one
+    batched pass (docs/architecture.md, "Sequences"). :meth:`eval`, :attr:`n_past` and
+    :meth:`truncate` work on sequence 0.
 
     Args:
         model: the :class:`NativeModel` (kept alive by the context).
-        n_ctx: KV cache length in tokens.
+        n_ctx: KV cache length in tokens, all sequences together.
         n_batch: most tokens per native call; longer inputs are split.
         n_threads: compute threads, the calling thread included.
         kv_f16: store K/V as F16 (llama.cpp's default) rather than F32.
+        n_seq_max: sequences the context holds, in [1, 256] and <= n_ctx; each gets
+            ``n_ctx // n_seq_max`` positions (llama-server's convention).
 
     Raises:
-        ValueError: bad sizes. MemoryError: the KV cache does not fit.
+        ValueError: bad sizes (naming n_ctx, n_batch or n_seq_max). MemoryError: the KV cache does not fit.
     """
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int,
-                 kv_f16: bool = True):
+                 kv_f16: bool = True, n_seq_max: int = 1):
         if model.ptr is None:
             raise ValueError("NativeContext: the model is closed")
         self.model = model
         self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
+        if not isinstance(n_seq_max, (int, np.integer)) or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx):
+            raise ValueError(f"n_seq_max must be an int in [1, min({lib.PI_SEQ_MAX}, n_ctx {self.n_ctx})], "
+                             f"got {n_seq_max!r}")
         self.n_vocab = model.gguf.hparams.n_vocab
         self.n_embd = model.gguf.hparams.n_embd
         cp = ffi.new("pi_context_params *", {
             "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_threads": self.n_threads,
-            "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32})
+            "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32, "n_seq_max": int(n_seq_max)})
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
         self._ptr = out[0]
+        self.n_seq_max = int(n_seq_max)
+        #: positions each sequence holds: n_ctx // n_seq_max
+        self.n_ctx_seq = int(lib.pi_n_ctx_seq(self._ptr))
         self._busy = threading.Lock()
         self._down_t = {}  # layer -> transposed down array the C context points into
         self._hist = None  # the calibration histogram the C context writes into
@@ -187,13 +218,90 @@ class NativeContext:
 
     @property
     def n_past(self) -> int:
-        """Number of cached positions (tokens 0..n_past-1 are in the KV cache)."""
+        """Number of cached positions of sequence 0 (tokens 0..n_past-1 are in the KV cache)."""
         return lib.pi_kv_used(self._ptr)
 
     def truncate(self, n_keep: int) -> None:
-        """Forget cached positions >= n_keep (0 clears the cache)."""
+        """Forget sequence 0's cached positions >= n_keep (0 clears it)."""
         with self._exclusive():
             check(lib.pi_kv_truncate(self._ptr, int(n_keep)), "truncating the KV cache")
+
+    def _seq_id(self, seq, what: str) -> int:
+        if not isinstance(seq, (int, np.integer)) or isinstance(seq, bool) or not 0 <= seq < self.n_seq_max:
+            raise ValueError(f"{what}: seq {seq!r} is outside [0, {self.n_seq_max}) (n_seq_max)")
+        return int(seq)
+
+    def seq_n_past(self, seq: int) -> int:
+        """Tokens sequence ``seq`` holds (its positions 0..n-1 are cached). Raises ValueError: seq out of range."""
+        return int(lib.pi_seq_used(self._ptr, self._seq_id(seq, "seq_n_past")))
+
+    def seq_truncate(self, seq: int, n_keep: int) -> None:
+        """Keep the first ``n_keep`` tokens of sequence ``seq`` (0 frees its slot).
+
+        Raises:
+            ValueError: seq out of range, n_keep < 0.
+        """
+        seq = self._seq_id(seq, "seq_truncate")
+        with self._exclusive():
+            check(lib.pi_seq_truncate(self._ptr, seq, int(n_keep)), "seq_truncate")
+
+    def eval_seqs(self, items) -> list[np.ndarray]:
+        """One batched forward pass over several sequences' new tokens.
+
+        Args:
+            items: ``(seq, tokens)`` pairs: ``tokens`` (a non-empty sequence of ids) are appended
+                to sequence ``seq`` at its positions ``seq_n_past(seq)``, ... — a prompt chunk or
+                one decode token. Each seq at most once; all tokens together at most n_batch.
+
+        Returns:
+            per item, in order, a float32 copy of the logits of its last token, shape (n_vocab,).
+            A sequence's logits are bit for bit those it gets evaluated alone.
+
+        Raises:
+            ValueError: no items, seq id out of range (n_seq_max), a seq twice, an empty or
+                non-integer token list, a token id outside [0, n_vocab), more than n_batch tokens
+                in all, or a sequence past n_ctx_seq tokens (slot full). Nothing is evaluated then.
+            RuntimeError: the context is in use by another thread.
+        """
+        items = list(items)
+        if not items:
+            raise ValueError("eval_seqs: items must hold at least one (seq, tokens) pair")
+        seqs, counts, chunks, seen = [], [], [], {}
+        for i, item in enumerate(items):
+            try:
+                seq, tokens = item
+            except (TypeError, ValueError):
+                raise ValueError(f"eval_seqs: items[{i}] must be a (seq, tokens) pair, got {item!r}") from None
+            seq = self._seq_id(seq, f"eval_seqs: items[{i}]")
+            if seq in seen:
+                raise ValueError(f"eval_seqs: seq {seq} appears in items[{seen[seq]}] and items[{i}] "
+                                 "(each seq at most once per call)")
+            seen[seq] = i
+            ids = _token_ids(tokens, f"eval_seqs: items[{i}]", self.n_vocab)
+            n_have = int(lib.pi_seq_used(self._ptr, seq))
+            if n_have + ids.size > self.n_ctx_seq:
+                raise ValueError(f"eval_seqs: items[{i}]: seq {seq} would hold {n_have + ids.size} tokens, more than "
+                                 f"n_ctx_seq {self.n_ctx_seq} (n_ctx {self.n_ctx} / n_seq_max {self.n_seq_max}); "
+                                 "the slot is full")
+            seqs.append(seq)
+            counts.append(ids.size)
+            chunks.append(ids)
+        total = sum(counts)
+        if total > self.n_batch:
+            raise ValueError(f"eval_seqs: {total} tokens in all exceed n_batch {self.n_batch}")
+        toks = np.concatenate(chunks).astype(np.int32)
+        seq_a, cnt_a = np.asarray(seqs, np.int32), np.asarray(counts, np.int32)
+        with self._exclusive():
+            check(lib.pi_eval_seqs(self._ptr, ffi.from_buffer("int32_t[]", toks), ffi.from_buffer("int32_t[]", seq_a),
+                                   ffi.from_buffer("int32_t[]", cnt_a), len(items)), "eval_seqs")
+            rows = self._logits_view().copy()
+        return list(rows)
+
+    def matmul_calls(self, reset: bool = False) -> int:
+        """Weight-matrix passes of the host forward pass since creation or the last ``reset``: a
+        batched product counts once per weight matrix however many tokens (of however many
+        sequences) it serves; a ggml device's passes are not counted (powerinfer.h)."""
+        return int(lib.pi_context_matmul_calls(self._ptr, 1 if reset else 0))
 
     def eval(self, tokens, *, logits_all: bool = False) -> np.ndarray:
         """Evaluate ``tokens`` at positions n_past, n_past+1, ...
@@ -212,21 +320,9 @@ class NativeContext:
             return self._eval(tokens, logits_all)
 
     def _eval(self, tokens, logits_all: bool) -> np.ndarray:
-        ids = np.asarray(tokens)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError("eval: tokens must be a non-empty 1-D sequence")
-        if ids.dtype.kind not in "iu":
-            if ids.dtype != object:
-                raise ValueError(f"eval: token ids must be integers, got dtype {ids.dtype}")
-            if not all(isinstance(t, (int, np.integer)) for t in ids):
-                raise ValueError("eval: token ids must be integers")
-        values = ids.tolist()  # Python ints: no wrap-around of int64 ids before the range check
-        bad = next((i for i, t in enumerate(values) if not 0 <= t < self.n_vocab), None)
-        if bad is not None:  # checked up front so a bad id in a later batch leaves the cache unchanged
-            raise ValueError(f"eval: token {values[bad]} at index {bad} is outside [0, {self.n_vocab})")
-        toks = ids.astype(np.int32)
-        if self.n_past + toks.size > self.n_ctx:
-            raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx}")
+        toks = _token_ids(tokens, "eval", self.n_vocab)
+        if self.n_past + toks.size > self.n_ctx_seq:
+            raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx_seq}")
         rows = []
         for start in range(0, toks.size, self.n_batch):
             chunk = toks[start:start + self.n_batch]
@@ -328,6 +424,9 @@ class NativeContext:
                 counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
             NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
         """
+        if self.n_seq_max > 1:
+            raise NotImplementedError(f"a ggml device placement serves one sequence: n_seq_max is {self.n_seq_max}; "
+                                      "use n_seq_max=1 with a placement, or no placement (vram_budget / device)")
         arr, _keep = _layer_array(layers)
         if len(layers) != self.model.gguf.hparams.n_layer:
             raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")

@@ -114,6 +114,7 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     a.h = h;
     a.up_bias = c->m->hp.layers[l * PI_L_COUNT + PI_L_FFN_UP_BIAS].data; /* ungated forms */
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
+    pi_weight_passes += 1 + (h != NULL ? 0 : a.gate != NULL ? 2 : 1); /* down_t, and gate/up gathered here */
     if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
     pi_ffn_sparse_done(c, l, n_tok);
 }
