@@ -138,9 +138,9 @@ class ModelWorker:
 
     def slots(self) -> List[dict]:
         """llama-server's ``/slots``: per slot its id, whether it runs a request, its
-        context and the tokens it holds."""
+        context and the tokens its KV cells hold."""
         return [{"id": s.seq, "is_processing": s.job is not None, "n_ctx": self.access.n_ctx_seq,
-                 "n_past": int(s.llama.n_tokens)} for s in self._slots]
+                 "n_past": int(self.access.n_past(s.seq))} for s in self._slots]
 
     def submit(self, fn: Callable, exclusive: bool = False) -> Job:
         """Queue ``fn``; raises :class:`APIError` 503 when the queue is full."""
