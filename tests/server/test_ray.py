@@ -62,3 +62,24 @@ def test_two_replicas_answer_and_both_are_right(ray_serve, model_path):
     assert len(seen) == 2
     r = httpx.get(ray_serve + "/health", timeout=30)
     assert r.status_code == 200 and r.headers["x-replica-id"] in seen
+
+
+def test_kuberay_manifest_builds_the_application():
+    """deploy/kuberay/rayservice.yaml: its serveConfigV2 is a valid Serve config whose
+    import path and args build the deployment (no Ray started)."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from powerinfer_backend.server import ray as pray
+
+    doc = yaml.safe_load((ROOT / "deploy" / "kuberay" / "rayservice.yaml").read_text())
+    assert doc["kind"] == "RayService"
+    config = ServeDeploySchema.model_validate(yaml.safe_load(doc["spec"]["serveConfigV2"]))
+    (app,) = config.applications
+    module, attr = app.import_path.split(":")
+    assert module == pray.__name__
+    bound = getattr(pray, attr)(app.args)._bound_deployment
+    assert bound.num_replicas == app.args["num_replicas"] == 2
+    assert bound.ray_actor_options["num_cpus"] == app.args["num_cpus"]
+    with pytest.raises(ValueError, match="num_replicas"):
+        pray.deployment(num_replicas=0)
