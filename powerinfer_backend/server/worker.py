@@ -233,14 +233,20 @@ class ModelWorker:
 
     def _run(self) -> None:
         while True:
-            with self._cv:
-                items = self._next_step()
-                if items is None:
-                    return
-            if self._exclusive is not None:
-                self._run_exclusive()
-                continue
-            self._step(items)
+            try:
+                with self._cv:
+                    items = self._next_step()
+                    if items is None:
+                        return
+                if self._exclusive is not None:
+                    self._run_exclusive()
+                    continue
+                self._step(items)
+            except BaseException as e:  # a failure of the scheduler itself: answered, never a hang
+                with self._cv:
+                    for s in self._slots:
+                        if s.request is not None:
+                            self._finish(s, e)
 
     def _next_step(self):
         """Under the lock: admit jobs, drop cancelled slots and wait for the next batch
