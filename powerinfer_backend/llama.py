@@ -92,11 +92,6 @@ class Llama:
         chat_format, chat_handler: as llama-cpp-python (default: guessed from the GGUF
             chat template).
         verbose: print load information to stderr.
-        n_seq_max (keyword): sequences the native context holds (1 = llama-cpp-python's single
-            sequence); n_ctx is their total, each gets n_ctx // n_seq_max positions, and this
-            Llama's own completion uses sequence 0 (its window: n_ctx // n_seq_max). The others
-            are for :attr:`native_context`'s ``eval_seqs`` (the server). A ggml device placement
-            serves one sequence: with one, n_seq_max > 1 raises ``NotImplementedError``.
         sparse: sparse FFN mode: "auto" (the calibration sidecar when present, exact
             zeros for ReLU models, else dense), "off", "threshold", "predictor", or
             a sidecar path (:mod:`powerinfer_backend.sparsity.modes`).
@@ -116,7 +111,7 @@ class Llama:
                  logits_all: bool = False, embedding: bool = False, last_n_tokens_size: int = 64,
                  chat_format: Optional[str] = None, chat_handler=None, spm_infill: bool = False,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, verbose: bool = True,
-                 backend: str = "auto", n_seq_max: int = 1, **kwargs):
+                 backend: str = "auto", **kwargs):
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
         if n_ctx is None or n_ctx < 0:
@@ -130,8 +125,7 @@ class Llama:
                                  vram_budget=vram_budget, sparse=sparse, logits_all=logits_all, embedding=embedding,
                                  last_n_tokens_size=last_n_tokens_size, chat_format=chat_format,
                                  chat_handler=chat_handler, spm_infill=spm_infill, rope_freq_base=rope_freq_base,
-                                 rope_freq_scale=rope_freq_scale, verbose=verbose, backend=backend,
-                                 n_seq_max=n_seq_max, **kwargs)
+                                 rope_freq_scale=rope_freq_scale, verbose=verbose, backend=backend, **kwargs)
         self.model_path = model_path
         self.verbose = verbose
         self.vram_budget = vram_budget
@@ -145,13 +139,10 @@ class Llama:
         # the backend first: it validates the GGUF with messages naming the file and tensor
         options = backend_options(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
                                   vram_budget=vram_budget, verbose=verbose, sparse=sparse, kwargs=kwargs)
-        if n_seq_max != 1:  # only then: backends that predate the option keep their signature
-            options["n_seq_max"] = n_seq_max
         self.backend, self._backend = select_backend(backend, model_path, options)
         for notice in getattr(self._backend, "notices", ()):
             warnings.warn(notice, UserWarning, stacklevel=2)  # at the caller's line
-        # this Llama's own completion runs in sequence 0, whose window is n_ctx / n_seq_max
-        self._n_ctx = int(getattr(self._backend, "n_ctx_seq", self._backend.n_ctx))
+        self._n_ctx = int(getattr(self._backend, "n_ctx_seq", self._backend.n_ctx))  # sequence 0's window
         self._tok = LlamaCppTokenizer(model_path, n_ctx=self._n_ctx, chat_format=chat_format)
         self.n_batch = min(n_batch, self._n_ctx)  # as llama_cpp.Llama exposes it
         self.n_threads = getattr(self._backend, "n_threads", n_threads)
@@ -183,9 +174,7 @@ class Llama:
         "ffn_sparsity", "layers", ...}`` (:func:`powerinfer_backend.sparsity.modes.stats`);
         ``{}`` for a backend without statistics."""
         fn = getattr(self._backend, "stats", None)
-        if fn is None:
-            return {}
-        return fn(reset=True) if reset else fn()  # third-party backends may take no argument
+        return {} if fn is None else fn(reset=True) if reset else fn()  # third-party ones may take no argument
 
     # ---- properties ---------------------------------------------------------
 
@@ -224,16 +213,11 @@ class Llama:
 
     @property
     def engine(self):
-        """The backend object this Llama runs on (its name is :attr:`backend`), as the
-        plugin's factory returned it (hookspecs.powerinfer_backend_register)."""
+        """The backend object this Llama runs on (its name is :attr:`backend`), as its plugin's factory made it."""
         return self._backend
 
-    @property
-    def native_context(self):
-        """The engine's :class:`~powerinfer_backend.engine.native.NativeContext` (its
-        ``eval_seqs`` decodes several sequences together: the server's slots), or None for a
-        backend without one. This Llama's own calls use its sequence 0."""
-        return getattr(self._backend, "native_context", None)
+    native_context = property(lambda self: getattr(self._backend, "native_context", None), doc="""The engine's
+        NativeContext (None without one): ``Llama(n_seq_max=N)``'s eval_seqs for the server; Llama uses sequence 0.""")
 
     @property
     def ctx(self):

@@ -48,5 +48,7 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
 
 def backend_options(*, kwargs: Mapping[str, Any], **options) -> dict:
     """The backend factory's keyword arguments: ``options`` plus the device placement
-    keywords present in ``kwargs`` (:data:`DEVICE_PARAMS`)."""
-    return dict(options, **{k: kwargs[k] for k in DEVICE_PARAMS if k in kwargs})
+    keywords present in ``kwargs`` (:data:`DEVICE_PARAMS`), and ``n_seq_max`` (sequences of the
+    native context, docs/api.md) when given and not 1, so backends without it keep their options."""
+    seqs = {"n_seq_max": kwargs["n_seq_max"]} if kwargs.get("n_seq_max", 1) != 1 else {}
+    return dict(options, **{k: kwargs[k] for k in DEVICE_PARAMS if k in kwargs}, **seqs)

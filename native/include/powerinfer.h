@@ -236,11 +236,12 @@ int pi_kv_truncate(pi_context *ctx, int32_t n_keep);
  * token) at its positions pi_seq_used(seq[i]), ...; tokens holds the items' tokens one
  * item after the other. Every weight matrix is read once for all of them; each token
  * attends only to its own sequence's cells. Logits of each item's last token: row i of
- * pi_get_logits (pi_n_outputs == n_items). Each sequence at most once per call; the
+ * pi_get_logits (pi_n_outputs == n_items); with logits_all > 0 of every token, in the
+ * order of tokens (pi_n_outputs == their total). Each sequence at most once per call; the
  * total at most n_batch (PI_ERR_CONTEXT_FULL), a sequence's tokens at most
  * pi_n_ctx_seq (PI_ERR_CONTEXT_FULL). pi_eval is this call for sequence 0 alone. */
 int pi_eval_seqs(pi_context *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *n_item_tokens,
-                 int32_t n_items);
+                 int32_t n_items, int32_t logits_all);
 int32_t pi_n_seq_max(const pi_context *ctx);
 /* cells (positions) of each sequence: n_ctx / n_seq_max */
 int32_t pi_n_ctx_seq(const pi_context *ctx);

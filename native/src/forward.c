@@ -149,7 +149,7 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
 }
 
 int pi_eval_seqs(pi_context *c, const int32_t *tokens, const int32_t *seq, const int32_t *n_item_tokens,
-                 int32_t n_items) {
+                 int32_t n_items, int32_t logits_all) {
     if (c == NULL || tokens == NULL || seq == NULL || n_item_tokens == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_eval_seqs: NULL argument");
     if (n_items < 1 || n_items > c->n_seq)
@@ -181,7 +181,7 @@ int pi_eval_seqs(pi_context *c, const int32_t *tokens, const int32_t *seq, const
             c->tok_cell0[t] = (int32_t)(seq[i] * c->seq_cells);
             if (k == n_item_tokens[i] - 1 && (rc = check_learned_pos(c, "pi_eval_seqs", c->tok_pos[t]))) return rc;
         }
-    if ((rc = reserve_rows(c, n_items))) return rc;
+    if ((rc = reserve_rows(c, logits_all > 0 ? n_tokens : n_items))) return rc;
     if ((rc = forward_rows(c, tokens, c->tok_pos, c->n_seq > 1 ? c->tok_cell0 : NULL, (int32_t)n_tokens)))
         return rc; /* nothing counted: each sequence keeps its cached positions */
     /* each item's last row, gathered for one output product (xn is free after the last layer) */
@@ -189,9 +189,9 @@ int pi_eval_seqs(pi_context *c, const int32_t *tokens, const int32_t *seq, const
     for (int32_t i = 0, end = 0; i < n_items; i++) {
         end += n_item_tokens[i];
         c->seq_used[seq[i]] += n_item_tokens[i];
-        memcpy(c->xn + i * E, c->x + (int64_t)(end - 1) * E, (size_t)E * sizeof(float));
+        if (logits_all <= 0) memcpy(c->xn + i * E, c->x + (int64_t)(end - 1) * E, (size_t)E * sizeof(float));
     }
     c->logits = c->logits_rows;
-    output_rows(c, c->xn, n_items);
+    output_rows(c, logits_all > 0 ? c->x : c->xn, logits_all > 0 ? n_tokens : n_items);
     return PI_OK;
 }

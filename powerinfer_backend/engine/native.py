@@ -245,7 +245,7 @@ class NativeContext:
         with self._exclusive():
             check(lib.pi_seq_truncate(self._ptr, seq, int(n_keep)), "seq_truncate")
 
-    def eval_seqs(self, items) -> list[np.ndarray]:
+    def eval_seqs(self, items, logits_all: bool = False) -> list[np.ndarray]:
         """One batched forward pass over several sequences' new tokens.
 
         Args:
@@ -253,9 +253,12 @@ class NativeContext:
                 to sequence ``seq`` at its positions ``seq_n_past(seq)``, ... — a prompt chunk or
                 one decode token. Each seq at most once; all tokens together at most n_batch.
 
+            logits_all: return every token's logits, not only each item's last.
+
         Returns:
-            per item, in order, a float32 copy of the logits of its last token, shape (n_vocab,).
-            A sequence's logits are bit for bit those it gets evaluated alone.
+            per item, in order, a float32 copy of the logits of its last token, shape (n_vocab,);
+            with ``logits_all`` of each of its tokens, shape (len(tokens), n_vocab). A sequence's
+            logits are bit for bit those it gets evaluated alone.
 
         Raises:
             ValueError: no items, seq id out of range (n_seq_max), a seq twice, an empty or
@@ -293,9 +296,10 @@ class NativeContext:
         seq_a, cnt_a = np.asarray(seqs, np.int32), np.asarray(counts, np.int32)
         with self._exclusive():
             check(lib.pi_eval_seqs(self._ptr, ffi.from_buffer("int32_t[]", toks), ffi.from_buffer("int32_t[]", seq_a),
-                                   ffi.from_buffer("int32_t[]", cnt_a), len(items)), "eval_seqs")
+                                   ffi.from_buffer("int32_t[]", cnt_a), len(items), int(bool(logits_all))),
+                  "eval_seqs")
             rows = self._logits_view().copy()
-        return list(rows)
+        return np.split(rows, np.cumsum(counts)[:-1]) if logits_all else list(rows)
 
     def matmul_calls(self, reset: bool = False) -> int:
         """Weight-matrix passes of the host forward pass since creation or the last ``reset``: a
@@ -422,7 +426,8 @@ class NativeContext:
         Raises:
             MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
                 counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
-            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
+            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv), or a
+                context of n_seq_max > 1 (the device's KV cache holds one sequence).
         """
         if self.n_seq_max > 1:
             raise NotImplementedError(f"a ggml device placement serves one sequence: n_seq_max is {self.n_seq_max}; "

@@ -145,6 +145,23 @@ def test_sequence_zero_is_eval(smol, alone):
     ctx.close()
 
 
+def test_logits_all_gives_every_tokens_row(smol, alone):
+    m = smol[1]
+    ctx = _context(m, 2)
+    ctx.eval_seqs([(1, PROMPTS[1][:4])])
+    rows = ctx.eval_seqs([(0, PROMPTS[0]), (1, PROMPTS[1][4:])], logits_all=True)
+    assert [r.shape for r in rows] == [(5, ctx.n_vocab), (8, ctx.n_vocab)]
+    solo = NativeContext(m, n_ctx=N_CTX_SEQ, n_batch=N_BATCH, n_threads=1)
+    want0 = solo.eval(PROMPTS[0], logits_all=True)
+    solo.truncate(0)
+    solo.eval(PROMPTS[1][:4])
+    want1 = solo.eval(PROMPTS[1][4:], logits_all=True)
+    assert np.array_equal(rows[0], want0) and np.array_equal(rows[1], want1)
+    assert np.array_equal(rows[0][-1], alone[0][1][0]) and np.array_equal(rows[1][-1], alone[1][1][0])
+    solo.close()
+    ctx.close()
+
+
 def test_one_step_of_four_reads_each_weight_once(smol):
     g, m = smol
     ctx = _context(m, 4)
@@ -238,9 +255,9 @@ def test_bad_items_raise_naming_the_parameter(smol):
         ctx.seq_truncate(1, -1)
     # the C library checks the same itself (for other callers of the header)
     i32 = lambda v: ffi.new("int32_t[]", v)  # noqa: E731
-    assert lib.pi_eval_seqs(ctx._ptr, i32([1, 2]), i32([3, 3]), i32([1, 1]), 2) == lib.PI_ERR_INVALID
+    assert lib.pi_eval_seqs(ctx._ptr, i32([1, 2]), i32([3, 3]), i32([1, 1]), 2, 0) == lib.PI_ERR_INVALID
     assert "seq 3 appears in items 0 and 1" in ffi.string(lib.pi_last_error()).decode()
-    assert lib.pi_eval_seqs(ctx._ptr, i32([1]), i32([1]), i32([N_CTX_SEQ]), 1) == lib.PI_ERR_CONTEXT_FULL
+    assert lib.pi_eval_seqs(ctx._ptr, i32([1]), i32([1]), i32([N_CTX_SEQ]), 1, 0) == lib.PI_ERR_CONTEXT_FULL
     assert "more than n_ctx_seq 40" in ffi.string(lib.pi_last_error()).decode()
     assert lib.pi_seq_used(ctx._ptr, 9) == -1 and lib.pi_seq_used(ctx._ptr, 1) == 3
     ctx.close()
