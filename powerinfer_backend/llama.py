@@ -303,7 +303,10 @@ class Llama:
         n_past = self.n_tokens
         if n_past + len(tokens) > self._n_ctx:
             raise ValueError(f"Requested tokens ({n_past + len(tokens)}) exceed context window of {self._n_ctx}")
-        logits = self._decode(n_past, tokens)
+        be = self._backend
+        if be.n_past != n_past:  # reset() / truncation, or a chunk of a failed eval got cached
+            be.truncate(n_past)
+        logits = be.eval(tokens, logits_all=self._logits_all)
         self.input_ids[n_past: n_past + len(tokens)] = tokens
         if self._logits_all:
             self.scores[n_past: n_past + len(tokens), :] = logits
@@ -313,15 +316,6 @@ class Llama:
             self._last_logits = logits[-1]
         self.n_tokens = n_past + len(tokens)
         self._requires_eval = False
-
-    def _decode(self, n_past: int, tokens: List[int]) -> np.ndarray:
-        """The backend's logits for ``tokens`` appended at position ``n_past``: (len(tokens),
-        n_vocab) float32 with logits_all, else (1, n_vocab). The one place :meth:`eval`
-        reaches the backend (a server slot decodes through its batch scheduler instead)."""
-        be = self._backend
-        if be.n_past != n_past:  # reset() / truncation, or a chunk of a failed eval got cached
-            be.truncate(n_past)
-        return be.eval(tokens, logits_all=self._logits_all)
 
     def _init_sampler(self, **params) -> ChainSampler:
         """llama.cpp's sampler chain exactly as llama-cpp-python builds it, over our logits."""

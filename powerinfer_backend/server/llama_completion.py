@@ -101,8 +101,8 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     seed = None if b.seed is None or b.seed < 0 or b.seed == 0xFFFFFFFF else b.seed
     stops = [b.stop] if isinstance(b.stop, str) else list(b.stop or [])
     n_predict = b.n_predict
-    settings = dict(n_ctx=state.n_ctx_slot, n_predict=n_predict, temperature=b.temperature, top_k=b.top_k, top_p=b.top_p,
-                    min_p=b.min_p, typical_p=b.typical_p, repeat_penalty=b.repeat_penalty,
+    settings = dict(n_ctx=state.n_ctx_slot, n_predict=n_predict, temperature=b.temperature, top_k=b.top_k,
+                    top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p, repeat_penalty=b.repeat_penalty,
                     presence_penalty=b.presence_penalty, frequency_penalty=b.frequency_penalty, mirostat=b.mirostat,
                     seed=b.seed if b.seed is not None else 0xFFFFFFFF, stop=stops, n_probs=b.n_probs)
 

@@ -2,10 +2,11 @@
 
 :class:`SlotLlama` is one slot's :class:`~powerinfer_backend.Llama`: it shares the
 served model's tokenizer, vocabulary, chat handlers and backend, and owns a sequence's
-state (tokens, logits, sampler chain and its token buffer, seed). Its :meth:`Llama.eval`
-goes to the scheduler (``decode``) rather than to the backend, so everything above the
-logits (llama-cpp-python's completion with its stop strings, logprobs, streaming and
-grammar, chat templates and tools, our ``/completion`` loop) runs per slot unchanged.
+state (tokens, logits, sampler chain and its token buffer, seed). Its backend is a
+:class:`SlotBackend`, whose ``eval`` goes to the scheduler (``decode``), so
+:meth:`Llama.eval` and everything above the logits (llama-cpp-python's completion with
+its stop strings, logprobs, streaming and grammar, chat templates and tools, our
+``/completion`` loop) runs per slot unchanged: one implementation of each piece.
 
 :func:`seq_access` gives the scheduler the context's sequences (:class:`SeqAccess`): the
 native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend's own
@@ -14,7 +15,6 @@ native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend
 
 from __future__ import annotations
 
-import inspect
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,13 +34,11 @@ class SeqAccess:
         n_seq: sequences (slots) served.
         n_ctx_seq: KV cells (tokens) per sequence.
         n_batch: most tokens of one :meth:`eval`, all items together.
-        rows_all: :meth:`eval` can return every token's logits (else only the last).
     """
 
     n_seq: int
     n_ctx_seq: int
     n_batch: int
-    rows_all: bool = True
 
     def n_past(self, seq: int) -> int:
         raise NotImplementedError
@@ -50,8 +48,8 @@ class SeqAccess:
 
     def eval(self, items: Sequence[Tuple[int, List[int]]], logits_all: bool) -> List[np.ndarray]:
         """One forward pass over ``items`` ((seq, tokens) each, seqs distinct); per item
-        float32 logits, (len(tokens), n_vocab) with ``logits_all`` and :attr:`rows_all`,
-        else (1, n_vocab) for its last token."""
+        float32 logits, (len(tokens), n_vocab) with ``logits_all``, else (1, n_vocab)
+        for its last token."""
         raise NotImplementedError
 
 
@@ -63,7 +61,6 @@ class _NativeSeqs(SeqAccess):
         self.n_seq = int(n_seq)
         self.n_ctx_seq = int(ctx.n_ctx_seq)
         self.n_batch = int(ctx.n_batch)
-        self.rows_all = "logits_all" in inspect.signature(ctx.eval_seqs).parameters
 
     def n_past(self, seq: int) -> int:
         return self.ctx.seq_n_past(seq)
@@ -72,7 +69,7 @@ class _NativeSeqs(SeqAccess):
         self.ctx.seq_truncate(seq, n_keep)
 
     def eval(self, items, logits_all):
-        if logits_all and self.rows_all:
+        if logits_all:
             return self.ctx.eval_seqs(items, logits_all=True)
         return [out[None, :] for out in self.ctx.eval_seqs(items)]
 
@@ -124,6 +121,30 @@ def seq_access(llm, parallel: int) -> SeqAccess:
     return _BackendSeq(llm)
 
 
+class SlotBackend:
+    """A slot's backend as :meth:`Llama.eval` uses it: ``n_past``, ``truncate`` and
+    ``eval`` of the slot's own sequence, ``eval`` through the scheduler (a truncation is
+    carried out by the scheduler before the next decode); any other attribute is the
+    served backend's."""
+
+    def __init__(self, backend, slot: "SlotLlama", decode: Callable):
+        self._backend = backend
+        self._slot = slot
+        self._decode = decode
+        self.n_past = 0  # tokens of the sequence as this slot's Llama knows them
+
+    def truncate(self, n_keep: int) -> None:
+        self.n_past = min(self.n_past, int(n_keep))
+
+    def eval(self, tokens, logits_all: bool = False) -> np.ndarray:
+        out = self._decode(self._slot, self.n_past, list(tokens))
+        self.n_past += len(tokens)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
 class SlotLlama(Llama):
     """One slot's view of a served :class:`Llama` (see the module docstring).
 
@@ -131,9 +152,9 @@ class SlotLlama(Llama):
         base: the served model (not modified; never closed by the slot).
         seq: this slot's sequence id.
         n_ctx: the slot's context (tokens), n_ctx // n_seq_max.
-        decode: ``decode(slot, n_past, tokens) -> logits`` (shapes as
-            :meth:`Llama._decode`), run by the scheduler; raises :class:`Cancelled`
-            when the slot's client left.
+        decode: ``decode(slot, n_past, tokens) -> logits`` ((len(tokens), n_vocab)
+            float32 with logits_all, else (1, n_vocab)), run by the scheduler; raises
+            :class:`Cancelled` when the slot's client left.
     """
 
     def __init__(self, base: Llama, seq: int, n_ctx: int, decode: Callable):  # noqa: D107 - no Llama.__init__
@@ -141,7 +162,7 @@ class SlotLlama(Llama):
         self._announced = False  # the model_loaded / unloaded hooks belong to the base
         self.seq = int(seq)
         self.job = None  # the request running in this slot (its cancel flag)
-        self._decode_fn = decode
+        self._backend = SlotBackend(base._backend, self, decode)
         self._n_ctx = int(n_ctx)
         self.cache = None
         self.n_tokens = 0
@@ -158,12 +179,9 @@ class SlotLlama(Llama):
 
     def forget(self) -> None:
         """Forget the cached tokens (the scheduler cleared or will clear the KV cells)."""
-        self.n_tokens = 0
+        self.n_tokens = self._backend.n_past = 0
         self._last_logits = None
         self._requires_eval = True
-
-    def _decode(self, n_past: int, tokens: List[int]) -> np.ndarray:
-        return self._decode_fn(self, n_past, tokens)
 
     def generate(self, *args, **kwargs):
         """:meth:`Llama.generate`, stopping within one token when the client left."""

@@ -215,7 +215,7 @@ class ModelWorker:
                     self._cv.notify_all()
 
     def _decode(self, llama: SlotLlama, n_past: int, tokens: List[int]) -> np.ndarray:
-        """A slot's :meth:`Llama._decode`: waits for the steps that decode ``tokens``."""
+        """A slot's backend eval (:class:`.slots.SlotBackend`): waits for the steps that decode ``tokens``."""
         slot = self._slots[llama.seq]
         req = _Request(n_past, list(tokens))
         with self._cv:
@@ -329,8 +329,6 @@ class ModelWorker:
             if budget == 0:
                 break
             take = min(len(req.rest), budget)
-            if self._logits_all and not self.access.rows_all:
-                take = 1  # every token's logits, one per pass
             if not req.started:
                 if self.access.n_past(s.seq) != req.n_keep:
                     self.access.truncate(s.seq, req.n_keep)
