@@ -22,6 +22,7 @@ import math
 import os
 import re
 import sys
+import time
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -33,6 +34,7 @@ from llama_cpp.llama import LlamaState
 
 from .plugins.manager import plugin_manager, select_backend
 from .llama_options import backend_options, check_options
+from .text.perf import PerfContext
 from .text.pooling import pool
 from .text.sampling import ChainSampler, TokenDataBuffer
 from .text.tokenizer import LlamaCppTokenizer
@@ -52,15 +54,6 @@ class _ClosedPart:
 
 _CLOSED_MESSAGE = "Llama: the model is closed (close() was called or its `with` block ended)"
 _CLOSED = _ClosedPart()
-
-
-class _NoTimings:
-    """``_ctx`` for llama-cpp-python's completion code, which resets / prints llama.cpp's
-    context timings when verbose (there is no llama.cpp compute context here)."""
-
-    def reset_timings(self) -> None: ...
-
-    def print_timings(self) -> None: ...
 
 
 class Llama:
@@ -112,6 +105,7 @@ class Llama:
                  chat_format: Optional[str] = None, chat_handler=None, spm_infill: bool = False,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, verbose: bool = True,
                  backend: str = "auto", **kwargs):
+        t_load = time.perf_counter()
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
         if n_ctx is None or n_ctx < 0:
@@ -155,7 +149,8 @@ class Llama:
         self.chat_format = vocab_llama.chat_format  # chat_format as given, else guessed from the GGUF
         self.chat_handler = chat_handler
         self._chat_handlers = dict(vocab_llama._chat_handlers)  # from the GGUF's chat templates
-        self._ctx = _NoTimings()
+        # llama-cpp-python's completion code resets / prints these when verbose
+        self._ctx = PerfContext()
         self.n_tokens = 0
         self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
         # logits of every position (logits_all) or of the last evaluated token
@@ -168,6 +163,7 @@ class Llama:
         self.set_seed(seed)
         plugin_manager().hook.powerinfer_backend_model_loaded(llama=self, backend_name=self.backend)
         self._announced = True
+        self._ctx.load_s = time.perf_counter() - t_load
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since load (or the last ``reset``): ``{"mode",
@@ -306,7 +302,9 @@ class Llama:
         be = self._backend
         if be.n_past != n_past:  # reset() / truncation, or a chunk of a failed eval got cached
             be.truncate(n_past)
+        t0 = time.perf_counter()
         logits = be.eval(tokens, logits_all=self._logits_all)
+        self._ctx.record(len(tokens), time.perf_counter() - t0)
         self.input_ids[n_past: n_past + len(tokens)] = tokens
         if self._logits_all:
             self.scores[n_past: n_past + len(tokens), :] = logits

@@ -87,8 +87,9 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->rope_cs = pi_alloc_f(B * hp->n_rot);
     c->rope_cs_swa = hp->n_swa > 0 ? pi_alloc_f(B * hp->n_rot) : NULL;
     c->x_par = hp->parallel_residual ? pi_alloc_f(B * E) : NULL;
-    if (!c->k_cache || !c->v_cache || !c->seq_used || !c->tok_pos || !c->tok_cell0 || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->attn || !c->g ||
-        !c->u || !c->embd || !c->act_scratch || !c->attn_scratch || !c->logits1 || !c->rope_cs ||
+    if (!c->k_cache || !c->v_cache || !c->seq_used || !c->tok_pos || !c->tok_cell0 || !c->x || !c->xn || !c->q ||
+        !c->k || !c->v || !c->attn || !c->g || !c->u || !c->embd || !c->act_scratch || !c->attn_scratch ||
+        !c->logits1 || !c->rope_cs ||
         (hp->n_swa > 0 && c->rope_cs_swa == NULL) || (hp->parallel_residual && c->x_par == NULL)) {
         pi_context_free(c);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for a context of n_ctx %d (KV cache %zu bytes)",

@@ -167,8 +167,9 @@ int pi_eval_seqs(pi_context *c, const int32_t *tokens, const int32_t *seq, const
                                     s, j, i);
         if (n < 1) return pi_set_error(PI_ERR_INVALID, "pi_eval_seqs: item %d: %d tokens, must be >= 1", i, n);
         if ((int64_t)c->seq_used[s] + n > c->n_ctx_seq)
-            return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval_seqs: seq %d would hold %lld tokens, more than n_ctx_seq %d",
-                                s, (long long)c->seq_used[s] + n, c->n_ctx_seq);
+            return pi_set_error(PI_ERR_CONTEXT_FULL,
+                                "pi_eval_seqs: seq %d would hold %lld tokens, more than n_ctx_seq %d", s,
+                                (long long)c->seq_used[s] + n, c->n_ctx_seq);
         n_tokens += n;
         if (n_tokens > c->cp.n_batch)
             return pi_set_error(PI_ERR_CONTEXT_FULL, "pi_eval_seqs: more than n_batch %d tokens", c->cp.n_batch);

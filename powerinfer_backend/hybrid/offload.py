@@ -98,6 +98,18 @@ def split_arithmetic(ctx) -> None:
             ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
 
 
+def check_device_options(placement: str = "neurons", device_threads: int = 1) -> None:
+    """Check ``placement`` and ``device_threads`` (also before a model loads: ``Llama``).
+
+    Raises:
+        ValueError: an unknown placement, or device_threads not an integer in [1, 512].
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
+        raise ValueError(f"device_threads must be an integer in [1, 512], got {device_threads!r}")
+
+
 def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,
             device: Optional[str] = None, placement: str = "neurons", device_threads: int = 1,
             reset_gpu_index: bool = False, disable_gpu_index: bool = False,
@@ -123,10 +135,7 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         RuntimeError: ggml missing or of an unsupported version for a named device.
         NotImplementedError: a model the device cannot run (the engine's message).
     """
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-    if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
-        raise ValueError(f"device_threads must be an integer in [1, 512], got {device_threads!r}")
+    check_device_options(placement, device_threads)
     P.parse_vram_budget(vram_budget)  # validated before anything opens
     choice = resolve_device(device)
     gguf = ctx.model.gguf
@@ -173,7 +182,8 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
     kind = choice.requested
     if plan.device_bytes == 0:
         dev.close()
-        return Offload(kind, dec, notices=notices)
+        why = P.why_nothing_placed(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
+        return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     place_plan(ctx, dev, plan, dec.bytes)
     return Offload(kind, dec, plan, dev, ctx, notices)
 

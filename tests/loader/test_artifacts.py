@@ -8,8 +8,10 @@ tmp_path, so nothing outside the test folder is touched.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +60,33 @@ def test_fingerprint_stable_and_content_sensitive(tmp_path):
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     fp2 = model_fingerprint(p)
     assert fp2 != fp and fp2 == _sha(p)
+
+
+def test_fingerprint_stored_for_the_next_process(tmp_path, xdg_cache, monkeypatch):
+    """A new process (here: the in-process cache cleared) takes the stored SHA-256 without
+    hashing the file again; any write to the file (a new ctime) makes it hash again."""
+    p = _model(tmp_path / "m")
+    store = xdg_cache / "powerinfer_backend" / "fingerprints"
+    fp = model_fingerprint(p)
+    assert not store.exists()  # a file changed in the last 2 s is not stored
+    artifacts._fp_cache.clear()
+    monkeypatch.setattr(artifacts, "_SETTLED_NS", 0)
+    assert model_fingerprint(p) == fp
+    stored = list(store.glob("*.json"))
+    assert len(stored) == 1
+    rec = json.loads(stored[0].read_text())
+    assert rec["sha256"] == fp and rec["key"][0] == os.path.realpath(p)
+    rec["sha256"] = "ab" * 32  # what only a read of the store can return
+    stored[0].write_text(json.dumps(rec))
+    artifacts._fp_cache.clear()
+    assert model_fingerprint(p) == "ab" * 32
+    time.sleep(0.05)  # past the ctime granularity
+    with open(p, "r+b") as f:  # same bytes written back: the content is unchanged, the ctime is not
+        b = f.read(1)
+        f.seek(0)
+        f.write(b)
+    artifacts._fp_cache.clear()
+    assert model_fingerprint(p) == fp == _sha(p)
 
 
 def test_artifact_dir_beside_writable_folder(tmp_path, xdg_cache):
