@@ -4,14 +4,17 @@ llama-server-compatible (``/health``, ``/props``, ``/tokenize``, ``/detokenize``
 
 Design:
 
-* One worker thread owns the :class:`~powerinfer_backend.Llama` (a context serves one
-  sequence) and runs requests one at a time, in arrival order, so outputs never mix and
-  greedy results do not depend on what else is being served.
-* A bounded queue: at most ``max_queue`` requests wait behind the running one; more get
-  ``503`` with an OpenAI-style JSON error right away.
-* Results travel from the worker to the event loop per chunk; a client that disconnects
-  sets its job's cancel flag, which the model's token generator checks at every token
-  (streaming or not), so its generation stops within one token.
+* One worker (:mod:`.worker`) owns the :class:`~powerinfer_backend.Llama`'s context and
+  runs up to ``parallel`` requests together (continuous batching, ``--parallel``), each
+  in a slot: its own sequence of the context, sampler chain, stop handling and stream.
+  Every step decodes one token of each running slot in one batched pass; requests join
+  and leave between steps. A sequence's logits do not depend on the others in its
+  batch, so greedy results do not depend on what else is being served.
+* A bounded queue: at most ``max_queue`` requests wait for a slot; more get ``503``
+  with an OpenAI-style JSON error right away.
+* Results travel from the slots to the event loop per chunk; a client that disconnects
+  sets its job's cancel flag: its slot leaves the next step (KV cells cleared), so its
+  generation stops within one token, streaming or not.
 * Parameters are passed to llama-cpp-python's own ``create_completion`` /
   ``create_chat_completion`` (through our ``Llama``), so they mean what they mean there.
 
@@ -47,13 +50,18 @@ from .state import ServerState  # noqa: E402
 
 
 def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, api_key: Optional[str] = None,
-               disconnect_poll_s: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               disconnect_poll_s: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               parallel: Optional[int] = None) -> FastAPI:
     """The FastAPI application serving ``llm`` (a :class:`powerinfer_backend.Llama`, or
-    anything with its API). ``max_queue``: requests that may wait behind the running
-    one before 503; ``api_key``: required as ``Authorization: Bearer`` when set;
-    ``max_body_bytes``: larger request bodies get 413."""
+    anything with its API). ``max_queue``: requests that may wait for a slot before
+    503; ``api_key``: required as ``Authorization: Bearer`` when set;
+    ``max_body_bytes``: larger request bodies get 413; ``parallel``: requests decoded
+    together (default: the context's ``n_seq_max``, see ``Llama(n_seq_max=...)``).
+
+    Raises:
+        ValueError: ``parallel`` above what ``llm``'s context serves."""
     state = ServerState(llm, model_alias or os.path.basename(getattr(llm, "model_path", "model")), max_queue,
-                        api_key, disconnect_poll_s)
+                        api_key, disconnect_poll_s, parallel=parallel)
 
     async def check_key(request: Request):
         # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
@@ -98,7 +106,8 @@ def serve(args) -> int:
         sock.close()
         raise
     port = sock.getsockname()[1]
-    app = create_app(llm, model_alias=args.alias, max_queue=args.max_queue, api_key=args.api_key)
+    app = create_app(llm, model_alias=args.alias, max_queue=args.max_queue, api_key=args.api_key,
+                     parallel=args.parallel)
     print(f"powerinfer-backend: serving {llm.model_path} on http://{args.host}:{port} "
           f"(OpenAI API under /v1)", file=sys.stderr, flush=True)
     try:

@@ -1,5 +1,5 @@
 """The llama-server-compatible endpoints (what text-generation-webui and llama.cpp's
-clients call): ``/health``, ``/props``, ``/stats``, ``/tokenize``, ``/detokenize`` and
+clients call): ``/health``, ``/props``, ``/stats``, ``/slots``, ``/tokenize``, ``/detokenize`` and
 ``/completion`` (:mod:`.llama_completion`)."""
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ def register_llama_server(app, state: ServerState) -> None:
         except Exception:
             pass
         return {
-            "default_generation_settings": {"n_ctx": state.n_ctx, "model": state.model_alias,
+            # llama-server's convention: n_ctx is the total, each of total_slots gets n_ctx / total_slots
+            "default_generation_settings": {"n_ctx": state.n_ctx_slot, "model": state.model_alias,
                                             "params": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
                                                        "n_predict": -1}},
-            "total_slots": 1,
+            "total_slots": state.worker.parallel,
+            "n_ctx": state.n_ctx,
+            "n_ctx_slot": state.n_ctx_slot,
             "model_path": getattr(llm, "model_path", ""),
             "model_alias": state.model_alias,
             "chat_template": llm.metadata.get("tokenizer.chat_template", ""),
@@ -59,7 +62,14 @@ def register_llama_server(app, state: ServerState) -> None:
     async def stats_endpoint():
         w = state.worker
         return {"sparsity": stats(), "served": w.served, "cancelled": w.cancelled, "rejected": w.rejected,
-                "waiting": w.waiting, "busy": w.busy, "max_queue": w.max_queue}
+                "waiting": w.waiting, "busy": w.busy, "max_queue": w.max_queue, "total_slots": w.parallel,
+                "slots_processing": sum(s["is_processing"] for s in w.slots()), "steps": w.steps,
+                "tokens_decoded": w.tokens_decoded, "cancel_steps": [list(c) for c in w.cancel_steps]}
+
+    @app.get("/slots")
+    async def slots():
+        """Per slot: id, is_processing, n_ctx (its share) and n_past (tokens it holds)."""
+        return state.worker.slots()
 
     @app.post("/tokenize")
     @app.post("/extras/tokenize")

@@ -90,9 +90,9 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     # the prompt as text in the final object, as llama-server reports it
     prompt_text = b.prompt if isinstance(b.prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
     check_token_ids(tokens, state.n_vocab, "prompt token id", param="prompt")
-    if len(tokens) >= state.n_ctx:
+    if len(tokens) >= state.n_ctx_slot:
         raise APIError(400, f"the prompt ({len(tokens)} tokens) exceeds the available context size "
-                            f"({state.n_ctx} tokens)", "exceed_context_size_error", param="prompt")
+                            f"({state.n_ctx_slot} tokens)", "exceed_context_size_error", param="prompt")
     check_finite(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
                  repeat_penalty=b.repeat_penalty, presence_penalty=b.presence_penalty,
                  frequency_penalty=b.frequency_penalty)
@@ -103,16 +103,19 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     seed = None if b.seed is None or b.seed < 0 or b.seed == 0xFFFFFFFF else b.seed
     stops = [b.stop] if isinstance(b.stop, str) else list(b.stop or [])
     n_predict = b.n_predict
-    settings = dict(n_ctx=state.n_ctx, n_predict=n_predict, temperature=b.temperature, top_k=b.top_k, top_p=b.top_p,
-                    min_p=b.min_p, typical_p=b.typical_p, repeat_penalty=b.repeat_penalty,
+    settings = dict(n_ctx=state.n_ctx_slot, n_predict=n_predict, temperature=b.temperature, top_k=b.top_k,
+                    top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p, repeat_penalty=b.repeat_penalty,
                     presence_penalty=b.presence_penalty, frequency_penalty=b.frequency_penalty, mirostat=b.mirostat,
                     seed=b.seed if b.seed is not None else 0xFFFFFFFF, stop=stops, n_probs=b.n_probs)
+
+    slot = {"id": 0}  # the slot the request runs in (llama-server's id_slot)
 
     # private, for want of public equivalents: llm._scores[-1] is the last logits
     # (llama-cpp-python's name; `scores` is filled only with logits_all), llm._is_eog
     # our Llama's cached end-of-generation check
     def gen(llm):
         """Yield ("token", id, text, probs) per token, then ("end", stop_type, stopping_word, n_eval)."""
+        slot["id"] = getattr(llm, "seq", 0)
         if not b.cache_prompt:
             llm.reset()
         t0 = time.perf_counter()
@@ -174,7 +177,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
             safe = _utf8_boundary(full, max(safe, emitted))
             yield ("token", tok, full[emitted:safe], probs)
             emitted = safe
-            if 0 < n_predict <= n or llm.n_tokens >= state.n_ctx:
+            if 0 < n_predict <= n or llm.n_tokens >= state.n_ctx_slot:
                 break
         else:  # pragma: no cover - generate is endless
             pass
@@ -184,7 +187,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
 
     def final(stop_type, word, n_eval, probs, t0, n_pred, content: str):
         dt = time.perf_counter() - t0
-        res = {"content": content, "id_slot": 0, "stop": True, "model": state.model_alias,
+        res = {"content": content, "id_slot": slot["id"], "stop": True, "model": state.model_alias,
                "tokens_predicted": n_pred, "tokens_evaluated": n_eval, "generation_settings": settings,
                "prompt": prompt_text, "has_new_line": "\n" in content, "truncated": False, "stop_type": stop_type,
                "stopping_word": word, "tokens_cached": n_eval + n_pred,
@@ -199,7 +202,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
             if item[0] == "token":
                 _, tok, piece, probs = item
                 d = {"content": piece.decode("utf-8", "replace"), "tokens": [] if tok is None else [tok],
-                     "stop": False, "id_slot": 0, "index": 0}
+                     "stop": False, "id_slot": slot["id"], "index": 0}
                 if probs is not None:
                     d["completion_probabilities"] = [probs]
                 return d

@@ -24,7 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", "-b", type=int, default=512, help="prompt tokens per native call (default 512)")
     p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (default: the physical cores)")
     p.add_argument("--max-queue", type=_int_in("--max-queue", 0, 1 << 20), default=16,
-                   help="requests that may wait behind the running one; more get 503 (default 16)")
+                   help="requests that may wait for a slot; more get 503 (default 16)")
+    p.add_argument("--parallel", "-np", type=_int_in("--parallel", 1, 256), default=1,
+                   help="requests decoded together, each with n_ctx / N tokens of context (default 1)")
     p.add_argument("--chat-format", default=None, help="llama-cpp-python chat format (default: the GGUF template)")
     p.add_argument("--logits-all", action="store_true",
                    help="keep logits of every position (needed for OpenAI completion logprobs)")
@@ -46,7 +48,7 @@ def add_arguments(p) -> None:
 
 
 _IGNORED_VALUE = [("--ubatch-size", "-ub"), ("--flash-attn", "-fa"),
-                  ("--fit",), ("--fit-ctx",), ("--fit-target",), ("--threads-batch", "-tb"), ("--parallel", "-np"),
+                  ("--fit",), ("--fit-ctx",), ("--fit-target",), ("--threads-batch", "-tb"),
                   ("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv"), ("--split-mode", "-sm"),
                   ("--tensor-split", "-ts"), ("--numa",), ("--mmproj",), ("--model-draft",), ("--draft-max",),
                   ("--draft-min",), ("--ctx-size-draft",), ("--gpu-layers-draft",), ("--device-draft",),
@@ -62,10 +64,11 @@ def load_llama(args, vram_budget=None):
     from ..llama import Llama
     from ..loader.models import default_model_path
 
+    seqs = {"n_seq_max": args.parallel} if args.parallel > 1 else {}
     return Llama(args.model or default_model_path(), n_ctx=args.ctx_size, n_batch=args.batch_size,
                  n_threads=args.threads, sparse=args.sparse, chat_format=args.chat_format,
                  logits_all=args.logits_all, embedding=True, seed=args.seed, verbose=args.verbose,
-                 **device_kwargs(args, vram_budget))
+                 **device_kwargs(args, vram_budget), **seqs)
 
 
 def _int_in(name: str, lo: int, hi: int):

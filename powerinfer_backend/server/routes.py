@@ -1,6 +1,7 @@
 """The OpenAI-compatible endpoints: ``/v1/models``, ``/v1/completions``,
 ``/v1/chat/completions`` (streaming or not) and ``/v1/embeddings``, each also without
-the ``/v1`` prefix. Completions are llama-cpp-python's own, run on the worker."""
+the ``/v1`` prefix. Completions are llama-cpp-python's own, run in a slot of the worker
+(:mod:`.worker`); embeddings on the served Llama between batches."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def register_openai(app, state: ServerState) -> None:
     async def answer(request: Request, stream: bool, call: Callable):
         """``call(llm, stream)`` on the worker: its chunks as SSE events, or its result."""
         if stream:
-            return await state.run_stream(request, lambda llm: call(llm, True), lambda c: c)
-        return await state.run_once(request, lambda llm: call(llm, False))
+            return await state.run_stream(request, lambda llm: call(llm, True), _plain)
+        return _plain(await state.run_once(request, lambda llm: call(llm, False)))
 
     @app.get("/v1/models")
     @app.get("/models")
@@ -82,4 +83,16 @@ def register_openai(app, state: ServerState) -> None:
             return {"object": "list", "data": data, "model": state.model_alias,
                     "usage": {"prompt_tokens": total, "total_tokens": total}}
 
-        return await state.run_once(request, work)
+        return await state.run_once(request, work, exclusive=True)  # sequence 0 of the served Llama
+
+
+def _plain(value):
+    """``value`` with numpy scalars as Python numbers (llama-cpp-python's logprobs hold
+    numpy float32s, which the JSON encoders refuse)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,5 +1,5 @@
 """What the endpoints share: the served model (:class:`ServerState`: the ``Llama``, its
-worker, name and sizes) and the two ways a request runs on its worker, one answer
+batching worker, name and sizes) and the two ways a request runs on its worker, one answer
 (:meth:`ServerState.run_once`) or an SSE stream (:meth:`ServerState.run_stream`)."""
 
 from __future__ import annotations
@@ -21,20 +21,21 @@ class ServerState:
     that its client is still there."""
 
     def __init__(self, llm, model_alias: str, max_queue: int, api_key: Optional[str],
-                 disconnect_poll_s: float = 0.1):
+                 disconnect_poll_s: float = 0.1, parallel: Optional[int] = None):
         self.llm = llm
         self.model_alias = model_alias
         self.api_key = api_key
         self.disconnect_poll_s = disconnect_poll_s
-        self.worker = ModelWorker(llm, max_queue=max_queue)
+        self.worker = ModelWorker(llm, max_queue=max_queue, parallel=parallel)
         self.created = int(time.time())
         self.n_vocab = int(llm.n_vocab())
-        self.n_ctx = int(llm.n_ctx())
+        self.n_ctx = int(llm.n_ctx())  # the total, split across the slots
+        self.n_ctx_slot = self.worker.n_ctx_slot  # what one request may use
 
-    async def run_once(self, request: Request, fn: Callable):
-        """Run ``fn(llm)`` on the worker and return its result; a client that
-        disconnects meanwhile cancels it."""
-        job = self.worker.submit(fn)
+    async def run_once(self, request: Request, fn: Callable, exclusive: bool = False):
+        """Run ``fn(llm)`` on the worker (in a slot; ``exclusive``: on the served Llama,
+        alone) and return its result; a client that disconnects meanwhile cancels it."""
+        job = self.worker.submit(fn, exclusive=exclusive)
         try:
             while True:
                 try:

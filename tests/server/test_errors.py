@@ -1,7 +1,8 @@
 """Server errors stay what they are: an internal failure is a 500 (``server_error``),
 never passed off as the caller's 400; what llama-cpp-python refuses (``ValueError``)
-is a 400. Internal failures are injected by replacing a real method of the served
-``Llama`` (the worker's path) or one the handler calls on the event loop."""
+is a 400. Internal failures are injected by replacing a real method of ``Llama`` (the
+class: the worker's slots are ``Llama`` s over the served one) or one the handler calls on
+the served ``Llama`` on the event loop."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _raise(exc):
                                  IndexError("injected"), AttributeError("injected")])
 @pytest.mark.parametrize("stream", [False, True])
 def test_internal_error_in_the_worker_is_500(tiny_app, tiny_client, monkeypatch, exc, stream):
-    monkeypatch.setattr(tiny_app.state.serve.llm, "create_completion", _raise(exc))
+    monkeypatch.setattr(type(tiny_app.state.serve.llm), "create_completion", _raise(exc))
     r = tiny_client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": stream})
     assert r.status_code == 500, r.text
     err = r.json()["error"]
@@ -36,7 +37,7 @@ def test_internal_error_in_a_handler_is_500(tiny_app, tiny_client, monkeypatch):
 
 
 def test_refused_arguments_stay_400(tiny_app, tiny_client, monkeypatch):
-    monkeypatch.setattr(tiny_app.state.serve.llm, "create_completion", _raise(ValueError("bad value")))
+    monkeypatch.setattr(type(tiny_app.state.serve.llm), "create_completion", _raise(ValueError("bad value")))
     r = tiny_client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["message"] == "bad value"
     # and the server serves on

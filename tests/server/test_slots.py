@@ -1,0 +1,75 @@
+"""The batching worker in-process on a tiny model: concurrent requests in two slots equal
+a lone Llama, logprobs with echo (every prompt row's logits) under logits_all, and the
+parallel count checked against the context."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("sse_starlette")
+
+from powerinfer_backend import Llama  # noqa: E402
+
+PROMPTS = ["the cat sat on", "hello there", "a b c d e f g", "once upon"]
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    from tests.fixtures.server import write_server_model
+
+    return write_server_model(tmp_path_factory.mktemp("slots") / "tiny.gguf")
+
+
+def _client(app):
+    from fastapi.testclient import TestClient
+
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_two_slots_logprobs_echo_equal_a_lone_llama(tiny_path):
+    from powerinfer_backend.server.app import create_app
+
+    kw = dict(n_threads=1, logits_all=True, verbose=False)
+    body = dict(max_tokens=6, temperature=0, logprobs=3, echo=True)
+    with Llama(tiny_path, n_ctx=128, **kw) as solo:
+        want = [solo.create_completion(p, **body)["choices"][0] for p in PROMPTS]
+    llm = Llama(tiny_path, n_ctx=256, n_seq_max=2, **kw)
+    app = create_app(llm)
+    try:
+        with _client(app) as c:
+            assert c.get("/props").json()["total_slots"] == 2
+            with ThreadPoolExecutor(4) as ex:
+                got = list(ex.map(lambda p: c.post("/v1/completions", json={"prompt": p, **body}), PROMPTS))
+            assert [r.status_code for r in got] == [200] * 4
+            for r, w in zip(got, want):
+                ch = r.json()["choices"][0]
+                assert ch["text"] == w["text"]
+                assert ch["logprobs"]["tokens"] == w["logprobs"]["tokens"]
+                assert ch["logprobs"]["token_logprobs"][1:] == pytest.approx(w["logprobs"]["token_logprobs"][1:],
+                                                                            abs=1e-5)
+            stats = c.get("/stats").json()
+            assert stats["served"] == 4 and stats["slots_processing"] == 0
+    finally:
+        app.state.serve.worker.stop()
+        llm.close()
+
+
+def test_parallel_beyond_the_context_is_refused(tiny_path):
+    from powerinfer_backend.server.app import create_app
+
+    with Llama(tiny_path, n_ctx=256, n_seq_max=2, n_threads=1, verbose=False) as llm:
+        with pytest.raises(ValueError, match="n_seq_max=2"):
+            create_app(llm, parallel=3)
+        with pytest.raises(ValueError, match="parallel must be >= 1"):
+            create_app(llm, parallel=0)
+
+
+def test_parallel_flag_range():
+    from powerinfer_backend.cli.commands import main
+
+    for argv in (["serve", "--parallel", "0"], ["serve", "-np", "many"]):
+        with pytest.raises(SystemExit):
+            main(argv)
