@@ -9,6 +9,9 @@
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
+#define PI_TILE_R 2 /* tile rows x tokens: 16 ymm registers */
+#define PI_TILE_T 4
+#include "x86_tiles.h"
 #include "table.h"
 
 /* ---- float rows ---------------------------------------------------------------- */
