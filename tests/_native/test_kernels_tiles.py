@@ -2,9 +2,9 @@
 tokens per step, isa/x86_tiles.h and scalar.c) against the row dot of decode: a batch of
 tokens must give every token the same float bits as that token alone (pi_op_matmul with
 one token runs the row dot), on every instruction-set path this CPU has, for shapes
-whose rows, tokens and n_cols are not multiples of the tile (AVX2 2 x 4, AVX-512 4 x 4,
-scalar 1 x 4; a pool thread's rows come in runs of 16). An ISA this CPU lacks is
-skipped."""
+whose rows, tokens and n_cols are not multiples of the tile (rows x tokens: scalar 1 x 4,
+AVX2 1 x 8, AVX-512 2 x 8; a pool thread's rows come in runs of 16). An ISA this CPU
+lacks is skipped."""
 
 from __future__ import annotations
 

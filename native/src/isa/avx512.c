@@ -21,8 +21,8 @@
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
-#define PI_TILE_R 4 /* tile rows x tokens: 32 ymm registers */
-#define PI_TILE_T 4
+#define PI_TILE_R 2 /* tile rows x tokens (32 ymm registers; not measured on an AVX-512 host yet) */
+#define PI_TILE_T 8
 #include "x86_tiles.h"
 #include "table.h"
 
