@@ -10,8 +10,8 @@
  * horizontal sums), so a token's result is the same float in a batch as in decode.
  *
  * Each kernel is an always-inline template over its tile size (R, T constants): the
- * driver runs full tiles, then R x 1 for the last tokens, 1 x T for the last rows, 1 x 1
- * for the corner. F16 scales are converted with F16C (_cvtsh_ss: exact, the same floats
+ * driver runs full tiles, then R x T/2 and R x 1 for the last tokens, 1 x T for the last
+ * rows, 1 x 1 for the corner. F16 scales are converted with F16C (_cvtsh_ss: exact, the same floats
  * as pi_fp16_to_fp32 and without its branches). */
 #ifndef PI_ISA_X86_TILES_H
 #define PI_ISA_X86_TILES_H
@@ -40,7 +40,10 @@
                 if (nr == PI_TILE_R && nt == PI_TILE_T) {                                          \
                     KERNEL(PI_TILE_R, PI_TILE_T, n, yo, ldy, wr, wrow, xt, xrow);                  \
                 } else if (nr == PI_TILE_R) {                                                      \
-                    for (int64_t k = 0; k < nt; k++)                                               \
+                    int64_t k = 0;                                                                 \
+                    for (; k + PI_TILE_T / 2 <= nt; k += PI_TILE_T / 2)                            \
+                        KERNEL(PI_TILE_R, PI_TILE_T / 2, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow); \
+                    for (; k < nt; k++)                                                            \
                         KERNEL(PI_TILE_R, 1, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow); \
                 } else if (nt == PI_TILE_T) {                                                      \
                     for (int64_t j = 0; j < nr; j++)                                               \
