@@ -13,38 +13,22 @@ and thread count, one after the other, with the ratios.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from gguf import GGMLQuantizationType as T  # noqa: E402
+from synth_models import synthetic_llama, tensor_types  # noqa: E402
 
-from tests.fixtures.tiny_gguf import write_tiny_llama  # noqa: E402
 from powerinfer_backend.cli.bench import format_table, run_bench  # noqa: E402
 
 
 def build(dir_: Path, layers: int, n_embd: int, n_ff: int) -> Path:
     """The Q4_K_M file (made once): F16 synthetic llama, then llama.cpp's quantizer."""
-    import llama_cpp
-
-    out = dir_ / f"kq-{layers}x{n_embd}x{n_ff}.Q4_K_M.gguf"
-    if out.exists():
-        return out
-    dir_.mkdir(parents=True, exist_ok=True)
-    f16 = dir_ / f"kq-{layers}x{n_embd}x{n_ff}.F16.gguf"
-    write_tiny_llama(f16, n_embd=n_embd, n_ff=n_ff, n_layer=layers, n_head=n_embd // 64, n_head_kv=n_embd // 256,
-                     n_vocab=256, n_ctx_train=2048, types={"matrix": T.F16, "token_embd": T.F16, "output": T.F16})
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    rc = llama_cpp.llama_model_quantize(str(f16).encode(), str(out).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise SystemExit(f"llama_model_quantize failed ({rc})")
-    f16.unlink()
-    return out
+    return synthetic_llama(dir_, f"kq-{layers}x{n_embd}x{n_ff}", ["Q4_K_M"], n_embd=n_embd, n_ff=n_ff,
+                           n_layer=layers, n_head=n_embd // 64, n_head_kv=n_embd // 256)["Q4_K_M"]
 
 
 def main() -> None:
@@ -57,9 +41,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     path = build(Path(a.dir), a.layers, a.n_embd, a.n_ff)
-    from gguf import GGUFReader
-
-    types = sorted({t.tensor_type.name for t in GGUFReader(str(path)).tensors})
+    types = tensor_types(path)
     r = run_bench(str(path), n_threads=a.threads, sparse="off")
     r["tensor_types"] = types
     print(json.dumps(r) if a.json else format_table(r) + f"\ntensor types: {', '.join(types)}")

@@ -36,6 +36,36 @@ def q8_view(name, arr):
     return TensorView(name, int(T.Q8_0), (arr.shape[1], arr.shape[0]), raw, int(raw.nbytes))
 
 
+def predictor_context(m, g, *, density: float, rank: int, pred_type: str, threads: int, n_ctx: int = 256,
+                      seed: int = 0):
+    """A NativeContext of ``m`` (model ``g``) in predictor mode: every layer's transposed down
+    (the automatic type, ``down_t_dtype``) and random rank-``rank`` predictors (``pred_type``
+    "f16" or "q8_0") with thresholds at the ``density`` quantile of their scores on the FFN
+    inputs of 32 random prompt tokens. Returns (ctx, {"prompt", "pred_bytes", "down_t_type"})."""
+    hp = g.hparams
+    rng = np.random.default_rng(seed)
+    prompt = [int(x) for x in rng.integers(1, hp.n_vocab, 32)]
+    probe = NativeContext(m, n_ctx=256, n_batch=32, n_threads=threads)
+    cap = np.zeros((hp.n_layer, 32, hp.n_embd), np.float32)
+    probe.set_ffn_capture(cap)
+    probe.eval(prompt)
+    probe.close()
+    pred = NativeContext(m, n_ctx=n_ctx, n_batch=32, n_threads=threads)
+    dt = down_t_dtype(g)
+    pred_bytes = 0
+    for layer in range(hp.n_layer):
+        fc1 = (rng.standard_normal((rank, hp.n_embd)) / np.sqrt(hp.n_embd)).astype(np.float16)
+        fc2 = (rng.standard_normal((hp.n_ff, rank)) / np.sqrt(rank)).astype(np.float16)
+        s = scores(fc1, fc2, cap[layer], n_threads=threads)
+        thr = float(np.quantile(s, 1.0 - density))
+        pred.set_ffn_sparsity(layer, transposed_down(g, layer, dtype=dt), 0.0)
+        if pred_type == "q8_0":
+            fc1, fc2 = q8_view(f"blk.{layer}.fc1.weight", fc1), q8_view(f"blk.{layer}.fc2.weight", fc2)
+        pred.set_ffn_predictor(layer, fc1, fc2, thr)
+        pred_bytes += fc1.nbytes + fc2.nbytes
+    return pred, {"prompt": prompt, "pred_bytes": pred_bytes, "down_t_type": dt.upper()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/powerinfer_relu_bench")
@@ -54,31 +84,11 @@ def main() -> None:
     path = d / f"relu7b-{args.layers}L-q4_0.gguf"
     build(path, args.layers)
     g = load_gguf(str(path), verbose=False)
-    hp = g.hparams
     m = NativeModel(g)
-    rng = np.random.default_rng(0)
-    prompt = [int(x) for x in rng.integers(1, hp.n_vocab, 32)]
     dense = NativeContext(m, n_ctx=256, n_batch=32, n_threads=args.threads)
-    cap = np.zeros((hp.n_layer, 32, hp.n_embd), np.float32)
-    dense.set_ffn_capture(cap)
-    dense.eval(prompt)
-    dense.set_ffn_capture(None)
-    pred = NativeContext(m, n_ctx=256, n_batch=32, n_threads=args.threads)
-    dt = down_t_dtype(g)
-    pred_bytes = 0
-    for layer in range(hp.n_layer):
-        fc1 = (rng.standard_normal((args.rank, hp.n_embd)) / np.sqrt(hp.n_embd)).astype(np.float16)
-        fc2 = (rng.standard_normal((hp.n_ff, args.rank)) / np.sqrt(args.rank)).astype(np.float16)
-        s = scores(fc1, fc2, cap[layer], n_threads=args.threads)
-        thr = float(np.quantile(s, 1.0 - args.density))
-        pred.set_ffn_sparsity(layer, transposed_down(g, layer, dtype=dt), 0.0)
-        if args.pred_type == "q8_0":
-            v1, v2 = q8_view(f"blk.{layer}.fc1.weight", fc1), q8_view(f"blk.{layer}.fc2.weight", fc2)
-            pred.set_ffn_predictor(layer, v1, v2, thr)
-            pred_bytes += v1.nbytes + v2.nbytes
-        else:
-            pred.set_ffn_predictor(layer, fc1, fc2, thr)
-            pred_bytes += fc1.nbytes + fc2.nbytes
+    pred, info = predictor_context(m, g, density=args.density, rank=args.rank, pred_type=args.pred_type,
+                                   threads=args.threads)
+    prompt, pred_bytes = info["prompt"], info["pred_bytes"]
 
     def decode(ctx):
         ctx.truncate(0)

@@ -47,8 +47,9 @@ def build(path: Path, layers: int) -> None:
 
 def make_sidecar(path: Path, out: Path, sparsity: float, threads: int, threshold_on: str = "gate") -> None:
     """A sidecar of per-layer thresholds skipping ``sparsity`` of the neurons on 64 random
-    tokens: on |relu(gate x)| ("gate", CATS: up and down rows of a skipped neuron unread)
-    or on |h| ("product": only down rows skipped; the form a device split takes)."""
+    tokens: on |act(gate x)| ("gate", CATS: up and down rows of a skipped neuron unread)
+    or on |h| ("product": only down rows skipped; the form a device split takes). The
+    sidecar's activation is the model's (ReLU, SiLU, ...)."""
     g = load_gguf(str(path), verbose=False)
     hp = g.hparams
     m = NativeModel(g)
@@ -65,7 +66,7 @@ def make_sidecar(path: Path, out: Path, sparsity: float, threads: int, threshold
     prof = SparsityProfile(thresholds=thr, layer_sparsity=np.full(hp.n_layer, sparsity, np.float32),
                            neuron_freq=freq, neuron_quantiles=hist_quantiles(hist, QUANTILES),
                            layer_hist=(layer / layer.sum(axis=1, keepdims=True)).astype(np.float32),
-                           ffn_act="relu", info={"threshold_on": threshold_on, "method": "bench: fixed sparsity"})
+                           ffn_act=hp.act_name, info={"threshold_on": threshold_on, "method": "bench: fixed sparsity"})
     from powerinfer_backend.loader.artifacts import model_fingerprint
 
     prof.info.update(model_sha256=model_fingerprint(path), model_file=path.name)

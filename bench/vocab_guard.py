@@ -66,7 +66,7 @@ def main() -> None:
 
             med_l, best_l = _ms(load, max(1, args.repeats // 2))
             lc = f"{med_l:.0f} ({best_l:.0f})"
-        n = len(vocab.scan_metadata(path, strings=(vocab.TOKENS,))[vocab.TOKENS].value)
+        n = len(vocab.scan_metadata(path)[vocab.TOKENS].value)
         print(f"{os.path.basename(path)[:40]:<40} {n:>8} {med_f:>9.1f} ({best_f:.1f}) "
               f"{med_r:>9.3f} ({best_r:.3f}) {lc:>18}")
     print(f"(median (best) of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")

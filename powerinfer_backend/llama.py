@@ -22,6 +22,7 @@ import math
 import os
 import re
 import sys
+import time
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -33,6 +34,7 @@ from llama_cpp.llama import LlamaState
 
 from .plugins.manager import plugin_manager, select_backend
 from .llama_options import backend_options, check_options
+from .text.perf import PerfContext
 from .text.pooling import pool
 from .text.sampling import ChainSampler, TokenDataBuffer
 from .text.tokenizer import LlamaCppTokenizer
@@ -54,15 +56,6 @@ _CLOSED_MESSAGE = "Llama: the model is closed (close() was called or its `with` 
 _CLOSED = _ClosedPart()
 
 
-class _NoTimings:
-    """``_ctx`` for llama-cpp-python's completion code, which resets / prints llama.cpp's
-    context timings when verbose (there is no llama.cpp compute context here)."""
-
-    def reset_timings(self) -> None: ...
-
-    def print_timings(self) -> None: ...
-
-
 class Llama:
     """Load a GGUF model and generate text, with llama-cpp-python's API.
 
@@ -70,7 +63,8 @@ class Llama:
         model_path: path of a GGUF file.
         n_ctx: context length in tokens (0 = the model's training context).
         n_batch: most prompt tokens per native call (capped at n_ctx, as llama-cpp-python).
-        n_threads: compute threads (None or <= 0 = the CPUs available to this process).
+        n_threads: compute threads (None or <= 0 = the physical cores available to this
+            process, as llama.cpp; ``engine.default_threads()``, docs/architecture.md).
         seed: sampling seed (0xFFFFFFFF = random, as llama.cpp).
         vram_budget: device memory for dense blocks and hot neurons: GiB as a number or
             a size string ("512MiB", "8GiB"); None = from ``n_gpu_layers`` if given, else
@@ -112,6 +106,7 @@ class Llama:
                  chat_format: Optional[str] = None, chat_handler=None, spm_infill: bool = False,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, verbose: bool = True,
                  backend: str = "auto", **kwargs):
+        t_load = time.perf_counter()
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
         if n_ctx is None or n_ctx < 0:
@@ -142,7 +137,7 @@ class Llama:
         self.backend, self._backend = select_backend(backend, model_path, options)
         for notice in getattr(self._backend, "notices", ()):
             warnings.warn(notice, UserWarning, stacklevel=2)  # at the caller's line
-        self._n_ctx = int(self._backend.n_ctx)
+        self._n_ctx = int(getattr(self._backend, "n_ctx_seq", self._backend.n_ctx))  # sequence 0's window
         self._tok = LlamaCppTokenizer(model_path, n_ctx=self._n_ctx, chat_format=chat_format)
         self.n_batch = min(n_batch, self._n_ctx)  # as llama_cpp.Llama exposes it
         self.n_threads = getattr(self._backend, "n_threads", n_threads)
@@ -155,7 +150,8 @@ class Llama:
         self.chat_format = vocab_llama.chat_format  # chat_format as given, else guessed from the GGUF
         self.chat_handler = chat_handler
         self._chat_handlers = dict(vocab_llama._chat_handlers)  # from the GGUF's chat templates
-        self._ctx = _NoTimings()
+        # llama-cpp-python's completion code resets / prints these when verbose
+        self._ctx = PerfContext()
         self.n_tokens = 0
         self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
         # logits of every position (logits_all) or of the last evaluated token
@@ -168,15 +164,14 @@ class Llama:
         self.set_seed(seed)
         plugin_manager().hook.powerinfer_backend_model_loaded(llama=self, backend_name=self.backend)
         self._announced = True
+        self._ctx.load_s = time.perf_counter() - t_load
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since load (or the last ``reset``): ``{"mode",
         "ffn_sparsity", "layers", ...}`` (:func:`powerinfer_backend.sparsity.modes.stats`);
         ``{}`` for a backend without statistics."""
         fn = getattr(self._backend, "stats", None)
-        if fn is None:
-            return {}
-        return fn(reset=True) if reset else fn()  # third-party backends may take no argument
+        return {} if fn is None else fn(reset=True) if reset else fn()  # third-party ones may take no argument
 
     # ---- properties ---------------------------------------------------------
 
@@ -215,9 +210,11 @@ class Llama:
 
     @property
     def engine(self):
-        """The backend object this Llama runs on (its name is :attr:`backend`), as the
-        plugin's factory returned it (hookspecs.powerinfer_backend_register)."""
+        """The backend object this Llama runs on (its name is :attr:`backend`), as its plugin's factory made it."""
         return self._backend
+
+    native_context = property(lambda self: getattr(self._backend, "native_context", None), doc="""The engine's
+        NativeContext (None without one): ``Llama(n_seq_max=N)``'s eval_seqs for the server; Llama uses sequence 0.""")
 
     @property
     def ctx(self):
@@ -306,7 +303,9 @@ class Llama:
         be = self._backend
         if be.n_past != n_past:  # reset() / truncation, or a chunk of a failed eval got cached
             be.truncate(n_past)
+        t0 = time.perf_counter()
         logits = be.eval(tokens, logits_all=self._logits_all)
+        self._ctx.record(len(tokens), time.perf_counter() - t0)
         self.input_ids[n_past: n_past + len(tokens)] = tokens
         if self._logits_all:
             self.scores[n_past: n_past + len(tokens), :] = logits

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import llama_cpp
 
+from .hybrid.offload import check_device_options
 from .hybrid.placement import parse_vram_budget
 
 #: device placement options, passed to the backend (powerinfer_backend.hybrid.offload.offload)
@@ -33,9 +34,11 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
     parameters ignored here and parameters not supported.
 
     Raises:
-        ValueError: a malformed ``vram_budget``, before anything loads.
+        ValueError: a malformed ``vram_budget``, ``placement`` or ``device_threads``, before
+            anything loads.
     """
     parse_vram_budget(vram_budget)
+    check_device_options(kwargs.get("placement", "neurons"), kwargs.get("device_threads", 1))
     gpu = [k for k in GPU_PARAMS if k in kwargs]
     if gpu:
         warnings.warn(f"{', '.join(gpu)} ignored: powerinfer_backend places layers by vram_budget (GiB)",
@@ -48,5 +51,7 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
 
 def backend_options(*, kwargs: Mapping[str, Any], **options) -> dict:
     """The backend factory's keyword arguments: ``options`` plus the device placement
-    keywords present in ``kwargs`` (:data:`DEVICE_PARAMS`)."""
-    return dict(options, **{k: kwargs[k] for k in DEVICE_PARAMS if k in kwargs})
+    keywords present in ``kwargs`` (:data:`DEVICE_PARAMS`), and ``n_seq_max`` (sequences of the
+    native context, docs/api.md) when given and not 1, so backends without it keep their options."""
+    seqs = {"n_seq_max": kwargs["n_seq_max"]} if kwargs.get("n_seq_max", 1) != 1 else {}
+    return dict(options, **{k: kwargs[k] for k in DEVICE_PARAMS if k in kwargs}, **seqs)

@@ -137,11 +137,14 @@ typedef struct pi_model pi_model;
 typedef struct pi_context pi_context;
 
 typedef struct pi_context_params {
-    int32_t n_ctx;     /* KV cache length in tokens */
-    int32_t n_batch;   /* most tokens one pi_eval call may take */
+    int32_t n_ctx;     /* KV cache length in tokens, all sequences together */
+    int32_t n_batch;   /* most tokens one pi_eval / pi_eval_seqs call may take */
     int32_t n_threads; /* compute threads, the calling thread included */
     int32_t kv_type;   /* PI_TYPE_F16 or PI_TYPE_F32 */
+    int32_t n_seq_max; /* sequences (slots) the cache holds, in [1, PI_SEQ_MAX] (0 = 1); each gets
+                        * n_ctx / n_seq_max cells (llama-server's convention) */
 } pi_context_params;
+enum { PI_SEQ_MAX = 256 };
 
 /* Model: validates every tensor's type, shape and byte count; copies nothing
  * from the tensor data. */
@@ -200,6 +203,13 @@ int pi_context_set_ffn_hist(pi_context *ctx, uint32_t *hist);
  * as its down row. Also selects what pi_context_set_ffn_hist records. */
 enum pi_ffn_threshold_on { PI_FFN_ON_PRODUCT = 0, PI_FFN_ON_GATE = 1 };
 int pi_context_set_ffn_threshold_on(pi_context *ctx, int32_t on);
+/* on != 0: sparse layer `layer` (pi_context_set_ffn_sparsity) still skips the gate/up
+ * work of its skipped neurons, but its down product is the dense one over the GGUF
+ * ffn_down with those neurons' h set to 0 (instead of the kept rows of down_t): fewer
+ * bytes when density x (down_t row) exceeds the ffn_down column (e.g. the gate form
+ * at 60% density with a Q4_0 file and a Q8_0 down_t). A layer split with a device
+ * (pi_context_set_ggml_device) computes its own way and ignores it. Default 0. */
+int pi_context_set_ffn_down_dense(pi_context *ctx, int32_t layer, int32_t on);
 
 /* Activation predictor of layer `layer` (docs/predictors.md): a bias-free low-rank
  * MLP, score = fc2 . relu(fc1 . x) with x the normed FFN input; fc1 has ne
@@ -223,10 +233,34 @@ int pi_context_predictor_stats(pi_context *ctx, int64_t *predicted, int64_t *pre
  * floats); NULL stops. */
 int pi_context_set_ffn_capture(pi_context *ctx, float *buf);
 
-/* Number of cached positions; positions [0, pi_kv_used) are valid. */
+/* Number of cached positions of sequence 0; positions [0, pi_kv_used) are valid. */
 int32_t pi_kv_used(const pi_context *ctx);
-/* Forget cached positions >= n_keep (n_keep = 0 clears the cache). */
+/* Forget sequence 0's cached positions >= n_keep (n_keep = 0 clears it). */
 int pi_kv_truncate(pi_context *ctx, int32_t n_keep);
+
+/* Several sequences in one forward pass (docs/architecture.md, "Sequences"): item i
+ * appends n_item_tokens[i] tokens to sequence seq[i] (a prompt chunk or one decode
+ * token) at its positions pi_seq_used(seq[i]), ...; tokens holds the items' tokens one
+ * item after the other. Every weight matrix is read once for all of them; each token
+ * attends only to its own sequence's cells. Logits of each item's last token: row i of
+ * pi_get_logits (pi_n_outputs == n_items); with logits_all > 0 of every token, in the
+ * order of tokens (pi_n_outputs == their total). Each sequence at most once per call; the
+ * total at most n_batch (PI_ERR_CONTEXT_FULL), a sequence's tokens at most
+ * pi_n_ctx_seq (PI_ERR_CONTEXT_FULL). pi_eval is this call for sequence 0 alone. */
+int pi_eval_seqs(pi_context *ctx, const int32_t *tokens, const int32_t *seq, const int32_t *n_item_tokens,
+                 int32_t n_items, int32_t logits_all);
+int32_t pi_n_seq_max(const pi_context *ctx);
+/* cells (positions) of each sequence: n_ctx / n_seq_max */
+int32_t pi_n_ctx_seq(const pi_context *ctx);
+/* cached positions of sequence seq (-1 for a seq outside [0, n_seq_max)) */
+int32_t pi_seq_used(const pi_context *ctx, int32_t seq);
+/* Forget sequence seq's cached positions >= n_keep (0 clears the sequence: its slot is free) */
+int pi_seq_truncate(pi_context *ctx, int32_t seq, int32_t n_keep);
+/* Weight-matrix passes of the host forward pass since creation or the last reset (reset
+ * != 0 zeroes the count after reading it): each weight matrix a batched product reads
+ * counts 1 however many tokens it serves (the sparse FFN's gathered gate/up/down rows
+ * count as one pass each). Passes run by a ggml device are not counted. */
+int64_t pi_context_matmul_calls(pi_context *ctx, int32_t reset);
 
 /* Thread-local message of the last failure on this thread. */
 const char *pi_last_error(void);
@@ -251,8 +285,10 @@ const char *pi_f16_order_name(void);
 /* ---- Kernel entry points (used by tests and benchmarks) ---------------------- */
 
 typedef struct pi_pool pi_pool;
-/* Persistent worker pool: n_threads - 1 workers plus the calling thread. Workers
- * spin briefly after a job, then sleep on a condition variable. */
+/* Persistent worker pool: n_threads - 1 workers plus the calling thread. Each job is
+ * split into more chunks than threads, claimed from a shared counter; workers spin a
+ * few microseconds after a job (not at all while their core is contended), then sleep
+ * on a condition variable (docs/architecture.md, "Thread pool"). */
 int pi_pool_create(int32_t n_threads, pi_pool **out);
 void pi_pool_free(pi_pool *pool);
 
@@ -438,6 +474,14 @@ typedef struct pi_test_ggml_event {
 int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t row0, int64_t n_rows);
 int pi_test_ggml_trace(pi_context *c, int32_t cap);
 int32_t pi_test_ggml_trace_read(pi_context *c, pi_test_ggml_event *out, int32_t cap);
+
+/* ---- Test-only entry points of a context's thread pool (not a stable API) ----
+ * pi_test_pool_stall: worker `worker` (0 = the calling thread) sleeps `ms` ms inside the next chunk it
+ * takes (once). pi_test_pool_counts: per worker, the chunks it has run since the context was made
+ * (total) and those it ran in the job the last stall fired in (stalled_job; -1 before one fired), up to
+ * cap entries each (either may be NULL); returns n_threads. */
+int pi_test_pool_stall(pi_context *c, int32_t worker, int32_t ms);
+int32_t pi_test_pool_counts(pi_context *c, int64_t *total, int64_t *stalled_job, int32_t cap);
 
 #ifdef __cplusplus
 }

@@ -21,11 +21,16 @@ struct pi_context {
     pi_model *m;
     pi_context_params cp;
     pi_pool *pool;
-    int32_t kv_used;
+    int32_t n_seq;                        /* sequences (slots): cp.n_seq_max, at least 1 */
+    int32_t n_ctx_seq;                    /* positions per sequence: n_ctx / n_seq */
+    int32_t *seq_used;                    /* per sequence: cached positions [0, seq_used[s]) */
+    int64_t seq_cells;                    /* cells per slot: n_ctx_seq rounded up to PI_KV_PAD */
     int64_t kv_row;                       /* n_head_kv * n_embd_head */
     size_t kv_esz;
-    int64_t n_cells;                      /* n_ctx rounded up to PI_KV_PAD */
+    int64_t n_cells;                      /* n_seq * seq_cells; sequence s owns [s * seq_cells, (s+1) * seq_cells) */
     char *k_cache, *v_cache;              /* per layer: [n_cells][kv_row] and [kv_row][n_cells] */
+    int32_t *tok_pos, *tok_cell0;         /* n_batch: pi_eval_seqs' per-token position and first cell of its slot */
+    int64_t matmul_calls;                 /* weight-matrix passes (pi_context_matmul_calls) */
     float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
     float *x_par;                         /* parallel residual: the layer input the FFN reads */
     void *act_scratch;                    /* quantized matmul inputs */
@@ -39,6 +44,8 @@ struct pi_context {
     float *rope_cs_swa;                   /* the same for the local (sliding-window) layers' RoPE */
     pi_mat *down_t;                       /* per layer: transposed down for the sparse FFN (data NULL = dense) */
     float *ffn_threshold;                 /* per layer */
+    uint8_t *ffn_dense_down;              /* per layer: 1 = the kept h go through the GGUF ffn_down (dense) */
+    float *ffn_hd;                        /* n_batch rows of n_ff: that h, allocated on first use */
     void *ffn_scratch;                    /* sparse FFN scratch and output rows, allocated on first use */
     float *ffn_y;
     int64_t *ffn_used_tok;                /* n_batch */

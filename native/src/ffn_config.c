@@ -68,6 +68,27 @@ int pi_context_set_ffn_sparsity(pi_context *c, int32_t layer, const pi_tensor *d
     return PI_OK;
 }
 
+int pi_context_set_ffn_down_dense(pi_context *c, int32_t layer, int32_t on) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_down_dense: NULL context");
+    const pi_model_params *hp = &c->m->hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return pi_set_error(PI_ERR_INVALID, "layer %d is outside [0, %d)", layer, hp->n_layer);
+    if (c->ffn_dense_down == NULL) {
+        if (!on) return PI_OK;
+        c->ffn_dense_down = calloc((size_t)hp->n_layer, 1);
+        c->ffn_hd = pi_alloc_f((int64_t)c->cp.n_batch * hp->n_ff);
+        if (c->ffn_dense_down == NULL || c->ffn_hd == NULL) {
+            free(c->ffn_dense_down);
+            free(c->ffn_hd);
+            c->ffn_dense_down = NULL;
+            c->ffn_hd = NULL;
+            return pi_set_error(PI_ERR_NOMEM, "out of memory for the dense-down h rows");
+        }
+    }
+    c->ffn_dense_down[layer] = on != 0;
+    return PI_OK;
+}
+
 int pi_context_ffn_stats(pi_context *c, int64_t *used, int64_t *total, int32_t reset) {
     if (c == NULL || used == NULL || total == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_ffn_stats: NULL argument");
     const int32_t n = c->m->hp.n_layer;

@@ -179,9 +179,15 @@ void pi_quantize_row_q8_K(const float *x, void *y, int64_t n);
 
 /* ---- thread pool (threads.c) ---- */
 typedef void (*pi_task_fn)(void *arg, int ith, int nth);
-/* Run fn(arg, ith, nth) for ith in [0, nth) on the pool; returns when all are done. */
+/* Run fn(arg, ith, nth) for every chunk ith in [0, nth) on the pool (nth: more chunks than
+ * threads, taken in any order by any thread); returns when all are done. A chunk's output
+ * must depend only on ith and nth, never on the thread running it. */
 void pi_pool_run(pi_pool *pool, pi_task_fn fn, void *arg);
 int pi_pool_size(const pi_pool *pool);
+/* The running thread's index in its pool, in [0, pi_pool_size): per-thread scratch only */
+int pi_pool_worker(void);
+int pi_pool_test_stall(pi_pool *pool, int32_t worker, int32_t ms);
+int32_t pi_pool_test_counts(const pi_pool *pool, int64_t *total, int64_t *stalled_job, int32_t cap);
 
 /* Software prefetch of n bytes (gathered rows start on arbitrary pages, where the
  * hardware stream prefetchers have no history yet). */
@@ -192,11 +198,11 @@ static inline void pi_prefetch_bytes(const char *p, int64_t n) {
 /* n rounded up to a multiple of a (a > 0): scratch and device buffer sizes */
 static inline int64_t pi_align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
-/* split [0, n) into nth contiguous parts; part ith is [*lo, *hi) */
+/* split [0, n) into nth contiguous parts of sizes differing by at most one (none empty
+ * while n >= nth); part ith is [*lo, *hi) */
 static inline void pi_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
-    const int64_t per = (n + nth - 1) / nth;
-    *lo = per * ith < n ? per * ith : n;
-    *hi = *lo + per < n ? *lo + per : n;
+    *lo = n * ith / nth;
+    *hi = n * (ith + 1) / nth;
 }
 
 /* ---- ops used by the forward pass (ops/) ---- */
@@ -223,6 +229,9 @@ int64_t pi_matmul_scratch_size(int32_t type, int64_t n_cols, int64_t n_tok);
  * n_cols and activation type), then the rows of all outputs are split across threads. */
 void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const float *x,
                      int64_t n_tok, void *scratch);
+/* Weight matrices read by this thread's batched products (pi_matmul_multi adds n_outs per
+ * call; the sparse FFN adds its own): pi_eval's delta is pi_context_matmul_calls. */
+extern _Thread_local int64_t pi_weight_passes;
 
 /* Dequantize one row of n elements of `type` to floats (embedding lookup). */
 void pi_dequantize_row(int32_t type, const void *src, float *dst, int64_t n);
@@ -263,13 +272,15 @@ void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n);
 #define PI_KV_PAD 64
 
 /* Attention (see pi_op_attention) with caller-provided scratch of
- * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats. Scores are
- * multiplied by `scale`; n_swa > 0 limits query t to keys at positions
- * > pos[t] - n_swa (sliding window), 0 = all earlier positions. */
+ * pool size * pi_attention_scratch_floats(n_kv, head_dim) floats (n_kv > every pos[t]).
+ * Scores are multiplied by `scale`; n_swa > 0 limits query t to keys at positions
+ * > pos[t] - n_swa (sliding window), 0 = all earlier positions. cell0 (NULL = all 0):
+ * per query, the cache cell of its sequence's position 0 (a slot of pi_eval_seqs). */
 int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim);
 void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, int32_t n_head_kv,
                   int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
-                  int64_t n_kv, const int32_t *pos, float scale, int32_t n_swa, float *out, float *scratch);
+                  int64_t n_kv, const int32_t *pos, const int32_t *cell0, float scale, int32_t n_swa, float *out,
+                  float *scratch);
 
 /* ---- sparse FFN (ops/sparse_ffn.c; see pi_op_ffn_sparse) ---- */
 typedef struct {
@@ -290,6 +301,8 @@ typedef struct {
     const float *up_bias; /* ungated forms only: n_ff floats added to up.x (NULL = none) */
     int32_t phase;   /* 0: everything; 1: h and the kept rows only (held in scratch); 2: the down
                         accumulation of a phase-1 call's kept rows onto y as it is (not zeroed) */
+    float *h_dense;  /* optional: also the kept h as n_tok rows of n_ff, 0 for every other neuron
+                        (for a dense down product over the GGUF ffn_down instead of down_t rows) */
 } pi_ffn_sparse_args;
 
 /* Bytes of scratch pi_ffn_sparse needs (upper bound, independent of the active sets) */

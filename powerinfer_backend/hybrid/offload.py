@@ -88,14 +88,34 @@ class Offload:
 def split_arithmetic(ctx) -> None:
     """Give every layer of ``ctx`` that has no sparse FFN yet its transposed down with
     threshold 0: the CPU half of a split computes its cold neurons over it, so the FFN
-    arithmetic is the same at every budget (docs/placement.md, "Exactness")."""
+    arithmetic is the same at every budget (docs/placement.md, "Exactness"). The split's
+    down_t is F16 (F32 for an all-F32 model: ``down_t_dtype(split=True)``), the values of
+    the device's hot down columns; a layer a sparse mode gave a Q8_0 down_t gets the
+    split's instead, with its threshold kept, and every layer's down runs over down_t
+    (no ``set_ffn_down_dense``)."""
     from ..engine.down_cache import down_t_dtype, transposed_down
 
     gguf = ctx.model.gguf
-    dtype = down_t_dtype(gguf)
+    dtype = down_t_dtype(gguf, split=True)
+    types = ctx.ffn_down_t_types()
     for i in range(gguf.hparams.n_layer):
-        if not ctx.has_ffn_sparsity(i):
-            ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
+        if types.get(i) not in (None, dtype.upper()) or not ctx.has_ffn_sparsity(i):
+            thr = ctx.ffn_threshold(i)
+            ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0 if thr is None else thr)
+    for i in ctx.ffn_down_dense_layers():
+        ctx.set_ffn_down_dense(i, False)
+
+
+def check_device_options(placement: str = "neurons", device_threads: int = 1) -> None:
+    """Check ``placement`` and ``device_threads`` (also before a model loads: ``Llama``).
+
+    Raises:
+        ValueError: an unknown placement, or device_threads not an integer in [1, 512].
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
+        raise ValueError(f"device_threads must be an integer in [1, 512], got {device_threads!r}")
 
 
 def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,
@@ -123,10 +143,7 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         RuntimeError: ggml missing or of an unsupported version for a named device.
         NotImplementedError: a model the device cannot run (the engine's message).
     """
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-    if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
-        raise ValueError(f"device_threads must be an integer in [1, 512], got {device_threads!r}")
+    check_device_options(placement, device_threads)
     P.parse_vram_budget(vram_budget)  # validated before anything opens
     choice = resolve_device(device)
     gguf = ctx.model.gguf
@@ -173,7 +190,8 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
     kind = choice.requested
     if plan.device_bytes == 0:
         dev.close()
-        return Offload(kind, dec, notices=notices)
+        why = P.why_nothing_placed(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
+        return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     place_plan(ctx, dev, plan, dec.bytes)
     return Offload(kind, dec, plan, dev, ctx, notices)
 

@@ -66,6 +66,9 @@ FINGERPRINT_KEY = "model_fingerprint"
 #: Characters of the fingerprint naming the cache folder (64 bits).
 _CACHE_KEY_LEN = 16
 _CHUNK = 4 << 20  # bytes per read while hashing
+# a fingerprint is stored on disk only for a file unchanged this long: a rewrite within the
+# timestamp granularity (a few ms) of the hashed version would keep the same ctime
+_SETTLED_NS = 2_000_000_000
 
 _fp_lock = threading.Lock()
 _fp_cache: dict[tuple[str, int, int], str] = {}
@@ -79,32 +82,65 @@ def model_fingerprint(path: str | os.PathLike) -> str:
 
     Cost: the whole file is read once (in 4 MiB chunks, constant memory),
     roughly 0.1-0.5 s per 100 MB from the page cache and disk-bound otherwise
-    (about 2 s for a 1 GB model on an SSD). The result is cached for the life
-    of the process, keyed by (real path, size in bytes, mtime in ns), so later
-    calls cost one ``stat``; a file rewritten in place with the same size
-    within the filesystem's timestamp resolution would go unnoticed.
+    (about 2 s for a 1 GB model on an SSD). The result is cached in the
+    process and on disk (``cache_root()/fingerprints/``, so that a new process,
+    e.g. every CLI command, does not hash the file again), keyed by (real path,
+    size, mtime, ctime in ns, inode, device): later calls cost a ``stat`` (and
+    one small file read). Any write to the file changes its ctime, which no
+    program can set back, so a changed file is hashed again; a file changed in
+    the last 2 s is not stored (its ctime could still repeat).
 
     Raises:
-        FileNotFoundError / OSError: the file cannot be stat'ed or read.
+        FileNotFoundError / OSError: the model file cannot be stat'ed or read
+        (an unreadable or unwritable cache only costs the hash).
     """
     real = os.path.realpath(os.fspath(path))
     st = os.stat(real)
-    key = (real, st.st_size, st.st_mtime_ns)
+    key = (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     with _fp_lock:
         hit = _fp_cache.get(key)
-    if hit is not None:
-        return hit
-    h = hashlib.sha256()
-    with open(real, "rb") as f:  # read only: the model file is never written
-        while True:
-            chunk = f.read(_CHUNK)
-            if not chunk:
-                break
-            h.update(chunk)
-    digest = h.hexdigest()
+    if hit is None:
+        hit = _stored_fingerprint(key)
+    if hit is None:
+        h = hashlib.sha256()
+        with open(real, "rb") as f:  # read only: the model file is never written
+            while True:
+                chunk = f.read(_CHUNK)
+                if not chunk:
+                    break
+                h.update(chunk)
+        hit = h.hexdigest()
+        if time.time_ns() - st.st_ctime_ns > _SETTLED_NS:
+            _store_fingerprint(key, hit)
     with _fp_lock:
-        _fp_cache[key] = digest
-    return digest
+        _fp_cache[key] = hit
+    return hit
+
+
+def _fingerprint_file(key: tuple) -> Path:
+    name = hashlib.sha256(json.dumps(key).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return cache_root() / "fingerprints" / f"{name}.json"
+
+
+def _stored_fingerprint(key: tuple) -> str | None:
+    """The SHA-256 stored for ``key`` by an earlier process, if any (and well-formed)."""
+    try:
+        rec = json.loads(_fingerprint_file(key).read_text("utf-8"))
+        digest = rec["sha256"]
+        if rec["key"] == list(key) and len(digest) == 64 and int(digest, 16) >= 0:
+            return digest
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _store_fingerprint(key: tuple, digest: str) -> None:
+    try:
+        f = _fingerprint_file(key)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(f, {"key": list(key), "sha256": digest})
+    except (OSError, ValueError):  # a read-only or full cache: the next process hashes again
+        pass
 
 
 # ---- where ----------------------------------------------------------------------------

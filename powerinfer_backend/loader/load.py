@@ -4,9 +4,9 @@ metadata and zero-copy tensor views ready to hand to the native engine.
 
 Entry point: :func:`load_gguf`.
 
-The file is parsed by ``gguf.GGUFReader`` (the gguf package, maintained with
-llama.cpp), with bounds and sanity checks added around it
-(:class:`~powerinfer_backend.loader.reader._Reader`). Tensor data are never copied when
+The header is parsed straight from the memory map, with bounds and sanity checks
+(:func:`~powerinfer_backend.loader.gguf_meta.parse_header`; ``gguf.GGUFReader`` yields the
+same metadata and tensor table, checked by tests/loader/test_header.py). Tensor data are never copied when
 their type is one the kernels run (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K,
 Q6_K); other types are converted once at load with ``gguf.quants`` and a warning per
 tensor (:mod:`powerinfer_backend.loader.convert`).
@@ -25,7 +25,8 @@ from . import arch as _arch
 from .arch import ArchSpec, TensorSpec
 from .convert import _make_view, _untranspose
 from .hparams import HParams, _read_hparams
-from .reader import _Reader, _kv_to_str, _read_kv, _tensor_infos
+from .gguf_meta import StringArray, parse_header
+from .reader import _kv_to_str, _read_kv, _tensor_infos
 from .types import _DEFAULT_ALIGNMENT, _MAX_DIMS, _V, GGUF_MAGIC, PWRI_MAGIC, TensorView
 
 #: Tensors of PowerInfer files kept in GGUFModel.extra_tensors (per layer).
@@ -62,6 +63,7 @@ class GGUFModel:
     file_size: int = 0
     _kv: dict[str, Any] = field(default_factory=dict, repr=False)
     _mm: Any = field(default=None, repr=False)
+    _header: Any = field(default=None, repr=False)  # the parsed header (gguf_meta reuses it while alive)
     #: PowerInfer extras (``blk.N.fc1.weight``, ``blk.N.fc2.weight``, ``blk.N.ffn_down_t.weight``)
     extra_tensors: dict = field(default_factory=dict, repr=False)
     #: True when the file's magic is "PWRI" (PowerInfer's own GGUF)
@@ -134,13 +136,13 @@ class GGUFModel:
         list of str (invalid UTF-8 kept with ``surrogateescape``, so
         ``s.encode("utf-8", "surrogateescape")`` gives the exact bytes); numeric
         arrays as a read-only 1-D numpy array (bool arrays as uint8). Nested
-        arrays come flattened, as ``gguf.GGUFReader`` reads them.
+        arrays are refused at load (llama.cpp rejects them too).
         """
         if key not in self._kv:
             return default
         vtype, value = self._kv[key]
-        if isinstance(value, tuple):  # string array: a fresh list per call
-            return list(value)
+        if isinstance(value, StringArray):  # decoded on demand: a fresh list per call
+            return value.decode("surrogateescape")
         return value
 
     def close(self) -> None:
@@ -149,6 +151,7 @@ class GGUFModel:
         self.tensors = {}
         self._kv = {}
         self._mm = None
+        self._header = None
 
     def __repr__(self) -> str:
         hp = self.hparams
@@ -191,7 +194,8 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             message, for: a missing path ("Model path does not exist: ..."), a
             file that is not GGUF (wrong magic), an unsupported GGUF version or
             byte order, a truncated or corrupt header (including metadata arrays
-            too long for the file, or over 2**21 array elements in all), tensor
+            too long for the file, over 2**21 array elements in all, an array
+            of arrays, a duplicated key or tensor name), tensor
             data past the end of the file, an unknown architecture, a missing required key or
             tensor, a key of the wrong type or out of range (absurd dimension,
             n_head not a multiple of n_head_kv, ...), unsupported rope scaling
@@ -217,9 +221,12 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
                          f"or PowerInfer's {PWRI_MAGIC!r})")
     pwri = magic == PWRI_MAGIC
 
-    reader = _Reader(path_str, pwri=pwri)
-    kv = _read_kv(path_str, reader)
-    infos = _tensor_infos(path_str, reader)
+    try:
+        header = parse_header(path_str, pwri=pwri)
+    except OSError as e:
+        raise ValueError(f"{path_str}: cannot read the file: {e}") from e
+    kv = _read_kv(header)
+    infos = _tensor_infos(header)
 
     if "general.architecture" not in kv:
         raise ValueError(f"{path_str}: missing required metadata key 'general.architecture'")
@@ -308,12 +315,13 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         hparams=hp,
         metadata=metadata,
         tensors=tensors,
-        version=int(reader.fields["GGUF.version"].parts[0][0]),
-        alignment=int(reader.alignment),
-        data_offset=int(reader.data_offset),
+        version=header.version,
+        alignment=header.alignment,
+        data_offset=header.data_offset,
         file_size=size,
         _kv=kv,
-        _mm=reader.data,
+        _mm=header.data,
+        _header=header,
         extra_tensors=extra,
         pwri=pwri,
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .arch import POWERINFER_THRESHOLD_KEY
+from .gguf_meta import parse_header
 
 __all__ = ["has_predictors", "GpuIndex", "read_gpuidx", "gpuidx_path"]
 
@@ -93,41 +94,34 @@ def vocab_path(model_path) -> str:
     out = artifact_dir(model_path, create=True) / "vocab.gguf"
     if out.is_file() and out.stat().st_mtime >= os.stat(model_path).st_mtime:
         return str(out)
-    r = _patched_reader()(model_path)
-    arch = None
+    kv = parse_header(model_path, pwri=pwri).kv  # checked as load_gguf checks it
 
     def write(tmp):
+        V = _g.GGUFValueType
         w = _g.GGUFWriter(tmp, "llama")
         w.kv_data[0].clear()
-        for f in r.fields.values():
-            if f.name.startswith("GGUF."):
-                continue
-            name = f.name
+        for name, v in kv.items():
             if foreign is not None and name.startswith(foreign + "."):
                 name = "llama." + name[len(foreign) + 1:]
-            vt = _g.GGUFValueType(f.types[0])
-            if vt == _g.GGUFValueType.ARRAY:
-                sub = _g.GGUFValueType(f.types[-1])
-                if sub == _g.GGUFValueType.STRING:
-                    val = [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
-                else:
-                    val = [f.parts[i].tolist()[0] for i in f.data]
+            vt = V(v.vtype)
+            if vt == V.ARRAY:
+                sub = V(v.etype)
+                val = v.value.decode("replace") if sub == V.STRING else v.value.tolist()
                 w.add_key_value(name, val, vt, sub_type=sub)
             elif foreign is not None and name == "general.architecture":
                 w.add_key_value(name, "llama", vt)
-            elif vt == _g.GGUFValueType.STRING:
-                w.add_key_value(name, bytes(f.parts[f.data[0]]).decode("utf-8", "replace"), vt)
+            elif vt == V.STRING:
+                w.add_key_value(name, v.value.decode("utf-8", "replace"), vt)
             else:
-                w.add_key_value(name, f.parts[f.data[0]].tolist()[0], vt)
+                w.add_key_value(name, v.value, vt)
         if foreign is not None and "llama.attention.layer_norm_rms_epsilon" not in (
-                "llama." + n[len(foreign) + 1:] for n in r.fields if n.startswith(foreign + ".")):
-            w.add_key_value("llama.attention.layer_norm_rms_epsilon", 1e-5, _g.GGUFValueType.FLOAT32)
+                "llama." + n[len(foreign) + 1:] for n in kv if n.startswith(foreign + ".")):
+            w.add_key_value("llama.attention.layer_norm_rms_epsilon", 1e-5, V.FLOAT32)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
 
-    del arch
     atomic_write_path(out, write)
     return str(out)
 

@@ -1,8 +1,12 @@
-"""Reading a GGUF file's header with ``gguf.GGUFReader``, guarded (:class:`_Reader`):
-truncated, corrupt or hostile files raise a :class:`ValueError` naming the file and the
-offending key or tensor instead of an arbitrary exception, a hang, or a crash later in
-native code. Also the metadata as typed values (:func:`_read_kv`, :func:`_kv_to_str`) and
-the tensor directory as zero-copy views (:func:`_tensor_infos`)."""
+"""A model's header as :func:`~powerinfer_backend.loader.load.load_gguf` keeps it, from
+the fast parse (:func:`.gguf_meta.parse_header`): the metadata as typed values
+(:func:`_read_kv`, :func:`_kv_to_str`) and the tensor directory as zero-copy views
+(:func:`_tensor_infos`).
+
+Also ``gguf.GGUFReader``, guarded (:class:`_Reader`), for the small files read with it
+(sparsity sidecars): truncated, corrupt or hostile files raise a :class:`ValueError`
+naming the file and the offending key or tensor instead of an arbitrary exception, a hang,
+or a crash later in native code."""
 
 from __future__ import annotations
 
@@ -11,14 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFReader, ReaderField
+from gguf import GGML_QUANT_SIZES, GGUFReader
 
+from .gguf_meta import MAX_ARRAY_ELEMS as _MAX_ARRAY_ELEMS
+from .gguf_meta import Header
 from .types import _FLOAT_TYPES, _GGUF_MAGIC_U32, _MAX_DIMS, _SCALAR_NP, _T, _V, _vtype_name
 
-# Array elements per file: GGUFReader keeps ~1 KB and takes ~20 us per element,
-# so a corrupt array length could otherwise take minutes and gigabytes. The
-# largest real tokenizers (tokens + scores/types + merges) are under 800k.
-_MAX_ARRAY_ELEMS = 1 << 21
 # GGUFReader's pseudo-fields, ahead of the file's keys in GGUFReader.fields
 _READER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 
@@ -215,59 +217,25 @@ def _min_value_size(vtype: int) -> int:
     return np.dtype(np_type).itemsize if np_type is not None else 1
 
 
-def _array_value(f: ReaderField) -> Any:
-    """An array field's elements: a tuple of str (invalid UTF-8 kept with
-    surrogateescape) or a read-only 1-D numpy array (bool as uint8). Nested
-    arrays come flattened, as GGUFReader reads them."""
-    elems = [f.parts[i] for i in f.data]
-    etype = int(f.types[-1]) if len(f.types) > 1 else int(f.parts[3][0])
-    if etype == _V.STRING:
-        return tuple(e.tobytes().decode("utf-8", "surrogateescape") for e in elems)
-    if elems:
-        arr = np.concatenate(elems)
-    else:
-        arr = np.empty(0, dtype=_SCALAR_NP.get(etype, np.uint8))
-    if arr.dtype == np.bool_:
-        arr = arr.view(np.uint8)
-    arr.flags.writeable = False
-    return arr
-
-
-def _read_kv(path: str, r: GGUFReader) -> dict[str, tuple[int, Any]]:
-    """key -> (value type, value) for every metadata key of ``r``: scalars as
-    int / float / bool / str (invalid UTF-8 replaced), arrays as by
-    :func:`_array_value` (decoded once here, so the model need not keep
-    GGUFReader's per-element fields alive)."""
+def _read_kv(h: Header) -> dict[str, tuple[int, Any]]:
+    """key -> (value type, value) for every metadata key of ``h``, as GGUFModel keeps them:
+    scalars as int / float / bool / str (invalid UTF-8 replaced), numeric arrays as
+    read-only 1-D numpy views (bool as uint8), string arrays as :class:`StringArray`
+    (decoded only when asked for, by ``GGUFModel.get_kv``)."""
     kv: dict[str, tuple[int, Any]] = {}
-    for key, f in r.fields.items():
-        if key in _READER_FIELDS:
-            continue
-        vtype = int(f.types[0])
-        try:
-            if vtype == _V.ARRAY:
-                value = _array_value(f)
-            elif vtype == _V.STRING:
-                value = f.parts[-1].tobytes().decode("utf-8", "replace")
-            else:
-                value = f.contents()
-        except Exception as e:  # noqa: BLE001
-            raise _FileError(f"{path}: cannot read the value of key '{key}': {e}") from e
-        kv[key] = (vtype, value)
+    for key, v in h.kv.items():
+        value = v.value
+        if v.vtype == _V.STRING:
+            value = value.decode("utf-8", "replace")
+        kv[key] = (v.vtype, value)
     return kv
 
 
-def _tensor_infos(path: str, r: GGUFReader) -> dict[str, _TensorInfo]:
-    infos: dict[str, _TensorInfo] = {}
-    for t in r.tensors:
-        data = t.data.reshape(-1).view(np.uint8)  # views of GGUFReader's memmap: no copy
-        if data.nbytes != t.n_bytes:  # ruled out by _Reader._check_entry; never trust silently
-            raise _FileError(
-                f"{path}: tensor '{t.name}' data has {data.nbytes} bytes, expected {t.n_bytes}"
-            )
-        infos[t.name] = _TensorInfo(
-            t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.n_bytes), data
-        )
-    return infos
+def _tensor_infos(h: Header) -> dict[str, _TensorInfo]:
+    """The tensor directory by name, each with its data as a zero-copy view of the map."""
+    data = h.data.view(np.ndarray)  # plain views (fast to slice) that still lead back to the map
+    return {t.name: _TensorInfo(t.name, t.ne, t.type, t.nbytes, data[t.offset: t.offset + t.nbytes])
+            for t in h.tensors}
 
 
 def _kv_to_str(vtype: int, value: Any) -> str:

@@ -98,7 +98,7 @@ def check_vocab(path) -> None:
     if stamp in _CHECKED:
         return
     try:
-        kv = scan_metadata(path, strings=(TOKENS,))
+        kv = scan_metadata(path)
     except OSError as e:
         raise ValueError(f"{path}: cannot read the file: {e.strerror}") from e
     _Vocab(path, kv).check()

@@ -25,8 +25,10 @@ def powerinfer_backend_register() -> dict:
     Options passed by :class:`powerinfer_backend.Llama`: ``n_ctx`` (tokens, 0 = the
     model's training context), ``n_batch``, ``n_threads``, ``vram_budget`` (GiB or
     None), ``verbose``, ``sparse`` ("auto", "off", "threshold", "predictor" or a
-    sidecar path; :mod:`powerinfer_backend.sparsity.modes`). Optional: ``stats(reset=False)
-    -> dict`` (measured sparsity; ``Llama.stats()`` returns it).
+    sidecar path; :mod:`powerinfer_backend.sparsity.modes`), and ``n_seq_max`` only when not 1
+    (``Llama(n_seq_max=...)``). Optional: ``stats(reset=False) -> dict`` (measured sparsity;
+    ``Llama.stats()`` returns it), ``n_ctx_seq`` (sequence 0's window when ``n_ctx`` is a
+    total over several sequences), ``native_context`` (``Llama.native_context``).
     """
 
 

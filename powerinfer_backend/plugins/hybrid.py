@@ -17,13 +17,14 @@ from .hookspecs import hookimpl
 
 
 class HybridBackend:
-    """Native engine for one sequence (see hookspecs for the interface); the device
+    """Native engine (see hookspecs for the interface): ``eval`` / ``truncate`` / ``n_past`` on
+    sequence 0 of a context of ``n_seq_max`` sequences (:attr:`native_context`); the device
     options are :func:`powerinfer_backend.hybrid.offload.offload`'s."""
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
                  vram_budget=None, verbose: bool = True, sparse="auto", n_gpu_layers=None, device=None,
                  placement: str = "neurons", device_threads: int = 1, reset_gpu_index: bool = False,
-                 disable_gpu_index: bool = False, **_ignored):
+                 disable_gpu_index: bool = False, n_seq_max: int = 1, **_ignored):
         self.gguf = load_gguf(model_path, verbose=verbose)
         hp = self.gguf.hparams
         self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
@@ -39,7 +40,8 @@ class HybridBackend:
         self.n_threads = int(n_threads) if n_threads else default_threads()
         self.model = NativeModel(self.gguf)
         self.ctx = NativeContext(self.model, n_ctx=self.n_ctx, n_batch=max(1, min(int(n_batch), self.n_ctx)),
-                                 n_threads=self.n_threads)
+                                 n_threads=self.n_threads, n_seq_max=n_seq_max)
+        self.n_ctx_seq = self.ctx.n_ctx_seq  # sequence 0's window: eval / truncate / n_past
         try:
             self.sparse = sparsity.configure(self.ctx, self.gguf, model_path, sparse)
             if self.sparse.mode == "predictor" and (vram_budget or n_gpu_layers or device not in (None, "cpu")):
@@ -71,6 +73,11 @@ class HybridBackend:
         if self.offload.device is not None:
             out["device"] = self.offload.stats()
         return out
+
+    @property
+    def native_context(self) -> NativeContext:
+        """The context (its ``eval_seqs`` serves several sequences; Llama.native_context)."""
+        return self.ctx
 
     @property
     def n_past(self) -> int:

@@ -33,7 +33,8 @@ try:  # the [server] extra, checked before the modules that need it
     import sse_starlette  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("the server needs FastAPI, uvicorn and sse-starlette: "
-                      "pip install 'powerinfer_backend[server]'") from e
+                      "pip install 'powerinfer_backend[server]' "
+                      "(from a clone: pip install -e '.[server]')") from e
 
 from fastapi import Depends, FastAPI, Request  # noqa: E402
 
@@ -75,20 +76,64 @@ def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, a
 
 
 def serve(args) -> int:
+    """Run ``powerinfer-backend serve``: the budget (flag or environment) checked and the
+    port bound before the model loads, so a bad budget or a taken port fails at once.
+
+    Raises:
+        ValueError: a bad ``$POWERINFER_VRAM_BUDGET``, or the address cannot be bound
+            (taken port, unknown host; the message names host and port).
+    """
     import sys
 
     import uvicorn
 
     from .options import load_llama
+    from .placement_args import env_budget
 
-    llm = load_llama(args)
+    budget = env_budget(args)
+    sock = bind_socket(args.host, args.port)
+    try:
+        llm = load_llama(args, budget)
+    except BaseException:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]
     app = create_app(llm, model_alias=args.alias, max_queue=args.max_queue, api_key=args.api_key)
-    print(f"powerinfer-backend: serving {llm.model_path} on http://{args.host}:{args.port} "
+    print(f"powerinfer-backend: serving {llm.model_path} on http://{args.host}:{port} "
           f"(OpenAI API under /v1)", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                    access_log=args.verbose, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(app, host=args.host, port=port, log_level="info" if args.verbose else "warning",
+                                access_log=args.verbose, timeout_graceful_shutdown=2)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         app.state.serve.worker.stop()
         llm.close()
     return 0
+
+
+def bind_socket(host: str, port: int):
+    """A listening TCP socket on ``host``:``port`` (0: a free port), bound as uvicorn binds
+    (``SO_REUSEADDR``, so a port in TIME_WAIT is free).
+
+    Raises:
+        ValueError: the address cannot be bound (in use, not ours, unknown host).
+    """
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host!r}: {e.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e} (is another server running there? "
+                         f"choose another --port)") from None
+    sock.set_inheritable(True)
+    return sock

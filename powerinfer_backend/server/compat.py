@@ -12,7 +12,7 @@ from .. import __version__
 from .llama_completion import llama_completion
 from .params import check_token_ids
 from .schemas import DetokenizeBody, LlamaCompletionBody, TokenizeBody
-from .state import ServerState
+from .state import ServerState, budget_in_effect
 
 
 def register_llama_server(app, state: ServerState) -> None:
@@ -49,7 +49,7 @@ def register_llama_server(app, state: ServerState) -> None:
             "bos_token": bos,
             "eos_token": eos,
             "build_info": f"powerinfer_backend {__version__}",
-            "vram_budget": llm.vram_budget,
+            "vram_budget": budget_in_effect(llm),
             "sparse": str(llm.sparse),
             "stats": stats(),
             "queue": {"waiting": state.worker.waiting, "busy": state.worker.busy, "max_queue": state.worker.max_queue},

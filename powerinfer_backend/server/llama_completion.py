@@ -87,6 +87,8 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     tokens = _llama_prompt(llm, b.prompt, b.add_special)
     if not tokens:
         raise APIError(400, "empty prompt", param="prompt")
+    # the prompt as text in the final object, as llama-server reports it
+    prompt_text = b.prompt if isinstance(b.prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
     check_token_ids(tokens, state.n_vocab, "prompt token id", param="prompt")
     if len(tokens) >= state.n_ctx:
         raise APIError(400, f"the prompt ({len(tokens)} tokens) exceeds the available context size "
@@ -184,7 +186,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
         dt = time.perf_counter() - t0
         res = {"content": content, "id_slot": 0, "stop": True, "model": state.model_alias,
                "tokens_predicted": n_pred, "tokens_evaluated": n_eval, "generation_settings": settings,
-               "prompt": "", "has_new_line": "\n" in content, "truncated": False, "stop_type": stop_type,
+               "prompt": prompt_text, "has_new_line": "\n" in content, "truncated": False, "stop_type": stop_type,
                "stopping_word": word, "tokens_cached": n_eval + n_pred,
                "timings": {"prompt_n": n_eval, "predicted_n": n_pred, "predicted_ms": dt * 1e3,
                            "predicted_per_second": n_pred / dt if dt > 0 else 0.0}}

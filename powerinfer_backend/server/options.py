@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from .placement_args import add_device_arguments, device_kwargs
+
 
 def add_arguments(p) -> None:
     """``serve`` options, llama-server's spelling where one exists (text-generation-webui
@@ -13,14 +15,14 @@ def add_arguments(p) -> None:
     p.add_argument("--model", "-m", help="GGUF file (default: the embedded SmolLM2)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_int_in("--port", 0, 65535), default=8000, help="port (default 8000)")
-    p.add_argument("--vram-budget", type=float, default=_env_float("POWERINFER_VRAM_BUDGET"),
-                   help="GPU memory in GiB (default: $POWERINFER_VRAM_BUDGET, else CPU only)")
+    add_device_arguments(p, budget_help="device budget: GiB as a number, or a size like 512MiB / 8GiB (default: "
+                                        "$POWERINFER_VRAM_BUDGET, else the device's free memory; 0: CPU only)")
     p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY)")
     p.add_argument("--alias", "-a", default=None, help="model name reported by /v1/models (default: the file name)")
     p.add_argument("--ctx-size", "-c", "--ctx", dest="ctx_size", type=int, default=2048,
                    help="context length in tokens (default 2048; 0 = the model's)")
     p.add_argument("--batch-size", "-b", type=int, default=512, help="prompt tokens per native call (default 512)")
-    p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (default: all CPUs)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="compute threads (default: the physical cores)")
     p.add_argument("--max-queue", type=_int_in("--max-queue", 0, 1 << 20), default=16,
                    help="requests that may wait behind the running one; more get 503 (default 16)")
     p.add_argument("--chat-format", default=None, help="llama-cpp-python chat format (default: the GGUF template)")
@@ -43,7 +45,7 @@ def add_arguments(p) -> None:
                        help=argparse.SUPPRESS)
 
 
-_IGNORED_VALUE = [("--ubatch-size", "-ub"), ("--gpu-layers", "-ngl", "--n-gpu-layers"), ("--flash-attn", "-fa"),
+_IGNORED_VALUE = [("--ubatch-size", "-ub"), ("--flash-attn", "-fa"),
                   ("--fit",), ("--fit-ctx",), ("--fit-target",), ("--threads-batch", "-tb"), ("--parallel", "-np"),
                   ("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv"), ("--split-mode", "-sm"),
                   ("--tensor-split", "-ts"), ("--numa",), ("--mmproj",), ("--model-draft",), ("--draft-max",),
@@ -54,21 +56,16 @@ _IGNORED_SWITCH = [("--no-webui",), ("--no-mmap",), ("--mlock",), ("--cpu-moe",)
                    ("--swa-full",), ("--jinja",), ("--cont-batching",), ("--metrics",)]
 
 
-def _env_float(name):
-    import os
-
-    v = os.environ.get(name)
-    return float(v) if v else None
-
-
-def load_llama(args):
+def load_llama(args, vram_budget=None):
+    """The served ``Llama``; ``vram_budget``: :func:`.placement_args.env_budget`'s answer
+    (the flag, else the environment)."""
     from ..llama import Llama
     from ..loader.models import default_model_path
 
     return Llama(args.model or default_model_path(), n_ctx=args.ctx_size, n_batch=args.batch_size,
-                 n_threads=args.threads, vram_budget=args.vram_budget or None, sparse=args.sparse,
-                 chat_format=args.chat_format, logits_all=args.logits_all, embedding=True, seed=args.seed,
-                 verbose=args.verbose)
+                 n_threads=args.threads, sparse=args.sparse, chat_format=args.chat_format,
+                 logits_all=args.logits_all, embedding=True, seed=args.seed, verbose=args.verbose,
+                 **device_kwargs(args, vram_budget))
 
 
 def _int_in(name: str, lo: int, hi: int):

@@ -12,7 +12,7 @@ from fastapi import Request
 from .errors import APIError
 from .params import check_token_ids, dumped, functions, response_format, sampling
 from .schemas import ChatBody, CompletionBody, EmbeddingBody, chat_message
-from .state import ServerState
+from .state import ServerState, budget_in_effect
 
 
 def register_openai(app, state: ServerState) -> None:
@@ -21,7 +21,7 @@ def register_openai(app, state: ServerState) -> None:
     def model_card():
         llm = state.llm
         meta = {"n_vocab": state.n_vocab, "n_ctx_train": int(getattr(llm.engine, "n_ctx_train", state.n_ctx)),
-                "n_ctx": state.n_ctx, "n_embd": int(llm.n_embd()), "vram_budget": llm.vram_budget,
+                "n_ctx": state.n_ctx, "n_embd": int(llm.n_embd()), "vram_budget": budget_in_effect(llm),
                 "sparse": str(llm.sparse), "backend": llm.backend}
         return {"id": state.model_alias, "object": "model", "created": state.created, "owned_by": "powerinfer_backend",
                 "meta": meta}

@@ -82,3 +82,10 @@ class ServerState:
                 job.cancel.set()  # client gone (task cancelled) or finished
 
         return EventSourceResponse(events(), ping=15, sep="\n")
+
+
+def budget_in_effect(llm):
+    """The ``vram_budget`` the served model runs under, as given, for ``/props`` and
+    ``/v1/models``: None when nothing is on a device (no device found, or CPU only),
+    where a given budget was ignored."""
+    return llm.vram_budget if "device" in llm.stats() else None

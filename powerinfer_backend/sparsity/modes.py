@@ -19,8 +19,10 @@ Modes (docs/sparsity.md):
 * a path: that sidecar file (threshold mode).
 
 The down projection of a sparse layer runs over the cached transposed copy
-(:mod:`powerinfer_backend.engine.down_cache`: F16, or F32 for an F32 model), built on
-first use.
+(:mod:`powerinfer_backend.engine.down_cache`, type by
+:func:`~powerinfer_backend.engine.down_cache.down_t_dtype`: Q8_0 for a quantized ffn_down,
+F16 for an F16/BF16 one, F32 for an F32 model), built on first use; ``stats()`` reports
+the type in use as ``"down_t_type"``.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
             another model (checked by SHA-256) or for another activation or
             layer count. NotImplementedError: "predictor".
     """
-    from ..engine.down_cache import down_t_dtype, transposed_down
+    from ..engine.down_cache import dense_down_cheaper, down_t_dtype, transposed_down
     from .sidecar import read_sidecar
 
     hp = gguf.hparams
@@ -149,10 +151,16 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
         state = SparseState(mode, thresholds)
     exact_zeros = hp.act_name in _RELU_FAMILY or mode == "exact"
     dtype = down_t_dtype(gguf)
-    ctx.set_ffn_threshold_on(state.info.get("threshold_on", "product"))
+    on = state.info.get("threshold_on", "product")
+    ctx.set_ffn_threshold_on(on)
     for layer in range(hp.n_layer):
         if thresholds[layer] > 0 or exact_zeros:
             ctx.set_ffn_sparsity(layer, transposed_down(gguf, layer, dtype=dtype), float(thresholds[layer]))
+            # the gate form at a high expected density: its skipped neurons still save their up rows,
+            # but the dense down over ffn_down reads fewer bytes than the kept down_t rows
+            if on == "gate" and path is not None and dense_down_cheaper(
+                    gguf, layer, dtype, 1.0 - float(prof.layer_sparsity[layer])):
+                ctx.set_ffn_down_dense(layer, True)
     return state
 
 
@@ -197,7 +205,10 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
     """Measured FFN sparsity of ``ctx`` since the last reset: ``{"mode",
     "ffn_sparsity" (mean over all layers, dense layers count 0), "layers"
     (per-layer fractions of neurons skipped), "neurons_used", "neurons_total",
-    "sidecar", "expected_sparsity"}``."""
+    "sidecar", "expected_sparsity", "down_t_type" (ggml type name of the transposed down
+    the sparse layers read, e.g. "Q8_0"; several joined by "+"; None when no layer reads
+    one), "down_dense_layers" (sparse layers whose down product runs over the GGUF
+    ffn_down instead: the gate form at a density where that reads fewer bytes)}``."""
     used, total = ctx.ffn_stats(reset=False, per_layer=True)
     frac = np.where(total > 0, 1.0 - used / np.maximum(total, 1), 0.0)
     extra = {}
@@ -213,6 +224,10 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
                  "predictor_share_of_ffn": float(ps["pred_ns"].sum() / max(1, ps["ffn_ns"].sum()))}
     if reset:
         ctx.ffn_stats(reset=True)
+    dd = ctx.ffn_down_dense_layers()
+    dt = sorted({t for layer, t in ctx.ffn_down_t_types().items() if layer not in dd})
+    extra["down_t_type"] = "+".join(dt) if dt else None
+    extra["down_dense_layers"] = dd
     return extra | {"mode": state.mode, "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
             "layers": [round(float(x), 6) for x in frac], "neurons_used": int(used.sum()),
             "neurons_total": int(total.sum()), "sidecar": state.sidecar,

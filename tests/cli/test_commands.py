@@ -86,3 +86,48 @@ def test_generate_on_a_missing_device_is_one_clear_line():
     p = _run("generate", "--prompt", "hi", "-n", "1", "--device", "Vulkan7", "--ctx", "64")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "device='Vulkan7': ggml reports no device named 'Vulkan7'; devices found: CPU (cpu)" in p.stderr
+
+
+# ---- frictions a new user met (issue 17): each failed before its fix ---------------------------
+
+
+def test_a_size_in_the_budget_variable_breaks_no_command():
+    """$POWERINFER_VRAM_BUDGET=512MiB used to crash every command while the parser was built."""
+    import os
+
+    p = subprocess.run([sys.executable, "-m", "powerinfer_backend", "devices", "--json"], cwd=ROOT, text=True,
+                       capture_output=True, timeout=120, env=dict(os.environ, POWERINFER_VRAM_BUDGET="512MiB"))
+    assert p.returncode == 0 and "Traceback" not in p.stderr and json.loads(p.stdout)["devices"]
+
+
+def test_generate_empty_prompt_is_one_clear_line():
+    p = _run("generate", "--prompt", "", "-n", "4")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == ["powerinfer-backend: error: --prompt is empty: give the text to continue "
+                                     "(or to answer, with --chat)"]
+
+
+def test_plan_says_no_gpu_was_found(tmp_path):
+    from powerinfer_backend.engine import ggml
+
+    if any(d.type == "gpu" for d in ggml.list_devices()):
+        pytest.skip("a GPU is present")
+    p = _run("plan", "--vram-budget", "64MiB", "--no-plot", "--out", str(tmp_path / "plan.json"))
+    assert p.returncode == 0, p.stderr
+    assert ("no GPU: device='auto': ggml found no discrete GPU (devices: CPU (cpu)); bytes counted by ggml's "
+            "CPU buffer rule") in p.stdout
+    p = _run("plan", "--vram-budget", "64MiB", "--predict", "--device-bandwidth", "100", "--threads", "0")
+    assert p.returncode == 2 and "--threads must be >= 1, got 0" in p.stderr
+
+
+def test_cli_flags_take_sizes_and_llama_cpp_layer_counts():
+    from powerinfer_backend.cli.commands import build_parser
+
+    for cmd in ("generate", "serve", "chat"):
+        a = build_parser().parse_args([cmd, "--vram-budget", "512MiB", "-ngl", "all", "--device", "ggml-cpu",
+                                       "--placement", "layers"])
+        assert (a.vram_budget, a.n_gpu_layers, a.device, a.placement) == ("512MiB", -1, "ggml-cpu", "layers")
+        assert build_parser().parse_args([cmd, "--n-gpu-layers", "auto"]).n_gpu_layers is None
+    for argv in (["serve", "--vram-budget", "lots"], ["serve", "-ngl", "-2"], ["generate", "--device-threads", "0"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)

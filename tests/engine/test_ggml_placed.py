@@ -46,7 +46,7 @@ def cpu_dev():
 def _ctx(m, sparse: bool = True) -> NativeContext:
     ctx = NativeContext(m, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=1)
     for i in range(m.gguf.hparams.n_layer) if sparse else ():
-        ctx.set_ffn_sparsity(i, transposed_down(m.gguf, i, dtype=down_t_dtype(m.gguf)), 0.0)
+        ctx.set_ffn_sparsity(i, transposed_down(m.gguf, i, dtype=down_t_dtype(m.gguf, split=True)), 0.0)
     return ctx
 
 

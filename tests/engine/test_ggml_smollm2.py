@@ -22,7 +22,7 @@ PROMPT = [1, 504, 3458, 314, 253, 1345, 30, 2]
 def smol(model_path):
     g = load_gguf(model_path, verbose=False)
     m = NativeModel(g)
-    down_t = [transposed_down(g, i, dtype=down_t_dtype(g)) for i in range(g.hparams.n_layer)]
+    down_t = [transposed_down(g, i, dtype=down_t_dtype(g, split=True)) for i in range(g.hparams.n_layer)]
     yield g, m, down_t
     m.close()
 

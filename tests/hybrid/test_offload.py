@@ -181,3 +181,24 @@ def test_compute_alone_is_no_plan(tiny, xdg_cache):
         with Llama(str(path), vram_budget=f"{compute + extra}B", device="ggml-cpu", disable_gpu_index=True,
                    **kw) as llm:
             assert llm._backend.offload.plan is None and "device" not in llm.stats()
+
+
+def test_bad_device_options_fail_before_the_model_loads(tmp_path):
+    """device_threads / placement are checked before the GGUF is read (a file that is no
+    GGUF at all shows which check ran first)."""
+    path = tmp_path / "not-a-model.gguf"
+    path.write_bytes(b"not a gguf")
+    with pytest.raises(ValueError, match="device_threads must be an integer in \\[1, 512\\], got 0"):
+        Llama(str(path), device="ggml-cpu", device_threads=0, verbose=False)
+    with pytest.raises(ValueError, match="placement must be one of neurons, layers, got 'rows'"):
+        Llama(str(path), placement="rows", verbose=False)
+
+
+def test_a_budget_that_places_nothing_says_why(tiny, xdg_cache):
+    """Without --verbose too: the warning names the compute buffer the budget missed."""
+    with pytest.warns(UserWarning, match=r"vram_budget 1024 bytes places nothing: the device's compute buffer alone "
+                                         r"needs [\d.]+ (MiB|bytes) at n_ctx 64, n_batch 16 .*; running on the CPU"):
+        llm = Llama(str(tiny[0]), n_ctx=64, n_batch=16, n_threads=1, verbose=False, vram_budget="1KiB",
+                    device="ggml-cpu")
+    assert "device" not in llm.stats()
+    llm.close()

@@ -8,8 +8,10 @@ tmp_path, so nothing outside the test folder is touched.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,8 @@ from powerinfer_backend.engine import down_cache
 from powerinfer_backend.loader.artifacts import (artifact_dir, atomic_write, atomic_write_bytes,
                                           atomic_write_json, check_provenance,
                                           model_fingerprint)
-from powerinfer_backend.engine.down_cache import build_down_cache, down_cache_path, transposed_down
+from powerinfer_backend.engine.down_cache import (QuantizedDownT, build_down_cache, down_cache_path,
+                                                  down_t_dtype, load_down_cache, transposed_down)
 from powerinfer_backend.loader import load_gguf
 
 from tests.fixtures.tiny_gguf import write_tiny_llama
@@ -58,6 +61,33 @@ def test_fingerprint_stable_and_content_sensitive(tmp_path):
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     fp2 = model_fingerprint(p)
     assert fp2 != fp and fp2 == _sha(p)
+
+
+def test_fingerprint_stored_for_the_next_process(tmp_path, xdg_cache, monkeypatch):
+    """A new process (here: the in-process cache cleared) takes the stored SHA-256 without
+    hashing the file again; any write to the file (a new ctime) makes it hash again."""
+    p = _model(tmp_path / "m")
+    store = xdg_cache / "powerinfer_backend" / "fingerprints"
+    fp = model_fingerprint(p)
+    assert not store.exists()  # a file changed in the last 2 s is not stored
+    artifacts._fp_cache.clear()
+    monkeypatch.setattr(artifacts, "_SETTLED_NS", 0)
+    assert model_fingerprint(p) == fp
+    stored = list(store.glob("*.json"))
+    assert len(stored) == 1
+    rec = json.loads(stored[0].read_text())
+    assert rec["sha256"] == fp and rec["key"][0] == os.path.realpath(p)
+    rec["sha256"] = "ab" * 32  # what only a read of the store can return
+    stored[0].write_text(json.dumps(rec))
+    artifacts._fp_cache.clear()
+    assert model_fingerprint(p) == "ab" * 32
+    time.sleep(0.05)  # past the ctime granularity
+    with open(p, "r+b") as f:  # same bytes written back: the content is unchanged, the ctime is not
+        b = f.read(1)
+        f.seek(0)
+        f.write(b)
+    artifacts._fp_cache.clear()
+    assert model_fingerprint(p) == fp == _sha(p)
 
 
 def test_artifact_dir_beside_writable_folder(tmp_path, xdg_cache):
@@ -255,6 +285,57 @@ def test_transposed_down_values_and_reuse(tmp_path, xdg_cache, down_type):
     model.close()
 
 
+@pytest.mark.parametrize("down_type", [GT.Q8_0, GT.Q4_1], ids=lambda t: t.name)
+def test_transposed_down_q8_0(tmp_path, xdg_cache, down_type):
+    """The Q8_0 cache: each neuron's row is its n_embd weights (the exact dequantized
+    column of ffn_down) quantized to Q8_0 blocks: within half a step (amax / 127 / 2,
+    plus the F16 rounding of the scale) of the exact values, as TensorViews of ne
+    (n_embd, n_ff) over one uint8 memmap, loaded again without rebuilding."""
+    p = _model(tmp_path / "m", down_type=down_type)
+    model = load_gguf(p, verbose=False)
+    assert down_t_dtype(model) == "q8_0"  # a quantized ffn_down: Q8_0 rows (34 B per 32 weights, F16: 64)
+    for layer in range(N_LAYER):
+        v = transposed_down(model, layer, dtype="q8_0")
+        assert v.type == GT.Q8_0 and v.ne == (N_EMBD, N_FF) and v.nbytes == N_FF * N_EMBD // 32 * 34
+        got = quants.dequantize(np.asarray(v.data).reshape(N_FF, -1), GT.Q8_0).reshape(N_FF, N_EMBD)
+        ref = _reference(model, layer)
+        amax = np.abs(ref.reshape(N_FF, -1, 32)).max(axis=2, keepdims=True)
+        assert np.all(np.abs(got - ref).reshape(N_FF, -1, 32) <= amax * 0.6 / 127)
+    npy = down_cache_path(p, "q8_0")
+    meta = artifacts.read_metadata(npy)
+    assert meta["dtype"] == "q8_0" and meta["shape"] == [N_LAYER, N_FF, N_EMBD // 32 * 34]
+    assert meta["n_embd"] == N_EMBD
+    mtime = os.stat(npy).st_mtime_ns
+    down_cache._loaded.clear()
+    cache = load_down_cache(p, "q8_0")
+    assert isinstance(cache, QuantizedDownT) and cache.shape == (N_LAYER, N_FF, N_EMBD) and len(cache) == N_LAYER
+    assert load_down_cache(p, "q8_0", (N_LAYER, N_FF, N_EMBD)) is not None
+    assert load_down_cache(p, "q8_0", (N_LAYER, N_FF, N_EMBD + 32)) is None
+    np.testing.assert_array_equal(cache[1].data, transposed_down(model, 1, dtype="q8_0").data)
+    with pytest.raises(IndexError):
+        cache[N_LAYER]
+    assert build_down_cache(p, model, dtype="q8_0", progress=False) == npy and os.stat(npy).st_mtime_ns == mtime
+    model.close()
+
+
+def test_down_t_dtype_rule(tmp_path):
+    """F32 only when every ffn_down is F32; F16 for unquantized sources and for n_embd
+    not a multiple of 32 (no whole Q8_0 blocks); Q8_0 for quantized sources."""
+    def dtype(name, **kw):
+        m = load_gguf(write_tiny_llama(tmp_path / name, n_layer=2, **kw), verbose=False)
+        try:
+            return down_t_dtype(m)
+        finally:
+            m.close()
+
+    assert dtype("f32.gguf", types={"ffn_down": GT.F32}) == "f32"
+    assert dtype("f16.gguf", types={"ffn_down": GT.F16}) == "f16"
+    assert dtype("mixed.gguf", types={"blk.0.ffn_down.weight": GT.F32, "ffn_down": GT.Q4_0}) == "f16"
+    assert dtype("q4_0.gguf", types={"ffn_down": GT.Q4_0}) == "q8_0"
+    assert dtype("q8_0.gguf") == "q8_0"
+    assert dtype("e48.gguf", n_embd=48, n_head=3, n_head_kv=1, types={"matrix": GT.F16, "ffn_down": GT.Q4_0}) == "f16"
+
+
 def test_down_cache_rebuilds_on_other_model(tmp_path, xdg_cache):
     p = _model(tmp_path / "m", seed=1)
     npy = build_down_cache(p, dtype="f16", progress=False)
@@ -276,6 +357,8 @@ def test_down_cache_errors_and_corrupt_file(tmp_path, xdg_cache):
         transposed_down(model, N_LAYER)
     with pytest.raises(ValueError, match="dtype"):
         transposed_down(model, 0, dtype="q4_0")
+    with pytest.raises(ValueError, match="dtype"):
+        transposed_down(model, 0, dtype=np.uint8)  # q8_0 is asked for by name
     # a corrupt array with matching-looking metadata is rebuilt, not trusted
     npy = build_down_cache(p, model, dtype=np.float32, progress=False)
     atomic_write_bytes(npy, b"garbage")

@@ -24,7 +24,9 @@ from powerinfer_backend.loader import (
     load_gguf,
 )
 
+from powerinfer_backend.loader.gguf_meta import parse_header
 from tests.fixtures import ROOT
+from tests.fuzz import gguf_layout
 from tests.fixtures.tiny_gguf import patch_tensor_info, tensor_info_layout, write_tiny_llama
 
 
@@ -175,16 +177,17 @@ def test_real_layer_tensors(real_model):
 
 
 @needs_real
-def test_real_offsets_match_gguf_reader(real_model):
-    r = gguf.GGUFReader(REAL)
+def test_real_offsets_match_header(real_model):
+    """The views point at the tensor table's offsets (the table itself equals GGUFReader's:
+    tests/loader/test_header.py)."""
     base = np.asarray(real_model._mm)
-    for rt in r.tensors:
-        t = real_model.tensors[rt.name]
+    for e in parse_header(REAL).tensors:
+        t = real_model.tensors[e.name]
         start = t.data.ctypes.data - base.ctypes.data
-        assert start == rt.data_offset, rt.name
-        assert t.nbytes == rt.n_bytes
-        assert t.ne == tuple(int(d) for d in rt.shape)
-        assert t.type == int(rt.tensor_type)
+        assert start == e.offset, e.name
+        assert t.nbytes == e.nbytes
+        assert t.ne == e.ne
+        assert t.type == e.type
 
 
 @needs_real
@@ -223,9 +226,10 @@ def test_real_truncated_copies(tmp_path):
 
 
 def _array_count_pos(path, key: str) -> int:
-    """File offset of the u64 element count of array key ``key``."""
-    f = gguf.GGUFReader(path).fields[key]
-    return f.offset + sum(int(p.nbytes) for p in f.parts[:4])  # key len, key, type, item type
+    """File offset of the u64 element count of array key ``key`` (found by the fuzz
+    harness's own parser, independent of the loader's)."""
+    lay = gguf_layout.parse(pathlib.Path(path).read_bytes())
+    return next(f.pos for f in lay.fields if f.kind == "array_len" and f.label == key)
 
 
 @needs_real
@@ -436,10 +440,19 @@ def test_absurd_array_length(tiny, count):
     _expect_error(tiny, "'tokenizer.ggml.token_type'", f"array of {count} int32 values cannot fit")
 
 
-def test_array_element_budget(tiny, monkeypatch):
-    from powerinfer_backend.loader import reader as gguf_model  # the array-element limit lives in reader
+def test_key_not_utf8(tiny):
+    """Keys are names: one that is not UTF-8 is refused (as GGUFReader does), naming its index."""
+    data = bytearray(pathlib.Path(tiny).read_bytes())
+    pos = next(p for p, _n, label in gguf_layout.parse(bytes(data)).strings if label == "key")
+    data[pos] = 0xFF
+    pathlib.Path(tiny).write_bytes(bytes(data))
+    _expect_error(tiny, "metadata key #0 at byte 24 is not valid UTF-8")
 
-    monkeypatch.setattr(gguf_model, "_MAX_ARRAY_ELEMS", 100)  # tokens (64) + token_type (64) > 100
+
+def test_array_element_budget(tiny, monkeypatch):
+    from powerinfer_backend.loader import gguf_meta  # the array-element limit lives in the parser
+
+    monkeypatch.setattr(gguf_meta, "MAX_ARRAY_ELEMS", 100)  # tokens (64) + token_type (64) > 100
     _expect_error(tiny, "'tokenizer.ggml.token_type'", "limit of 100 array elements")
 
 

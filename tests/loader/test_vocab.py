@@ -184,7 +184,7 @@ def _near_duplicate(texts: LlamaTexts) -> tuple[int, int]:
 def test_real_smollm2_with_one_byte_changed(tmp_path, model_path):
     """The fuzzing finding: one byte changed inside a SmolLM2 token makes it equal another;
     llama.cpp then aborts the process loading the vocabulary."""
-    texts = LlamaTexts(scan_metadata(model_path, strings=(TOKENS,))[TOKENS].value)
+    texts = LlamaTexts(scan_metadata(model_path)[TOKENS].value)
     a, b = _near_duplicate(texts)
     ta, tb = texts[a], texts[b]
     path = str(tmp_path / "smollm2-dup.gguf")

@@ -1,15 +1,18 @@
 /* The attention block of a layer, run by the forward pass on the host or by a device on its copies. */
 #include "blocks.h"
 
-/* Store this batch's K rows, and V columns (V is cached transposed). */
-static void store_kv(const pi_context *c, const pi_attn_site *s, const int32_t *pos, int64_t n_tok) {
+/* Store this batch's K rows, and V columns (V is cached transposed), token t in cell
+ * cell0[t] + pos[t] (cell0 NULL: sequence 0's slot). */
+static void store_kv(const pi_context *c, const pi_attn_site *s, const int32_t *pos, const int32_t *cell0,
+                     int64_t n_tok) {
     const int64_t R = c->kv_row, N = c->n_cells;
     const pi_isa *isa = pi_isa_current();
     for (int64_t t = 0; t < n_tok; t++) {
-        isa->from_float[c->cp.kv_type](s->k + t * R, s->kc + (size_t)pos[t] * R * c->kv_esz, R);
+        const int64_t cell = (cell0 != NULL ? cell0[t] : 0) + pos[t];
+        isa->from_float[c->cp.kv_type](s->k + t * R, s->kc + (size_t)cell * R * c->kv_esz, R);
         for (int64_t e = 0; e < R; e++) {
             const float val = s->v[t * R + e];
-            const size_t at = (size_t)(e * N + pos[t]);
+            const size_t at = (size_t)(e * N + cell);
             if (c->cp.kv_type == PI_TYPE_F16)
                 ((uint16_t *)s->vc)[at] = pi_fp32_to_fp16(val);
             else
@@ -31,7 +34,8 @@ static int is_swa(const pi_model_params *hp, int l) {
     return hp->n_swa > 0 && (hp->swa_pattern == 0 || l % hp->swa_pattern < hp->swa_pattern - 1);
 }
 
-void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, int64_t n_tok) {
+void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, const int32_t *cell0,
+                   int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
     const pi_tensor *lt = s->lt;
     const pi_mat *lm = s->lm;
@@ -60,9 +64,12 @@ void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int3
         for (int64_t i = 0; i < n_tok * Q; i++) s->q[i] *= hp->attn_scale;
         scale = 1.0f;
     }
-    store_kv(c, s, pos, n_tok);
+    store_kv(c, s, pos, cell0, n_tok);
+    int32_t n_kv = pos[n_tok - 1] + 1; /* one sequence: its last position; several: the furthest */
+    if (cell0 != NULL)
+        for (int64_t t = 0; t < n_tok; t++) n_kv = pos[t] + 1 > n_kv ? pos[t] + 1 : n_kv;
     pi_attention(s->pool, s->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, s->kc, s->vc, c->n_cells,
-                 c->cp.kv_type, pos[n_tok - 1] + 1, pos, scale, swa ? hp->n_swa : 0, s->attn, s->attn_scratch);
+                 c->cp.kv_type, n_kv, pos, cell0, scale, swa ? hp->n_swa : 0, s->attn, s->attn_scratch);
     const pi_matmul_out o = {&lm[PI_L_ATTN_OUT], s->xn, E};
     pi_matmul_multi(s->pool, &o, 1, s->attn, n_tok, s->act_scratch);
     pi_bias_opt(&lt[PI_L_ATTN_OUT_BIAS], s->xn, E, n_tok);

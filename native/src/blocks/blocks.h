@@ -20,8 +20,10 @@ typedef struct {
 } pi_attn_site;
 
 /* ---- blocks/attn.c ---- */
-/* x += attention(norm(x)) and xn = ffn_norm(x) for layer l, in site s */
-void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, int64_t n_tok);
+/* x += attention(norm(x)) and xn = ffn_norm(x) for layer l, in site s; token t at
+ * position pos[t] of the sequence whose slot starts at cell cell0[t] (NULL: sequence 0) */
+void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int32_t *pos, const int32_t *cell0,
+                   int64_t n_tok);
 /* y = the norm of n_rows rows x with weight w: RMSNorm, or LayerNorm plus the optional
  * bias b (Falcon, OPT) */
 void pi_norm_rows(const pi_model_params *hp, const float *x, const pi_tensor *w, const pi_tensor *b, int64_t n_rows,

@@ -113,7 +113,15 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     a.on_gate = c->ffn_on_gate;
     a.h = h;
     a.up_bias = c->m->hp.layers[l * PI_L_COUNT + PI_L_FFN_UP_BIAS].data; /* ungated forms */
+    const int dense_down = c->ffn_dense_down != NULL && c->ffn_dense_down[l];
+    if (dense_down) { /* h (skipped neurons 0) through the GGUF ffn_down: fewer bytes at a high density */
+        a.phase = 1;
+        a.h_dense = c->ffn_hd;
+    }
     pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
+    /* down_t (unless pi_matmul1 counts the dense down), and gate/up gathered here */
+    pi_weight_passes += (dense_down ? 0 : 1) + (h != NULL ? 0 : a.gate != NULL ? 2 : 1);
+    if (dense_down) pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], c->ffn_hd, n_tok, c->ffn_y);
     if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
     pi_ffn_sparse_done(c, l, n_tok);
 }

@@ -22,6 +22,7 @@ typedef struct {
     int32_t kv_type;
     int64_t n_kv;
     const int32_t *pos;
+    const int32_t *cell0; /* per token: first cell of its sequence's slot; NULL = 0 */
     float *out;
     float *scratch;
     const pi_isa *isa;
@@ -38,7 +39,7 @@ static void attn_task(void *varg, int ith, int nth) {
     const pi_vec_dot_fn dot = j->isa->vec_dot[j->kv_type];
     const pi_from_float_fn cvt = j->isa->from_float[j->kv_type];
     const float scale = j->scale;
-    float *scores = j->scratch + ith * pi_attention_scratch_floats(j->n_kv, hd);
+    float *scores = j->scratch + pi_pool_worker() * pi_attention_scratch_floats(j->n_kv, hd);
     void *weights = scores + pad_kv(j->n_kv);
     void *qc = scores + 2 * pad_kv(j->n_kv);
     int64_t lo, hi;
@@ -46,9 +47,9 @@ static void attn_task(void *varg, int ith, int nth) {
     for (int64_t u = lo; u < hi; u++) {
         const int64_t t = u / j->n_head;
         const int h = (int)(u % j->n_head), g = h / group;
-        const int64_t n = (int64_t)j->pos[t] + 1;
+        const int64_t n = (int64_t)j->pos[t] + 1, c0 = j->cell0 != NULL ? j->cell0[t] : 0;
         cvt(j->q + (t * j->n_head + h) * hd, qc, hd);
-        const char *kb = (const char *)j->k + g * hd * esz;
+        const char *kb = (const char *)j->k + (c0 * kv_row + g * hd) * esz;
         /* sliding window: keys before lo are masked like future ones (weight 0, still
          * in the sums, as in llama.cpp's masked softmax) */
         const int64_t lo = j->n_swa > 0 && n > j->n_swa ? n - j->n_swa : 0;
@@ -60,20 +61,21 @@ static void attn_task(void *varg, int ith, int nth) {
         }
         /* Softmax and V products run over whole PI_KV_PAD blocks, masked cells
          * getting weight 0, so sums group as in llama.cpp's padded KV view. */
-        const int64_t np = pad_kv(n) <= j->v_ld ? pad_kv(n) : n;
+        const int64_t np = c0 + pad_kv(n) <= j->v_ld ? pad_kv(n) : n;
         for (int64_t p = n; p < np; p++) scores[p] = -INFINITY;
         j->isa->softmax(scores, np);
         cvt(scores, weights, np);
         float *o = j->out + (t * j->n_head + h) * hd;
-        const char *vb = (const char *)j->v + (int64_t)g * hd * j->v_ld * esz;
+        const char *vb = (const char *)j->v + ((int64_t)g * hd * j->v_ld + c0) * esz;
         for (int d = 0; d < hd; d++) dot(np, &o[d], vb + d * j->v_ld * esz, weights);
     }
 }
 
 void pi_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head, int32_t n_head_kv,
                   int32_t head_dim, const void *k, const void *v, int64_t v_ld, int32_t kv_type,
-                  int64_t n_kv, const int32_t *pos, float scale, int32_t n_swa, float *out, float *scratch) {
-    attn_job j = {q, n_tok, n_head, n_head_kv, head_dim, k, v, v_ld, kv_type, n_kv, pos, out, scratch,
+                  int64_t n_kv, const int32_t *pos, const int32_t *cell0, float scale, int32_t n_swa, float *out,
+                  float *scratch) {
+    attn_job j = {q, n_tok, n_head, n_head_kv, head_dim, k, v, v_ld, kv_type, n_kv, pos, cell0, out, scratch,
                   pi_isa_current(), scale, n_swa};
     pi_pool_run(pool, attn_task, &j);
 }
@@ -95,7 +97,7 @@ int pi_op_attention(pi_pool *pool, const float *q, int64_t n_tok, int32_t n_head
     const int64_t per = pi_attention_scratch_floats(n_kv, head_dim);
     float *scratch = malloc((size_t)(per * pi_pool_size(pool)) * sizeof(float));
     if (scratch == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_op_attention: out of memory");
-    pi_attention(pool, q, n_tok, n_head, n_head_kv, head_dim, k, v, v_ld, kv_type, n_kv, pos,
+    pi_attention(pool, q, n_tok, n_head, n_head_kv, head_dim, k, v, v_ld, kv_type, n_kv, pos, NULL,
                  1.0f / sqrtf((float)head_dim), 0, out, scratch);
     free(scratch);
     return PI_OK;

@@ -13,6 +13,8 @@ int64_t pi_matmul_scratch_size(int32_t type, int64_t n_cols, int64_t n_tok) {
     return pi_row_size(t->vec_dot_type, n_cols) * n_tok;
 }
 
+_Thread_local int64_t pi_weight_passes;
+
 typedef struct {
     const pi_matmul_out *outs;
     int n_outs;
@@ -91,6 +93,7 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
             pi_pool_run(pool, quantize_task, &q);
         xq = scratch;
     }
+    pi_weight_passes += n_outs;
     matmul_job j = {outs, n_outs, 0, n_tok, xq, xq_row, isa};
     for (int o = 0; o < n_outs; o++) j.total_rows += outs[o].w->n_rows;
     pi_pool_run(pool, matmul_task, &j);

@@ -275,6 +275,7 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
 
     /* keep |h| >= threshold and h != 0 (NaN kept); compact in place, in id order */
     const float thr = a->on_gate ? 0.0f : a->threshold; /* gate mode: zeros were made in h_task */
+    if (a->h_dense != NULL) memset(a->h_dense, 0, (size_t)(n_tok * n_ff) * sizeof(float));
     int64_t m = 0;
     for (int64_t t = 0; t < n_tok; t++) {
         s.koff[t] = m;
@@ -282,6 +283,7 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
             const float h = s.h[k];
             if (h == 0.0f || fabsf(h) < thr) continue;
             s.kid[m] = a->active ? a->active[a->active_off[0] + k] : (int32_t)(k - off[t]);
+            if (a->h_dense != NULL) a->h_dense[t * n_ff + s.kid[m]] = h;
             s.h[m] = h;
             m++;
         }

@@ -45,7 +45,7 @@ from __future__ import annotations
 from .budget import _BUDGET_RE, _UNITS, DEFAULT_FREE_MARGIN, BudgetDecision, parse_vram_budget, resolve_budget
 from .cache import PLAN_NAME, load_plan, neuron_frequencies, plan_for_model, plan_path
 from .plan import FORMAT_VERSION, LayerPlan, Plan
-from .planners import _check_freq, _check_int, plan_layer_split, plan_placement
+from .planners import _check_freq, _check_int, plan_layer_split, plan_placement, why_nothing_placed
 from .predict import (MODES, ROW_READS, LayerTime, Prediction, attn_weight_bytes, default_mode, ffn_row_bytes,
                       format_predictions, llama_cpp_offload, measure_host_bandwidth, predict_layer_split,
                       predict_ours)
@@ -61,7 +61,7 @@ __all__ = [
     "FORMAT_VERSION", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "LayerPlan", "Plan",
     "BudgetDecision", "row_bytes", "align_up", "tensor_device_bytes", "compute_bytes", "kv_bytes_per_layer",
     "dense_weight_bytes", "attn_block_bytes", "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes",
-    "layer_bytes", "plan_placement", "plan_layer_split", "neuron_frequencies", "parse_vram_budget", "resolve_budget",
+    "layer_bytes", "plan_placement", "plan_layer_split", "why_nothing_placed", "neuron_frequencies", "parse_vram_budget", "resolve_budget",
     "plan_path", "plan_for_model", "load_plan", "Prediction", "LayerTime", "predict_ours", "predict_layer_split",
     "llama_cpp_offload", "measure_host_bandwidth", "format_predictions", "default_mode",
 ]

@@ -13,7 +13,7 @@ from .plan import LayerPlan, Plan
 from .sizes import (CPU_BUFT, NEURON_GROUP, ModelSizes, Sizer, attn_block_bytes, compute_bytes, hot_bytes,
                     kv_bytes_per_layer, layer_bytes, neuron_bytes, output_block_bytes)
 
-__all__ = ["plan_placement", "plan_layer_split"]
+__all__ = ["plan_placement", "plan_layer_split", "why_nothing_placed"]
 
 
 def _check_int(name: str, v: Any, lo: int) -> int:
@@ -167,3 +167,24 @@ def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch
                 output_block_bytes(sizes, n_batch, sizer) if output_on else 0, layers)
     assert plan.device_bytes == used <= budget, (plan.device_bytes, used, budget)
     return plan
+
+
+def why_nothing_placed(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int,
+                       sizer: Sizer = CPU_BUFT) -> str:
+    """Why a plan at ``vram_budget`` bytes puts nothing on the device, as one sentence for
+    the user (the planners place nothing until the compute buffer and then at least one
+    block or neuron group fit); "" for a budget of 0 (CPU only was asked for)."""
+    if vram_budget <= 0:
+        return ""
+    def size(n: int) -> str:
+        return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+    compute = compute_bytes(sizes, n_ctx, n_batch, sizer)
+    if compute > vram_budget:
+        return (f"vram_budget {size(vram_budget)} places nothing: the device's compute buffer alone needs "
+                f"{size(compute)} at n_ctx {n_ctx}, n_batch {n_batch} (a larger budget, or a smaller "
+                f"context or batch, needs less)")
+    need = min([attn_block_bytes(sizes, i, n_ctx, sizer) for i in range(sizes.n_layer)]
+               + [output_block_bytes(sizes, n_batch, sizer)])
+    return (f"vram_budget {size(vram_budget)} places nothing: after the compute buffer ({size(compute)}) "
+            f"{size(vram_budget - compute)} are left, the smallest block needs {size(need)}")

@@ -18,8 +18,8 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   Then the output block (output_norm and the output matrix) where the plan put it,
   plus ``sync_s`` per layer with work on both sides (the round trip of the activations).
   A model with nothing placed and mode "dense" reads the GGUF FFN tensors as stored (the
-  dense CPU path); once anything is placed every layer's down is the F16 down_t (the
-  engine's rule), and so it is for every sparse mode.
+  dense CPU path); once anything is placed every layer's down is the down_t (the
+  engine's rule: ``ModelSizes.down_t_type``), and so it is for every sparse mode.
 * **llama.cpp's layer split** (:func:`predict_layer_split`): whole layers as stored in
   the GGUF (all tensors plus the KV cache) on the device from the last layer backwards
   while they fit in the budget minus the same scratch our plan reserves, the output block
@@ -172,11 +172,14 @@ def attn_weight_bytes(s: ModelSizes, i: int) -> int:
 def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False) -> tuple[int, int, int]:
     """Bytes of one neuron's rows in layer ``i``, as the split FFN reads them: gate row
     (0 for an ungated FFN) and up row of n_embd in their GGUF types, the down row of
-    n_embd: on the host the CPU's down_t (``s.down_t_bytes`` per element: F16, F32 for an
+    n_embd: on the host the CPU's down_t of a split (``s.down_t_type``: F16, F32 for an
     all-F32 model), on the device F16 (the ggml device's gathered down columns)."""
+    from ...engine.down_cache import down_t_row_bytes
+
     L = s.layers[i]
     gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0
-    return gate, row_bytes(L["ffn_up"].type, s.n_embd), s.n_embd * (2 if device else s.down_t_bytes)
+    return gate, row_bytes(L["ffn_up"].type, s.n_embd), 2 * s.n_embd if device else down_t_row_bytes(
+        s.down_t_type, s.n_embd)
 
 
 def _kv_read(s: ModelSizes, n_past: int) -> int:

@@ -162,9 +162,11 @@ class ModelSizes:
         layers: per layer, slot name (:data:`arch.LAYER_SLOTS`) -> :class:`TensorSize`.
         output_norm: F32 [n_embd].
         output: the output projection [n_embd, n_vocab] (the token embedding when tied).
-        down_t_bytes: bytes per element of the CPU's transposed down cache (2 = F16; 4 =
-            F32 when every ffn_down is F32; :func:`powerinfer_backend.engine.down_cache.down_t_dtype`).
-            The device holds its hot down columns as F16 whatever this is.
+        down_t_type: the type of the CPU's transposed down cache in a device split, "f16"
+            or "f32" (:func:`powerinfer_backend.engine.down_cache.down_t_dtype` with
+            ``split=True``: F32 when every ffn_down is F32; never Q8_0, so a neuron has the
+            values of the device's F16 hot down columns on either side of the split);
+            ``down_t_row_bytes`` gives a neuron's row.
     """
 
     n_layer: int
@@ -177,7 +179,7 @@ class ModelSizes:
     layers: tuple[Mapping[str, TensorSize], ...]
     output_norm: TensorSize
     output: TensorSize
-    down_t_bytes: int = 2
+    down_t_type: str = "f16"
 
     @property
     def n_embd_kv(self) -> int:
@@ -188,8 +190,10 @@ class ModelSizes:
         return self.n_head * self.n_embd_head
 
     @classmethod
-    def from_gguf(cls, model) -> "ModelSizes":
-        """Sizes of a :class:`powerinfer_backend.loader.GGUFModel` (types as loaded)."""
+    def from_gguf(cls, model, down_t_type: str | None = None) -> "ModelSizes":
+        """Sizes of a :class:`powerinfer_backend.loader.GGUFModel` (types as loaded);
+        ``down_t_type`` None: the split's (``down_t_dtype(model, split=True)``)."""
+        from ...engine.down_cache import down_t_dtype
         from ...loader.arch import LAYER_SLOTS
 
         hp = model.hparams
@@ -200,13 +204,12 @@ class ModelSizes:
                            if t is not None})  # optional slots an architecture lacks
         g = model.global_tensors()
         out = g["output"] if g["output"] is not None else g["tok_embd"]
-        all_f32 = all(layer["ffn_down"].type == _F32 for layer in layers)
         return cls(n_layer=hp.n_layer, n_embd=hp.n_embd, n_ff=hp.n_ff, n_head=hp.n_head,
                    n_head_kv=hp.n_head_kv, n_embd_head=hp.n_embd_head, n_vocab=hp.n_vocab,
                    layers=tuple(layers),
                    output_norm=TensorSize(int(g["output_norm"].type), tuple(g["output_norm"].ne)),
                    output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)),
-                   down_t_bytes=4 if all_f32 else 2)
+                   down_t_type=down_t_type or down_t_dtype(model, split=True))
 
 
 def _n_cells(n_ctx: int) -> int:

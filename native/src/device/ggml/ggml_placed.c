@@ -188,6 +188,9 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
     if (c == NULL || d == NULL || layers == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: NULL argument");
     if (c->dev != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: the context already has a device");
+    if (c->n_seq > 1) /* the device's attention graphs and KV cache hold one sequence */
+        return pi_set_error(PI_ERR_UNSUPPORTED, "a ggml device placement serves one sequence; n_seq_max is %d "
+                            "(use n_seq_max=1 with a placement, or no placement)", c->n_seq);
     const pi_model_params *hp = &c->m->hp;
     int any = output_on_device != 0, rc = PI_OK;
     int64_t max_cold = 0;

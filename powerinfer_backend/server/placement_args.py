@@ -1,0 +1,114 @@
+"""The device placement flags every model-loading command shares (``serve`` here,
+``generate`` and ``perplexity`` in the cli, which may import the server layer): the
+budget as a size, ``--device``, ``--device-threads``, ``--placement`` and llama.cpp's
+``-ngl``, spelled and checked the same way everywhere, and their ``Llama`` keywords."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional
+
+#: the environment variable ``serve`` takes its budget from when --vram-budget is absent
+#: (text-generation-webui's loader sets it)
+BUDGET_ENV = "POWERINFER_VRAM_BUDGET"
+
+
+def budget_arg(value: str) -> str:
+    """argparse type of ``--vram-budget``: GiB as a number or a size (``512MiB``, ``8GiB``),
+    checked now and passed on as written (``Llama`` parses it again).
+
+    Raises:
+        argparse.ArgumentTypeError: not a size (the parser's usage error, exit 2).
+    """
+    from ..hybrid.placement import parse_vram_budget
+
+    try:
+        parse_vram_budget(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def gpu_layers_arg(value: str) -> Optional[int]:
+    """argparse type of ``-ngl``: an integer >= -1, ``all`` (-1) or ``auto`` (None: not given),
+    as llama.cpp's ``--n-gpu-layers``.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    v = value.strip().lower()
+    if v == "auto":
+        return None
+    if v == "all":
+        return -1
+    try:
+        n = int(v)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"--n-gpu-layers must be an integer >= -1, 'all' or 'auto', got {value!r}")
+    return n
+
+
+def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
+    """Add ``--vram-budget``, ``--device``, ``--device-threads``, ``--placement`` and
+    ``-ngl`` / ``--n-gpu-layers`` / ``--gpu-layers`` to the parser ``p``."""
+    p.add_argument("--vram-budget", type=budget_arg, default=None,
+                   help=budget_help or "device budget: GiB as a number, or a size like 512MiB / 8GiB (default: none)")
+    p.add_argument("--device", default=None,
+                   help="auto (default: the first discrete GPU, else CPU only), cuda, metal, vulkan, hip, a ggml "
+                        "device name (`powerinfer-backend devices`), ggml-cpu (ggml's CPU backend as the device), "
+                        "or cpu")
+    p.add_argument("--device-threads", type=_positive("--device-threads"), default=None,
+                   help="threads of ggml-cpu as the device (default 1)")
+    p.add_argument("--placement", choices=("neurons", "layers"), default="neurons",
+                   help="hot neurons by frequency (default) or whole layers as llama.cpp's -ngl")
+    p.add_argument("--n-gpu-layers", "-ngl", "--gpu-layers", dest="n_gpu_layers", type=gpu_layers_arg, default=None,
+                   metavar="N", help="llama.cpp's layer count, used only without --vram-budget: N whole layers' "
+                                     "bytes become the budget (-1 / all: everything); said on stderr")
+
+
+def device_kwargs(args, vram_budget=None) -> dict:
+    """The ``Llama`` keywords of the flags :func:`add_device_arguments` added (those given);
+    ``vram_budget`` overrides ``args.vram_budget`` when not None."""
+    budget = args.vram_budget if vram_budget is None else vram_budget
+    return {k: v for k, v in (("vram_budget", budget), ("device", args.device),
+                              ("device_threads", args.device_threads), ("placement", args.placement),
+                              ("n_gpu_layers", args.n_gpu_layers))
+            if v is not None}
+
+
+def env_budget(args):
+    """``--vram-budget``, else ``$POWERINFER_VRAM_BUDGET``, as ``Llama``'s ``vram_budget``:
+    None when neither is given (or the variable is empty), 0 for a zero size (CPU only, as
+    text-generation-webui's field means it, and no notice without a device), else the
+    size as written.
+
+    Raises:
+        ValueError: the variable is not a size (its name and value in the message).
+    """
+    from ..hybrid.placement import parse_vram_budget
+
+    value = args.vram_budget
+    if value is None:
+        value = os.environ.get(BUDGET_ENV, "").strip() or None
+        if value is None:
+            return None
+        try:
+            parse_vram_budget(value)
+        except ValueError as e:
+            raise ValueError(f"${BUDGET_ENV}={value!r}: {e}") from None
+    return value if parse_vram_budget(value) else 0
+
+
+def _positive(name):
+    def parse(value):
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {value!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
+        return n
+    return parse
