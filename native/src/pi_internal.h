@@ -143,10 +143,18 @@ typedef void (*pi_down_tiles_fn)(int32_t type, int64_t n_tiles, float *y, const 
 
 #define PI_TYPE_SLOTS 31 /* indexable by enum pi_type */
 
+/* The batched product of a weight type (prefill): y[t * ldy + r] = dot(w row r, x row t)
+ * for r < n_rows, t < n_tok, weight rows wrow bytes apart and activation rows (the type's
+ * vec_dot_type) xrow bytes apart; every y value has the bits of vec_dot on that row and
+ * token, so batch and decode agree. Rows and tokens are any ranges (callers split them). */
+typedef void (*pi_matmul_tiles_fn)(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,
+                                   const void *w, int64_t wrow, const void *x, int64_t xrow);
+
 typedef struct pi_isa {
     const char *name;
     pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
+    pi_matmul_tiles_fn matmul_tiles[PI_TYPE_SLOTS]; /* by weight type; NULL: vec_dot per row */
     void (*softmax)(float *x, int64_t n);      /* in place, llama.cpp's exp and sum order (isa/softmax.h) */
     pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
 } pi_isa;

@@ -129,6 +129,20 @@ def test_real_first_positions_bit_identical(gemma_engines):
     assert np.array_equal(ours, reference_logits(ref, tokens, one_by_one=True))
 
 
+def test_real_batch_bit_identical_to_decode(gemma_engines):
+    """An 11-token prompt in one batch (the tiled Q5_0 / Q4_K / Q6_K prefill kernels) gives
+    every row the bits of the same tokens one eval each (the row dots of decode)."""
+    _, ctx, ref = gemma_engines
+    tokens = ref.tokenize(GEMMA_PROMPT.encode(), special=True)
+    tokens = (tokens * 11)[:11]  # two whole 4-token tiles and a remainder
+    ctx.truncate(0)
+    batch = ctx.eval(tokens, logits_all=True).copy()
+    ctx.truncate(0)
+    steps = np.stack([ctx.eval([t])[0].copy() for t in tokens])
+    same = [bool(np.array_equal(batch[i], steps[i])) for i in range(len(tokens))]
+    assert all(same), f"rows differing: {[i for i, s in enumerate(same) if not s]}"
+
+
 def test_real_tracks_llama_cpp(gemma_engines):
     """Our batch against llama.cpp's batch, measured against llama.cpp's own
     batch-vs-decode disagreement on the same tokens (docs/parity.md)."""

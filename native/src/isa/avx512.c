@@ -21,6 +21,9 @@
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
+#define PI_TILE_R 2 /* tile rows x tokens (32 ymm registers; not measured on an AVX-512 host yet) */
+#define PI_TILE_T 8
+#include "x86_tiles.h"
 #include "table.h"
 
 #define VNNI_TARGET __attribute__((target("avx512vnni")))

@@ -186,24 +186,33 @@ static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) {
     *s = hsum8(acc);
 }
 
+/* The Q5_0 and K-quant products for 1..TOK tokens against one weight row: the row's
+ * blocks are decoded once for all the tokens (the tiled prefill kernel), and each
+ * token's result s[t * lds] takes exactly the float operations of a one-token call (the
+ * row dot), so a token gives the same bits in a batch as in decode. Token t's
+ * activation row is at x + t * xrow. */
+#define TOK 4
+
 /* Q5_0 weights x Q8_0 activations: w = d * (5-bit value - 16) */
-static void vec_dot_q5_0(int64_t n, float *s, const void *vw, const void *vx) {
+static void dots_q5_0(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
     const pi_block_q5_0 *w = vw;
-    const pi_block_q8_0 *x = vx;
     const int64_t nb = n / PI_QK;
-    float acc[8] = {0};
+    float acc[TOK][8] = {{0}};
     for (int64_t i = 0; i < nb; i++) {
         int8_t q[PI_QK];
         pi_decode_q5_0(&w[i], q);
-        int32_t lane[8];
-        for (int l = 0; l < 8; l++) {
-            int32_t v = 0;
-            for (int k = 4 * l; k < 4 * l + 4; k++) v += (int32_t)q[k] * x[i].qs[k];
-            lane[l] = v;
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_0 *a = (const pi_block_q8_0 *)(x + t * xrow) + i;
+            int32_t lane[8];
+            for (int l = 0; l < 8; l++) {
+                int32_t v = 0;
+                for (int k = 4 * l; k < 4 * l + 4; k++) v += (int32_t)q[k] * a->qs[k];
+                lane[l] = v;
+            }
+            fma_lanes(acc[t], lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(a->d));
         }
-        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
     }
-    *s = hsum8(acc);
+    for (int t = 0; t < nt; t++) s[t * lds] = hsum8(acc[t]);
 }
 
 /* K-quants x Q8_K. The 8 lanes of a super-block: lane l sums, over the eight
@@ -232,65 +241,91 @@ static inline void k_min_lanes(const uint8_t mn[8], const int16_t bsums[16], flo
     }
 }
 
-static void vec_dot_q4_K(int64_t n, float *s, const void *vw, const void *vx) {
+static void dots_q4_K(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
     const pi_block_q4_K *w = vw;
-    const pi_block_q8_K *x = vx;
-    float acc[8] = {0}, accm[4] = {0};
+    float acc[TOK][8] = {{0}}, accm[TOK][4] = {{0}};
     for (int64_t i = 0; i < n / PI_QK_K; i++) {
         uint8_t q[PI_QK_K], sc[8], mn[8];
-        int32_t sc16[16], lane[8];
+        int32_t sc16[16];
         pi_decode_q4_K(&w[i], q);
         pi_decode_k4_scales(w[i].scales, sc, mn);
         for (int j = 0; j < 16; j++) sc16[j] = sc[j / 2];
-        k_lanes(q, x[i].qs, sc16, lane);
-        fma_lanes(acc, lane, x[i].d * pi_fp16_to_fp32(w[i].d));
-        k_min_lanes(mn, x[i].bsums, -x[i].d * pi_fp16_to_fp32(w[i].dmin), accm);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_K *a = (const pi_block_q8_K *)(x + t * xrow) + i;
+            int32_t lane[8];
+            k_lanes(q, a->qs, sc16, lane);
+            fma_lanes(acc[t], lane, a->d * pi_fp16_to_fp32(w[i].d));
+            k_min_lanes(mn, a->bsums, -a->d * pi_fp16_to_fp32(w[i].dmin), accm[t]);
+        }
     }
-    *s = hsum8(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+    for (int t = 0; t < nt; t++) s[t * lds] = hsum8(acc[t]) + ((accm[t][0] + accm[t][2]) + (accm[t][1] + accm[t][3]));
 }
 
 /* Q5_K: as Q4_K, but the min term is one exact integer per super-block, added
  * with fma(dmin, isum, summs) (llama.cpp's AVX2 kernel as its x86 build compiles it) */
-static void vec_dot_q5_K(int64_t n, float *s, const void *vw, const void *vx) {
+static void dots_q5_K(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
     const pi_block_q5_K *w = vw;
-    const pi_block_q8_K *x = vx;
-    float acc[8] = {0}, summs = 0.0f;
+    float acc[TOK][8] = {{0}}, summs[TOK] = {0};
     for (int64_t i = 0; i < n / PI_QK_K; i++) {
         uint8_t q[PI_QK_K], sc[8], mn[8];
-        int32_t sc16[16], lane[8];
+        int32_t sc16[16];
         pi_decode_q5_K(&w[i], q);
         pi_decode_k4_scales(w[i].scales, sc, mn);
         for (int j = 0; j < 16; j++) sc16[j] = sc[j / 2];
-        k_lanes(q, x[i].qs, sc16, lane);
-        fma_lanes(acc, lane, x[i].d * pi_fp16_to_fp32(w[i].d));
-        int32_t isum = 0;
-        for (int j = 0; j < 8; j++) isum += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-        summs = fmaf(-x[i].d * pi_fp16_to_fp32(w[i].dmin), (float)isum, summs);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_K *a = (const pi_block_q8_K *)(x + t * xrow) + i;
+            int32_t lane[8];
+            k_lanes(q, a->qs, sc16, lane);
+            fma_lanes(acc[t], lane, a->d * pi_fp16_to_fp32(w[i].d));
+            int32_t isum = 0;
+            for (int j = 0; j < 8; j++) isum += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+            summs[t] = fmaf(-a->d * pi_fp16_to_fp32(w[i].dmin), (float)isum, summs[t]);
+        }
     }
-    *s = hsum8(acc) + summs;
+    for (int t = 0; t < nt; t++) s[t * lds] = hsum8(acc[t]) + summs[t];
 }
 
 /* Q6_K: lanes over the unsigned 6-bit values u = q + 32, and the offset taken out
  * per lane from the activation sums: lane l loses 32 * (scale * sum) of the two
  * 16-element groups of chunk l (llama.cpp's AVX2 split, so the lanes round alike) */
-static void vec_dot_q6_K(int64_t n, float *s, const void *vw, const void *vx) {
+static void dots_q6_K(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
     const pi_block_q6_K *w = vw;
-    const pi_block_q8_K *x = vx;
-    float acc[8] = {0};
+    float acc[TOK][8] = {{0}};
     for (int64_t i = 0; i < n / PI_QK_K; i++) {
         int8_t q[PI_QK_K];
         uint8_t u[PI_QK_K];
-        int32_t sc16[16], lane[8];
+        int32_t sc16[16];
         pi_decode_q6_K(&w[i], q);
         for (int e = 0; e < PI_QK_K; e++) u[e] = (uint8_t)(q[e] + 32);
         for (int j = 0; j < 16; j++) sc16[j] = w[i].scales[j];
-        k_lanes(u, x[i].qs, sc16, lane);
-        for (int l = 0; l < 8; l++)
-            lane[l] -= 32 * (sc16[2 * l] * x[i].bsums[2 * l] + sc16[2 * l + 1] * x[i].bsums[2 * l + 1]);
-        fma_lanes(acc, lane, x[i].d * pi_fp16_to_fp32(w[i].d));
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_K *a = (const pi_block_q8_K *)(x + t * xrow) + i;
+            int32_t lane[8];
+            k_lanes(u, a->qs, sc16, lane);
+            for (int l = 0; l < 8; l++)
+                lane[l] -= 32 * (sc16[2 * l] * a->bsums[2 * l] + sc16[2 * l + 1] * a->bsums[2 * l + 1]);
+            fma_lanes(acc[t], lane, a->d * pi_fp16_to_fp32(w[i].d));
+        }
     }
-    *s = hsum8(acc);
+    for (int t = 0; t < nt; t++) s[t * lds] = hsum8(acc[t]);
 }
+
+/* the row dot (decode) and the tiled product (prefill: TOK tokens per pass over a row) */
+#define DEFINE_DOTS(T)                                                                              \
+    static void vec_dot_##T(int64_t n, float *s, const void *vw, const void *vx) {                 \
+        dots_##T(n, 1, s, 0, vw, vx, 0);                                                            \
+    }                                                                                               \
+    static void matmul_tiles_##T(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,  \
+                                 const void *vw, int64_t wrow, const void *vx, int64_t xrow) {      \
+        for (int64_t t = 0; t < n_tok; t += TOK)                                                    \
+            for (int64_t r = 0; r < n_rows; r++)                                                    \
+                dots_##T(n, n_tok - t < TOK ? (int)(n_tok - t) : TOK, y + t * ldy + r, ldy,          \
+                         (const char *)vw + r * wrow, (const char *)vx + t * xrow, xrow);           \
+    }
+DEFINE_DOTS(q5_0)
+DEFINE_DOTS(q4_K)
+DEFINE_DOTS(q5_K)
+DEFINE_DOTS(q6_K)
 
 /* ---- activation conversion ----------------------------------------------------- */
 

@@ -31,6 +31,13 @@
                 [PI_TYPE_Q8_1] = from_float_q8_1,                                                   \
                 [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,                                              \
             },                                                                                      \
+        .matmul_tiles =                                                                             \
+            {                                                                                       \
+                [PI_TYPE_Q5_0] = matmul_tiles_q5_0,                                                 \
+                [PI_TYPE_Q4_K] = matmul_tiles_q4_K,                                                 \
+                [PI_TYPE_Q5_K] = matmul_tiles_q5_K,                                                 \
+                [PI_TYPE_Q6_K] = matmul_tiles_q6_K,                                                 \
+            },                                                                                      \
         .softmax = SOFTMAX,                                                                         \
         .down_tiles = TILES,                                                                        \
     }

@@ -237,13 +237,34 @@ static inline void k4_scales(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8]
     memcpy(mn + 4, &m_hi, 4);
 }
 
-/* min term lanes (4 int32): mins[2m] * chunk sum 2m + mins[2m+1] * chunk sum 2m+1 */
-static inline __m128i k4_min_lanes(const uint8_t mn[8], const int16_t *bsums) {
-    const __m128i chunk = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
-                                         _mm_loadu_si128((const __m128i *)(bsums + 8)));
+/* the 8 activation sums of 32-element chunks (int16) from a Q8_K block's bsums */
+static inline __m128i k4_chunk_sums(const int16_t *bsums) {
+    return _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums), _mm_loadu_si128((const __m128i *)(bsums + 8)));
+}
+
+/* the 8 mins as int16 */
+static inline __m128i k4_mins16(const uint8_t mn[8]) {
     uint64_t m8;
     memcpy(&m8, mn, 8);
-    return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8)), chunk);
+    return _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8));
+}
+
+/* min term lanes (4 int32): mins[2m] * chunk sum 2m + mins[2m+1] * chunk sum 2m+1 */
+static inline __m128i k4_min_lanes(const uint8_t mn[8], const int16_t *bsums) {
+    return _mm_madd_epi16(k4_mins16(mn), k4_chunk_sums(bsums));
+}
+
+/* the four min lanes summed: Q5_K's exact integer min term */
+static inline int32_t k4_min_isum(__m128i m4l) {
+    m4l = _mm_add_epi32(m4l, _mm_unpackhi_epi64(m4l, m4l));
+    return _mm_cvtsi128_si32(m4l) + _mm_extract_epi32(m4l, 1);
+}
+
+/* the horizontal sum of the four min lanes of Q4_K */
+static inline float k4_min_hsum(__m128 accm) {
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    return _mm_cvtss_f32(accm);
 }
 
 /* 32 quants (unsigned bytes) x 32 activations, times an int16 scale vector */
@@ -272,9 +293,7 @@ static inline void vec_dot_q4_K(int64_t n, float *s, const void *vw, const void 
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
-    *s = hsum256(acc) + _mm_cvtss_f32(accm);
+    *s = hsum256(acc) + k4_min_hsum(accm);
 }
 
 static inline void vec_dot_q5_K(int64_t n, float *s, const void *vw, const void *vx) {
@@ -288,9 +307,7 @@ static inline void vec_dot_q5_K(int64_t n, float *s, const void *vw, const void 
         k4_scales(w[i].scales, sc, mn);
         const float d = x[i].d * pi_fp16_to_fp32(w[i].d), dmin = -x[i].d * pi_fp16_to_fp32(w[i].dmin);
         /* the min term as one exact integer per super-block (see scalar.c) */
-        __m128i m4l = k4_min_lanes(mn, x[i].bsums);
-        m4l = _mm_add_epi32(m4l, _mm_unpackhi_epi64(m4l, m4l));
-        summs = fmaf(dmin, (float)(_mm_cvtsi128_si32(m4l) + _mm_extract_epi32(m4l, 1)), summs);
+        summs = fmaf(dmin, (float)k4_min_isum(k4_min_lanes(mn, x[i].bsums)), summs);
         const __m256i hb = _mm256_loadu_si256((const __m256i *)w[i].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int g = 0; g < 4; g++) {

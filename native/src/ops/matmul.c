@@ -1,6 +1,7 @@
 /* Matrix products for every weight type: the activation is converted once to the
  * weight type's vec_dot type (as llama.cpp does), then each thread takes a
- * contiguous range of output rows and runs the ISA's dot kernel over all tokens. */
+ * contiguous range of output rows and runs the ISA's dot kernel over all tokens, or
+ * for several tokens its tiled kernel where the type has one (same bits). */
 #include <stdlib.h>
 
 #include "pi_internal.h"
@@ -36,12 +37,17 @@ static void matmul_task(void *varg, int ith, int nth) {
         base += w->n_rows;
         if (r0 >= r1) continue;
         const pi_vec_dot_fn dot = j->isa->vec_dot[w->type];
+        const pi_matmul_tiles_fn tiles = j->n_tok > 1 ? j->isa->matmul_tiles[w->type] : NULL;
         const int64_t wrow = pi_row_size(w->type, w->n_cols);
         const char *wd = w->data;
         float *y = j->outs[o].y;
         const int64_t ldy = j->outs[o].ldy;
         for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
             const int64_t re = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;
+            if (tiles != NULL) { /* the same bits as the loop below, several rows x tokens at a time */
+                tiles(w->n_cols, re - rt, j->n_tok, y + rt, ldy, wd + rt * wrow, wrow, j->xq, j->xq_row);
+                continue;
+            }
             for (int64_t t = 0; t < j->n_tok; t++) {
                 const void *xt = (const char *)j->xq + t * j->xq_row;
                 for (int64_t r = rt; r < re; r++) dot(w->n_cols, &y[t * ldy + r], wd + r * wrow, xt);
@@ -112,4 +118,9 @@ int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int
     pi_matmul_multi(pool, &o, 1, x, n_tok, scratch);
     free(scratch);
     return PI_OK;
+}
+
+int pi_matmul_has_tiles(int32_t type) {
+    const pi_type_traits *t = pi_type_get(type);
+    return t != NULL && pi_type_is_weight(type) && pi_isa_current()->matmul_tiles[type] != NULL;
 }
