@@ -1,5 +1,6 @@
-"""The tiled prefill kernels of Q5_0 and the K-quants (several weight rows x several
-tokens per step, isa/x86_tiles.h and scalar.c) against the row dot of decode: a batch of
+"""The tiled kernels of prefill and batched decode (several weight rows x several tokens
+per step, isa/x86_tiles.h and scalar.c; Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants)
+against the row dot of decode: a batch of
 tokens must give every token the same float bits as that token alone (pi_op_matmul with
 one token runs the row dot), on every instruction-set path this CPU has, for shapes
 whose rows, tokens and n_cols are not multiples of the tile (rows x tokens: scalar 1 x 4,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
+from gguf import quants
 
 from powerinfer_backend import _native
 
@@ -19,10 +21,31 @@ from tests.fixtures.ggml import ggml_base
 
 ffi, lib = _native.ffi, _native.lib
 
-TYPES = ("Q5_0", "Q4_K", "Q5_K", "Q6_K")
-# (n_rows, n_cols, n_tok): n_cols in super-blocks of 256 (K-quants) or blocks of 32 (Q5_0)
+TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
+BLOCK32 = ("Q4_0", "Q4_1", "Q8_0", "Q5_0")  # blocks of 32, scales d (and Q4_1's m) as F16
+# (n_rows, n_cols, n_tok): n_cols in super-blocks of 256 (K-quants) or blocks of 32; the
+# 32-block shapes add 4 tokens (serve --parallel 4) and 17 (two full AVX tiles and one)
+# and SmolLM2's n_embd, 576
 SHAPES = {"K": [(1, 256, 2), (5, 768, 3), (37, 512, 9), (18, 1280, 6)],
-          "Q5_0": [(1, 32, 2), (7, 96, 5), (37, 640, 9), (18, 288, 4)]}
+          "32": [(1, 32, 2), (7, 96, 5), (37, 640, 9), (18, 288, 4), (20, 576, 17)]}
+
+
+def block32_weights(tname: str, n_rows: int, n_cols: int, real: bool) -> np.ndarray:
+    """Quantized bytes (n_rows, row bytes): real = gguf's quantizer on Gaussian weights
+    with outliers; else random quants (every nibble, Q8_0's -128) with small finite F16
+    scales, Q4_1's m of either sign."""
+    t = GT[tname]
+    rng = np.random.default_rng(n_rows * 7919 + n_cols * 31 + int(t) * 2 + real)
+    if real:
+        w = (rng.standard_normal((n_rows, n_cols)) * 0.05).astype(np.float32)
+        w[:, ::29] *= 6
+        return quants.quantize(w, t)
+    block, tsize = quants.GGML_QUANT_SIZES[t]
+    b = rng.integers(0, 256, size=(n_rows, n_cols // block, tsize), dtype=np.uint8)
+    b[..., 0:2] = rng.uniform(0.002, 0.01, size=b.shape[:2]).astype("<f2")[..., None].view(np.uint8)
+    if tname == "Q4_1":
+        b[..., 2:4] = rng.uniform(-0.02, 0.02, size=b.shape[:2]).astype("<f2")[..., None].view(np.uint8)
+    return b.reshape(n_rows, -1)
 
 
 @pytest.fixture(params=["scalar", "avx2", "avx512"])
@@ -40,11 +63,14 @@ def each_isa(request):
 def test_tiles_bit_identical_to_row_dot(pool, each_isa, tname):
     isa = each_isa
     assert lib.pi_matmul_has_tiles(int(GT[tname])) == 1, f"{isa}: no tiled {tname} kernel"
-    for n_rows, n_cols, n_tok in SHAPES["Q5_0" if tname == "Q5_0" else "K"]:
+    for n_rows, n_cols, n_tok in SHAPES["32" if tname in BLOCK32 else "K"]:
         for real in (False, True):
-            if real and tname != "Q5_0" and ggml_base() is None:
+            if tname in BLOCK32:
+                wq = block32_weights(tname, n_rows, n_cols, real)
+            elif real and ggml_base() is None:
                 continue  # real K-quant weights need llama-cpp-python's libggml-base
-            _, wq = weights(tname, n_rows, n_cols, real=real)
+            else:
+                _, wq = weights(tname, n_rows, n_cols, real=real)
             x = activations(n_tok, n_cols, n_rows + 7 * n_tok)
             batch = native_matmul(pool, GT[tname], wq, n_rows, n_cols, x)
             rows = np.concatenate([native_matmul(pool, GT[tname], wq, n_rows, n_cols, x[t:t + 1])

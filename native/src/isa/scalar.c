@@ -124,95 +124,99 @@ static inline void fma_lanes(float acc[8], const int32_t lane[8], float d) {
     for (int l = 0; l < 8; l++) acc[l] = fmaf((float)lane[l], d, acc[l]);
 }
 
-/* The 8 lane sums of a 4-bit block: weight element j < 16 is the low nibble of
- * qw[j], element j >= 16 the high nibble of qw[j - 16], each minus `offset` (8 for
- * Q4_0, 0 for Q4_1); lanes 0-3 hold the low nibbles, 4-7 the high ones */
-static inline void nibble_lanes(const uint8_t *qw, const int8_t *qx, int32_t offset, int32_t lane[8]) {
-    for (int l = 0; l < 4; l++) {
-        int32_t lo = 0, hi = 0;
-        for (int k = 4 * l; k < 4 * l + 4; k++) {
-            lo += ((int32_t)(qw[k] & 0x0F) - offset) * qx[k];
-            hi += ((int32_t)(qw[k] >> 4) - offset) * qx[k + PI_QK / 2];
-        }
-        lane[l] = lo;
-        lane[l + 4] = hi;
-    }
-}
-
-/* Q4_0 weights x Q8_0 activations: w = d * (nibble - 8) */
-static void vec_dot_q4_0(int64_t n, float *s, const void *vw, const void *vx) {
-    const pi_block_q4_0 *w = vw;
-    const pi_block_q8_0 *x = vx;
-    const int64_t nb = n / PI_QK;
-    float acc[8] = {0};
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t lane[8];
-        nibble_lanes(w[i].qs, x[i].qs, 8, lane);
-        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
-    }
-    *s = hsum8(acc);
-}
-
-/* Q4_1 weights x Q8_1 activations: w = d * nibble + m */
-static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) {
-    const pi_block_q4_1 *w = vw;
-    const pi_block_q8_1 *x = vx;
-    const int64_t nb = n / PI_QK;
-    float acc[8] = {0}, accm = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t lane[8];
-        nibble_lanes(w[i].qs, x[i].qs, 0, lane);
-        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
-        accm = fmaf(pi_fp16_to_fp32(w[i].m), pi_fp16_to_fp32(x[i].s), accm);
-    }
-    *s = hsum8(acc) + accm;
-}
-
-/* Q8_0 weights x Q8_0 activations */
-static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) {
-    const pi_block_q8_0 *w = vw;
-    const pi_block_q8_0 *x = vx;
-    const int64_t nb = n / PI_QK;
-    float acc[8] = {0};
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t lane[8];
-        for (int l = 0; l < 8; l++) {
-            int32_t v = 0;
-            for (int k = 4 * l; k < 4 * l + 4; k++) v += (int32_t)w[i].qs[k] * x[i].qs[k];
-            lane[l] = v;
-        }
-        fma_lanes(acc, lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(x[i].d));
-    }
-    *s = hsum8(acc);
-}
-
-/* The Q5_0 and K-quant products for 1..TOK tokens against one weight row: the row's
- * blocks are decoded once for all the tokens (the tiled prefill kernel), and each
- * token's result s[t * lds] takes exactly the float operations of a one-token call (the
- * row dot), so a token gives the same bits in a batch as in decode. Token t's
- * activation row is at x + t * xrow. */
+/* The Q8_0 / Q8_1 products for 1..TOK tokens against one weight row (and the Q5_0 and
+ * K-quant ones below): the row's blocks are decoded once for all the tokens (the tiled
+ * prefill kernel), and each token's result s[t * lds] takes exactly the float operations
+ * of a one-token call (the row dot), so a token gives the same bits in a batch as in
+ * decode. Token t's activation row is at x + t * xrow. */
 #define TOK 4
 
-/* Q5_0 weights x Q8_0 activations: w = d * (5-bit value - 16) */
-static void dots_q5_0(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
-    const pi_block_q5_0 *w = vw;
-    const int64_t nb = n / PI_QK;
+/* The 8 lane sums of a block: lane l = elements 4l..4l+3 of q times those of qx (exact) */
+static inline void block_lanes(const int8_t q[PI_QK], const int8_t *qx, int32_t lane[8]) {
+    for (int l = 0; l < 8; l++) {
+        int32_t v = 0;
+        for (int k = 4 * l; k < 4 * l + 4; k++) v += (int32_t)q[k] * qx[k];
+        lane[l] = v;
+    }
+}
+
+/* 4-bit block: element j < 16 is the low nibble of qs[j], element j >= 16 the high
+ * nibble of qs[j - 16], each minus `offset` (8 for Q4_0, 0 for Q4_1) */
+static inline void decode_nibbles(const uint8_t *qs, int32_t offset, int8_t q[PI_QK]) {
+    for (int k = 0; k < PI_QK / 2; k++) {
+        q[k] = (int8_t)((qs[k] & 0x0F) - offset);
+        q[k + PI_QK / 2] = (int8_t)((qs[k] >> 4) - offset);
+    }
+}
+
+/* block i of a row of weights with Q8_0 activations -> its 32 values; returns its d */
+typedef float (*decode_block_fn)(const void *row, int64_t i, int8_t q[PI_QK]);
+
+static inline float decode_q4_0(const void *row, int64_t i, int8_t q[PI_QK]) { /* w = d * (nibble - 8) */
+    const pi_block_q4_0 *b = (const pi_block_q4_0 *)row + i;
+    decode_nibbles(b->qs, 8, q);
+    return pi_fp16_to_fp32(b->d);
+}
+
+static inline float decode_q5_0(const void *row, int64_t i, int8_t q[PI_QK]) { /* w = d * (5-bit value - 16) */
+    const pi_block_q5_0 *b = (const pi_block_q5_0 *)row + i;
+    pi_decode_q5_0(b, q);
+    return pi_fp16_to_fp32(b->d);
+}
+
+static inline float decode_q8_0(const void *row, int64_t i, int8_t q[PI_QK]) {
+    const pi_block_q8_0 *b = (const pi_block_q8_0 *)row + i;
+    memcpy(q, b->qs, PI_QK);
+    return pi_fp16_to_fp32(b->d);
+}
+
+/* weights x Q8_0 activations: per block fma(lane, d_w * d_x, acc[lane]) (inlined for
+ * each decoder, a constant at every call) */
+static inline void dots_x_q8_0(int64_t n, int nt, float *s, int64_t lds, const void *vw, decode_block_fn decode,
+                               const char *x, int64_t xrow) {
     float acc[TOK][8] = {{0}};
-    for (int64_t i = 0; i < nb; i++) {
+    for (int64_t i = 0; i < n / PI_QK; i++) {
         int8_t q[PI_QK];
-        pi_decode_q5_0(&w[i], q);
+        const float dw = decode(vw, i, q);
         for (int t = 0; t < nt; t++) {
             const pi_block_q8_0 *a = (const pi_block_q8_0 *)(x + t * xrow) + i;
             int32_t lane[8];
-            for (int l = 0; l < 8; l++) {
-                int32_t v = 0;
-                for (int k = 4 * l; k < 4 * l + 4; k++) v += (int32_t)q[k] * a->qs[k];
-                lane[l] = v;
-            }
-            fma_lanes(acc[t], lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(a->d));
+            block_lanes(q, a->qs, lane);
+            fma_lanes(acc[t], lane, dw * pi_fp16_to_fp32(a->d));
         }
     }
     for (int t = 0; t < nt; t++) s[t * lds] = hsum8(acc[t]);
+}
+
+static void dots_q4_0(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
+    dots_x_q8_0(n, nt, s, lds, vw, decode_q4_0, x, xrow);
+}
+
+static void dots_q5_0(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
+    dots_x_q8_0(n, nt, s, lds, vw, decode_q5_0, x, xrow);
+}
+
+static void dots_q8_0(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
+    dots_x_q8_0(n, nt, s, lds, vw, decode_q8_0, x, xrow);
+}
+
+/* Q4_1 weights x Q8_1 activations: w = d * nibble + m; the min term fma(m_w, s_x, accm)
+ * per block, added last */
+static void dots_q4_1(int64_t n, int nt, float *s, int64_t lds, const void *vw, const char *x, int64_t xrow) {
+    const pi_block_q4_1 *w = vw;
+    float acc[TOK][8] = {{0}}, accm[TOK] = {0};
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        int8_t q[PI_QK];
+        decode_nibbles(w[i].qs, 0, q);
+        for (int t = 0; t < nt; t++) {
+            const pi_block_q8_1 *a = (const pi_block_q8_1 *)(x + t * xrow) + i;
+            int32_t lane[8];
+            block_lanes(q, a->qs, lane);
+            fma_lanes(acc[t], lane, pi_fp16_to_fp32(w[i].d) * pi_fp16_to_fp32(a->d));
+            accm[t] = fmaf(pi_fp16_to_fp32(w[i].m), pi_fp16_to_fp32(a->s), accm[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) s[t * lds] = hsum8(acc[t]) + accm[t];
 }
 
 /* K-quants x Q8_K. The 8 lanes of a super-block: lane l sums, over the eight
@@ -322,6 +326,9 @@ static void dots_q6_K(int64_t n, int nt, float *s, int64_t lds, const void *vw, 
                 dots_##T(n, n_tok - t < TOK ? (int)(n_tok - t) : TOK, y + t * ldy + r, ldy,          \
                          (const char *)vw + r * wrow, (const char *)vx + t * xrow, xrow);           \
     }
+DEFINE_DOTS(q4_0)
+DEFINE_DOTS(q4_1)
+DEFINE_DOTS(q8_0)
 DEFINE_DOTS(q5_0)
 DEFINE_DOTS(q4_K)
 DEFINE_DOTS(q5_K)

@@ -33,6 +33,9 @@
             },                                                                                      \
         .matmul_tiles =                                                                             \
             {                                                                                       \
+                [PI_TYPE_Q4_0] = matmul_tiles_q4_0,                                                 \
+                [PI_TYPE_Q4_1] = matmul_tiles_q4_1,                                                 \
+                [PI_TYPE_Q8_0] = matmul_tiles_q8_0,                                                 \
                 [PI_TYPE_Q5_0] = matmul_tiles_q5_0,                                                 \
                 [PI_TYPE_Q4_K] = matmul_tiles_q4_K,                                                 \
                 [PI_TYPE_Q5_K] = matmul_tiles_q5_K,                                                 \

@@ -1,5 +1,6 @@
-/* Tiled K-quant and Q5_0 products for prefill, shared by avx2.c and avx512.c (include
- * after x86_256.h, whose helpers they use; compiled under the including file's target).
+/* Tiled products for prefill and batched decode (Q4_0, Q4_1, Q5_0, Q8_0, the K-quants),
+ * shared by avx2.c and avx512.c (include after x86_256.h, whose helpers they use;
+ * compiled under the including file's target).
  *
  * One kernel call covers n_rows weight rows x n_tok tokens (pi_matmul_tiles_fn) in tiles
  * of PI_TILE_R rows x PI_TILE_T tokens (set by the including file: AVX-512 has 32 ymm
@@ -197,13 +198,21 @@ PI_TILE_INLINE void q6_K_tile(const int R, const int T, int64_t n, float *y, int
         PI_UNROLL for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
 }
 
-/* ---- Q5_0 ---------------------------------------------------------------------------- */
+/* ---- Q4_0 / Q5_0 / Q4_1 / Q8_0 (blocks of 32, one FMA per block) ------------------ */
 
-/* As vec_dot_q5_0: per block d4 = dot4(q, y) - dot4(16, y) (exact int32; the second
- * term is the token's alone, computed once per tile), then fma(d4, d_w * d_x, acc). */
-PI_TILE_INLINE void q5_0_tile(const int R, const int T, int64_t n, float *y, int64_t ldy, const char *wp,
-                              int64_t wrow, const char *xp, int64_t xrow) {
-    const __m256i sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+/* The 32 weight bytes of block i of a row: Q4_0 nibbles, Q5_0 with bit 4 from qh */
+PI_TILE_INLINE __m256i offset_bytes(const int Q5, const char *row, int64_t i) {
+    return Q5 ? q5_0_bytes((const pi_block_q5_0 *)row + i) : unpack_nibbles(((const pi_block_q4_0 *)row + i)->qs);
+}
+
+/* As vec_dot_q4_0 / vec_dot_q5_0: per block d4 = dot4(q, y) - dot4(off, y) (exact int32;
+ * the second term is the token's alone, computed once per tile), then
+ * fma(d4, d_w * d_x, acc). Q5 = 1: Q5_0 (offset 16), else Q4_0 (offset 8). Both block
+ * types start with d. */
+PI_TILE_INLINE void offset_tile(const int Q5, const int R, const int T, int64_t n, float *y, int64_t ldy,
+                                const char *wp, int64_t wrow, const char *xp, int64_t xrow) {
+    const __m256i off = _mm256_set1_epi8(Q5 ? 16 : 8), ones = _mm256_set1_epi16(1);
+    const int64_t bsize = Q5 ? (int64_t)sizeof(pi_block_q5_0) : (int64_t)sizeof(pi_block_q4_0);
     __m256 acc[PI_TILE_R][PI_TILE_T];
     PI_UNROLL for (int r = 0; r < R; r++)
         PI_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
@@ -211,18 +220,105 @@ PI_TILE_INLINE void q5_0_tile(const int R, const int T, int64_t n, float *y, int
         __m256i q[PI_TILE_R];
         __m256 dw[PI_TILE_R];
         PI_UNROLL for (int r = 0; r < R; r++) {
-            const pi_block_q5_0 *b = (const pi_block_q5_0 *)(wp + r * wrow) + i;
-            q[r] = q5_0_bytes(b);
-            dw[r] = _mm256_set1_ps(_cvtsh_ss(b->d));
+            q[r] = offset_bytes(Q5, wp + r * wrow, i);
+            dw[r] = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(wp + r * wrow + i * bsize)));
             __asm__("" : "+x"(dw[r])); /* one vmulps per (r, t) below, not a scalar multiply and a broadcast */
         }
         PI_UNROLL for (int t = 0; t < T; t++) {
             const pi_block_q8_0 *a = (const pi_block_q8_0 *)(xp + t * xrow) + i;
             const __m256i yq = _mm256_loadu_si256((const __m256i *)a->qs);
-            const __m256i y16 = _mm256_maddubs_epi16(sixteen, yq);
+            const __m256i yo = _mm256_maddubs_epi16(off, yq);
             const __m256 dx = _mm256_set1_ps(_cvtsh_ss(a->d));
             PI_UNROLL for (int r = 0; r < R; r++) {
-                const __m256i d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q[r], yq), y16), ones);
+                const __m256i d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q[r], yq), yo), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+            }
+        }
+    }
+    PI_UNROLL for (int r = 0; r < R; r++)
+        PI_UNROLL for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
+}
+
+PI_TILE_INLINE void q4_0_tile(const int R, const int T, int64_t n, float *y, int64_t ldy, const char *wp,
+                              int64_t wrow, const char *xp, int64_t xrow) {
+    offset_tile(0, R, T, n, y, ldy, wp, wrow, xp, xrow);
+}
+
+PI_TILE_INLINE void q5_0_tile(const int R, const int T, int64_t n, float *y, int64_t ldy, const char *wp,
+                              int64_t wrow, const char *xp, int64_t xrow) {
+    offset_tile(1, R, T, n, y, ldy, wp, wrow, xp, xrow);
+}
+
+#if PI_TILE_T > 8
+#error "x86_tiles.h: q4_1_tile keeps a tile's tokens in the 8 lanes of one register"
+#endif
+
+/* As vec_dot_q4_1: acc gets fma(dot4(q, y), d_w * d_x, acc) per block and the min term
+ * fma(m_w, s_x, accm) in order, added last. The min terms of a row's T tokens are the T
+ * lanes of one register (lane-wise FMAs: the same float operations as one per token). */
+PI_TILE_INLINE void q4_1_tile(const int R, const int T, int64_t n, float *y, int64_t ldy, const char *wp,
+                              int64_t wrow, const char *xp, int64_t xrow) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[PI_TILE_R][PI_TILE_T], accm[PI_TILE_R];
+    PI_UNROLL for (int r = 0; r < R; r++) {
+        accm[r] = _mm256_setzero_ps();
+        PI_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        const pi_block_q8_1 *a[PI_TILE_T];
+        PI_UNROLL for (int t = 0; t < T; t++) a[t] = (const pi_block_q8_1 *)(xp + t * xrow) + i;
+#define S_(t) (short)((t) < T ? a[(t) < T ? (t) : 0]->s : 0)
+        const __m256 sx = _mm256_cvtph_ps(_mm_setr_epi16(S_(0), S_(1), S_(2), S_(3), S_(4), S_(5), S_(6), S_(7)));
+#undef S_
+        __m256i q[PI_TILE_R];
+        __m256 dw[PI_TILE_R];
+        PI_UNROLL for (int r = 0; r < R; r++) {
+            const pi_block_q4_1 *b = (const pi_block_q4_1 *)(wp + r * wrow) + i;
+            q[r] = unpack_nibbles(b->qs);
+            dw[r] = _mm256_set1_ps(_cvtsh_ss(b->d));
+            __asm__("" : "+x"(dw[r]));
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b->m)), sx, accm[r]);
+        }
+        PI_UNROLL for (int t = 0; t < T; t++) {
+            const __m256i yq = _mm256_loadu_si256((const __m256i *)a[t]->qs);
+            const __m256 dx = _mm256_set1_ps(_cvtsh_ss(a[t]->d));
+            PI_UNROLL for (int r = 0; r < R; r++) {
+                const __m256i d4 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], yq), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_mul_ps(dw[r], dx), acc[r][t]);
+            }
+        }
+    }
+    PI_UNROLL for (int r = 0; r < R; r++) {
+        float m[8];
+        _mm256_storeu_ps(m, accm[r]);
+        PI_UNROLL for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]) + m[t];
+    }
+}
+
+/* As vec_dot_q8_0: s8 x s8 as |w| (u8) x (y with the sign of w), the same saturating
+ * int16 steps, then fma(d4, d_w * d_x, acc) per block */
+PI_TILE_INLINE void q8_0_tile(const int R, const int T, int64_t n, float *y, int64_t ldy, const char *wp,
+                              int64_t wrow, const char *xp, int64_t xrow) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[PI_TILE_R][PI_TILE_T];
+    PI_UNROLL for (int r = 0; r < R; r++)
+        PI_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / PI_QK; i++) {
+        __m256i q[PI_TILE_R], aq[PI_TILE_R];
+        __m256 dw[PI_TILE_R];
+        PI_UNROLL for (int r = 0; r < R; r++) {
+            const pi_block_q8_0 *b = (const pi_block_q8_0 *)(wp + r * wrow) + i;
+            q[r] = load_reg256(b->qs);
+            aq[r] = _mm256_abs_epi8(q[r]);
+            dw[r] = _mm256_set1_ps(_cvtsh_ss(b->d));
+            __asm__("" : "+x"(dw[r]));
+        }
+        PI_UNROLL for (int t = 0; t < T; t++) {
+            const pi_block_q8_0 *a = (const pi_block_q8_0 *)(xp + t * xrow) + i;
+            const __m256i yq = _mm256_loadu_si256((const __m256i *)a->qs);
+            const __m256 dx = _mm256_set1_ps(_cvtsh_ss(a->d));
+            PI_UNROLL for (int r = 0; r < R; r++) {
+                const __m256i d4 = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[r], _mm256_sign_epi8(yq, q[r])), ones);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_mul_ps(dw[r], dx), acc[r][t]);
             }
         }
@@ -235,5 +331,8 @@ PI_DEFINE_TILES(matmul_tiles_q4_K, q4_K_tile)
 PI_DEFINE_TILES(matmul_tiles_q5_K, q5_K_tile)
 PI_DEFINE_TILES(matmul_tiles_q6_K, q6_K_tile)
 PI_DEFINE_TILES(matmul_tiles_q5_0, q5_0_tile)
+PI_DEFINE_TILES(matmul_tiles_q4_0, q4_0_tile)
+PI_DEFINE_TILES(matmul_tiles_q4_1, q4_1_tile)
+PI_DEFINE_TILES(matmul_tiles_q8_0, q8_0_tile)
 
 #endif /* PI_ISA_X86_TILES_H */
