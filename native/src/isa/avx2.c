@@ -9,8 +9,13 @@
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
-#define PI_TILE_R 1 /* tile rows x tokens (16 ymm registers; measured: 1 x 8 beat 2 x 4 by 8-30% on K-quants) */
+/* Tile shapes, rows x tokens (16 ymm registers), measured: 1 x 8 beat 2 x 4 by 8-30% on
+ * the K-quants and ~10-20% on Q5_0 and Q8_0 (two registers per row); 2 x 4 beat 1 x 8 by
+ * ~12% on Q4_0 and Q4_1 (their per-token scale work shared by two rows) */
+#define PI_TILE_R 2 /* array bounds */
 #define PI_TILE_T 8
+#define PI_TILES_WIDE 1, 8 /* K-quants, Q5_0, Q8_0 */
+#define PI_TILES_NIBBLE 2, 4 /* Q4_0, Q4_1 */
 #include "x86_tiles.h"
 #include "table.h"
 

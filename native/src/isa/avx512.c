@@ -23,6 +23,8 @@
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
 #define PI_TILE_R 2 /* tile rows x tokens (32 ymm registers; not measured on an AVX-512 host yet) */
 #define PI_TILE_T 8
+#define PI_TILES_WIDE 2, 8 /* every type */
+#define PI_TILES_NIBBLE 2, 8
 #include "x86_tiles.h"
 #include "table.h"
 

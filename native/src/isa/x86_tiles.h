@@ -17,8 +17,8 @@
 #ifndef PI_ISA_X86_TILES_H
 #define PI_ISA_X86_TILES_H
 
-#ifndef PI_TILE_R
-#error "x86_tiles.h: define PI_TILE_R and PI_TILE_T (rows and tokens per tile) first"
+#if !defined(PI_TILE_R) || !defined(PI_TILES_WIDE) || !defined(PI_TILES_NIBBLE)
+#error "x86_tiles.h: define PI_TILE_R, PI_TILE_T (most rows, tokens per tile) and the shapes first"
 #endif
 
 #define PI_TILE_INLINE static inline __attribute__((always_inline))
@@ -26,29 +26,31 @@
 #define PI_UNROLL _Pragma("GCC unroll 16")
 
 /* The tile driver of a kernel KERNEL(R, T, n, y, ldy, w, wrow, x, xrow): y[t * ldy + r]
- * for r < n_rows, t < n_tok; w rows wrow bytes apart, token rows xrow bytes apart.
+ * for r < n_rows, t < n_tok; w rows wrow bytes apart, token rows xrow bytes apart. SHAPE
+ * is "rows, tokens" of a full tile (at most PI_TILE_R x PI_TILE_T, the array bounds).
  * Tokens outer: a call's rows (a few KiB) stay in L1 while its tokens stream. */
-#define PI_DEFINE_TILES(NAME, KERNEL)                                                              \
+#define PI_DEFINE_TILES(NAME, KERNEL, SHAPE) PI_DEFINE_TILES_(NAME, KERNEL, SHAPE)
+#define PI_DEFINE_TILES_(NAME, KERNEL, TR, TT)                                                     \
     static void NAME(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw, \
                      int64_t wrow, const void *vx, int64_t xrow) {                                 \
         const char *w = vw, *x = vx;                                                               \
-        for (int64_t t = 0; t < n_tok; t += PI_TILE_T) {                                           \
-            const int64_t nt = n_tok - t < PI_TILE_T ? n_tok - t : PI_TILE_T;                      \
-            for (int64_t r = 0; r < n_rows; r += PI_TILE_R) {                                      \
-                const int64_t nr = n_rows - r < PI_TILE_R ? n_rows - r : PI_TILE_R;                \
+        for (int64_t t = 0; t < n_tok; t += TT) {                                                  \
+            const int64_t nt = n_tok - t < TT ? n_tok - t : TT;                                    \
+            for (int64_t r = 0; r < n_rows; r += TR) {                                             \
+                const int64_t nr = n_rows - r < TR ? n_rows - r : TR;                              \
                 float *yo = y + t * ldy + r;                                                       \
                 const char *wr = w + r * wrow, *xt = x + t * xrow;                                 \
-                if (nr == PI_TILE_R && nt == PI_TILE_T) {                                          \
-                    KERNEL(PI_TILE_R, PI_TILE_T, n, yo, ldy, wr, wrow, xt, xrow);                  \
-                } else if (nr == PI_TILE_R) {                                                      \
+                if (nr == TR && nt == TT) {                                                        \
+                    KERNEL(TR, TT, n, yo, ldy, wr, wrow, xt, xrow);                                \
+                } else if (nr == TR) {                                                             \
                     int64_t k = 0;                                                                 \
-                    for (; k + PI_TILE_T / 2 <= nt; k += PI_TILE_T / 2)                            \
-                        KERNEL(PI_TILE_R, PI_TILE_T / 2, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow); \
+                    for (; k + TT / 2 <= nt; k += TT / 2)                                          \
+                        KERNEL(TR, TT / 2, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow);   \
                     for (; k < nt; k++)                                                            \
-                        KERNEL(PI_TILE_R, 1, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow); \
-                } else if (nt == PI_TILE_T) {                                                      \
+                        KERNEL(TR, 1, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow);        \
+                } else if (nt == TT) {                                                             \
                     for (int64_t j = 0; j < nr; j++)                                               \
-                        KERNEL(1, PI_TILE_T, n, yo + j, ldy, wr + j * wrow, wrow, xt, xrow);       \
+                        KERNEL(1, TT, n, yo + j, ldy, wr + j * wrow, wrow, xt, xrow);              \
                 } else {                                                                           \
                     for (int64_t k = 0; k < nt; k++)                                               \
                         for (int64_t j = 0; j < nr; j++)                                           \
@@ -327,12 +329,12 @@ PI_TILE_INLINE void q8_0_tile(const int R, const int T, int64_t n, float *y, int
         PI_UNROLL for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
 }
 
-PI_DEFINE_TILES(matmul_tiles_q4_K, q4_K_tile)
-PI_DEFINE_TILES(matmul_tiles_q5_K, q5_K_tile)
-PI_DEFINE_TILES(matmul_tiles_q6_K, q6_K_tile)
-PI_DEFINE_TILES(matmul_tiles_q5_0, q5_0_tile)
-PI_DEFINE_TILES(matmul_tiles_q4_0, q4_0_tile)
-PI_DEFINE_TILES(matmul_tiles_q4_1, q4_1_tile)
-PI_DEFINE_TILES(matmul_tiles_q8_0, q8_0_tile)
+PI_DEFINE_TILES(matmul_tiles_q4_K, q4_K_tile, PI_TILES_WIDE)
+PI_DEFINE_TILES(matmul_tiles_q5_K, q5_K_tile, PI_TILES_WIDE)
+PI_DEFINE_TILES(matmul_tiles_q6_K, q6_K_tile, PI_TILES_WIDE)
+PI_DEFINE_TILES(matmul_tiles_q5_0, q5_0_tile, PI_TILES_WIDE)
+PI_DEFINE_TILES(matmul_tiles_q8_0, q8_0_tile, PI_TILES_WIDE)
+PI_DEFINE_TILES(matmul_tiles_q4_0, q4_0_tile, PI_TILES_NIBBLE)
+PI_DEFINE_TILES(matmul_tiles_q4_1, q4_1_tile, PI_TILES_NIBBLE)
 
 #endif /* PI_ISA_X86_TILES_H */
