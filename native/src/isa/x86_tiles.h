@@ -10,10 +10,10 @@
  * row's vec_dot kernel in x86_256.h in the same order (same products, same FMAs, same
  * horizontal sums), so a token's result is the same float in a batch as in decode.
  *
- * Each kernel is an always-inline template over its tile size (R, T constants): the
- * driver runs full tiles, then R x T/2 and R x 1 for the last tokens, 1 x T for the last
- * rows, 1 x 1 for the corner. F16 scales are converted with F16C (_cvtsh_ss: exact, the same floats
- * as pi_fp16_to_fp32 and without its branches). */
+ * Each kernel is an always-inline template over its tile size (R, T constants) that
+ * the driver below instantiates for full tiles and the edges. F16 scales are converted
+ * with F16C (_cvtsh_ss: exact, the same floats as pi_fp16_to_fp32 and without its
+ * branches). */
 #ifndef PI_ISA_X86_TILES_H
 #define PI_ISA_X86_TILES_H
 
@@ -28,9 +28,25 @@
 /* The tile driver of a kernel KERNEL(R, T, n, y, ldy, w, wrow, x, xrow): y[t * ldy + r]
  * for r < n_rows, t < n_tok; w rows wrow bytes apart, token rows xrow bytes apart. SHAPE
  * is "rows, tokens" of a full tile (at most PI_TILE_R x PI_TILE_T, the array bounds).
- * Tokens outer: a call's rows (a few KiB) stay in L1 while its tokens stream. */
+ * Tokens outer: a call's rows (a few KiB) stay in L1 while its tokens stream. The last
+ * tokens go in tiles of T/2, T/4 and 1 (2 or 3 sequences decoding together still share
+ * each row's unpacking), the last rows one at a time. */
 #define PI_DEFINE_TILES(NAME, KERNEL, SHAPE) PI_DEFINE_TILES_(NAME, KERNEL, SHAPE)
 #define PI_DEFINE_TILES_(NAME, KERNEL, TR, TT)                                                     \
+    PI_TILE_INLINE void NAME##_rows(const int R, int64_t n, int64_t nt, float *y, int64_t ldy,    \
+                                    const char *w, int64_t wrow, const char *x, int64_t xrow) {   \
+        if (nt == TT) {                                                                            \
+            KERNEL(R, TT, n, y, ldy, w, wrow, x, xrow);                                            \
+            return;                                                                                \
+        }                                                                                          \
+        int64_t k = 0;                                                                             \
+        for (; k + TT / 2 <= nt; k += TT / 2)                                                      \
+            KERNEL(R, TT / 2, n, y + k * ldy, ldy, w, wrow, x + k * xrow, xrow);                   \
+        if (TT / 4 > 1)                                                                            \
+            for (; k + TT / 4 <= nt; k += TT / 4)                                                  \
+                KERNEL(R, TT / 4 > 1 ? TT / 4 : 1, n, y + k * ldy, ldy, w, wrow, x + k * xrow, xrow); \
+        for (; k < nt; k++) KERNEL(R, 1, n, y + k * ldy, ldy, w, wrow, x + k * xrow, xrow);        \
+    }                                                                                              \
     static void NAME(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw, \
                      int64_t wrow, const void *vx, int64_t xrow) {                                 \
         const char *w = vw, *x = vx;                                                               \
@@ -40,22 +56,11 @@
                 const int64_t nr = n_rows - r < TR ? n_rows - r : TR;                              \
                 float *yo = y + t * ldy + r;                                                       \
                 const char *wr = w + r * wrow, *xt = x + t * xrow;                                 \
-                if (nr == TR && nt == TT) {                                                        \
-                    KERNEL(TR, TT, n, yo, ldy, wr, wrow, xt, xrow);                                \
-                } else if (nr == TR) {                                                             \
-                    int64_t k = 0;                                                                 \
-                    for (; k + TT / 2 <= nt; k += TT / 2)                                          \
-                        KERNEL(TR, TT / 2, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow);   \
-                    for (; k < nt; k++)                                                            \
-                        KERNEL(TR, 1, n, yo + k * ldy, ldy, wr, wrow, xt + k * xrow, xrow);        \
-                } else if (nt == TT) {                                                             \
+                if (nr == TR)                                                                      \
+                    NAME##_rows(TR, n, nt, yo, ldy, wr, wrow, xt, xrow);                           \
+                else                                                                               \
                     for (int64_t j = 0; j < nr; j++)                                               \
-                        KERNEL(1, TT, n, yo + j, ldy, wr + j * wrow, wrow, xt, xrow);              \
-                } else {                                                                           \
-                    for (int64_t k = 0; k < nt; k++)                                               \
-                        for (int64_t j = 0; j < nr; j++)                                           \
-                            KERNEL(1, 1, n, yo + k * ldy + j, ldy, wr + j * wrow, wrow, xt + k * xrow, xrow); \
-                    }                                                                              \
+                        NAME##_rows(1, n, nt, yo + j, ldy, wr + j * wrow, wrow, xt, xrow);         \
             }                                                                                      \
         }                                                                                          \
     }
