@@ -77,7 +77,7 @@ def cmd_calibrate(args) -> int:
                      target_sparsity=args.target_sparsity, tokens=args.tokens, heldout_tokens=args.heldout_tokens,
                      n_ctx=args.ctx, offset_bytes=args.offset_bytes, max_bytes=args.max_bytes, out=args.out,
                      force=args.force, n_threads=args.threads, progress=not args.json,
-                     threshold_on=args.threshold_on)
+                     threshold_on=args.threshold_on, speed_check=not args.no_speed_check)
     if args.json:
         print(json.dumps({"sidecar": str(prof.path), "thresholds": [float(t) for t in prof.thresholds],
                           "layer_sparsity": [float(x) for x in prof.layer_sparsity], **prof.info}))
@@ -255,8 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
     c.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
-    c.add_argument("--threshold-on", choices=("product", "gate"), default="product",
-                   help="threshold |act(gate)*up| (default) or the gate activation |act(gate)| (CATS)")
+    c.add_argument("--threshold-on", choices=("auto", "product", "gate"), default="auto",
+                   help="threshold |act(gate)*up|, the gate activation |act(gate)| (CATS: skips up rows too), or "
+                        "auto (default): try both within the budget and keep the faster decode")
+    c.add_argument("--no-speed-check", action="store_true",
+                   help="skip timing decode dense vs sparse (sparse='auto' then trusts the thresholds)")
     c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
     c.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
