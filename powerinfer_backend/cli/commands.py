@@ -62,7 +62,7 @@ def cmd_train_predictor(args) -> int:
                           heldout_tokens=args.heldout_tokens, n_ctx=args.ctx, offset_bytes=args.offset_bytes,
                           max_bytes=args.max_bytes, out=args.out, force=args.force, n_threads=args.threads,
                           label_sparsity=args.label_sparsity, layers=layers, backend=args.backend,
-                          progress=not args.json)
+                          progress=not args.json, speed_check=not args.no_speed_check)
     if args.json:
         print(json.dumps({"sidecar": ps.source, "layers": ps.layers,
                           "thresholds": [float(ps.thresholds[x]) for x in ps.layers],
@@ -311,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
     t.add_argument("--threads", type=int, default=None, help="compute threads (default: all CPUs)")
+    t.add_argument("--no-speed-check", action="store_true",
+                   help="skip timing decode dense vs predictors (sparse='auto' then prefers the predictors)")
     t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     t.set_defaults(func=cmd_train_predictor)
 

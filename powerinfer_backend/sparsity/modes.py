@@ -133,7 +133,12 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
         mode = "predictor"
     if mode == "dense":
         return SparseState()
-    if mode == "predictor" or (sparse == "auto" and path is not None and _sidecar_has_predictors(path)):
+    pred_reason = None
+    if sparse == "auto" and mode != "predictor" and path is not None and _sidecar_has_predictors(path):
+        pred_reason = _predictors_slower(path)
+        if pred_reason is None:
+            return _configure_predictor(ctx, gguf, model_path, path)
+    if mode == "predictor":
         return _configure_predictor(ctx, gguf, model_path, path)
     if path is not None:
         try:
@@ -154,9 +159,14 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
         state = SparseState("threshold", thresholds, str(path), float(prof.layer_sparsity.mean()), prof.info,
                             decode_speedup=prof.info.get("decode_speedup"))
         slower = _slower_than_dense(prof.info)
+        if pred_reason is not None and not np.any(thresholds > 0) and hp.act_name not in _RELU_FAMILY:
+            slower = "the sidecar has no calibrated thresholds"  # a predictors-only sidecar
         if sparse == "auto" and slower:
+            reason = slower if pred_reason is None else f"{pred_reason}; {slower}"
             return SparseState(sidecar=str(path), expected_sparsity=state.expected_sparsity, info=prof.info,
-                               reason=slower, decode_speedup=state.decode_speedup)
+                               reason=reason, decode_speedup=state.decode_speedup)
+        if pred_reason is not None:
+            state.reason = pred_reason
     else:
         thresholds = np.zeros(hp.n_layer, np.float32)
         state = SparseState(mode, thresholds)
@@ -179,6 +189,21 @@ def _slower_than_dense(info: dict) -> Optional[str]:
     return (f"sidecar's thresholds ({form} form, expected FFN sparsity {info.get('mean_sparsity', 0.0):.1%}) decoded "
             f"{speedup:.2f}x dense when calibrated on {info.get('speed_host', '?')} with "
             f"{info.get('speed_threads', '?')} threads; sparse='threshold' forces them")
+
+
+def _predictors_slower(path) -> Optional[str]:
+    """Why "auto" should not use a sidecar's predictors: train-predictor measured them
+    decoding slower than dense, or than the sidecar's thresholds; None otherwise."""
+    from .sidecar import read_sidecar
+
+    prof = read_sidecar(path)
+    p = prof.predictors.info.get("decode_speedup")
+    t = prof.info.get("decode_speedup") if np.any(prof.thresholds > 0) else None
+    if p is None or p >= max(1.0, t or 0.0):
+        return None
+    than = "dense" if p < 1.0 else f"the thresholds' {t:.2f}x"
+    return (f"sidecar's predictors decoded {p:.2f}x dense (slower than {than}) when trained on "
+            f"{prof.predictors.info.get('speed_host', '?')}")
 
 
 def _sidecar_has_predictors(path) -> bool:

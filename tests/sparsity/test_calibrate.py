@@ -243,12 +243,14 @@ def test_cli_calibrate_and_perplexity_json(tmp_path, capsys):
     txt = text_file(tmp_path)
     out = str(tmp_path / "cli.gguf")
     rc = cli_main(["calibrate", "--model", path, "--text", txt, "--ctx", "64", "--tokens", "256",
-                   "--heldout-tokens", "64", "--target-sparsity", "0.4", "--out", out, "--threads", "2", "--json"])
+                   "--heldout-tokens", "64", "--target-sparsity", "0.4", "--out", out, "--threads", "2", "--json",
+                   "--no-speed-check"])
     assert rc == 0
     import json
 
     res = json.loads(capsys.readouterr().out)
     assert res["sidecar"] == out and len(res["thresholds"]) == 2 and res["target_sparsity"] == 0.4
+    assert "decode_speedup" not in res and res["forms_tried"].startswith("product: ")
     assert cli_main(["perplexity", "--model", path, "--text", txt, "--ctx", "64", "--chunks", "2", "--json",
                      "--sparse", out, "--threads", "2"]) == 0
     sparse = json.loads(capsys.readouterr().out)

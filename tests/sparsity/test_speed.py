@@ -96,3 +96,29 @@ def test_measure_speedup_alternates_and_checks_its_input(tmp_path):
     # a warm-up pair, then 3 alternating pairs; the last switch is back to dense
     assert calls == ["s", "d", "d", "s", "s", "d", "d", "s", "d"]
     assert r["repeats"] == 3 and r["steps"] == 4 and r["threads"] == 1 and r["speedup"] > 0
+
+
+def test_auto_prefers_the_fastest_of_predictors_thresholds_and_dense(tmp_path):
+    """A sidecar with both: "auto" takes the predictors unless train-predictor measured them
+    slower than dense or than the thresholds."""
+    from powerinfer_backend.sparsity.train import train_predictors
+
+    path = tiny(tmp_path)
+    prof = _calibrate_tiny(tmp_path, path, target_sparsity=0.4, max_ppl_increase=None, threshold_on="product")
+    train_predictors(path, str(tmp_path / "t.txt"), density=0.6, rank=8, epochs=1, tokens=256, heldout_tokens=64,
+                     n_ctx=64, backend="numpy", n_threads=1, progress=False, log=lambda s: None, speed_check=False)
+
+    def auto_with(pred, thr):
+        back = read_sidecar(prof.path)
+        back.predictors.info["decode_speedup"] = pred
+        back.info["decode_speedup"] = thr
+        write_sidecar(prof.path, back)
+        with Llama(path, n_ctx=64, n_threads=1, verbose=False) as llm:
+            return llm.stats()
+
+    assert auto_with(1.5, 1.2)["mode"] == "predictor"
+    st = auto_with(1.1, 1.2)
+    assert st["mode"] == "threshold" and "predictors decoded 1.10x dense (slower than the thresholds' 1.20x)" \
+        in st["reason"]
+    st = auto_with(0.9, 0.8)
+    assert st["mode"] == "dense" and "predictors decoded 0.90x" in st["reason"] and "0.80x dense" in st["reason"]
