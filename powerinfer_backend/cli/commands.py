@@ -247,8 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
     budget.add_argument("--target-sparsity", type=float, default=None,
                         help="instead of a budget: reach this mean FFN sparsity (0..1)")
-    c.add_argument("--tokens", type=_positive("--tokens"), default=16384,
-                   help="tokens for statistics (default 16384)")
+    c.add_argument("--tokens", type=_positive("--tokens"), default=8192,
+                   help="tokens for statistics (default 8192)")
     c.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
                    help="tokens held out at the end of the text for the budget (default 2048)")
     c.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")

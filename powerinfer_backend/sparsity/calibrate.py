@@ -359,10 +359,10 @@ def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.
 
 
 def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
-              target_sparsity: Optional[float] = None, tokens: int = 16384, heldout_tokens: int = 2048,
+              target_sparsity: Optional[float] = None, tokens: int = 8192, heldout_tokens: int = 2048,
               n_ctx: int = 512, offset_bytes: int = 0, max_bytes: Optional[int] = None,
               out: Optional[str] = None, force: bool = False, n_threads: Optional[int] = None,
-              margin: float = DEFAULT_MARGIN, levels: Sequence[float] = (0.25, 0.5, 0.75), sens_tokens: int = 128,
+              margin: float = DEFAULT_MARGIN, levels: Sequence[float] = (0.25, 0.5, 0.75), sens_tokens: int = 64,
               threshold_on: str = "auto", gate_tokens: int = 4096, speed_check: bool = True,
               speed_steps: int = 32, speed_repeats: int = 5,
               progress: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
