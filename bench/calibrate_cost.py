@@ -3,7 +3,7 @@ of tinyshakespeare at the default budget, then perplexity dense vs sparse on the
 (which calibration never saw). Prints wall time, process CPU time (less sensitive to a
 shared host), load average, sparsity and the unseen-tail perplexity change as one JSON line.
 
-Usage: python bench/calibrate_cost.py [--threads 2] [--chunks 8] [--reduced] [--no-speed]
+Usage: python bench/calibrate_cost.py [--threads 2] [--chunks 8] [--reduced] [--no-speed] [--out PATH]
 (``--reduced``: the CI test's smaller calibration: 2048 statistics tokens, 1024 held out)."""
 
 import argparse
@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--reduced", action="store_true")
     ap.add_argument("--no-speed", action="store_true", help="skip the decode speed check (if calibrate has one)")
+    ap.add_argument("--out", default=None, help="keep the sidecar here (default: a temporary folder)")
     args = ap.parse_args()
     model = default_model_path()
     cut = int(os.path.getsize(TEXT) * 0.9)
@@ -50,7 +51,7 @@ def main():
         kw.update(tokens=2048, heldout_tokens=1024)
     if args.no_speed and "speed_check" in inspect.signature(calibrate).parameters:
         kw["speed_check"] = False
-    out = os.path.join(tempfile.mkdtemp(), "sparsity.gguf")
+    out = args.out or os.path.join(tempfile.mkdtemp(), "sparsity.gguf")
     load0 = os.getloadavg()
     w0, c0 = time.perf_counter(), time.process_time()
     prof = calibrate(model, str(TEXT), out=out, **kw)
@@ -66,7 +67,7 @@ def main():
                       "unseen_ppl_change": round(ppl_s / ppl_d - 1, 5), "unseen_sparsity": round(sp, 4),
                       "mode": mode, "method": prof.info.get("method"),
                       "speed": {k: v for k, v in prof.info.items() if k.startswith("speed")},
-                      "reduced": args.reduced, "threads": args.threads}))
+                      "reduced": args.reduced, "threads": args.threads, "sidecar": out}))
 
 
 if __name__ == "__main__":
