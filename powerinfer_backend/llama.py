@@ -86,8 +86,8 @@ class Llama:
         chat_format, chat_handler: as llama-cpp-python (default: guessed from the GGUF
             chat template).
         verbose: print load information to stderr.
-        sparse: sparse FFN mode: "auto" (the calibration sidecar when present, exact
-            zeros for ReLU models, else dense), "off", "threshold", "predictor", or
+        sparse: sparse FFN mode: "auto" (the calibration sidecar unless it measured slower
+            than dense, exact zeros for ReLU models, else dense), "off", "threshold", "predictor", or
             a sidecar path (:mod:`powerinfer_backend.sparsity.modes`).
         backend: name of a registered backend plugin; ``"auto"`` (default) = the native
             engine (``"hybrid"``), or ``"llama_cpp"`` (not accelerated, says so once) for

@@ -71,6 +71,8 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
             result["ours_sparse"] = {"engine": f"powerinfer_backend sparse ({st['mode']})",
                                      "prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
                                      "ffn_sparsity": st["ffn_sparsity"], "sidecar": st.get("sidecar")}
+        elif llm.stats().get("reason"):  # "auto" kept dense (calibration measured sparse slower): say so
+            result["sparse_auto"] = llm.stats()["reason"]
         llm.close()
         del llm
         gc.collect()
@@ -160,6 +162,8 @@ def format_table(r: dict) -> str:
             lines.append(f"{'ratio sparse / llama.cpp':<40} {rs['prefill_vs_llama_cpp']:>14.2f} "
                          f"{rs['decode_vs_llama_cpp']:>13.2f}")
         lines.append(f"measured FFN sparsity (sparse run): {r['ours_sparse']['ffn_sparsity']:.1%}")
+    if "sparse_auto" in r:
+        lines.append(f"sparse='auto' runs dense: {r['sparse_auto']}")
     lines.append(f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
                  f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)")
     return "\n".join(lines)

@@ -95,7 +95,7 @@ def cmd_train_predictor(args) -> int:
                           heldout_tokens=args.heldout_tokens, n_ctx=args.ctx, offset_bytes=args.offset_bytes,
                           max_bytes=args.max_bytes, out=args.out, force=args.force, n_threads=args.threads,
                           label_sparsity=args.label_sparsity, layers=layers, backend=args.backend,
-                          progress=not args.json)
+                          progress=not args.json, speed_check=not args.no_speed_check)
     if args.json:
         print(json.dumps({"sidecar": ps.source, "layers": ps.layers,
                           "thresholds": [float(ps.thresholds[x]) for x in ps.layers],
@@ -110,7 +110,7 @@ def cmd_calibrate(args) -> int:
                      target_sparsity=args.target_sparsity, tokens=args.tokens, heldout_tokens=args.heldout_tokens,
                      n_ctx=args.ctx, offset_bytes=args.offset_bytes, max_bytes=args.max_bytes, out=args.out,
                      force=args.force, n_threads=args.threads, progress=not args.json,
-                     threshold_on=args.threshold_on)
+                     threshold_on=args.threshold_on, speed_check=not args.no_speed_check)
     if args.json:
         print(json.dumps({"sidecar": str(prof.path), "thresholds": [float(t) for t in prof.thresholds],
                           "layer_sparsity": [float(x) for x in prof.layer_sparsity], **prof.info}))
@@ -301,16 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
     budget.add_argument("--target-sparsity", type=float, default=None,
                         help="instead of a budget: reach this mean FFN sparsity (0..1)")
-    c.add_argument("--tokens", type=_positive("--tokens"), default=16384,
-                   help="tokens for statistics (default 16384)")
+    c.add_argument("--tokens", type=_positive("--tokens"), default=8192,
+                   help="tokens for statistics (default 8192)")
     c.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
                    help="tokens held out at the end of the text for the budget (default 2048)")
     c.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
     c.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
     c.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
-    c.add_argument("--threshold-on", choices=("product", "gate"), default="product",
-                   help="threshold |act(gate)*up| (default) or the gate activation |act(gate)| (CATS)")
+    c.add_argument("--threshold-on", choices=("auto", "product", "gate"), default="auto",
+                   help="threshold |act(gate)*up|, the gate activation |act(gate)| (CATS: skips up rows too), or "
+                        "auto (default): try both within the budget and keep the faster decode")
+    c.add_argument("--no-speed-check", action="store_true",
+                   help="skip timing decode dense vs sparse (sparse='auto' then trusts the thresholds)")
     c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
     c.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
@@ -362,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
     t.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
+    t.add_argument("--no-speed-check", action="store_true",
+                   help="skip timing decode dense vs predictors (sparse='auto' then prefers the predictors)")
     t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     t.set_defaults(func=cmd_train_predictor)
 

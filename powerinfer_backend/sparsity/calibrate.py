@@ -13,16 +13,21 @@ per layer from measured quality, in a few passes over the text:
    per-neuron histograms of |h| collected natively (``pi_context_set_ffn_hist``).
    A layer's threshold for sparsity s is the s-quantile of its histogram.
 2. **Sensitivity**: for each layer alone at a few sparsity levels, the mean
-   KL divergence of the next-token distribution from dense on one chunk.
+   KL divergence of the next-token distribution from dense on one short chunk.
 3. **Candidate paths** from dense to sparse: TEAL-style greedy (repeatedly raise
    the sparsity of the layer whose next 5-point step costs the least KL), and one
    shared threshold for every layer on a geometric grid (each layer then gets its
    own sparsity from its histogram; CATS' single cut).
-4. **Budget**: on each path, a binary search for the sparsest point whose
-   perplexity on a held-out tail of the text (never used in steps 1-3) rises by at
-   most ``margin * max_ppl_increase`` over dense (the margin guards text the
-   calibration never saw), and the path reaching the higher mean sparsity wins;
-   or, with ``target_sparsity``, the first point reaching it.
+4. **Budget**: on each path, the sparsest point whose perplexity on a held-out
+   tail of the text (never used in steps 1-3) rises by at most
+   ``margin * max_ppl_increase`` over dense (the margin guards text the calibration
+   never saw), found by an interpolating search (:mod:`.search`, 3-5 evaluations),
+   and the path reaching the higher mean sparsity wins; or, with
+   ``target_sparsity``, the first point reaching it.
+5. **Forms and speed** (``threshold_on="auto"``): steps 1 and 4 again for the gate
+   form (shared-threshold path only); then decode is timed dense vs sparse for each
+   form on this host (:mod:`.speed`) and the faster form is kept, its speedup recorded
+   (``sparse="auto"`` runs dense when it is below 1).
 
 The result is written as the sparsity sidecar (:mod:`powerinfer_backend.sparsity.sidecar`).
 """
@@ -42,11 +47,15 @@ import numpy as np
 
 from ..engine.native import FFN_HIST_BINS, FFN_HIST_MIN_EXP, NativeContext, NativeModel, default_threads
 from .perplexity import perplexity, read_text
+from .search import search_budget
+from .speed import measure_speedup
 
 __all__ = ["hist_edges", "threshold_for_sparsity", "fraction_at_or_above", "hist_quantiles",
            "greedy_path", "calibrate", "CalibrationError", "DEFAULT_MAX_PPL_INCREASE"]
 
 DEFAULT_MAX_PPL_INCREASE = 0.02
+#: the search's goal is this fraction of the budget (room for text calibration never saw)
+DEFAULT_MARGIN = 0.75
 #: sparsity step of the greedy allocation
 STEP = 0.05
 
@@ -211,9 +220,11 @@ class _Setup:
     down_t: np.ndarray  # (n_layer, n_ff, n_embd) memmap
     sparse_at_zero: bool  # ReLU family: threshold 0 already skips exact zeros
 
-    def apply(self, thresholds: Optional[np.ndarray]) -> None:
+    def apply(self, thresholds: Optional[np.ndarray], form: str = "product") -> None:
         """Dense when None; else each layer with threshold > 0 (or every layer,
-        for the ReLU family) sparse."""
+        for the ReLU family) sparse, thresholds compared against ``form``."""
+        if thresholds is not None:
+            self.ctx.set_ffn_threshold_on(form)
         for layer in range(self.down_t.shape[0]):
             t = 0.0 if thresholds is None else float(thresholds[layer])
             on = thresholds is not None and (t > 0.0 or self.sparse_at_zero)
@@ -222,6 +233,21 @@ class _Setup:
     def eval_all(self, tokens: list) -> np.ndarray:
         self.ctx.truncate(0)
         return self.ctx.eval(tokens, logits_all=True)
+
+
+@dataclass
+class _Choice:
+    """One form's result: the thresholds chosen within the budget and what they measured."""
+
+    form: str  # "product" or "gate"
+    hist: np.ndarray  # uint32 (n_layer, n_ff, BINS) of the quantity the form thresholds
+    thresholds: np.ndarray
+    alloc: np.ndarray  # expected per-layer sparsity
+    path: str
+    ppl: float
+    held_sparsity: float
+    evals: int
+    speed: Optional[dict] = None
 
 
 def _layer_thresholds(hist_layers: np.ndarray, alloc: np.ndarray) -> np.ndarray:
@@ -248,12 +274,97 @@ def _global_candidates(hist_layers: np.ndarray, max_mean: float, n: int = 160):
     return np.stack(rows_t), np.stack(rows_a)
 
 
+def _statistics(setup: _Setup, ids: list, n_ctx: int, form: str, shape: tuple, progress: bool) -> np.ndarray:
+    """Step 1: per-neuron histograms of the form's quantity over ``ids`` (dense)."""
+    from tqdm.auto import tqdm
+
+    setup.apply(None)
+    setup.ctx.set_ffn_threshold_on(form)  # also what the histograms record
+    hist = np.zeros(shape + (FFN_HIST_BINS,), np.uint32)
+    setup.ctx.set_ffn_hist(hist)
+    try:
+        for s in tqdm(range(0, len(ids), n_ctx), desc=f"statistics ({form})", unit="chunk", disable=not progress):
+            setup.ctx.truncate(0)
+            setup.ctx.eval(ids[s:s + n_ctx], logits_all=False)
+    finally:
+        setup.ctx.set_ffn_hist(None)
+    return hist
+
+
+def _sensitivity(setup: _Setup, chunk: list, layer_hist: np.ndarray, levels: Sequence[float], form: str,
+                 progress: bool) -> np.ndarray:
+    """Step 2: KL divergence from dense of each layer alone at each level on ``chunk``:
+    float64 (n_layer, len(levels))."""
+    from tqdm.auto import tqdm
+
+    ctx, down_t = setup.ctx, setup.down_t
+    setup.apply(None)
+    ctx.set_ffn_threshold_on(form)
+    logp = _log_softmax(setup.eval_all(chunk))
+    p = np.exp(logp)
+    kl = np.zeros((len(layer_hist), len(levels)))
+    bar = tqdm(total=kl.size, desc=f"sensitivity ({form})", unit="eval", disable=not progress)
+    for layer in range(len(layer_hist)):
+        for j, s in enumerate(levels):
+            ctx.set_ffn_sparsity(layer, down_t[layer], threshold_for_sparsity(layer_hist[layer], s))
+            logq = _log_softmax(setup.eval_all(chunk))
+            kl[layer, j] = float((p * (logp - logq)).sum(axis=1).mean())
+            bar.update()
+        ctx.set_ffn_sparsity(layer, None)
+    bar.close()
+    return kl
+
+
+def _held_ppl(setup: _Setup, held: list, n_ctx: int, thresholds: Optional[np.ndarray], form: str = "product"):
+    """Perplexity of the held-out tokens and the measured mean FFN sparsity."""
+    setup.apply(thresholds, form)
+    setup.ctx.ffn_stats(reset=True)
+    r = perplexity(held, setup.eval_all, n_ctx)
+    used, total = setup.ctx.ffn_stats(reset=True, per_layer=True)
+    frac = np.where(total == 0, 0.0, 1.0 - used / np.maximum(total, 1))
+    return r["ppl"], float(frac.mean())
+
+
+def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.ndarray, paths: dict,
+                     ppl_dense: float, goal: Optional[float], target: Optional[float], progress: bool) -> _Choice:
+    """Steps 3-4 for one form: on each candidate path the sparsest point within ``goal``
+    (relative perplexity increase; :func:`~powerinfer_backend.sparsity.search.search_budget`),
+    or the first reaching ``target``; the path reaching more mean sparsity wins."""
+    measured: dict[tuple[str, int], tuple[float, float]] = {}
+
+    def measure(name: str, i: int) -> tuple[float, float]:
+        if i == 0:
+            return ppl_dense, 0.0
+        if (name, i) not in measured:
+            measured[name, i] = _held_ppl(setup, held, n_ctx, paths[name][0][i], form)
+            if progress:
+                print(f"  {form} {name}: mean sparsity {paths[name][1][i].mean():.1%}: perplexity "
+                      f"{measured[name, i][0] / ppl_dense - 1:+.2%}", file=sys.stderr)
+        return measured[name, i]
+
+    choices = []  # (mean expected sparsity, name, index)
+    for name, (_, alloc_rows) in paths.items():
+        means = alloc_rows.mean(axis=1)
+        if target is not None:
+            reach = np.nonzero(means >= target - 1e-6)[0]
+            i = int(reach[0]) if len(reach) else len(means) - 1
+            measure(name, i)
+            choices.append((-abs(means[i] - target), name, i))
+            continue
+        i, _ = search_budget(means, lambda k: measure(name, k)[0] / ppl_dense - 1.0, goal)
+        choices.append((float(means[i]), name, i))
+    _, name, i = max(choices)
+    ppl, held_sparsity = measure(name, i)
+    return _Choice(form, hist, paths[name][0][i], paths[name][1][i], name, ppl, held_sparsity, len(measured))
+
+
 def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
-              target_sparsity: Optional[float] = None, tokens: int = 16384, heldout_tokens: int = 2048,
+              target_sparsity: Optional[float] = None, tokens: int = 8192, heldout_tokens: int = 2048,
               n_ctx: int = 512, offset_bytes: int = 0, max_bytes: Optional[int] = None,
               out: Optional[str] = None, force: bool = False, n_threads: Optional[int] = None,
-              margin: float = 0.75, levels: Sequence[float] = (0.2, 0.4, 0.6, 0.8), sens_tokens: int = 256,
-              threshold_on: str = "product",
+              margin: float = DEFAULT_MARGIN, levels: Sequence[float] = (0.25, 0.5, 0.75), sens_tokens: int = 64,
+              threshold_on: str = "auto", gate_tokens: int = 4096, speed_check: bool = True,
+              speed_steps: int = 32, speed_repeats: int = 5,
               progress: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
     """Calibrate per-layer sparsity thresholds and write the sidecar.
 
@@ -271,9 +382,14 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         out: sidecar path (default :func:`powerinfer_backend.sparsity.sidecar.sidecar_path`).
         force: replace a sidecar made from another model or text.
         levels: sparsity levels of the per-layer sensitivity measurement.
-        threshold_on: "product" (|h|, default: far less quality lost at equal
-            sparsity) or "gate" (|act(gate x)|, CATS: skips up rows too).
+        threshold_on: "product" (|h|: far less quality lost at equal sparsity),
+            "gate" (|act(gate x)|, CATS: skips up rows too), or "auto" (default): both,
+            the gate form on the shared-threshold path only (statistics over
+            ``gate_tokens``), and the one with the faster measured decode kept.
         sens_tokens: tokens of the sensitivity chunk (<= n_ctx).
+        speed_check: time decode dense vs sparse on this host (``speed_repeats``
+            alternating pairs of ``speed_steps`` tokens) and record the speedup in the
+            sidecar; ``sparse="auto"`` runs dense when it is below 1.
 
     Returns:
         The written :class:`~powerinfer_backend.sparsity.sidecar.SparsityProfile` (``.path`` set).
@@ -284,8 +400,6 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         ValueError: an existing sidecar from another model/text without ``force``;
             model loading errors.
     """
-    from tqdm.auto import tqdm
-
     from ..loader.artifacts import model_fingerprint
     from ..engine.down_cache import build_down_cache, down_t_dtype, load_down_cache
     from ..loader import load_gguf
@@ -298,16 +412,18 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         raise CalibrationError(f"max_ppl_increase must be in (0, 10) (0.02 = +2%), got {max_ppl_increase}")
     if n_ctx < 16:
         raise CalibrationError(f"n_ctx must be >= 16, got {n_ctx}")
-    if tokens < 1 or heldout_tokens < 1:
-        raise CalibrationError("tokens and heldout_tokens must be >= 1")
+    if tokens < 1 or heldout_tokens < 1 or gate_tokens < 1:
+        raise CalibrationError("tokens, heldout_tokens and gate_tokens must be >= 1")
     if not 0.0 < margin <= 1.0:
         raise CalibrationError(f"margin must be in (0, 1], got {margin}")
     levels = sorted(float(x) for x in levels)
     if not levels or levels[0] <= 0.0 or levels[-1] >= 1.0:
         raise CalibrationError(f"levels must lie in (0, 1), got {levels}")
     sens_tokens = max(2, min(int(sens_tokens), n_ctx))
-    if threshold_on not in ("product", "gate"):
-        raise CalibrationError(f"threshold_on must be 'product' or 'gate', got {threshold_on!r}")
+    if threshold_on not in ("auto", "product", "gate"):
+        raise CalibrationError(f"threshold_on must be 'auto', 'product' or 'gate', got {threshold_on!r}")
+    if speed_steps < 1 or speed_repeats < 1:
+        raise CalibrationError(f"speed_steps and speed_repeats must be >= 1, got {speed_steps}, {speed_repeats}")
 
     gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
     hp = gguf.hparams
@@ -326,113 +442,96 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         raise CalibrationError(f"cannot write the sidecar into {path.parent} (missing or not writable)")
     check_overwrite(path, model_sha, text_sha, force=force)
 
-    t0 = time.time()
+    t0, c0 = time.perf_counter(), time.process_time()
     dtype = down_t_dtype(gguf)
     build_down_cache(model_path, gguf, dtype, progress=progress)
     down_t = load_down_cache(model_path, dtype)
     model = NativeModel(gguf)
     ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads or default_threads())
-    ctx.set_ffn_threshold_on(threshold_on)
     setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
+    goal = None if target_sparsity is not None else margin * max_ppl_increase
+    gated = gguf.layer_tensor(0, "ffn_gate") is not None  # an ungated FFN (Falcon, OPT) has no gate form
+    forms = (("product", "gate") if gated else ("product",)) if threshold_on == "auto" else (threshold_on,)
+    shape = (hp.n_layer, hp.n_ff)
+    phases: dict[str, float] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - since
+        return now
+
     try:
-        # 1. statistics
-        hist = np.zeros((hp.n_layer, hp.n_ff, FFN_HIST_BINS), np.uint32)
-        ctx.set_ffn_hist(hist)
-        starts = range(0, len(stats_ids), n_ctx)
-        for s in tqdm(starts, desc="statistics", unit="chunk", disable=not progress):
-            ctx.truncate(0)
-            ctx.eval(stats_ids[s:s + n_ctx], logits_all=False)
-        ctx.set_ffn_hist(None)
-        layer_hist = hist.sum(axis=1, dtype=np.uint64)
-
-        # 2. sensitivity: KL from dense, one layer at a time
-        chunk = stats_ids[:sens_tokens]
-        logp = _log_softmax(setup.eval_all(chunk))
-        p = np.exp(logp)
-        kl = np.zeros((hp.n_layer, len(levels)))
-        bar = tqdm(total=hp.n_layer * len(levels), desc="sensitivity", unit="eval", disable=not progress)
-        for layer in range(hp.n_layer):
-            for j, s in enumerate(levels):
-                t = threshold_for_sparsity(layer_hist[layer], s)
-                ctx.set_ffn_sparsity(layer, down_t[layer], t)
-                logq = _log_softmax(setup.eval_all(chunk))
-                kl[layer, j] = float((p * (logp - logq)).sum(axis=1).mean())
-                bar.update()
-            ctx.set_ffn_sparsity(layer, None)
-        bar.close()
-
-        # 3. candidate paths from dense to sparse, 4. budget on the held-out tail
-        paths = {"kl-greedy": _greedy_candidates(greedy_path(kl, levels), layer_hist),
-                 "global-threshold": _global_candidates(layer_hist, levels[-1])}
-
-        def held_ppl(thresholds):
-            setup.apply(thresholds)
-            ctx.ffn_stats(reset=True)
-            r = perplexity(held, setup.eval_all, n_ctx)
-            used, total = ctx.ffn_stats(reset=True, per_layer=True)
-            frac = np.where(total == 0, 0.0, 1.0 - used / np.maximum(total, 1))
-            return r["ppl"], float(frac.mean())
-
-        ppl_dense, _ = held_ppl(None)
-        measured: dict[tuple[str, int], tuple[float, float]] = {}
-
-        def measure(name: str, i: int) -> tuple[float, float]:
-            if i == 0:
-                return ppl_dense, 0.0
-            if (name, i) not in measured:
-                measured[name, i] = held_ppl(paths[name][0][i])
-            return measured[name, i]
-
-        choices = []  # (mean expected sparsity, name, index)
-        for name, (thr_rows, alloc_rows) in paths.items():
-            means = alloc_rows.mean(axis=1)
-            if target_sparsity is not None:
-                reach = np.nonzero(means >= target_sparsity - 1e-6)[0]
-                i = int(reach[0]) if len(reach) else len(means) - 1
-                measure(name, i)
-                choices.append((-abs(means[i] - target_sparsity), name, i))
-                continue
-            goal = margin * max_ppl_increase
-            lo, hi = 0, len(means) - 1
-            bar = tqdm(total=int(math.ceil(math.log2(hi + 1))), desc=f"budget search ({name})", unit="eval",
-                       disable=not progress)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                ok = measure(name, mid)[0] <= ppl_dense * (1.0 + goal)
-                lo, hi = (mid, hi) if ok else (lo, mid - 1)
-                bar.update()
-            bar.close()
-            choices.append((float(means[lo]), name, lo))
-        _, chosen, best = max(choices)
-        thresholds = paths[chosen][0][best]
-        alloc = paths[chosen][1][best]
-        ppl_sparse, held_sparsity = measure(chosen, best)
+        ppl_dense, _ = _held_ppl(setup, held, n_ctx, None)
+        t = lap("dense", t0)
+        results = []
+        for form in forms:
+            full = form == forms[0]  # the first form gets the sensitivity pass and the greedy path too
+            hist = _statistics(setup, stats_ids if full else stats_ids[:gate_tokens], n_ctx, form, shape, progress)
+            layer_hist = hist.sum(axis=1, dtype=np.uint64)
+            t = lap("statistics", t)
+            paths = {"global-threshold": _global_candidates(layer_hist, levels[-1])}
+            if full:
+                kl = _sensitivity(setup, stats_ids[:sens_tokens], layer_hist, levels, form, progress)
+                paths["kl-greedy"] = _greedy_candidates(greedy_path(kl, levels), layer_hist)
+                t = lap("sensitivity", t)
+            r = _choose_on_paths(setup, held, n_ctx, form, hist, paths, ppl_dense, goal, target_sparsity, progress)
+            t = lap("budget search", t)
+            if r.alloc.mean() > 0 or form == forms[0]:
+                results.append(r)
+        if speed_check:
+            for r in results:
+                if r.alloc.mean() > 0:
+                    r.speed = _speed(setup, held, r, speed_steps, speed_repeats)
+            t = lap("speed check", t)
+        # the fastest form within the budget (without timings: the first, the better quality per sparsity)
+        best = max(results, key=lambda r: r.speed["speedup"] if r.speed else -1.0) if speed_check else results[0]
     finally:
         ctx.close()
         model.close()
 
+    hist, thresholds, alloc = best.hist, best.thresholds, best.alloc
+    layer_hist = hist.sum(axis=1, dtype=np.uint64)
     freq = np.stack([fraction_at_or_above(hist[i], float(thresholds[i])) for i in range(hp.n_layer)])
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    tried = "; ".join(f"{r.form}: {r.alloc.mean():.1%} {r.ppl / ppl_dense - 1:+.2%}"
+                      + (f" {r.speed['speedup']:.2f}x" if r.speed else "") for r in results)
+    info = {"model_sha256": model_sha, "model_file": os.path.basename(model_path),
+            "model_size": os.path.getsize(model_path), "text_sha256": text_sha,
+            "text_file": os.path.basename(text_path), "offset_bytes": offset_bytes,
+            "text_bytes": len(text_bytes), "tokens_stats": len(stats_ids), "tokens_heldout": len(held),
+            "n_ctx": n_ctx, "created": time.time(), "ppl_dense": ppl_dense, "ppl_sparse": best.ppl,
+            "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
+            "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
+            "heldout_sparsity": best.held_sparsity, "threshold_on": best.form,
+            "method": f"{best.path} path, held-out budget search", "forms_tried": tried,
+            "calibration_seconds": wall, "calibration_cpu_seconds": cpu}
+    if best.speed:
+        s = best.speed
+        info.update(decode_speedup=s["speedup"], decode_dense_tok_s=s["dense_tok_s"],
+                    decode_sparse_tok_s=s["sparse_tok_s"], speed_threads=s["threads"], speed_host=s["host"])
     prof = SparsityProfile(
         thresholds=thresholds, layer_sparsity=alloc.astype(np.float32), neuron_freq=freq.astype(np.float32),
         neuron_quantiles=hist_quantiles(hist, QUANTILES),
         layer_hist=(layer_hist / np.maximum(layer_hist.sum(axis=1, keepdims=True), 1)).astype(np.float32),
-        ffn_act=hp.act_name,
-        info={"model_sha256": model_sha, "model_file": os.path.basename(model_path),
-              "model_size": os.path.getsize(model_path), "text_sha256": text_sha,
-              "text_file": os.path.basename(text_path), "offset_bytes": offset_bytes,
-              "text_bytes": len(text_bytes), "tokens_stats": len(stats_ids), "tokens_heldout": len(held),
-              "n_ctx": n_ctx, "created": time.time(), "ppl_dense": ppl_dense, "ppl_sparse": ppl_sparse,
-              "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
-              "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
-              "heldout_sparsity": held_sparsity, "threshold_on": threshold_on,
-              "method": f"{chosen} path, held-out budget search"})
+        ffn_act=hp.act_name, info=info)
     check_overwrite(path, model_sha, text_sha, force=force)  # again: another run may have written it since
     write_sidecar(path, prof)
-    log(f"calibrated {os.path.basename(model_path)} in {time.time() - t0:.0f} s: mean FFN sparsity "
-        f"{alloc.mean():.1%} (held-out {held_sparsity:.1%}), held-out perplexity {ppl_dense:.4f} -> "
-        f"{ppl_sparse:.4f} ({ppl_sparse / ppl_dense - 1:+.2%}) with the {chosen} path; {len(stats_ids)} statistics tokens, "
-        f"{len(held)} held-out; wrote {path}")
+    speed = (f"; decode {best.speed['speedup']:.2f}x dense on {best.speed['threads']} threads"
+             if best.speed else "")
+    log(f"calibrated {os.path.basename(model_path)} in {wall:.0f} s ({cpu:.0f} s CPU; "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items())
+        + f"): mean FFN sparsity {alloc.mean():.1%} (held-out {best.held_sparsity:.1%}), held-out perplexity "
+        f"{ppl_dense:.4f} -> {best.ppl:.4f} ({best.ppl / ppl_dense - 1:+.2%}) with the {best.form} form on the "
+        f"{best.path} path{speed} [{tried}]; {len(stats_ids)} statistics tokens, {len(held)} held-out; wrote {path}")
     return prof
+
+
+def _speed(setup: _Setup, held: list, r: _Choice, steps: int, repeats: int) -> dict:
+    """Decode speedup of ``r``'s thresholds over dense (:func:`powerinfer_backend.sparsity.speed.measure_speedup`)."""
+    room = min(setup.ctx.n_ctx, len(held))
+    prompt = min(16, max(1, room // 4))
+    return measure_speedup(setup.ctx, lambda: setup.apply(None), lambda: setup.apply(r.thresholds, r.form), held,
+                           prompt_tokens=prompt, steps=max(1, min(steps, room - prompt)), repeats=repeats)
 
 
 def format_layers(prof) -> str:

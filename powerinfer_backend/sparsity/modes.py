@@ -3,7 +3,9 @@
 Modes (docs/sparsity.md):
 
 * ``"auto"`` (default): the calibration sidecar when one exists for this model
-  (:func:`powerinfer_backend.sparsity.sidecar.sidecar_path`); else, for a ReLU-family model
+  (:func:`powerinfer_backend.sparsity.sidecar.sidecar_path`), unless the decode speedup
+  calibration measured for its thresholds is below 1 (then dense, saying why in
+  ``reason``; a sidecar without a measurement runs sparse); else, for a ReLU-family model
   (activation "relu"/"drelu"), exact sparsity with threshold 0 (a zero activation
   contributes nothing); else dense.
 * ``"off"``: dense.
@@ -49,6 +51,9 @@ class SparseState:
         thresholds: float32 (n_layer,) per-layer |h| thresholds (None when dense).
         sidecar: the sidecar file used, if any.
         expected_sparsity: the sidecar's mean expected FFN sparsity (None if unknown).
+        reason: why ``"auto"`` chose this mode when a measurement decided it (e.g. the
+            sidecar's thresholds decoded slower than dense at calibration), else None.
+        decode_speedup: the sidecar's measured decode speedup over dense (None if unmeasured).
     """
 
     mode: str = "dense"
@@ -57,11 +62,13 @@ class SparseState:
     expected_sparsity: Optional[float] = None
     info: dict = field(default_factory=dict)
     predictors: Optional[object] = None  # predictor.PredictorSet in predictor mode
+    reason: Optional[str] = None
+    decode_speedup: Optional[float] = None
 
     def summary(self) -> str:
         """One line for ``verbose`` output."""
         if self.mode == "dense":
-            return "sparse FFN off (dense)"
+            return "sparse FFN off (dense)" + (f": {self.reason}" if self.reason else "")
         if self.mode == "predictor":
             n = len(self.predictors.layers) if self.predictors is not None else 0
             exp = "" if self.expected_sparsity is None else f", expected FFN sparsity {self.expected_sparsity:.1%}"
@@ -74,7 +81,8 @@ class SparseState:
         ppl = ""
         if self.info.get("ppl_dense") and self.info.get("ppl_sparse"):
             ppl = f", calibrated perplexity {self.info['ppl_sparse'] / self.info['ppl_dense'] - 1:+.2%}"
-        return f"sparse FFN {self.mode} mode from {src}: {n_sparse} thresholded layers{exp}{ppl}"
+        speed = "" if self.decode_speedup is None else f", measured decode {self.decode_speedup:.2f}x dense"
+        return f"sparse FFN {self.mode} mode from {src}: {n_sparse} thresholded layers{exp}{ppl}{speed}"
 
 
 def _resolve(sparse, model_path: str, act: str):
@@ -127,7 +135,12 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
         mode = "predictor"
     if mode == "dense":
         return SparseState()
-    if mode == "predictor" or (sparse == "auto" and path is not None and _sidecar_has_predictors(path)):
+    pred_reason = None
+    if sparse == "auto" and mode != "predictor" and path is not None and _sidecar_has_predictors(path):
+        pred_reason = _predictors_slower(path)
+        if pred_reason is None:
+            return _configure_predictor(ctx, gguf, model_path, path)
+    if mode == "predictor":
         return _configure_predictor(ctx, gguf, model_path, path)
     if path is not None:
         try:
@@ -145,7 +158,17 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
             raise ValueError(f"sparsity sidecar {path} was calibrated for activation {prof.ffn_act!r}, "
                              f"the model uses {hp.act_name!r}")
         thresholds = prof.thresholds
-        state = SparseState("threshold", thresholds, str(path), float(prof.layer_sparsity.mean()), prof.info)
+        state = SparseState("threshold", thresholds, str(path), float(prof.layer_sparsity.mean()), prof.info,
+                            decode_speedup=prof.info.get("decode_speedup"))
+        slower = _slower_than_dense(prof.info)
+        if pred_reason is not None and not np.any(thresholds > 0) and hp.act_name not in _RELU_FAMILY:
+            slower = "the sidecar has no calibrated thresholds"  # a predictors-only sidecar
+        if sparse == "auto" and slower:
+            reason = slower if pred_reason is None else f"{pred_reason}; {slower}"
+            return SparseState(sidecar=str(path), expected_sparsity=state.expected_sparsity, info=prof.info,
+                               reason=reason, decode_speedup=state.decode_speedup)
+        if pred_reason is not None:
+            state.reason = pred_reason
     else:
         thresholds = np.zeros(hp.n_layer, np.float32)
         state = SparseState(mode, thresholds)
@@ -162,6 +185,33 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
                     gguf, layer, dtype, 1.0 - float(prof.layer_sparsity[layer])):
                 ctx.set_ffn_down_dense(layer, True)
     return state
+
+
+def _slower_than_dense(info: dict) -> Optional[str]:
+    """Why "auto" should not use a sidecar's thresholds: calibration measured them decoding
+    slower than dense (speedup < 1); None when faster or not measured."""
+    speedup = info.get("decode_speedup")
+    if speedup is None or speedup >= 1.0:
+        return None
+    form = info.get("threshold_on", "product")
+    return (f"sidecar's thresholds ({form} form, expected FFN sparsity {info.get('mean_sparsity', 0.0):.1%}) decoded "
+            f"{speedup:.2f}x dense when calibrated on {info.get('speed_host', '?')} with "
+            f"{info.get('speed_threads', '?')} threads; sparse='threshold' forces them")
+
+
+def _predictors_slower(path) -> Optional[str]:
+    """Why "auto" should not use a sidecar's predictors: train-predictor measured them
+    decoding slower than dense, or than the sidecar's thresholds; None otherwise."""
+    from .sidecar import read_sidecar
+
+    prof = read_sidecar(path)
+    p = prof.predictors.info.get("decode_speedup")
+    t = prof.info.get("decode_speedup") if np.any(prof.thresholds > 0) else None
+    if p is None or p >= max(1.0, t or 0.0):
+        return None
+    than = "dense" if p < 1.0 else f"the thresholds' {t:.2f}x"
+    return (f"sidecar's predictors decoded {p:.2f}x dense (slower than {than}) when trained on "
+            f"{prof.predictors.info.get('speed_host', '?')}")
 
 
 def _sidecar_has_predictors(path) -> bool:
@@ -208,7 +258,9 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
     "sidecar", "expected_sparsity", "down_t_type" (ggml type name of the transposed down
     the sparse layers read, e.g. "Q8_0"; several joined by "+"; None when no layer reads
     one), "down_dense_layers" (sparse layers whose down product runs over the GGUF
-    ffn_down instead: the gate form at a density where that reads fewer bytes)}``."""
+    ffn_down instead: the gate form at a density where that reads fewer bytes),
+    "decode_speedup" (measured at calibration, or None), "reason" (why "auto" ran dense
+    despite a sidecar, or None)}``."""
     used, total = ctx.ffn_stats(reset=False, per_layer=True)
     frac = np.where(total > 0, 1.0 - used / np.maximum(total, 1), 0.0)
     extra = {}
@@ -231,4 +283,5 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
     return extra | {"mode": state.mode, "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
             "layers": [round(float(x), 6) for x in frac], "neurons_used": int(used.sum()),
             "neurons_total": int(total.sum()), "sidecar": state.sidecar,
-            "expected_sparsity": state.expected_sparsity}
+            "expected_sparsity": state.expected_sparsity, "decode_speedup": state.decode_speedup,
+            "reason": state.reason}

@@ -12,7 +12,8 @@ Contents (format version 1; docs/sparsity.md has the table):
 * keys ``powerinfer.calibration.*``: dense and sparse perplexity on the held-out
   tail, the budget asked for, mean expected FFN sparsity, what the thresholds
   compare against (``threshold_on``: "product" |h| or "gate" |act(gate x)|),
-  per-layer thresholds (float32 array) and expected sparsities;
+  per-layer thresholds (float32 array) and expected sparsities; the decode speedup of
+  the thresholds over dense measured at calibration (with the host and thread count);
 * ``powerinfer.ffn_act``: the FFN activation the thresholds apply to;
 * predictors (``powerinfer-backend train-predictor``), per layer N: ``blk.N.fc1.weight``
   (ne [n_embd, rank]) and ``blk.N.fc2.weight`` (ne [rank, n_ff]) (PowerInfer's names),
@@ -72,6 +73,15 @@ _INFO_KEYS: dict[str, tuple[str, str]] = {
     "heldout_sparsity": (_C + "heldout_sparsity", "f64"),
     "method": (_C + "method", "str"),
     "threshold_on": (_C + "threshold_on", "str"),
+    "forms_tried": (_C + "forms_tried", "str"),
+    "calibration_seconds": (_C + "seconds", "f64"),
+    "calibration_cpu_seconds": (_C + "cpu_seconds", "f64"),
+    # decode speed measured at calibration (sparsity/speed.py); sparse="auto" runs dense below 1
+    "decode_speedup": (_C + "decode_speedup", "f64"),
+    "decode_dense_tok_s": (_C + "decode_dense_tok_s", "f64"),
+    "decode_sparse_tok_s": (_C + "decode_sparse_tok_s", "f64"),
+    "speed_threads": (_C + "speed_threads", "u32"),
+    "speed_host": (_C + "speed_host", "str"),
 }
 
 

@@ -211,7 +211,7 @@ def test_gelu_calibrate_then_auto(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 40 + "to be or not to be. " * 40)
     prof = calibrate(path, str(text), tokens=256, heldout_tokens=64, n_ctx=64, sens_tokens=32, levels=(0.3, 0.6),
-                     n_threads=2, progress=False, log=lambda s: None, max_ppl_increase=0.05)
+                     n_threads=2, progress=False, log=lambda s: None, max_ppl_increase=0.05, speed_check=False)
     assert prof.ffn_act == "gelu" and np.all(prof.thresholds > 0)
     with Llama(path, n_ctx=64, n_threads=2, verbose=False) as llm:
         llm.eval(TOKENS)

@@ -152,8 +152,9 @@ def test_swiglu_auto_is_dense_without_sidecar_and_threshold_needs_one(tmp_path):
 
 
 def _calibrate_tiny(tmp_path, path, **kw):
+    # no speed check by default: a 64-wide model's timings would decide whether "auto" runs sparse
     args = dict(tokens=256, heldout_tokens=64, n_ctx=64, sens_tokens=32, levels=(0.3, 0.6), n_threads=2,
-                progress=False, log=lambda s: None)
+                progress=False, log=lambda s: None, speed_check=False)
     args.update(kw)
     return calibrate(path, text_file(tmp_path), **args)
 
@@ -242,12 +243,14 @@ def test_cli_calibrate_and_perplexity_json(tmp_path, capsys):
     txt = text_file(tmp_path)
     out = str(tmp_path / "cli.gguf")
     rc = cli_main(["calibrate", "--model", path, "--text", txt, "--ctx", "64", "--tokens", "256",
-                   "--heldout-tokens", "64", "--target-sparsity", "0.4", "--out", out, "--threads", "2", "--json"])
+                   "--heldout-tokens", "64", "--target-sparsity", "0.4", "--out", out, "--threads", "2", "--json",
+                   "--no-speed-check"])
     assert rc == 0
     import json
 
     res = json.loads(capsys.readouterr().out)
     assert res["sidecar"] == out and len(res["thresholds"]) == 2 and res["target_sparsity"] == 0.4
+    assert "decode_speedup" not in res and res["forms_tried"].startswith("product: ")
     assert cli_main(["perplexity", "--model", path, "--text", txt, "--ctx", "64", "--chunks", "2", "--json",
                      "--sparse", out, "--threads", "2"]) == 0
     sparse = json.loads(capsys.readouterr().out)
@@ -283,14 +286,20 @@ def test_sparse_greedy_deterministic_across_runs_and_threads(tmp_path):
 @pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason=f"{SHAKESPEARE} not found")
 def test_smollm2_budget_on_unseen_tail(model_path, tmp_path):
     """Reduced version of the acceptance run (docs/sparsity.md has the full one):
-    calibrate on the first 90% of tinyshakespeare with the default budget (+2%),
-    then on 2 chunks of 512 from the last 10%: perplexity within +2.5% of our dense at
-    >= 30% measured mean FFN sparsity (the +0.5%: see the assertion)."""
+    calibrate on the first 90% of tinyshakespeare with the default budget (+2%; the
+    product form, without the speed check: this is about quality), then on 2 chunks of
+    512 from the last 10%: perplexity within +2% of our dense at >= 30% measured mean FFN
+    sparsity."""
     size = os.path.getsize(SHAKESPEARE)
     cut = int(size * 0.9)
     out = str(tmp_path / "smol.gguf")
-    calibrate(model_path, SHAKESPEARE, max_bytes=cut, tokens=2048, heldout_tokens=1024, sens_tokens=64,
-              levels=(0.25, 0.5, 0.75), n_threads=2, out=out, progress=False, log=lambda s: None)
+    # 2,048 statistics tokens instead of 16,384, and a 64-token sensitivity chunk; the held-out
+    # tail keeps the default 2,048 tokens: with 1,024 it measured +1.4% where the unseen tail
+    # came out +2.0..2.6%, one easy held-out chunk deciding the budget
+    prof = calibrate(model_path, SHAKESPEARE, max_bytes=cut, tokens=2048, heldout_tokens=2048, sens_tokens=64,
+                     n_threads=2, out=out, progress=False, log=lambda s: None, threshold_on="product",
+                     speed_check=False)
+    assert prof.info["threshold_on"] == "product" and "decode_speedup" not in prof.info
     text = read_text(SHAKESPEARE, offset_bytes=cut)
     res = {}
     for mode in ("off", out):
@@ -305,12 +314,7 @@ def test_smollm2_budget_on_unseen_tail(model_path, tmp_path):
             res[mode] = (perplexity(toks, chunk, 512, 2)["ppl"], llm.stats()["ffn_sparsity"])
     (ppl_d, _), (ppl_s, sparsity) = res["off"], res[out]
     assert sparsity >= 0.30, res
-    # +2.5%, not the budget's +2%: with this reduced calibration (2,048 statistics tokens, 1,024
-    # held out) the unseen tail lands at +2.0..2.6% whether the held-out budget is +2% (measured
-    # +1.40% held out, 47% sparsity) or +1% (+0.66%, 37%) - measured over 2, 4 and 8 chunks on
-    # 2026-12-02 after the softmax followed llama.cpp's exp (it was within +2% before). The gap is the
-    # held-out sample's, not the budget's; docs/sparsity.md's full-size run is the +2% acceptance.
-    assert ppl_s <= ppl_d * 1.025, res
+    assert ppl_s <= ppl_d * 1.02, res
 
 
 def test_bench_reports_sparse_run_and_density_sweep(tmp_path):

@@ -52,7 +52,7 @@ def test_train_predictor_cli_and_predictor_mode(tmp_path, capsys, backend):
     model, text = tiny(tmp_path), text_file(tmp_path)
     rc = cli_main(["train-predictor", "--model", model, "--text", text, "--rank", "16", "--epochs", "2",
                    "--tokens", "512", "--heldout-tokens", "128", "--ctx", "64", "--threads", "1",
-                   "--backend", backend, "--json", "--max-ppl-increase", "0.05"])
+                   "--backend", backend, "--json", "--max-ppl-increase", "0.05", "--no-speed-check"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["backend"] == backend and len(out["layer_recall"]) == 2 and len(out["density"]) == 2
@@ -91,6 +91,7 @@ def test_train_predictor_fixed_density_q8_0(tmp_path):
     ps = train_predictors(model, text, density=0.6, rank=32, epochs=2, tokens=512, heldout_tokens=128, n_ctx=64,
                           quantize="q8_0", backend="numpy", n_threads=1, progress=False, log=lambda s: None)
     assert ps.info["density_target"] == 0.6 and ps.info["select"] == "density" and ps.info["quantize"] == "q8_0"
+    assert ps.info["decode_speedup"] > 0 and ps.info["speed_threads"] == 1  # timed vs dense (sparse="auto" uses it)
     dens = ps.info["density"]
     assert 0.4 < np.mean(dens) <= 0.61  # measured on the validation slice: the grid point, up to ties
     assert all(e >= 0.0 for e in ps.info["layer_error"])

@@ -122,10 +122,14 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
                      recall_grid: Sequence[float] = RECALL_GRID, loss: str = "mse", select: Optional[str] = None,
                      density: Optional[float] = None, density_grid: Sequence[float] = DENSITY_GRID,
                      quantize: str = "f16", allocate: str = "sensitivity", probe_density: float = 0.6,
-                     probe_tokens: int = 3072, progress: bool = True,
+                     probe_tokens: int = 3072, speed_check: bool = True, progress: bool = True,
                      log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> PredictorSet:
     """Train per-layer predictors and write them into the sidecar (see the package
     docstring). Returns the :class:`PredictorSet` (``info`` has the per-layer table).
+    With ``speed_check``, decode with the chosen predictors is timed against dense on this
+    host (:func:`powerinfer_backend.sparsity.speed.measure_speedup`) and recorded in ``info``
+    (``decode_speedup`` ...); ``sparse="auto"`` prefers whichever of predictors, thresholds
+    and dense measured fastest.
 
     Raises:
         TrainError (a ValueError): empty/short/missing text, bad options, no torch when
@@ -258,6 +262,14 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
             best = lowest_within_budget(len(grid), lambda i: measure(i)[0][0] <= ppl_dense * (1 + goal))
             (ppl_pred, dens_held), ps, table = measure(best)
             r_best = grid[best]
+        speed = None
+        if speed_check and ps.layers:
+            from ..speed import measure_speedup
+
+            room = min(n_ctx, len(held))
+            n_prompt = min(16, max(1, room // 4))
+            speed = measure_speedup(ctx, lambda: meas.install(None), lambda: meas.install(ps), held,
+                                    prompt_tokens=n_prompt, steps=max(1, min(32, room - n_prompt)))
     finally:
         ctx.close()
         model.close()
@@ -277,6 +289,10 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
                "layer_error": [table[x]["error"] if x in table else 0.0 for x in range(hp.n_layer)],
                "layer_sensitivity": [sens.get(x, 0.0) for x in range(hp.n_layer)], "allocate": allocate,
                "density": dens, "train_seconds": t_train, "capture_seconds": t_cap}
+    if speed is not None:
+        ps.info.update(decode_speedup=speed["speedup"], decode_dense_tok_s=speed["dense_tok_s"],
+                       decode_sparse_tok_s=speed["sparse_tok_s"], speed_threads=float(speed["threads"]),
+                       speed_host=speed["host"])
     if prof is None:
         prof = _empty_profile(hp)
         prof.info.update({"model_sha256": model_sha, "model_file": os.path.basename(model_path),
