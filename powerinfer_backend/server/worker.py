@@ -146,10 +146,12 @@ class ModelWorker:
         """Queue ``fn``; raises :class:`APIError` 503 when the queue is full."""
         job = Job(fn, asyncio.get_running_loop(), exclusive, clock=lambda: self.steps)
         with self._cv:
-            if len(self._queue) >= self.max_queue:
+            # queued jobs that free slots will take at the next step are not waiting for a slot
+            free = 0 if self._exclusive is not None else sum(s.job is None for s in self._slots)
+            if len(self._queue) >= self.max_queue + free:
                 self.rejected += 1
-                raise APIError(503, f"server busy: {len(self._queue)} requests already queued (--max-queue "
-                                    f"{self.max_queue}); retry later", "server_busy")
+                raise APIError(503, f"server busy: {len(self._queue) - free} requests already waiting for a "
+                                    f"slot (--max-queue {self.max_queue}); retry later", "server_busy")
             self._queue.append(job)
             self._cv.notify_all()
         return job

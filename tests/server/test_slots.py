@@ -73,3 +73,33 @@ def test_parallel_flag_range():
     for argv in (["serve", "--parallel", "0"], ["serve", "-np", "many"]):
         with pytest.raises(SystemExit):
             main(argv)
+
+
+def test_a_burst_fills_free_slots_before_the_queue_limit(tiny_path):
+    """--max-queue counts requests waiting for a slot: with 4 free slots and max_queue 1, a burst of
+    5 is taken (4 run, 1 waits) and only the 6th gets 503 (it counted jobs the free slots were about
+    to take, and refused the 2nd request of a burst)."""
+    import asyncio
+
+    from powerinfer_backend.server.errors import APIError
+    from powerinfer_backend.server.worker import ModelWorker
+
+    with Llama(tiny_path, n_ctx=256, n_seq_max=4, n_threads=1, verbose=False) as llm:
+        worker = ModelWorker(llm, max_queue=1)
+        try:
+            async def burst():
+                jobs, refused = [], 0
+                with worker._cv:  # the scheduler admits nothing until the whole burst is in
+                    for _ in range(6):
+                        try:
+                            jobs.append(worker.submit(lambda slot: 7))
+                        except APIError as e:
+                            assert e.status == 503
+                            refused += 1
+                answers = [await asyncio.wait_for(j.items.get(), 30) for j in jobs]
+                return answers, refused
+
+            answers, refused = asyncio.run(burst())
+            assert refused == 1 and answers == [("item", 7)] * 5
+        finally:
+            worker.stop()
