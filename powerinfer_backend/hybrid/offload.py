@@ -64,7 +64,8 @@ class Offload:
 
     def stats(self) -> dict:
         """The device's memory, {} on the CPU: ``kind`` (the name asked for), ``name``
-        (ggml's), ``type``, ``reserved`` (the plan's bytes), ``used`` (the bytes of the
+        (ggml's), ``type``, ``budget_bytes`` (the budget the plan was made under, also when it
+        came from ``n_gpu_layers``), ``reserved`` (the plan's bytes), ``used`` (the bytes of the
         buffers ggml allocated), ``high_water`` (the most ``used`` seen), ``buffers``
         (bytes per buffer: weights, kv, compute), ``free_bytes`` / ``total_bytes`` (the
         device's memory now, ``ggml_backend_dev_memory``)."""
@@ -74,7 +75,8 @@ class Offload:
         used = sum(bufs.values())
         self._high_water = max(self._high_water, used)
         info = self.device.info
-        return {"kind": self.device_kind, "name": info.name, "type": info.type, "reserved": self.plan.device_bytes,
+        return {"kind": self.device_kind, "name": info.name, "type": info.type,
+                "budget_bytes": int(self.plan.budget_bytes), "reserved": self.plan.device_bytes,
                 "used": used, "high_water": self._high_water, "buffers": dict(bufs),
                 "free_bytes": info.free_bytes, "total_bytes": info.total_bytes}
 

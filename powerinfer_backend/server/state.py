@@ -88,5 +88,9 @@ class ServerState:
 def budget_in_effect(llm):
     """The ``vram_budget`` the served model runs under, as given, for ``/props`` and
     ``/v1/models``: None when nothing is on a device (no device found, or CPU only),
-    where a given budget was ignored."""
-    return llm.vram_budget if "device" in llm.stats() else None
+    where a given budget was ignored; the plan's budget in bytes (int) when the placement
+    came from ``n_gpu_layers`` rather than a ``vram_budget``."""
+    dev = llm.stats().get("device")
+    if not dev:
+        return None
+    return llm.vram_budget if llm.vram_budget is not None else dev.get("budget_bytes")

@@ -90,3 +90,27 @@ def test_an_ignored_budget_is_not_reported(tmp_path):
     finally:
         app.state.serve.worker.stop()
         llm.close()
+
+
+def test_a_budget_from_n_gpu_layers_is_reported_in_bytes(tmp_path):
+    """-ngl with no vram_budget still places layers (here on ggml's CPU device): /props and
+    /v1/models report the budget the plan was made under, in bytes, not None."""
+    from fastapi.testclient import TestClient
+
+    from powerinfer_backend import Llama
+    from powerinfer_backend.server.app import create_app
+    from tests.fixtures.server import write_server_model
+
+    path = write_server_model(tmp_path / "tiny.gguf")
+    with pytest.warns(UserWarning, match="n_gpu_layers=1 converted to vram_budget"):
+        llm = Llama(path, n_ctx=64, n_threads=1, verbose=False, n_gpu_layers=1, device="ggml-cpu")
+    app = create_app(llm)
+    try:
+        budget = llm.stats()["device"]["budget_bytes"]
+        assert isinstance(budget, int) and budget >= llm.stats()["device"]["reserved"] > 0
+        with TestClient(app) as c:
+            assert c.get("/props").json()["vram_budget"] == budget
+            assert c.get("/v1/models").json()["data"][0]["meta"]["vram_budget"] == budget
+    finally:
+        app.state.serve.worker.stop()
+        llm.close()
