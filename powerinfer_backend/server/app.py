@@ -88,8 +88,9 @@ def serve(args) -> int:
     port bound before the model loads, so a bad budget or a taken port fails at once.
 
     Raises:
-        ValueError: a bad ``$POWERINFER_VRAM_BUDGET``, or the address cannot be bound
-            (taken port, unknown host; the message names host and port).
+        ValueError: a bad ``$POWERINFER_VRAM_BUDGET``, slots smaller than
+            :data:`MIN_SLOT_CTX` tokens, or the address cannot be bound (taken port,
+            unknown host; the message names host and port).
     """
     import sys
 
@@ -99,6 +100,7 @@ def serve(args) -> int:
     from .placement_args import env_budget
 
     budget = env_budget(args)
+    check_slot_size(args.ctx_size, args.parallel)
     sock = bind_socket(args.host, args.port)
     try:
         llm = load_llama(args, budget)
@@ -119,6 +121,20 @@ def serve(args) -> int:
         app.state.serve.worker.stop()
         llm.close()
     return 0
+
+
+#: the fewest tokens a slot may hold (``--ctx-size`` // ``--parallel``): below it every
+#: request fails on the context window, so the server refuses to start
+MIN_SLOT_CTX = 16
+
+
+def check_slot_size(ctx_size: int, parallel: int) -> None:
+    """ValueError naming both flags when ``--ctx-size`` split over ``--parallel`` slots
+    leaves fewer than :data:`MIN_SLOT_CTX` tokens per slot."""
+    if parallel > 1 and ctx_size // parallel < MIN_SLOT_CTX:
+        raise ValueError(f"--ctx-size {ctx_size} split over --parallel {parallel} slots leaves "
+                         f"{ctx_size // parallel} tokens per slot (at least {MIN_SLOT_CTX}): raise --ctx-size "
+                         f"or lower --parallel")
 
 
 def bind_socket(host: str, port: int):

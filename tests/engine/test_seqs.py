@@ -228,7 +228,7 @@ def test_sparse_ffn_works_per_token(smol, target):
 
 def test_bad_items_raise_naming_the_parameter(smol):
     m = smol[1]
-    for bad in (0, 257, 2 * N_CTX_SEQ + 1, 1.5):
+    for bad in (0, 257, 2 * N_CTX_SEQ + 1, 1.5, True):
         with pytest.raises(ValueError, match="n_seq_max"):
             NativeContext(m, n_ctx=2 * N_CTX_SEQ, n_batch=N_BATCH, n_threads=1, n_seq_max=bad)
     ctx = _context(m, 4)

@@ -103,3 +103,14 @@ def test_a_burst_fills_free_slots_before_the_queue_limit(tiny_path):
             assert refused == 1 and answers == [("item", 7)] * 5
         finally:
             worker.stop()
+
+
+def test_slots_too_small_for_a_request_are_refused_naming_both_flags(model_path, capsys):
+    """serve --parallel 64 --ctx-size 64 started with 1-token slots where every request failed;
+    it is refused before the port is bound or the model loaded."""
+    from powerinfer_backend.cli.commands import main
+
+    assert main(["serve", "--model", model_path, "--parallel", "64", "--ctx-size", "64", "--port", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "powerinfer-backend: error: --ctx-size 64 split over --parallel 64 slots leaves 1 tokens per slot "
+        "(at least 16): raise --ctx-size or lower --parallel"]
