@@ -51,8 +51,8 @@ class SparseState:
         thresholds: float32 (n_layer,) per-layer |h| thresholds (None when dense).
         sidecar: the sidecar file used, if any.
         expected_sparsity: the sidecar's mean expected FFN sparsity (None if unknown).
-        reason: why ``"auto"`` chose this mode when a measurement decided it (e.g. the
-            sidecar's thresholds decoded slower than dense at calibration), else None.
+        reason: why ``"auto"`` chose this mode: no sidecar for a gated FFN, or a measurement
+            (e.g. the sidecar's thresholds decoded slower than dense at calibration); else None.
         decode_speedup: the sidecar's measured decode speedup over dense (None if unmeasured).
     """
 
@@ -134,6 +134,9 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
     if sparse == "auto" and has_predictors(gguf):
         mode = "predictor"
     if mode == "dense":
+        if sparse == "auto":  # a gated FFN without a sidecar: say what would make it sparse
+            return SparseState(reason="no calibration sidecar for this model (`powerinfer-backend calibrate` "
+                                      "makes one)")
         return SparseState()
     pred_reason = None
     if sparse == "auto" and mode != "predictor" and path is not None and _sidecar_has_predictors(path):
@@ -259,8 +262,8 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
     the sparse layers read, e.g. "Q8_0"; several joined by "+"; None when no layer reads
     one), "down_dense_layers" (sparse layers whose down product runs over the GGUF
     ffn_down instead: the gate form at a density where that reads fewer bytes),
-    "decode_speedup" (measured at calibration, or None), "reason" (why "auto" ran dense
-    despite a sidecar, or None)}``."""
+    "decode_speedup" (measured at calibration, or None), "reason" (why "auto" ran dense:
+    no sidecar, or one whose measured decode was slower; or None)}``."""
     used, total = ctx.ffn_stats(reset=False, per_layer=True)
     frac = np.where(total > 0, 1.0 - used / np.maximum(total, 1), 0.0)
     extra = {}

@@ -122,3 +122,11 @@ def test_auto_prefers_the_fastest_of_predictors_thresholds_and_dense(tmp_path):
         in st["reason"]
     st = auto_with(0.9, 0.8)
     assert st["mode"] == "dense" and "predictors decoded 0.90x" in st["reason"] and "0.80x dense" in st["reason"]
+
+
+def test_auto_without_a_sidecar_says_why_it_runs_dense(tmp_path):
+    """A gated FFN with no calibration sidecar: "auto" runs dense and stats() says what is missing
+    (it said reason None, so a user could not tell why auto stayed dense)."""
+    with Llama(tiny(tmp_path), n_ctx=64, n_threads=1, verbose=False) as llm:
+        st = llm.stats()
+    assert st["mode"] == "dense" and st["reason"].startswith("no calibration sidecar for this model")
