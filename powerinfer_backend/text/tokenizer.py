@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import threading
 from typing import List, Optional, Sequence
 
 
@@ -63,6 +64,7 @@ class LlamaCppTokenizer:
         self._vocab = m._model.vocab
         self._pieces = ({}, {})  # special=False / True: token -> bytes
         self._buf = ctypes.create_string_buffer(64)
+        self._buf_lock = threading.Lock()  # the server's slot threads detokenize at once
         self._last = ([], b"", False)  # the last long detokenize: (tokens, joined pieces, special)
 
     @property
@@ -81,15 +83,16 @@ class LlamaCppTokenizer:
         if p is None:
             import llama_cpp
 
-            n = llama_cpp.llama_token_to_piece(self._vocab, llama_cpp.llama_token(int(token)), self._buf,
-                                               len(self._buf), 0, bool(special))
-            if n < 0:  # -n is the length the piece needs: grow the buffer once and retry
-                self._buf = ctypes.create_string_buffer(-n)
+            with self._buf_lock:  # one buffer: another thread's piece would overwrite it (and the cache)
                 n = llama_cpp.llama_token_to_piece(self._vocab, llama_cpp.llama_token(int(token)), self._buf,
                                                    len(self._buf), 0, bool(special))
-            if n < 0:
-                raise ValueError(f"detokenize: token {token} has no piece (llama_token_to_piece returned {n})")
-            p = cache[token] = self._buf.raw[:n]
+                if n < 0:  # -n is the length the piece needs: grow the buffer once and retry
+                    self._buf = ctypes.create_string_buffer(-n)
+                    n = llama_cpp.llama_token_to_piece(self._vocab, llama_cpp.llama_token(int(token)), self._buf,
+                                                       len(self._buf), 0, bool(special))
+                if n < 0:
+                    raise ValueError(f"detokenize: token {token} has no piece (llama_token_to_piece returned {n})")
+                p = cache[token] = self._buf.raw[:n]
         return p
 
     def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
