@@ -10,16 +10,16 @@ or a crash later in native code."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFReader
+from gguf import GGUFReader
 
 from .gguf_meta import MAX_ARRAY_ELEMS as _MAX_ARRAY_ELEMS
 from .gguf_meta import Header
-from .types import _FLOAT_TYPES, _GGUF_MAGIC_U32, _MAX_DIMS, _SCALAR_NP, _T, _V, _vtype_name
+from .gguf_meta import _check_entry as _check_meta_entry
+from .types import _FLOAT_TYPES, _GGUF_MAGIC_U32, _MAX_DIMS, _SCALAR_NP, _V, _vtype_name
 
 # GGUFReader's pseudo-fields, ahead of the file's keys in GGUFReader.fields
 _READER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
@@ -144,32 +144,13 @@ class _Reader(GGUFReader):
 
     def _check_entry(self, name: str, ne: list[int], ttype: int, rel: int, data_offset: int,
                      align: int, size: int) -> None:
-        def fail(msg: str) -> _FileError:
-            return _FileError(f"{self._path}: tensor '{name}' {msg}")
-
+        """The fast parser's entry checks (:func:`.gguf_meta._check_entry`), as _FileError."""
         if not 1 <= len(ne) <= _MAX_DIMS:
-            raise fail(f"has {len(ne)} dimensions (supported: 1 to {_MAX_DIMS})")
+            raise _FileError(f"{self._path}: tensor '{name}' has {len(ne)} dimensions (supported: 1 to {_MAX_DIMS})")
         try:
-            qtype = _T(ttype)
-            block, tsize = GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise fail(f"has unknown type id {ttype}") from None
-        if any(d <= 0 or d >= 1 << 40 for d in ne):
-            raise fail(f"has an absurd shape {ne}")
-        if ne[0] % block:
-            raise fail(
-                f"of type {qtype.name} has row length ne[0] = {ne[0]}, not a multiple of the "
-                f"type's block size {block}"
-            )
-        if rel % align:
-            raise fail(f"data offset {rel} is not a multiple of the alignment {align}")
-        start = data_offset + rel
-        end = start + math.prod(ne) // block * tsize
-        if end > size:
-            raise fail(
-                f"data (bytes {start} to {end}) runs past the end of the file ({size} bytes): "
-                "the file is truncated or corrupt"
-            )
+            _check_meta_entry(self._path, name, tuple(ne), ttype, rel, data_offset, align, size)
+        except ValueError as e:
+            raise _FileError(str(e)) from None
 
     def _name_at(self, pos: int) -> str:
         """The GGUF string at ``pos`` as `` 'name'``, or "" if unreadable."""
