@@ -324,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--text", required=True, help="UTF-8 text file")
     q.add_argument("--ctx", type=positive("--ctx"), default=512, help="tokens per chunk (default 512)")
     q.add_argument("--chunks", type=positive("--chunks"), default=None, help="score at most N chunks (default: all)")
-    q.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0, help="start this many bytes into the text")
+    q.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0,
+                   help="start this many bytes into the text")
     q.add_argument("--max-bytes", type=positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
     q.add_argument("--threads", type=threads(), default=None, help=_THREADS_HELP)
@@ -348,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--heldout-tokens", type=positive("--heldout-tokens"), default=2048,
                    help="tokens held out at the end of the text for the budget (default 2048)")
     c.add_argument("--ctx", type=positive("--ctx"), default=512, help="tokens per chunk (default 512)")
-    c.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0, help="start this many bytes into the text")
+    c.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0,
+                   help="start this many bytes into the text")
     c.add_argument("--max-bytes", type=positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
     c.add_argument("--threshold-on", choices=("auto", "product", "gate"), default="auto",
@@ -401,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", default=None, help="comma-separated layers to train (default: all)")
     t.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
                    help="auto: torch when installed (the [train] extra), else numpy")
-    t.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0, help="start this many bytes into the text")
+    t.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0,
+                   help="start this many bytes into the text")
     t.add_argument("--max-bytes", type=positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
     t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
@@ -471,7 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "engine would choose from the model and its sidecar)")
     pr.add_argument("--device-skips", action="store_true",
                     help="the device skips inactive hot rows as the CPU does (default: it reads all hot rows)")
-    pr.add_argument("--n-past", type=non_negative("--n-past"), default=0, help="KV positions read per layer (default 0)")
+    pr.add_argument("--n-past", type=non_negative("--n-past"), default=0,
+                    help="KV positions read per layer (default 0)")
     pr.add_argument("--sync-us", type=number("--sync-us"), default=0.0,
                     help="microseconds per layer that runs on both sides (activation round trip; default 0)")
     pr.add_argument("--threads", type=threads(), default=2,

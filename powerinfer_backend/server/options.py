@@ -22,7 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--alias", "-a", default=None, help="model name reported by /v1/models (default: the file name)")
     p.add_argument("--ctx-size", "-c", "--ctx", dest="ctx_size", type=non_negative("--ctx-size"), default=2048,
                    help="context length in tokens (default 2048; 0 = the model's)")
-    p.add_argument("--batch-size", "-b", type=positive("--batch-size"), default=512, help="prompt tokens per native call (default 512)")
+    p.add_argument("--batch-size", "-b", type=positive("--batch-size"), default=512,
+                   help="prompt tokens per native call (default 512)")
     p.add_argument("--threads", "-t", type=threads(), default=None,
                    help="compute threads, 1 to the CPUs available (default: the physical cores)")
     p.add_argument("--max-queue", type=int_in("--max-queue", 0, 1 << 20), default=16,
