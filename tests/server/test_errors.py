@@ -114,14 +114,17 @@ def test_client_mistake_is_one_log_line(tiny_http, path, body):
     assert "Traceback" not in line and "\n" not in line
 
 
-@pytest.mark.parametrize("where", ["handler", "worker"])
-def test_fault_logs_its_traceback_and_answers_500(tiny_app, tiny_http, monkeypatch, where):
+@pytest.mark.parametrize("where,exc", [("handler", KeyError("injected")), ("handler", RuntimeError("injected")),
+                                       ("worker", KeyError("injected"))])
+def test_fault_logs_its_traceback_and_answers_500(tiny_app, tiny_http, monkeypatch, where, exc):
+    """A RuntimeError is a fault unless it is one of the refusals error_from_exception
+    knows: it passes the client-error handler on to the 500."""
     llm = tiny_app.state.serve.llm
     if where == "handler":  # on the event loop: escapes the app, uvicorn logs it
-        monkeypatch.setattr(llm, "tokenize", _raise(KeyError("injected")))
+        monkeypatch.setattr(llm, "tokenize", _raise(exc))
         path, body = "/tokenize", {"content": "hi"}
     else:  # in a slot of the worker: answered by the app, which logs it
-        monkeypatch.setattr(type(llm), "create_completion", _raise(KeyError("injected")))
+        monkeypatch.setattr(type(llm), "create_completion", _raise(exc))
         path, body = "/v1/completions", {"prompt": "hi", "max_tokens": 2}
     start = len(tiny_http.records)
     r = _post(tiny_http.url, path, body)
@@ -130,4 +133,4 @@ def test_fault_logs_its_traceback_and_answers_500(tiny_app, tiny_http, monkeypat
     assert len(logged) == 1, [_text(x) for x in logged]
     text = _text(logged[0])
     assert logged[0].levelno == logging.ERROR and "Traceback (most recent call last)" in text, text
-    assert "KeyError: 'injected'" in text and "in boom" in text, text  # the fault's own frame
+    assert f"{type(exc).__name__}: {exc}" in text and "in boom" in text, text  # the fault's own frame
