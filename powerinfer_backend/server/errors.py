@@ -59,10 +59,11 @@ def log_error(request, err: APIError, cause: Optional[BaseException] = None) -> 
     and message (a client that went away, 499: INFO); a 5xx caused by an exception
     (``cause``) at ERROR with that exception's traceback."""
     where = f"{request.method} {request.url.path}"
+    message = " ".join(err.message.splitlines())  # one line, whatever a parser's message held
     if err.status >= 500 and cause is not None and not isinstance(cause, APIError):
-        log.error("%s: %d %s", where, err.status, err.message, exc_info=cause)
+        log.error("%s: %d %s", where, err.status, message, exc_info=cause)
     else:
-        log.log(logging.INFO if err.status == 499 else logging.WARNING, "%s: %d %s", where, err.status, err.message)
+        log.log(logging.INFO if err.status == 499 else logging.WARNING, "%s: %d %s", where, err.status, message)
 
 
 # what pydantic puts in a location for the member of a union it tried ("str",
