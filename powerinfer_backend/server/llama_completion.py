@@ -87,9 +87,9 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     tokens = _llama_prompt(llm, b.prompt, b.add_special)
     if not tokens:
         raise APIError(400, "empty prompt", param="prompt")
+    check_token_ids(tokens, state.n_vocab, "prompt token id", param="prompt")  # before detokenize reads them
     # the prompt as text in the final object, as llama-server reports it
     prompt_text = b.prompt if isinstance(b.prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
-    check_token_ids(tokens, state.n_vocab, "prompt token id", param="prompt")
     if len(tokens) >= state.n_ctx_slot:
         raise APIError(400, f"the prompt ({len(tokens)} tokens) exceeds the available context size "
                             f"({state.n_ctx_slot} tokens)", "exceed_context_size_error", param="prompt")
