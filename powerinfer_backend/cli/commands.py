@@ -12,7 +12,7 @@ import json
 import re
 import sys
 
-from ..server.arg_types import int_in, non_negative, number, positive, threads
+from ..server.arg_types import RANDOM_SEED, int_in, non_negative, number, positive, resolve_seed, threads
 
 
 def _model_path(arg):
@@ -25,25 +25,12 @@ def _model_path(arg):
 
 #: what ``generate`` continues without --prompt
 DEFAULT_PROMPT = "Once upon a time"
-#: llama.cpp's LLAMA_DEFAULT_SEED, "pick a random seed"
-RANDOM_SEED = 0xFFFFFFFF
-
-
-def _seed(args) -> int:
-    """``--seed``, else a random one. llama-cpp-python's completion code derives each
-    completion's seed from the model's with a fixed generator, so passing its "random"
-    default on would give the same text on every run."""
-    if args.seed is not None and args.seed not in (-1, RANDOM_SEED):
-        return args.seed
-    import random
-
-    return random.SystemRandom().randrange(RANDOM_SEED)
 
 
 def _load(args, **kw):
     from ..llama import Llama
 
-    seed = _seed(args)
+    seed = resolve_seed(args.seed)
     if args.verbose:
         print(f"powerinfer-backend: seed {seed} (--seed {seed} repeats this run)", file=sys.stderr, flush=True)
     return Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads, seed=seed,

@@ -79,3 +79,19 @@ def _range(lo: int | None, hi: int | None) -> str:
     if lo is None or hi is None:
         return f">= {lo}" if hi is None else f"<= {hi}"
     return f"in [{lo}, {hi}]"
+
+
+#: llama.cpp's LLAMA_DEFAULT_SEED, "pick a random seed"
+RANDOM_SEED = 0xFFFFFFFF
+
+
+def resolve_seed(seed: int | None) -> int:
+    """``--seed`` as given, else (None, -1 or :data:`RANDOM_SEED`) a random one in
+    [0, RANDOM_SEED). llama-cpp-python's completion code derives each completion's seed
+    from the model's with a fixed generator, so passing its "random" default on would give
+    the same text on every run of a fresh process."""
+    if seed is not None and seed not in (-1, RANDOM_SEED):
+        return seed
+    import random
+
+    return random.SystemRandom().randrange(RANDOM_SEED)

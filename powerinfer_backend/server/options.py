@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .arg_types import int_in, non_negative, positive, threads
+from .arg_types import RANDOM_SEED, int_in, non_negative, positive, resolve_seed, threads
 from .placement_args import add_device_arguments, device_kwargs
 
 
@@ -33,7 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--chat-format", default=None, help="llama-cpp-python chat format (default: the GGUF template)")
     p.add_argument("--logits-all", action="store_true",
                    help="keep logits of every position (needed for OpenAI completion logprobs)")
-    p.add_argument("--seed", type=int, default=0xFFFFFFFF, help="default sampling seed (default random)")
+    p.add_argument("--seed", type=int_in("--seed", -1, RANDOM_SEED), default=None,
+                   help=f"the model's sampling seed, 0 to {RANDOM_SEED - 1} (default, -1 or {RANDOM_SEED}: "
+                        "a random one; a request's own seed takes precedence)")
     p.add_argument("--verbose", action="store_true", help="load information and access log")
     m = p.add_mutually_exclusive_group()
     m.add_argument("--sparse", default="auto", metavar="{auto,off,threshold,predictor,PATH}",
@@ -70,5 +72,5 @@ def load_llama(args, vram_budget=None):
     seqs = {"n_seq_max": args.parallel} if args.parallel > 1 else {}
     return Llama(args.model or default_model_path(), n_ctx=args.ctx_size, n_batch=args.batch_size,
                  n_threads=args.threads, sparse=args.sparse, chat_format=args.chat_format,
-                 logits_all=args.logits_all, embedding=True, seed=args.seed, verbose=args.verbose,
+                 logits_all=args.logits_all, embedding=True, seed=resolve_seed(args.seed), verbose=args.verbose,
                  **device_kwargs(args, vram_budget), **seqs)

@@ -92,3 +92,16 @@ def test_help_shows_no_rest_markup_and_the_default_prompt():
     assert [name for name, text in helps.items() if "``" in text] == []
     assert "generate streams text" in " ".join(helps["powerinfer-backend"].split())
     assert "(with --chat: the user's message; default 'Once upon a time')" in " ".join(helps["generate"].split())
+
+
+def test_serve_seed_defaults_to_a_random_one():
+    """`serve --seed`'s help said "default random" while every start seeded the model with
+    the same value (llama-cpp-python's chain from LLAMA_DEFAULT_SEED)."""
+    from powerinfer_backend.server.arg_types import RANDOM_SEED, resolve_seed
+
+    a = build_parser().parse_args(["serve"])
+    assert a.seed is None
+    drawn = {resolve_seed(s) for s in (None, None, -1, RANDOM_SEED)}
+    assert len(drawn) == 4 and all(0 <= s < RANDOM_SEED for s in drawn)
+    assert resolve_seed(7) == 7 and resolve_seed(0) == 0
+    assert build_parser().parse_args(["serve", "--seed", "12"]).seed == 12
