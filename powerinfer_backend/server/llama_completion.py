@@ -110,9 +110,6 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
 
     slot = {"id": 0}  # the slot the request runs in (llama-server's id_slot)
 
-    # private, for want of public equivalents: llm._scores[-1] is the last logits
-    # (llama-cpp-python's name; `scores` is filled only with logits_all), llm._is_eog
-    # our Llama's cached end-of-generation check
     def gen(llm):
         """Yield ("token", id, text, probs) per token, then ("end", stop_type, stopping_word, n_eval)."""
         slot["id"] = getattr(llm, "seq", 0)
@@ -124,7 +121,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
             llm.eval(tokens)
             probs = None
             if b.n_probs:
-                probs = _next_token_probs(llm, llm._scores[-1], None, b.n_probs, b.post_sampling_probs)
+                probs = _next_token_probs(llm, llm.last_logits(), None, b.n_probs, b.post_sampling_probs)
             yield ("end", "limit", "", len(tokens), probs, t0)
             return
         if seed is not None:
@@ -153,13 +150,13 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
                                 frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
                                 mirostat_mode=b.mirostat, mirostat_tau=b.mirostat_tau, mirostat_eta=b.mirostat_eta,
                                 logits_processor=processors, grammar=grammar):
-            if llm._is_eog(tok):
+            if llm.is_eog(tok):
                 stop_type = "eos"
                 break
             n += 1
             probs = None
             if b.n_probs:
-                probs = _next_token_probs(llm, llm._scores[-1], tok, b.n_probs, b.post_sampling_probs)
+                probs = _next_token_probs(llm, llm.last_logits(), tok, b.n_probs, b.post_sampling_probs)
             out += llm.detokenize([tok], prev_tokens=None, special=False)
             # stop strings: search the decoded text; hold back a possible stop prefix
             full = bytes(out)
