@@ -33,8 +33,9 @@ from llama_cpp.llama import LlamaState
 from .loader.hub import from_pretrained
 from .plugins.manager import plugin_manager, select_backend
 from .llama_options import backend_options, check_options
-from .text import chat
+from .text import chat, runner
 from .text.completion import Options, completion
+from .text.detok import PieceText
 from .text.logprobs import log_softmax
 from .text.perf import PerfContext
 from .text.pooling import pool
@@ -353,6 +354,20 @@ class Llama:
                                 mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
                                 logits_processor=logits_processor, grammar=grammar)
         return self._seq.generate(tokens, params, reset=reset, stopping_criteria=stopping_criteria)
+
+    def run(self, tokens: Sequence[int], params: SamplingParams, *, max_tokens: int, stops: Sequence[str] = (),
+            stream: Optional[str] = None, stopping_criteria=None) -> Iterator[runner.Event]:
+        """Generate after ``tokens`` on this model's sequence: the runner's typed events
+        (:mod:`powerinfer_backend.text.runner`: ``Token`` per generated token, ``Delta``
+        text pieces when ``stream`` is "chars" or "tokens", then ``Stop`` and ``Usage``, or
+        ``Error``), ending after at most ``max_tokens`` tokens, at an end-of-generation
+        token or at the first of ``stops`` found in the text. The completion, chat and
+        server routes render from these."""
+        self._check_open()
+        text = PieceText(self._tok.piece, self._tok.token_bos)
+        req = runner.Request(list(tokens), params, text, int(max_tokens), self._tok.is_eog,
+                             [s.encode("utf-8") for s in stops], stream=stream, stopping_criteria=stopping_criteria)
+        return runner.run(self._seq, req)
 
     # ---- completion, chat, embeddings ---------------------------------------------------------
 
