@@ -4,7 +4,6 @@ response formats as llama-cpp-python takes them, each checked first (an
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Dict, List, Optional
 

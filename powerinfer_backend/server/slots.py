@@ -15,7 +15,7 @@ native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 

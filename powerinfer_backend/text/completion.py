@@ -11,6 +11,7 @@ generating and in bytes in the final flush; non-stream logprobs are numpy float3
 from __future__ import annotations
 
 import random
+import sys
 import time
 import uuid
 import warnings
@@ -151,12 +152,12 @@ def _from_cache(llm, seq: Sequence, prompt_toks: List[int]) -> None:
         item = llm.cache[prompt_toks]
     except KeyError:
         if llm.verbose:
-            print("Llama._create_completion: cache miss", file=__import__("sys").stderr)
+            print("Llama.create_completion: cache miss", file=sys.stderr)
         return
     if common_prefix(item.input_ids.tolist(), prompt_toks) > common_prefix(seq.tokens.tolist(), prompt_toks):
         llm.load_state(item)
         if llm.verbose:
-            print("Llama._create_completion: cache hit", file=__import__("sys").stderr)
+            print("Llama.create_completion: cache hit", file=sys.stderr)
 
 
 def _to_cache(llm, tokens: List[int]) -> None:

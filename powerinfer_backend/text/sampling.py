@@ -81,6 +81,15 @@ class SamplerChain:
         self.close()
 
 
+def _penalties(n_vocab: int, last_n: int, repeat: float, freq: float, present: float):
+    """llama.cpp's penalties sampler; the llama.cpp that llama-cpp-python 0.3.36 vendors takes
+    ``n_vocab`` first, upstream's signature (4 arguments) does not."""
+    init = llama_cpp.llama_sampler_init_penalties
+    if len(getattr(init, "argtypes", None) or ()) == 4:
+        return init(last_n, repeat, freq, present)
+    return init(n_vocab, last_n, repeat, freq, present)
+
+
 def build_chain(p: SamplingParams, *, seed: int, n_vocab: int, vocab, penalty_last_n: int) -> SamplerChain:
     """llama.cpp's sampler chain for ``p`` (the processors excepted: :class:`ChainSampler`
     runs them), seeded with ``seed`` (uint32; 0xFFFFFFFF = random), over ``vocab``
@@ -93,8 +102,7 @@ def build_chain(p: SamplingParams, *, seed: int, n_vocab: int, vocab, penalty_la
     chain = SamplerChain()
     seed = int(seed) & 0xFFFFFFFF
     try:
-        chain.add(c.llama_sampler_init_penalties(n_vocab, penalty_last_n, p.repeat_penalty, p.frequency_penalty,
-                                                 p.presence_penalty))
+        chain.add(_penalties(n_vocab, penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
         grammar = as_grammar(p.grammar)
         if grammar is not None:
             chain.add(grammar_sampler(grammar, vocab))
