@@ -1,12 +1,12 @@
 """A server slot and the sequence operations the batch scheduler runs on.
 
 :class:`SlotLlama` is one slot's :class:`~powerinfer_backend.Llama`: it shares the
-served model's tokenizer, vocabulary, chat handlers and backend, and owns a sequence's
-state (tokens, logits, sampler chain and its token buffer, seed). Its backend is a
-:class:`SlotBackend`, whose ``eval`` goes to the scheduler (``decode``), so
-:meth:`Llama.eval` and everything above the logits (llama-cpp-python's completion with
-its stop strings, logprobs, streaming and grammar, chat templates and tools, our
-``/completion`` loop) runs per slot unchanged: one implementation of each piece.
+served model's tokenizer, vocabulary, chat handlers and backend, and owns a
+:class:`~powerinfer_backend.text.sequence.Sequence` (tokens, logits, sampler chain, seed).
+The sequence's evaluator is a :class:`SlotBackend`, whose ``eval`` goes to the scheduler
+(``decode``), so everything above the logits (the runner and the completion, chat and
+``/completion`` renderings of its events) runs per slot unchanged: one implementation of
+each piece.
 
 :func:`seq_access` gives the scheduler the context's sequences (:class:`SeqAccess`): the
 native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend's own
