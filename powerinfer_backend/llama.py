@@ -362,7 +362,14 @@ class Llama:
         text pieces when ``stream`` is "chars" or "tokens", then ``Stop`` and ``Usage``, or
         ``Error``), ending after at most ``max_tokens`` tokens, at an end-of-generation
         token or at the first of ``stops`` found in the text. The completion, chat and
-        server routes render from these."""
+        server routes render from these.
+
+        Raises:
+            ValueError: ``stream`` other than None, "chars" or "tokens".
+            RuntimeError: the model is closed.
+        """
+        if stream not in (None, "chars", "tokens"):
+            raise ValueError(f'stream must be None, "chars" or "tokens", got {stream!r}')
         self._check_open()
         text = PieceText(self._tok.piece, self._tok.token_bos)
         req = runner.Request(list(tokens), params, text, int(max_tokens), self._tok.is_eog,
