@@ -34,7 +34,7 @@ from .loader.hub import from_pretrained
 from .plugins.manager import plugin_manager, select_backend
 from .llama_options import backend_options, check_options
 from .text import chat, runner
-from .text.completion import Options, completion
+from .text.completion import Options, completion, prompt_tokens
 from .text.detok import PieceText
 from .text.logprobs import log_softmax
 from .text.perf import PerfContext
@@ -273,6 +273,11 @@ class Llama:
         """Token ids of UTF-8 ``text`` (llama.cpp's tokenizer)."""
         return self._tok.tokenize(text, add_bos=add_bos, special=special)
 
+    def prompt_tokens(self, prompt: Union[str, List[int]], suffix: Optional[str] = None) -> List[int]:
+        """The tokens :meth:`create_completion` evaluates for ``prompt`` (and ``suffix``):
+        BOS as the vocabulary adds it, special tokens parsed, the infill layout with a suffix."""
+        return prompt_tokens(self._tok, prompt, suffix, self.spm_infill)[0]
+
     def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
                    special: bool = False) -> bytes:
         """UTF-8 bytes of ``tokens``.
@@ -427,16 +432,7 @@ class Llama:
         ``chat_format`` / the GGUF template formats ``messages`` and calls
         :meth:`create_completion` (tools, tool_choice, response_format, streaming).
         Keywords: llama-cpp-python's ``create_chat_completion`` ones."""
-        defaults = dict(functions=None, function_call=None, tools=None, tool_choice=None, temperature=0.2,
-                        top_p=0.95, top_k=40, min_p=0.05, typical_p=1.0, logprobs=None, top_logprobs=None,
-                        stream=False, stop=[], seed=None, response_format=None, max_tokens=None,
-                        presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0, tfs_z=1.0,
-                        mirostat_mode=0, mirostat_tau=5.0, mirostat_eta=0.1, model=None, logits_processor=None,
-                        grammar=None, logit_bias=None)
-        unknown = set(kwargs) - set(defaults)
-        if unknown:
-            raise TypeError(f"create_chat_completion() got an unexpected keyword argument '{sorted(unknown)[0]}'")
-        return chat.chat_handler_for(self)(llama=self, messages=messages, **{**defaults, **kwargs})
+        return chat.complete(self, messages, kwargs)
 
     def create_chat_completion_openai_v1(self, *args, **kwargs):
         """``create_chat_completion`` as ``openai`` types (needs the openai package)."""

@@ -113,7 +113,8 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     slot = {"id": 0}  # the slot the request runs in (llama-server's id_slot)
 
     def gen(llm):
-        """Yield ("token", id, text, probs) per token, then ("end", stop_type, stopping_word, n_eval)."""
+        """Yield ("token", id, text, probs) per token, then ("end", the keywords of ``final``
+        but the content)."""
         slot["id"] = getattr(llm, "seq", 0)
         if not b.cache_prompt:
             llm.reset()
@@ -124,7 +125,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
             probs = None
             if b.n_probs:
                 probs = _next_token_probs(llm, llm.last_logits(), None, b.n_probs, b.post_sampling_probs)
-            yield ("end", "limit", "", len(tokens), probs, t0)
+            yield ("end", dict(stop_type="limit", word="", probs=probs, t0=t0, n_pred=0, prompt_n=len(tokens)))
             return
         if seed is not None:
             llm.set_seed(seed)
@@ -189,16 +190,19 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
         events.close()
         if stop_type != "word" and emitted < len(out):
             yield ("token", None, bytes(out[emitted:]), None)
-        yield ("end", stop_type, word, len(tokens), None, t0, n)
+        yield ("end", dict(stop_type=stop_type, word=word, probs=None, t0=t0, n_pred=n,
+                           prompt_n=llm.sequence.prompt_evaluated))
 
-    def final(stop_type, word, n_eval, probs, t0, n_pred, content: str):
+    def final(stop_type, word, probs, t0, n_pred, prompt_n, content: str):
+        """The last object; ``prompt_n``: prompt tokens evaluated (the rest were cached)."""
         dt = time.perf_counter() - t0
+        n_eval = len(tokens)
         res = {"content": content, "id_slot": slot["id"], "stop": True, "model": state.model_alias,
                "tokens_predicted": n_pred, "tokens_evaluated": n_eval, "generation_settings": settings,
                "prompt": prompt_text, "has_new_line": "\n" in content, "truncated": False, "stop_type": stop_type,
                "stopping_word": word, "tokens_cached": n_eval + n_pred,
-               "timings": {"prompt_n": n_eval, "predicted_n": n_pred, "predicted_ms": dt * 1e3,
-                           "predicted_per_second": n_pred / dt if dt > 0 else 0.0}}
+               "timings": {"prompt_n": prompt_n, "cache_n": n_eval - prompt_n, "predicted_n": n_pred,
+                           "predicted_ms": dt * 1e3, "predicted_per_second": n_pred / dt if dt > 0 else 0.0}}
         if probs is not None:
             res["completion_probabilities"] = [probs]
         return res
@@ -212,10 +216,9 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
                 if probs is not None:
                     d["completion_probabilities"] = [probs]
                 return d
-            _, stop_type, word, n_eval, probs, t0, *rest = item
-            return final(stop_type, word, n_eval, probs, t0, rest[0] if rest else 0, "")
+            return final(**item[1], content="")
 
-        return await state.run_stream(request, gen, fmt, done=None)
+        return await state.run_stream(request, gen, fmt, done=None, prompt=tokens)
 
     def collect(llm):
         pieces, toks, probs_all = [], [], []
@@ -227,15 +230,13 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
                 if item[3] is not None:
                     probs_all.append(item[3])
             else:
-                _, stop_type, word, n_eval, probs, t0, *rest = item
-                res = final(stop_type, word, n_eval, probs, t0, rest[0] if rest else 0,
-                            b"".join(pieces).decode("utf-8", "replace"))
+                res = final(**item[1], content=b"".join(pieces).decode("utf-8", "replace"))
                 res["tokens"] = toks
                 if probs_all:
                     res["completion_probabilities"] = probs_all
                 return res
 
-    return await state.run_once(request, collect)
+    return await state.run_once(request, collect, prompt=tokens)
 
 
 def _utf8_boundary(data: bytes, end: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from fastapi import Request
 from sse_starlette.sse import EventSourceResponse
@@ -32,10 +32,12 @@ class ServerState:
         self.n_ctx = int(llm.n_ctx())  # the total, split across the slots
         self.n_ctx_slot = self.worker.n_ctx_slot  # what one request may use
 
-    async def run_once(self, request: Request, fn: Callable, exclusive: bool = False):
-        """Run ``fn(llm)`` on the worker (in a slot; ``exclusive``: on the served Llama,
-        alone) and return its result; a client that disconnects meanwhile cancels it."""
-        job = self.worker.submit(fn, exclusive=exclusive)
+    async def run_once(self, request: Request, fn: Callable, exclusive: bool = False,
+                       prompt: Optional[List[int]] = None):
+        """Run ``fn(llm)`` on the worker (in a slot, chosen for ``prompt``, its prompt tokens
+        when known; ``exclusive``: on the served Llama, alone) and return its result; a
+        client that disconnects meanwhile cancels it."""
+        job = self.worker.submit(fn, exclusive=exclusive, prompt=prompt)
         try:
             while True:
                 try:
@@ -54,10 +56,11 @@ class ServerState:
             job.cancel.set()  # no-op when finished; stops a job whose caller was cancelled
 
     async def run_stream(self, request: Request, fn: Callable, fmt: Callable[[Any], Optional[dict]],
-                         done: Optional[str] = "[DONE]"):
-        """Run ``fn(llm)`` (an iterator) on the worker and answer an SSE stream of
-        ``fmt(chunk)``. Errors before the first chunk are answered as JSON errors."""
-        job = self.worker.submit(fn)
+                         done: Optional[str] = "[DONE]", prompt: Optional[List[int]] = None):
+        """Run ``fn(llm)`` (an iterator) on the worker (``prompt`` as for :meth:`run_once`)
+        and answer an SSE stream of ``fmt(chunk)``. Errors before the first chunk are
+        answered as JSON errors."""
+        job = self.worker.submit(fn, prompt=prompt)
         try:
             kind, first = await job.items.get()
         except BaseException:

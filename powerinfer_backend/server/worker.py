@@ -8,7 +8,10 @@
   asked for logits (or a short grace period passed: a slot busy in Python is not waited
   for), then decodes, in one batched pass, one token of every decoding slot plus prompt
   chunks of joining slots while they fit in ``n_batch``, and wakes those slots.
-* Jobs start in arrival order in free slots; at most ``max_queue`` wait, more get 503.
+* Jobs start in arrival order; a job takes the free slot whose cached tokens share the
+  longest prefix with its prompt when that covers at least :data:`SLOT_SIMILARITY` of the
+  prompt, else the least recently used free slot (llama-server's rule, so a returning chat
+  finds its cells); at most ``max_queue`` wait, more get 503.
 * A client that leaves sets its job's cancel flag: the scheduler drops the slot from the
   next step and clears its KV cells (``cancel_steps`` records when). A finished slot
   keeps its tokens, so the next request there reuses the common prompt prefix
@@ -27,10 +30,14 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from .errors import APIError
+from ..text.sequence import common_prefix
 from .slots import Cancelled, SeqAccess, SlotLlama, seq_access
 
 #: how long a step waits for a slot still busy in Python before decoding without it (s)
 GRACE_S = 0.02
+#: the share of a prompt a slot's cached prefix must cover to be chosen for it (llama-server's
+#: ``--slot-prompt-similarity`` default); below it the least recently used free slot is taken
+SLOT_SIMILARITY = 0.5
 
 
 class _CancelFlag(threading.Event):
@@ -48,11 +55,13 @@ class _CancelFlag(threading.Event):
 
 
 class Job:
-    """One request's work: ``fn(llm)`` returns a result or an iterator of chunks."""
+    """One request's work: ``fn(llm)`` returns a result or an iterator of chunks;
+    ``prompt``: its prompt tokens when known (the slot choice), else None."""
 
     def __init__(self, fn: Callable, loop: asyncio.AbstractEventLoop, exclusive: bool = False,
-                 clock: Callable[[], int] = lambda: 0):
+                 clock: Callable[[], int] = lambda: 0, prompt: Optional[List[int]] = None):
         self.fn = fn
+        self.prompt = prompt
         self.loop = loop
         self.exclusive = exclusive
         self.cancel = _CancelFlag(clock)
@@ -84,6 +93,8 @@ class _Slot:
         self.job: Optional[Job] = None
         self.request: Optional[_Request] = None
         self.leaving = False  # cancelled: out of the batch, KV cleared
+        self.last_used = 0  # when its last job started (the worker's job count): least recent first
+        self.prompt_evaluated = 0  # prompt tokens its last job evaluated (the rest were cached)
         self.inbox: "queue.Queue[Optional[Job]]" = queue.Queue()
         self.thread = threading.Thread(target=worker._slot_loop, args=(self,), name=f"powerinfer-slot-{seq}",
                                        daemon=True)
@@ -113,6 +124,7 @@ class ModelWorker:
         self._to_clear: List[int] = []  # seqs whose KV cells the scheduler clears next
         self._stopping = False
         self.served = self.cancelled = self.rejected = 0
+        self.started = 0  # jobs given a slot
         self.steps = 0  # batched passes run
         self.tokens_decoded = 0  # tokens of those passes
         self.cancel_steps: List[tuple] = []  # (step the cancel was set, step its slot left), the last 16
@@ -138,13 +150,16 @@ class ModelWorker:
 
     def slots(self) -> List[dict]:
         """llama-server's ``/slots``: per slot its id, whether it runs a request, its
-        context and the tokens its KV cells hold."""
+        context, the tokens its KV cells hold and ``n_prompt_tokens_processed``, the prompt
+        tokens its last request evaluated (the rest of that prompt came from its cells)."""
         return [{"id": s.seq, "is_processing": s.job is not None, "n_ctx": self.access.n_ctx_seq,
-                 "n_past": int(self.access.n_past(s.seq))} for s in self._slots]
+                 "n_past": int(self.access.n_past(s.seq)), "n_prompt_tokens_processed": s.prompt_evaluated}
+                for s in self._slots]
 
-    def submit(self, fn: Callable, exclusive: bool = False) -> Job:
-        """Queue ``fn``; raises :class:`APIError` 503 when the queue is full."""
-        job = Job(fn, asyncio.get_running_loop(), exclusive, clock=lambda: self.steps)
+    def submit(self, fn: Callable, exclusive: bool = False, prompt: Optional[List[int]] = None) -> Job:
+        """Queue ``fn`` (``prompt``: its prompt tokens, for the slot choice); raises
+        :class:`APIError` 503 when the queue is full."""
+        job = Job(fn, asyncio.get_running_loop(), exclusive, clock=lambda: self.steps, prompt=prompt)
         with self._cv:
             # queued jobs that free slots will take at the next step are not waiting for a slot
             free = 0 if self._exclusive is not None else sum(s.job is None for s in self._slots)
@@ -201,9 +216,11 @@ class ModelWorker:
             if job is None:
                 return
             slot.llama.job = job
+            slot.llama.sequence.prompt_evaluated = 0
             try:
                 self._execute(job, slot.llama)
             finally:
+                slot.prompt_evaluated = slot.llama.sequence.prompt_evaluated
                 cancelled = slot.leaving or job.cancel.is_set()
                 if cancelled:
                     slot.llama.forget()
@@ -291,11 +308,25 @@ class ModelWorker:
                     return  # in order: it waits for the slots to finish
                 self._exclusive = self._queue.popleft()
                 return
-            free = next((s for s in self._slots if s.job is None), None)
+            free = self._choose_slot(job.prompt)
             if free is None:
                 return
             free.job = self._queue.popleft()
+            self.started += 1
+            free.last_used = self.started
             free.inbox.put(free.job)
+
+    def _choose_slot(self, prompt: Optional[List[int]]) -> Optional[_Slot]:
+        """The free slot for ``prompt`` (see the module docstring), None when all are busy."""
+        free = [s for s in self._slots if s.job is None]
+        if not free:
+            return None
+        if prompt:
+            best, n = max(((s, common_prefix(s.llama.sequence.tokens.tolist(), prompt)) for s in free),
+                          key=lambda sn: (sn[1], -sn[0].last_used))
+            if n >= SLOT_SIMILARITY * len(prompt):
+                return best
+        return min(free, key=lambda s: s.last_used)
 
     def _leave(self, slot: _Slot) -> None:
         """A cancelled slot leaves the batch now and its KV cells are cleared."""

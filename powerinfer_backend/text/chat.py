@@ -34,6 +34,28 @@ def chat_handler_for(llm) -> Any:
             or llama_chat_format.get_chat_completion_handler(llm.chat_format))
 
 
+#: llama-cpp-python's ``create_chat_completion`` keywords and their defaults
+CHAT_DEFAULTS = dict(functions=None, function_call=None, tools=None, tool_choice=None, temperature=0.2, top_p=0.95,
+                     top_k=40, min_p=0.05, typical_p=1.0, logprobs=None, top_logprobs=None, stream=False, stop=[],
+                     seed=None, response_format=None, max_tokens=None, presence_penalty=0.0, frequency_penalty=0.0,
+                     repeat_penalty=1.0, tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0, mirostat_eta=0.1, model=None,
+                     logits_processor=None, grammar=None, logit_bias=None)
+
+
+def complete(llm, messages, kwargs: Dict[str, Any]) -> Any:
+    """``llm``'s chat handler (:func:`chat_handler_for`) over ``messages`` with
+    ``kwargs`` on :data:`CHAT_DEFAULTS`: it formats the messages and calls
+    ``llm.create_completion``.
+
+    Raises:
+        TypeError: a keyword llama-cpp-python's ``create_chat_completion`` does not take.
+    """
+    unknown = set(kwargs) - set(CHAT_DEFAULTS)
+    if unknown:
+        raise TypeError(f"create_chat_completion() got an unexpected keyword argument '{sorted(unknown)[0]}'")
+    return chat_handler_for(llm)(llama=llm, messages=messages, **{**CHAT_DEFAULTS, **kwargs})
+
+
 def as_openai_v1(complete: Callable[[], Any], stream: bool) -> Any:
     """``complete()``'s chat completion (or its stream) as ``openai`` types.
 

@@ -41,6 +41,8 @@ class Sequence:
         requires_eval: the last logits are not live (restored or truncated state): a
             generate must evaluate at least one token before sampling.
         sampler: the chain of the running :meth:`generate` (None outside one).
+        prompt_evaluated: tokens of the last :meth:`generate`'s prompt that were
+            evaluated; the rest were cached KV cells (llama-server's ``prompt_n``).
     """
 
     def __init__(self, evaluator, *, n_ctx: int, n_vocab: int, logits_all: bool, vocab, seq_id: int = 0,
@@ -61,6 +63,7 @@ class Sequence:
         self.requires_eval = True
         self.sampler: Optional[ChainSampler] = None
         self.seed = 0xFFFFFFFF
+        self.prompt_evaluated = 0
         self._buffer = TokenDataBuffer(self.n_vocab)
 
     # ---- tokens and logits -------------------------------------------------------------
@@ -232,6 +235,7 @@ class Sequence:
             raise RuntimeError("generate: empty prompt and nothing cached: no logits to sample from")
         sample_idx = self.n_tokens + len(tokens) - 1
         sampler = self.sampler
+        self.prompt_evaluated = len(tokens)
         while True:
             self.eval(tokens)
             while sample_idx < self.n_tokens:
