@@ -184,17 +184,16 @@ class ModelWorker:
                 with self._cv:
                     self.served += 1
                 return [("item", result), ("end", None)]
-            else:
-                it = iter(result)
-                try:
-                    for item in it:
-                        job._put("item", item)
-                        if job.cancel.is_set():
-                            raise Cancelled()
-                finally:
-                    close = getattr(it, "close", None)
-                    if close is not None:
-                        close()
+            it = iter(result)
+            try:
+                for item in it:
+                    job._put("item", item)
+                    if job.cancel.is_set():
+                        raise Cancelled()
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
             with self._cv:
                 self.served += 1
             return [("end", None)]

@@ -61,13 +61,17 @@ def _turn_2(reply: str) -> list:
 def test_64_concurrent_streams_on_8_slots_get_their_solo_text(server, solo):
     kinds = [("c", p) for p in PROMPTS] + [("ls", p) for p in PROMPTS] + [("chat", q) for q in CHATS]
     work = [kinds[i % len(kinds)] for i in range(64)]  # each prompt 3 or 4 times: cached prefixes too
+    before = httpx.get(server.url + "/stats").json()
     with ThreadPoolExecutor(len(work)) as ex:
         got = list(ex.map(lambda w: _request(server.url, *w, stream=True, n_tokens=N_TOKENS), work))
     assert [status for _, status in got] == [200] * len(work), got
     for (kind, text), (answer, _) in zip(work, got):
         assert answer == solo[kind, text], (kind, text)
     stats = httpx.get(server.url + "/stats").json()
-    assert stats["served"] >= 64 and stats["rejected"] == 0 and server.alive()
+    assert stats["served"] - before["served"] == 64 and stats["rejected"] == 0 and server.alive()
+    steps, tokens = stats["steps"] - before["steps"], stats["tokens_decoded"] - before["tokens_decoded"]
+    # a request takes 8 steps (its prompt, then 7 decodes): 64 steps if the 8 slots were always full
+    assert tokens >= 64 * N_TOKENS and steps <= 96, (steps, tokens)
 
 
 def _completion(url: str, prompt, **kw) -> dict:
