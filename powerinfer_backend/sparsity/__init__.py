@@ -4,5 +4,3 @@
 Owns the sparse modes of a context (``modes``: ``sparse="auto|off|threshold|predictor"``),
 the sidecar GGUF (``sidecar``), threshold calibration (``calibrate``), chunked perplexity
 (``perplexity``), activation predictors (``predictors``) and their training (``train``)."""
-
-from .modes import MODES, SparseState, configure, stats  # noqa: F401  (the old flat module's names)
