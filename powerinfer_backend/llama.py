@@ -78,7 +78,7 @@ class Llama:
             only, said once), "cuda" / "metal" / "vulkan" / "hip" (the first device of
             that backend: a GPU build of llama-cpp-python, docs/building.md), a ggml
             device name ("CUDA0"; ``powerinfer-backend devices``), "ggml-cpu" (ggml's CPU
-            backend as the device; alias "cpu-device") or "cpu" (none). Unknown name:
+            backend as the device) or "cpu" (none). Unknown name:
             ``ValueError`` listing ggml's devices; ggml missing / wrong version: ``RuntimeError``.
         placement (keyword): "neurons" (dense blocks, then hot neurons; default) or
             "layers" (whole layers, as llama.cpp's -ngl). n_gpu_layers, reset_gpu_index,
