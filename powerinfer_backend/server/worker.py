@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from typing import Callable, List, Optional
 
@@ -123,6 +124,7 @@ class ModelWorker:
         self.started = 0  # jobs given a slot
         self.steps = 0  # batched passes run
         self.tokens_decoded = 0  # tokens of those passes
+        self.eval_s = 0.0  # seconds in those passes (the rest of a step is the slots' Python)
         self.cancel_steps: List[tuple] = []  # (step the cancel was set, step its slot left), the last 16
         self._slots = [_Slot(self, s) for s in range(self.parallel)]
         self._thread = threading.Thread(target=self._run, name="powerinfer-serve-worker", daemon=True)
@@ -379,10 +381,12 @@ class ModelWorker:
     def _eval(self, items: list) -> None:
         """One batched pass over ``items``; each request gets its rows (or the error)."""
         error = None
+        t0 = time.perf_counter()
         try:
             outs = self.access.eval(items, self._logits_all)
         except BaseException as e:  # answered to the slots of this step
             error, outs = e, [None] * len(items)
+        self.eval_s += time.perf_counter() - t0
         self.steps += 1
         for (seq, toks), out in zip(items, outs):
             slot = self._slots[seq]
