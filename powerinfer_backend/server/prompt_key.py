@@ -13,7 +13,7 @@ from typing import Callable, List, Optional
 from ..text import chat
 
 
-class _Prompt(Exception):
+class _Prompt(BaseException):  # not an Exception: a handler's own ``except Exception`` lets it through
     def __init__(self, tokens: List[int]):
         super().__init__()
         self.tokens = tokens
