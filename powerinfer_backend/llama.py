@@ -151,6 +151,12 @@ class Llama:
         self.chat_format = vocab_llama.chat_format  # chat_format as given, else guessed from the GGUF
         self.chat_handler = chat_handler
         self.chat_handlers = chat.gguf_chat_handlers(self._tok.metadata, self._tok)  # the GGUF's chat templates
+        if chat_format is not None and chat_handler is None:
+            try:
+                chat.check_chat_format(chat_format, self.chat_handlers)
+            except ValueError:
+                self.close()
+                raise
         self.perf = PerfContext()  # llama.cpp's timing report, printed after a completion when verbose
         self._seq = self.new_sequence(self._backend, self._n_ctx)
         self.set_seed(seed)

@@ -25,6 +25,22 @@ def gguf_chat_handlers(metadata: Dict[str, str], tok) -> Dict[str, Any]:
             for name, t in templates.items()}
 
 
+def check_chat_format(name: str, gguf_handlers: Dict[str, Any]) -> None:
+    """``ValueError`` naming ``name`` when it is neither one of the GGUF's templates nor a
+    format llama-cpp-python registered (``chatml``, ``llama-2``, ``mistral-instruct``, ...),
+    so a misspelt ``chat_format`` fails at load, not at the first chat request."""
+    from llama_cpp import llama_chat_format
+
+    if name in gguf_handlers:
+        return
+    try:
+        llama_chat_format.get_chat_completion_handler(name)
+    except llama_chat_format.LlamaChatCompletionHandlerNotFoundException:
+        own = f"this model's templates: {', '.join(sorted(gguf_handlers))}; " if gguf_handlers else ""
+        raise ValueError(f"unknown chat_format {name!r} ({own}or a llama-cpp-python format name such as "
+                         "'chatml', 'llama-2', 'mistral-instruct'; omit it to use the GGUF's template)") from None
+
+
 def chat_handler_for(llm) -> Any:
     """The handler ``llm`` chats with: its ``chat_handler``, else its GGUF template or
     the named format ``llm.chat_format``."""

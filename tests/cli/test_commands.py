@@ -194,3 +194,17 @@ def test_plan_writes_only_into_the_cache_and_warns_without_matplotlib(tmp_path, 
     assert out.splitlines()[-1] == f"plan: {plan}"
     assert err == ("powerinfer-backend: warning: no plot written: matplotlib is not installed (pip install "
                    "'.[plot]' in a clone, 'powerinfer_backend[plot]' from PyPI; --no-plot skips the plot)\n")
+
+
+def test_unknown_chat_format_is_one_clear_line_at_load():
+    """`--chat-format bogus` printed a LlamaChatCompletionHandlerNotFoundException traceback
+    (generate, chat) or made every chat request a 500 (serve); now the load refuses it."""
+    from powerinfer_backend import Llama
+
+    with pytest.raises(ValueError, match=r"unknown chat_format 'bogus' \(this model's templates: chat_template.default"):
+        Llama(default_model_path(), n_ctx=64, chat_format="bogus", verbose=False)
+    with Llama(default_model_path(), n_ctx=64, chat_format="chatml", verbose=False) as llm:  # registered names load
+        assert llm.chat_format == "chatml"
+    p = _run("generate", "--chat", "--chat-format", "bogus", "--prompt", "hi", "-n", "1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("powerinfer-backend: error: unknown chat_format 'bogus'")
