@@ -161,7 +161,8 @@ class ModelWorker:
             free = 0 if self._exclusive is not None else sum(s.job is None for s in self._slots)
             if len(self._queue) >= self.max_queue + free:
                 self.rejected += 1
-                raise APIError(503, f"server busy: {len(self._queue) - free} requests already waiting for a "
+                waiting = len(self._queue) - free
+                raise APIError(503, f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting for a "
                                     f"slot (--max-queue {self.max_queue}); retry later", "server_busy")
             self._queue.append(job)
             self._cv.notify_all()
