@@ -52,7 +52,8 @@ def paper_sizes(n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: in
         layer["ffn_gate"] = TensorSize(w, (n_embd, n_ff))
     return ModelSizes(n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
                       n_embd_head=hd, n_vocab=n_vocab, layers=(layer,) * n_layer,
-                      output_norm=TensorSize(F32, (n_embd,)), output=TensorSize(w, (n_embd, n_vocab)))
+                      output_norm=TensorSize(F32, (n_embd,)), output=TensorSize(w, (n_embd, n_vocab)),
+                      cpu_down_t_type="f16" if w == F16 else "q8_0")  # as down_t_dtype chooses
 
 
 def power_law_freq(n_layer: int, n_ff: int, rate: float, top_frac: float, top_mass: float, seed: int = 0) -> np.ndarray:
