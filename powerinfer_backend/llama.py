@@ -82,7 +82,8 @@ class Llama:
             split, docs/placement.md), "neurons" (dense blocks, then hot neurons) or
             "layers" (whole layers, as llama.cpp's -ngl). device_bandwidth (keyword): the
             device's memory bandwidth in GB/s for "auto" (default: a table of common GPUs
-            by ggml's device description; ggml-cpu: the host's, measured once and cached).
+            by ggml's device description; ggml-cpu shares the host's memory, so "auto" runs
+            the neuron plan there unless this is given).
             n_gpu_layers, reset_gpu_index,
             disable_gpu_index, device_threads (keywords): N whole layers' bytes (0 CPU,
             -1 all) without ``vram_budget``; PowerInfer's flags; "ggml-cpu" threads.

@@ -27,6 +27,9 @@ from .devices.select import DeviceChoice, DeviceSizer, open_device, resolve_devi
 __all__ = ["PLACEMENTS", "Offload", "offload", "split_arithmetic", "engine_mode", "check_device_options"]
 
 PLACEMENTS = ("auto", "neurons", "layers")
+#: why ``placement="auto"`` runs the neuron plan on ggml's CPU backend as the device
+SHARED_MEMORY = ("ggml's CPU backend reads the host's own memory, so no placement reads faster; auto runs "
+                 "the neuron plan there (pass device_bandwidth= to plan by the cost model anyway)")
 
 
 @dataclass
@@ -64,7 +67,9 @@ class Offload:
                 f"budget bytes; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
                 f"hot neurons {p.hot_fraction:.1%}, output {'device' if p.output_on_device else 'cpu'}")
         c = p.choice
-        if c:
+        if c and "tok_s" not in c:
+            line += f"; placement auto chose {c['policy']} ({c['reason']})"
+        elif c:
             line += (f"; placement auto chose {c['policy']}: predicted {c['tok_s'][c['policy']]:.1f} tok/s, "
                      f"{c['ratio']:.2f}x llama.cpp's layer split (device {c['device_gbps']:g} GB/s, "
                      f"{c.get('device_source', 'given')}; host {c['host_gbps']:g} GB/s; mode {c['mode']})")
@@ -170,8 +175,8 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         reset_gpu_index, disable_gpu_index: as PowerInfer's --reset-gpu-index /
             --disable-gpu-index (:func:`powerinfer_backend.hybrid.placement.plan_for_model`).
         device_bandwidth: the device's memory bandwidth in GB/s for ``placement="auto"``
-            (None: the table of common GPUs by ggml's device description; ggml's CPU
-            backend: the host's, measured once and cached).
+            (None: the table of common GPUs by ggml's device description; for ggml's CPU
+            backend, which shares the host's memory, auto then runs the neuron plan).
 
     Raises:
         ValueError: a bad budget, device or placement name, a device ggml does not have
@@ -221,9 +226,9 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
     if placement == "layers":
         plan = P.plan_layer_split(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:
-        auto, src = {}, ""
-        if placement == "auto" and dec.bytes > 0:
-            info = dev.info
+        auto, src, info = {}, "", dev.info
+        shared = info.type == "cpu" and device_bandwidth is None
+        if placement == "auto" and dec.bytes > 0 and not shared:
             bd, src = P.device_bandwidth(info.name, info.description, info.type, override=device_bandwidth,
                                          n_threads=device_threads)
             auto = dict(placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads),
@@ -233,6 +238,8 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
                                 sizer=sizer, verbose=verbose, **auto)
         if plan.choice:
             plan.choice["device_source"] = src
+        elif placement == "auto" and shared:
+            plan.choice = {"policy": "neurons", "reason": SHARED_MEMORY}
     kind = choice.requested
     if plan.device_bytes == 0:
         dev.close()

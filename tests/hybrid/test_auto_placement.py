@@ -172,3 +172,28 @@ def test_7b_shaped(gated_relu, mode):
     _assert_never_below(res)
     if mode != "dense":
         assert res[1008, 0.3][0] > 1.5 * res[1008, 0.3][1]
+
+
+# ---- Llama(placement="auto") on ggml's CPU backend ----
+
+def test_llama_auto_on_ggml_cpu(tmp_path, xdg_cache, capsys):
+    """The default placement: on ggml-cpu (the host's own memory) the neuron plan, saying why;
+    with a device_bandwidth the cost model's choice, its predicted ratio in stats() and the
+    verbose line, the device's buffers exactly the plan's."""
+    from powerinfer_backend import Llama
+
+    path = write_tiny_llama(tmp_path / "m.gguf", n_layer=3, n_ff=128)
+    kw = dict(n_ctx=64, n_batch=8, n_threads=2, device="ggml-cpu", vram_budget="1GiB")
+    with Llama(path, verbose=False, **kw) as llm:
+        d = llm.stats()["device"]
+        assert d["placement"]["policy"] == "neurons" and "host's own memory" in d["placement"]["reason"]
+    with Llama(path, verbose=True, device_bandwidth=1000, **kw) as llm:
+        out = llm.create_completion([1, 5, 9], max_tokens=4, temperature=0.0)["choices"][0]["text"]
+        d = llm.stats()["device"]
+        c = d["placement"]
+        assert c["policy"] in P.POLICIES and c["device_gbps"] == 1000 and c["device_source"] == "given"
+        assert c["ratio"] >= 1.0 and c["tok_s"][c["policy"]] == max(c["tok_s"].values())
+        assert d["used"] == d["reserved"] == llm._backend.offload.plan.device_bytes
+    assert isinstance(out, str)
+    err = capsys.readouterr().err
+    assert f"placement auto chose {c['policy']}: predicted" in err and "x llama.cpp's layer split" in err
