@@ -53,6 +53,7 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
     :func:`model_inputs`'s; ``inputs``: its result when already made). Returns {"ours",
     "layer_split", "ratio", "host_bandwidth_measured", "choice", "text"}; raises ValueError
     for bad bandwidths, mode or frequencies."""
+    from ..hybrid.placement import POLICIES
     from ..hybrid.placement import predict as pr
 
     mi = inputs or model_inputs(model_path, args)
@@ -69,6 +70,6 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
     if plan.choice:
         c = plan.choice
         text += (f"\nplacement auto chose {c['policy']} (predicted tok/s: "
-                 + ", ".join(f"{k} {v:.2f}" for k, v in c["tok_s"].items()) + ")")
+                 + ", ".join(f"{k} {c['tok_s'][k]:.2f}" for k in POLICIES if k in c["tok_s"]) + ")")
     return {"ours": ours.to_json(), "layer_split": split.to_json(), "ratio": ours.tok_s / split.tok_s,
             "host_bandwidth_measured": mi["host_measured"], "choice": plan.choice or None, "text": text}

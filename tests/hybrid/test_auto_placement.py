@@ -197,3 +197,23 @@ def test_llama_auto_on_ggml_cpu(tmp_path, xdg_cache, capsys):
     assert isinstance(out, str)
     err = capsys.readouterr().err
     assert f"placement auto chose {c['policy']}: predicted" in err and "x llama.cpp's layer split" in err
+
+
+def test_cli_plan_predict_auto(tmp_path, capsys, xdg_cache):
+    """`plan --predict --device-bandwidth` plans with placement auto and says what won."""
+    import json
+
+    from powerinfer_backend.cli.commands import main as cli_main
+
+    path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
+    base = ["plan", "--model", path, "--vram-budget", "100KiB", "--ctx", "100", "--batch", "4", "--no-plot",
+            "--device", "cpu", "--predict", "--device-bandwidth", "10", "--host-bandwidth", "1"]
+    assert cli_main(base + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    c = d["prediction"]["choice"]
+    assert c["policy"] in P.POLICIES and c["tok_s"][c["policy"]] == pytest.approx(d["prediction"]["ours"]["tok_s"])
+    assert d["prediction"]["ratio"] == pytest.approx(c["ratio"]) and c["ratio"] >= 1.0
+    assert cli_main(base) == 0
+    assert f"placement auto chose {c['policy']} (predicted tok/s: throughput " in capsys.readouterr().out
+    assert cli_main(base[:-5] + ["--placement", "auto"]) == 2  # without --predict and its bandwidths
+    assert "plan --placement auto needs --device-bandwidth GB/s" in capsys.readouterr().err
