@@ -87,6 +87,19 @@ def test_modes(tiny_sizes, mode, cold_bytes):
     assert [L.host_ffn_bytes for L in p.layers] == [cold_bytes + extra] * 2
 
 
+def test_threshold_cpu_only_layer_reads_the_cheaper_down(tmp_path):
+    """A layer with no device neuron in mode threshold: gate and up rows, and the down as the
+    engine runs it: the kept Q8_0 down_t rows (68 B each at n_embd 64), or the GGUF's Q4_1
+    ffn_down (64 rows of 128 = 5120 B) where those read more. Q4_1 gate/up rows: 40 B."""
+    m = load_gguf(write_tiny_llama(tmp_path / "q41.gguf", n_layer=2, n_ff=128, types={"matrix": 3}), verbose=False)
+    s = P.ModelSizes.from_gguf(m)
+    m.close()
+    plan = _plan([False, False], [[], []])
+    for f, down in ((0.5, 64 * 68), (0.9, 5120)):  # 0.9 x 128 x 68 = 7833.6 > 5120
+        p = pr.predict_ours(s, plan, np.full((2, 128), f), device_gbps=1, host_gbps=1, mode="threshold")
+        assert p.layers[0].host_ffn_bytes == pytest.approx(2 * 128 * 40 + down)
+
+
 def test_dense_cpu_only_reads_gguf_tensors(tiny_sizes):
     _, s = tiny_sizes
     plan = P.plan_placement(s, None, 0, n_ctx=100, n_batch=4)

@@ -19,6 +19,7 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   plus ``sync_s`` per layer with work on both sides (the round trip of the activations).
   A layer with no neuron on the device runs its FFN as the CPU-only engine does (mode
   "dense": the GGUF tensors as stored; a sparse mode: its rows over the CPU-only down_t,
+  in mode "threshold" the GGUF ffn_down instead where the kept rows would read more,
   ``ModelSizes.cpu_down_t_type``); a split layer's host rows use the split's down_t
   (``ModelSizes.down_t_type``, F16); a layer with every neuron on the device reads its
   FFN tensors as stored there (a whole layer, as llama.cpp's split).
@@ -210,6 +211,7 @@ class LayerBytes:
         device_rows: a hot neuron's rows on the device (F16 down).
         whole_rows: a neuron's share of the layer's FFN tensors as stored (a whole layer).
         gguf_ffn: the FFN tensors as stored (the dense CPU path).
+        gguf_down: ffn_down as stored (the CPU-only threshold mode's down where cheaper).
     """
 
     attn: int
@@ -218,6 +220,7 @@ class LayerBytes:
     device_rows: tuple
     whole_rows: tuple
     gguf_ffn: int
+    gguf_down: int
 
     @classmethod
     def of(cls, s: ModelSizes, i: int, n_past: int = 0) -> "LayerBytes":
@@ -226,7 +229,7 @@ class LayerBytes:
             L["ffn_down"].nbytes / s.n_ff,)
         return cls(attn_weight_bytes(s, i) + _kv_read(s, n_past), ffn_row_bytes(s, i),
                    ffn_row_bytes(s, i, split=False), ffn_row_bytes(s, i, device=True), whole,
-                   sum(L[k].nbytes for k in _FFN_ROW_SLOTS if k in L))
+                   sum(L[k].nbytes for k in _FFN_ROW_SLOTS if k in L), L["ffn_down"].nbytes)
 
 
 def layer_time(b: LayerBytes, i: int, *, n_ff: int, attn_on: bool, n_hot: int, hot_fsum: float, cold_fsum: float,
@@ -236,12 +239,15 @@ def layer_time(b: LayerBytes, i: int, *, n_ff: int, attn_on: bool, n_hot: int, h
     attention block on the device or not and its ``n_hot`` most frequent neurons there
     (frequency sums ``hot_fsum`` / ``cold_fsum``); bd, bh in bytes/s. With no neuron on the
     device the layer's FFN is the CPU-only engine's (dense: the GGUF tensors; sparse: the
-    CPU-only down_t); with all of them, the whole FFN as stored on the device."""
+    CPU-only down_t; threshold: the GGUF ffn_down where the kept down_t rows read more,
+    ``set_ffn_down_dense``); with all of them, the whole FFN as stored on the device."""
     how, dev_how = ROW_READS[mode], ROW_READS[mode if device_skips else "dense"]
     pred = predictor_bytes if mode == "predictor" else 0
     if n_hot == 0:
         dev = 0.0
         host = float(b.gguf_ffn) if mode == "dense" else _rows_read(b.cpu_rows, n_ff, cold_fsum, how) + pred
+        if mode == "threshold":  # the engine's down over ffn_down where the kept rows read more
+            host -= max(0.0, b.cpu_rows[2] * cold_fsum - b.gguf_down)
     elif n_hot >= n_ff:
         dev, host = _rows_read(b.whole_rows, n_ff, hot_fsum, dev_how), 0.0
     else:
