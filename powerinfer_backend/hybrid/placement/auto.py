@@ -2,10 +2,10 @@
 (:func:`plan_auto`): the cost model of :mod:`.predict` decides the placement.
 
 Per layer the choices are: CPU only; the attention block on the device or not, with the
-layer's ``k`` most frequent neurons there (``k`` in steps of whole :data:`~.sizes.NEURON_GROUP`
-groups, about :data:`GRID` steps per layer);
-every neuron (the whole FFN as stored: with the attention block, the whole layer, as
-llama.cpp's split places it). The output block is one more choice. Each choice has exact
+layer's ``k`` most frequent neurons there (``k`` in steps of whole
+:data:`~.sizes.NEURON_GROUP` groups, about :data:`GRID` steps per layer) or every neuron
+(the whole FFN as stored: with the attention block, the whole layer, as llama.cpp's split
+places it). The output block is one more choice. Each choice has exact
 device bytes (the sizer's) and predicted seconds per token (:func:`~.predict.layer_time`).
 Greedy: from everything on the CPU, repeatedly take the move of one layer (or the output
 block) to another of its choices that saves the most predicted seconds per added device
@@ -35,8 +35,6 @@ __all__ = ["POLICIES", "plan_throughput", "plan_auto"]
 
 #: the candidates of ``placement="auto"``, in the order ties are broken
 POLICIES = ("throughput", "neurons", "layers")
-
-
 #: at most about this many neuron counts per layer are tried in the greedy (then the fill)
 GRID = 64
 
