@@ -51,8 +51,7 @@ from .sizes import _FFN_ROW_SLOTS, ACT_BYTES, KV_ELEM_BYTES, ModelSizes, kv_byte
 
 __all__ = ["ROW_READS", "MODES", "LayerTime", "LayerBytes", "Prediction", "default_mode", "attn_weight_bytes",
            "ffn_row_bytes", "layer_time", "predict_ours", "llama_cpp_offload", "predict_layer_split",
-           "measure_host_bandwidth",
-           "format_predictions"]
+           "measure_host_bandwidth", "format_predictions"]
 
 #: Per FFN mode, how each neuron row (gate, up, down) is read: "always" (every neuron)
 #: or "freq" (only when the neuron fires: probability = its firing frequency).
