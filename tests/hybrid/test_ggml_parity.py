@@ -4,8 +4,8 @@ file is loaded once per module: parsing Gemma's 262k-token vocabulary per config
 cost more than the whole CI budget; ``Llama(device="ggml-cpu")`` itself: tests/hybrid/test_offload.py):
 SmolLM2 Q4_1, Gemma 3 270M Q4_K_M and a tiny ReLU llama at budgets 0, 10%, 50% and 100% of
 their full device bytes, both placements, teacher-forced over 3 prompts x 48 tokens of the CPU
-engine's greedy continuation (the CPU engine as ``Llama`` configures it, ``sparse="auto"``: a
-placed context keeps its arithmetic in the layers with no device neuron).
+engine's greedy continuation (the CPU engine with the arithmetic a placed context uses,
+``sparse="exact"``).
 
 A device sums in its own order, so the hybrid is not bit-identical to the CPU engine; the
 tolerance is llama.cpp's own, measured here with llama-cpp-python on the same tokens: the
@@ -37,7 +37,7 @@ from tests.fixtures.tiny_gguf import write_tiny_llama
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.hybrid.devices import DeviceSizer, open_device, resolve_device
-from powerinfer_backend.hybrid.offload import offload
+from powerinfer_backend.hybrid.offload import offload, split_arithmetic
 from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.plugins.reference import load_reference
 from powerinfer_backend.sparsity import modes as sparsity
@@ -146,7 +146,7 @@ def _case(path):
             sizes, z = P.ModelSizes.from_gguf(g), DeviceSizer(dev, ctx)
             full = P.full_device_bytes(sizes, N_CTX, N_BATCH, z)
             last = P.compute_bytes(sizes, N_CTX, N_BATCH, z) + P.layer_bytes(sizes, sizes.n_layer - 1, N_CTX, z)
-        sparsity.configure(ctx, g, path, "auto")  # the CPU engine as Llama configures it
+        split_arithmetic(ctx)  # the CPU engine with a placed context's arithmetic (sparse="exact")
         seqs = [_greedy(ctx, p, N_GEN) for p in prompts]
         ref = [_teacher_forced(ctx, s, len(p)) for s, p in zip(seqs, prompts)]
     finally:
