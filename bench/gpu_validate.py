@@ -52,8 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 #: user device name -> the prefix of the ggml device names of that backend
-_BACKEND_PREFIX = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "hip": "ROCm", "ggml-cpu": "CPU",
-                   "cpu-device": "CPU"}
+_BACKEND_PREFIX = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "hip": "ROCm", "ggml-cpu": "CPU"}
 #: option defaults without / with --small
 _DEFAULTS = {False: dict(ctx=512, batch=128, n_check=32, n_decode=32, n_prefill=128, repeats=2),
              True: dict(ctx=128, batch=32, n_check=16, n_decode=8, n_prefill=32, repeats=1)}
@@ -165,7 +164,7 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 def open_llm(path: Path, a, **kw):
     from powerinfer_backend import Llama
 
-    if kw.get("device") in ("ggml-cpu", "cpu-device"):
+    if kw.get("device") == "ggml-cpu":
         kw["device_threads"] = a.device_threads
     return Llama(str(path), n_ctx=a.ctx, n_batch=a.batch, n_threads=a.threads, verbose=False, **kw)
 

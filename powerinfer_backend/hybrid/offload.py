@@ -2,7 +2,7 @@
 under a placement plan on a ggml device (issues 6, 14; docs/placement.md).
 
 :func:`offload` resolves the device name (:func:`powerinfer_backend.hybrid.devices.select.resolve_device`:
-"auto", "cuda", "metal", "vulkan", "hip", a ggml device name, "ggml-cpu" / "cpu-device",
+"auto", "cuda", "metal", "vulkan", "hip", a ggml device name, "ggml-cpu",
 "cpu"), opens it, decides the budget against its free memory
 (:func:`powerinfer_backend.hybrid.placement.resolve_budget`), makes or reuses the plan with
 the device's byte rule (:class:`~powerinfer_backend.hybrid.devices.select.DeviceSizer`;

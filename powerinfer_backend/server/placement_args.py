@@ -9,6 +9,8 @@ import argparse
 import os
 from typing import Optional
 
+from .arg_types import threads
+
 #: the environment variable ``serve`` takes its budget from when --vram-budget is absent
 #: (text-generation-webui's loader sets it)
 BUDGET_ENV = "POWERINFER_VRAM_BUDGET"
@@ -60,7 +62,7 @@ def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
                    help="auto (default: the first discrete GPU, else CPU only), cuda, metal, vulkan, hip, a ggml "
                         "device name (`powerinfer-backend devices`), ggml-cpu (ggml's CPU backend as the device), "
                         "or cpu")
-    p.add_argument("--device-threads", type=_positive("--device-threads"), default=None,
+    p.add_argument("--device-threads", type=threads("--device-threads"), default=None,
                    help="threads of ggml-cpu as the device (default 1)")
     p.add_argument("--placement", choices=("auto", "neurons", "layers"), default="auto",
                    help="auto (default: the fastest predicted of the throughput planner, hot neurons by frequency "
@@ -104,15 +106,3 @@ def env_budget(args):
         except ValueError as e:
             raise ValueError(f"${BUDGET_ENV}={value!r}: {e}") from None
     return value if parse_vram_budget(value) else 0
-
-
-def _positive(name):
-    def parse(value):
-        try:
-            n = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {value!r}") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {n}")
-        return n
-    return parse

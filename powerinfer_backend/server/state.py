@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 from fastapi import Request
 from sse_starlette.sse import EventSourceResponse
 
-from .errors import APIError, error_from_exception
+from .errors import APIError, error_from_exception, log_error
 from .worker import ModelWorker
 
 
@@ -48,7 +48,7 @@ class ServerState:
                 if kind == "item":
                     return value
                 if kind == "error":
-                    raise error_from_exception(value)
+                    raise _answer(value)
                 raise APIError(499, "cancelled")
         finally:
             job.cancel.set()  # no-op when finished; stops a job whose caller was cancelled
@@ -65,7 +65,7 @@ class ServerState:
             raise
         if kind == "error":
             job.cancel.set()
-            raise error_from_exception(first)
+            raise _answer(first)
 
         async def events():
             try:
@@ -76,13 +76,24 @@ class ServerState:
                         yield {"data": json.dumps(data, ensure_ascii=False)}
                     kind_, value = await job.items.get()
                 if kind_ == "error":
-                    yield {"data": json.dumps(error_from_exception(value).body())}
+                    err = error_from_exception(value)
+                    log_error(request, err, value)
+                    yield {"data": json.dumps(err.body())}
                 elif done is not None:
                     yield {"data": done}
             finally:
                 job.cancel.set()  # client gone (task cancelled) or finished
 
         return EventSourceResponse(events(), ping=15, sep="\n")
+
+
+def _answer(e: BaseException) -> APIError:
+    """The APIError for ``e``, raised by the worker, with ``e`` as its cause (the
+    error handler logs a fault's traceback from it)."""
+    err = error_from_exception(e)
+    if err is not e:
+        err.__cause__ = e
+    return err
 
 
 def budget_in_effect(llm):

@@ -106,7 +106,7 @@ class ModelWorker:
             parallel = int(getattr(ctx, "n_seq_max", 1)) if hasattr(ctx, "eval_seqs") else 1
         self.access: SeqAccess = seq_access(llm, int(parallel))
         self.parallel = self.access.n_seq
-        self._logits_all = bool(getattr(llm, "_logits_all", False))
+        self._logits_all = bool(getattr(llm, "logits_all", False))
         self._cv = threading.Condition()
         self._queue: deque = deque()
         self._exclusive: Optional[Job] = None
@@ -340,7 +340,7 @@ class ModelWorker:
         return items
 
     def _check(self, seq: int, req: _Request) -> Optional[BaseException]:
-        n_vocab = self.llm._n_vocab
+        n_vocab = self.llm.n_vocab()
         bad = next((t for t in req.rest if not 0 <= t < n_vocab), None)
         if bad is not None:
             return ValueError(f"eval: token {bad} is outside [0, {n_vocab})")

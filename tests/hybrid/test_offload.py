@@ -98,9 +98,9 @@ def test_llama_on_ggml_cpu_reports_device_memory(tiny, xdg_cache):
         assert d["buffers"] == llm._backend.offload.plan.buffer_bytes() and d["buffers"]["kv"] > 0
         assert 0 < d["free_bytes"] <= d["total_bytes"]
     budget = full // 2
-    with Llama(str(path), device="cpu-device", vram_budget=f"{budget}B", **kw) as llm:  # the alias
+    with Llama(str(path), device="ggml-cpu", vram_budget=f"{budget}B", **kw) as llm:  # half fits
         d = llm.stats()["device"]
-        assert d["kind"] == "cpu-device" and d["name"] == "CPU" and 0 < d["used"] == d["reserved"] <= budget
+        assert d["kind"] == "ggml-cpu" and d["name"] == "CPU" and 0 < d["used"] == d["reserved"] <= budget
         assert llm.stats()["mode"] == "exact"
         assert isinstance(llm.create_completion([1, 5, 9], max_tokens=6, temperature=0.0)["choices"][0]["text"],
                           str)

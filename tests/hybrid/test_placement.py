@@ -300,7 +300,7 @@ def test_plan_cached_beside_model(tmp_path):
     assert sorted(os.listdir(p5.path.parent)) == ["placement.json"]  # atomic writes leave no temporaries
 
 
-def test_cli_plan(tmp_path, capsys):
+def test_cli_plan(tmp_path, xdg_cache, capsys):
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
     png = tmp_path / "plan.png"
     assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100",
@@ -328,7 +328,7 @@ def test_cli_plan(tmp_path, capsys):
     assert "vram_budget must be >= 0" in capsys.readouterr().err
 
 
-def test_cli_plan_counts_with_the_device(tmp_path, capsys):
+def test_cli_plan_counts_with_the_device(tmp_path, xdg_cache, capsys):
     """--device ggml-cpu: the CPU device's own byte rule and compute buffer (a context
     measures it), recorded in the plan's inputs; the default without a GPU: CPU_BUFT."""
     from powerinfer_backend.engine.native import NativeContext, NativeModel

@@ -206,7 +206,7 @@ def test_host_bandwidth_is_plausible():
     assert 0.2 < gbps < 2000  # a DRAM-class bandwidth in GB/s, not bytes or seconds
 
 
-def test_cli_plan_predict(tmp_path, capsys):
+def test_cli_plan_predict(tmp_path, xdg_cache, capsys):
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
     base = ["plan", "--model", path, "--vram-budget", "0", "--ctx", "100", "--batch", "4", "--no-plot", "--predict"]
     assert cli_main(base) == 2
@@ -216,8 +216,9 @@ def test_cli_plan_predict(tmp_path, capsys):
     want = 1 / ((2 * (ATTN_W + FFN_GGUF) + OUT) / 2e9)  # nothing placed: both engines read the file densely
     assert d["ours"]["tok_s"] == pytest.approx(want) and d["layer_split"]["tok_s"] == pytest.approx(want)
     assert d["ratio"] == pytest.approx(1.0) and d["host_bandwidth_measured"] is False
-    assert cli_main(base + ["--device-bandwidth", "4", "--host-bandwidth", "0"]) == 2
-    assert "host_gbps must be a finite bandwidth > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):  # a usage error now, before the model loads
+        cli_main(base + ["--device-bandwidth", "4", "--host-bandwidth", "0"])
+    assert "--host-bandwidth must be a finite number > 0, got 0" in capsys.readouterr().err
     assert cli_main(base[:4] + ["100KiB"] + base[5:] + ["--device-bandwidth", "50", "--host-bandwidth", "5"]) == 0
     text = capsys.readouterr().out
     assert "ratio ours / layer split:" in text and "llama.cpp layer split" in text
