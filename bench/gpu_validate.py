@@ -206,7 +206,10 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
 
     out: dict = {}
     sparse = str(sidecar) if sidecar else "auto"
-    for key, kw in (("ours", dict(device=a.device, vram_budget=f"{budget}B")), ("ours_cpu", dict(device="cpu"))):
+    dev_kw = dict(device=a.device, vram_budget=f"{budget}B")
+    if a.device_bandwidth:  # placement auto plans with the bandwidth the prediction uses
+        dev_kw["device_bandwidth"] = a.device_bandwidth
+    for key, kw in (("ours", dev_kw), ("ours_cpu", dict(device="cpu"))):
         try:
             llm = open_llm(path, a, sparse=sparse, **kw)
         except (ValueError, NotImplementedError) as e:  # a sparse mode the device does not take: exact
@@ -215,6 +218,7 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
         be = llm.engine
         out[key] = measure_speed(lambda t: be.eval(t)[-1], lambda: be.truncate(0), a, tokens)
         out[key]["mode"] = llm.stats().get("mode")
+        out[key]["placement"] = (llm.stats().get("device") or {}).get("placement")  # what auto chose
         llm.close()
         del llm, be
         gc.collect()
@@ -240,17 +244,18 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
 
 
 def predicted(path: Path, a, sizes, budget: int, freq) -> dict:
-    from powerinfer_backend.hybrid.placement import plan_placement
+    from powerinfer_backend.hybrid.placement import plan_auto
     from powerinfer_backend.hybrid.placement import predict as pr
 
-    plan = plan_placement(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch)
     host = a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
     mode = "relu" if freq is not None else "dense"
+    plan = plan_auto(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, device_gbps=a.device_bandwidth, host_gbps=host,
+                     mode=mode)  # placement="auto", the default
     ours = pr.predict_ours(sizes, plan, freq, device_gbps=a.device_bandwidth, host_gbps=host, mode=mode)
     split = pr.predict_layer_split(sizes, budget, device_gbps=a.device_bandwidth, host_gbps=host, n_ctx=a.ctx,
                                    n_batch=a.batch)
     return {"ours_tok_s": ours.tok_s, "layer_split_tok_s": split.tok_s, "ratio": ours.tok_s / split.tok_s,
-            "host_gbps": host, "device_gbps": a.device_bandwidth}
+            "host_gbps": host, "device_gbps": a.device_bandwidth, "policy": plan.choice["policy"]}
 
 
 def run_model(kind: str, a, G, dev) -> dict:

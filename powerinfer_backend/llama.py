@@ -80,8 +80,15 @@ class Llama:
             device name ("CUDA0"; ``powerinfer-backend devices``), "ggml-cpu" (ggml's CPU
             backend as the device) or "cpu" (none). Unknown name:
             ``ValueError`` listing ggml's devices; ggml missing / wrong version: ``RuntimeError``.
-        placement (keyword): "neurons" (dense blocks, then hot neurons; default) or
-            "layers" (whole layers, as llama.cpp's -ngl). n_gpu_layers, reset_gpu_index,
+        placement (keyword): "auto" (default: the fastest predicted decode of the
+            throughput planner, the neuron plan and the layer split; ``stats()["device"]
+            ["placement"]`` says which won and its predicted ratio to llama.cpp's layer
+            split, docs/placement.md), "neurons" (dense blocks, then hot neurons) or
+            "layers" (whole layers, as llama.cpp's -ngl). device_bandwidth (keyword): the
+            device's memory bandwidth in GB/s for "auto" (default: a table of common GPUs
+            by ggml's device description; ggml-cpu shares the host's memory, so "auto" runs
+            the neuron plan there unless this is given).
+            n_gpu_layers, reset_gpu_index,
             disable_gpu_index, device_threads (keywords): N whole layers' bytes (0 CPU,
             -1 all) without ``vram_budget``; PowerInfer's flags; "ggml-cpu" threads.
         logits_all: keep logits for every position (needed by ``logprobs``).

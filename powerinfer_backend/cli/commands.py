@@ -179,12 +179,16 @@ def cmd_plan(args) -> int:
     budget = parse_vram_budget(args.vram_budget)
     if args.predict and args.device_bandwidth is None:
         raise ValueError("plan --predict needs --device-bandwidth GB/s")
+    placement = args.placement or ("layers" if args.layer_split else "auto" if args.device_bandwidth else "neurons")
+    if placement == "auto" and args.device_bandwidth is None:
+        raise ValueError("plan --placement auto needs --device-bandwidth GB/s")
+    inputs = None
     no_device = _no_device_message(args.device)
     out = _plan_file(model, args)
     g = load_gguf(model, verbose=False)
     try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
         with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
-            if args.layer_split:
+            if placement == "layers":
                 from ..loader.artifacts import atomic_write_json
 
                 plan = plan_layer_split(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
@@ -192,9 +196,16 @@ def cmd_plan(args) -> int:
                 plan.path = out
                 atomic_write_json(plan.path, plan.to_json())
             else:
+                auto = {}
+                if placement == "auto":
+                    from .predict import model_inputs
+
+                    inputs = model_inputs(model, args)
+                    auto = dict(placement="auto", device_gbps=args.device_bandwidth, host_gbps=inputs["host_gbps"],
+                                mode=inputs["mode"])
                 plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch, model=g,
                                       sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
-                                      disable_gpu_index=args.disable_gpu_index, out=out, sizer=sizer)
+                                      disable_gpu_index=args.disable_gpu_index, out=out, sizer=sizer, **auto)
             empty = (why_nothing_placed(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
                                         sizer=sizer) if plan.device_bytes == 0 and not args.disable_gpu_index
                      else "")
@@ -213,7 +224,7 @@ def cmd_plan(args) -> int:
     if args.predict:
         from .predict import predict_for_plan
 
-        pred = predict_for_plan(model, plan, args)
+        pred = predict_for_plan(model, plan, args, inputs)
     if args.json:
         d = plan.to_json()
         for layer in d["layers"]:
@@ -246,7 +257,8 @@ def _plan_file(model: str, args):
 
     if args.out:
         return Path(args.out)
-    return artifact_dir(model, prefer_beside=False) / ("layer-split.json" if args.layer_split else PLAN_NAME)
+    layers = args.layer_split or args.placement == "layers"
+    return artifact_dir(model, prefer_beside=False) / ("layer-split.json" if layers else PLAN_NAME)
 
 
 def _no_device_message(device) -> str:
@@ -443,7 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--disable-gpu-index", action="store_true", help="place no FFN neurons on the device")
     pl.add_argument("--force", action="store_true", help="replace an existing --png file that is not our plot")
     pl.add_argument("--layer-split", action="store_true",
-                    help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
+                    help="whole layers from the last one backwards, as llama.cpp's -ngl (--placement layers)")
+    pl.add_argument("--placement", choices=("auto", "neurons", "layers"), default=None,
+                    help="auto (the fastest predicted of the throughput planner, the neuron plan and the layer "
+                         "split; needs --device-bandwidth), neurons or layers (default: auto with "
+                         "--device-bandwidth, else neurons)")
     pl.add_argument("--device", default="auto",
                     help="count bytes as this ggml device allocates them (default auto: the first discrete GPU, "
                          "else ggml's CPU buffer rule with an estimated compute buffer; ggml-cpu: exact for the "

@@ -190,7 +190,7 @@ def test_bad_device_options_fail_before_the_model_loads(tmp_path):
     path.write_bytes(b"not a gguf")
     with pytest.raises(ValueError, match="device_threads must be an integer in \\[1, 512\\], got 0"):
         Llama(str(path), device="ggml-cpu", device_threads=0, verbose=False)
-    with pytest.raises(ValueError, match="placement must be one of neurons, layers, got 'rows'"):
+    with pytest.raises(ValueError, match="placement must be one of auto, neurons, layers, got 'rows'"):
         Llama(str(path), placement="rows", verbose=False)
 
 
