@@ -292,6 +292,21 @@ typedef struct pi_pool pi_pool;
 int pi_pool_create(int32_t n_threads, pi_pool **out);
 void pi_pool_free(pi_pool *pool);
 
+/* Roofline microbenchmarks (`powerinfer-backend bench --roofline`), run through a pool as the engine
+ * runs a matmul (chunks from a shared counter, the caller as worker 0).
+ * pi_bench_read_bw: read bandwidth. A buffer of `bytes` (>= 1 MiB, rounded down to pages) is allocated,
+ * written once by the pool (every page backed), read `repeats` times (every byte loaded once per pass,
+ * 256-bit loads with AVX2) and freed; *out = bytes/s of the fastest pass. PI_ERR_NOMEM if it cannot be
+ * allocated.
+ * pi_bench_int8_peak: int8 multiply-add throughput. Every chunk runs `iters` rounds of 8 independent
+ * vpmaddubsw + vpmaddwd + vpaddd chains in registers (the AVX2 quantized dot products' sequence; a
+ * scalar loop without AVX2), 256 multiply-adds a round; *out = operations/s (2 per multiply-add) of the
+ * best of `repeats` runs.
+ * pi_bench_isa: the path both take on this CPU, "avx2" or "scalar". */
+int pi_bench_read_bw(pi_pool *pool, int64_t bytes, int32_t repeats, double *out);
+int pi_bench_int8_peak(pi_pool *pool, int64_t iters, int32_t repeats, double *out);
+const char *pi_bench_isa(void);
+
 /* y[t][r] = dot(w row r, x[t]) for r < n_rows, t < n_tok. w has type `type`,
  * n_rows rows of n_cols elements; x is converted to the weight type's activation
  * type first (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1, Q8_K for Q4_K/Q5_K/Q6_K,

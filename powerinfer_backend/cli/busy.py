@@ -80,7 +80,7 @@ def _ours(model_path: str, n_ctx: int, n_threads, short_of, n_decode: int, repea
 def _llama_cpp(model_path: str, n_ctx: int, n_threads, short_of, n_decode: int, repeats: int) -> dict:
     import llama_cpp
 
-    from ..plugins.reference import load_reference
+    from ..plugins.reference import load_reference, reference_mode
 
     kw = {} if n_threads is None else {"n_threads": n_threads, "n_threads_batch": n_threads}
     ref = load_reference(model_path, n_ctx=n_ctx, **kw)
@@ -92,7 +92,8 @@ def _llama_cpp(model_path: str, n_ctx: int, n_threads, short_of, n_decode: int, 
             return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         rate = _decode_tok_s(eval_last, ref.reset, short, n_decode, repeats)
-        return {"threads": int(ref.n_threads), "decode_tok_s": rate}
+        return {"threads": int(ref.n_threads), "decode_tok_s": rate,
+                "extra_buffer_types": reference_mode(ref)["extra_buffer_types"]}
     finally:
         ref.close()
         gc.collect()

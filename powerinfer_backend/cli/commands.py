@@ -79,7 +79,12 @@ def cmd_bench(args) -> int:
     result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
                        n_prefill=args.n_prefill, repeats=args.repeats, include_llama_cpp=not args.no_llama_cpp,
                        sparse=args.sparse)
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    if args.roofline:  # measured right after the engines, in the same run
+        from .roofline import add_roofline, format_roofline
+
+        add_roofline(result, _model_path(args.model), n_threads=args.threads, bandwidth_mib=args.roofline_mib)
+    text = format_table(result) + (("\n" + format_roofline(result["roofline"])) if args.roofline else "")
+    print(json.dumps(result, indent=2) if args.json else text)
     return 0
 
 
@@ -389,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n-ff", type=_positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
     b.add_argument("--mib", type=_positive("--mib"), default=1200,
                    help="sweep: MiB of weights rotated over (default 1200)")
+    b.add_argument("--roofline", action="store_true",
+                   help="also measure the host's read bandwidth and int8 peak (the engine's threads) and give "
+                        "each engine's decode / prefill tok/s as a percentage of those roofs")
+    b.add_argument("--roofline-mib", type=_positive("--roofline-mib"), default=1024,
+                   help="roofline: MiB of the bandwidth buffer (default 1024; keep it far above the last-level "
+                        "cache)")
     _add_sparse(b)
     b.set_defaults(func=cmd_bench)
 

@@ -4,7 +4,7 @@ the only code that calls ``lib.pi_*`` besides ``_native`` itself.
 Owns ``NativeModel`` / ``NativeContext`` (``native``: a C model over a loaded GGUF, a
 context with its KV cache), the worker pool (``pool``), the device handles (``device``:
 ``pi_device`` and its FFN halves), the kernel entry points the benchmarks time
-(``kernels``), the transposed ``ffn_down`` cache build (``down_cache``), the C predictor
+(``kernels``), the host's measured roofs (``roofline``: read bandwidth, int8 peak), the transposed ``ffn_down`` cache build (``down_cache``), the C predictor
 scores (``scores``), the argument-struct conversions (``tensors``) and the close-once helper
 they share (``closing``)."""
 
