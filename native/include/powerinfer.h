@@ -262,6 +262,32 @@ int pi_seq_truncate(pi_context *ctx, int32_t seq, int32_t n_keep);
  * count as one pass each). Passes run by a ggml device are not counted. */
 int64_t pi_context_matmul_calls(pi_context *ctx, int32_t reset);
 
+/* Per-op timer (off by default; off costs one predictable branch per op). While on, the host
+ * forward pass adds the wall time of each op kind since the previous op ended (CLOCK_MONOTONIC)
+ * and counts its calls, over every layer and token until reset. pi_context_set_profile(on != 0)
+ * starts it with zeroed counters (PI_ERR_NOMEM), 0 stops it and frees them. pi_context_profile
+ * copies min(cap, PI_PROF_COUNT) entries of ns and calls, indexed by enum pi_prof_op, and zeroes
+ * them with reset != 0; it returns PI_PROF_COUNT, or -1 while the timer is off. A device's
+ * placed steps are timed as PI_PROF_DEVICE (submit to wait). */
+enum pi_prof_op {
+    PI_PROF_EMBED = 0,      /* token (and position) embedding rows */
+    PI_PROF_ROPE_CACHE = 1, /* the batch's RoPE cos/sin table */
+    PI_PROF_NORM = 2,       /* attention and FFN input norms */
+    PI_PROF_QKV = 3,        /* q/k/v products, their biases and q/k norms */
+    PI_PROF_ROPE = 4,       /* RoPE of q and k */
+    PI_PROF_ATTN = 5,       /* KV store and attention over the cache */
+    PI_PROF_ATTN_OUT = 6,   /* output projection, bias, post-norm, residual */
+    PI_PROF_FFN_GATE_UP = 7,
+    PI_PROF_FFN_ACT = 8,    /* activation times up (and a calibration observer) */
+    PI_PROF_FFN_DOWN = 9,   /* down projection, bias, post-norm, residual */
+    PI_PROF_FFN_SPARSE = 10, /* a whole sparse / predictor FFN layer */
+    PI_PROF_OUTPUT = 11,    /* output norm and head */
+    PI_PROF_DEVICE = 12,    /* a step placed on a device */
+    PI_PROF_COUNT = 13
+};
+int pi_context_set_profile(pi_context *ctx, int32_t on);
+int32_t pi_context_profile(pi_context *ctx, int64_t *ns, int64_t *calls, int32_t cap, int32_t reset);
+
 /* Thread-local message of the last failure on this thread. */
 const char *pi_last_error(void);
 

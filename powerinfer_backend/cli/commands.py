@@ -74,6 +74,13 @@ def cmd_bench(args) -> int:
                                 n_decode=args.n_decode, repeats=args.repeats)
         print(json.dumps(result, indent=2) if args.json else format_busy(result))
         return 0
+    if args.profile_ops:
+        from .profile_ops import format_profile, run_profile_ops
+
+        result = run_profile_ops(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
+                                 n_prefill=args.n_prefill, sparse=args.sparse)
+        print(json.dumps(result, indent=2) if args.json else format_profile(result))
+        return 0
     from .bench import format_table, run_bench
 
     result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
@@ -394,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n-ff", type=_positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
     b.add_argument("--mib", type=_positive("--mib"), default=1200,
                    help="sweep: MiB of weights rotated over (default 1200)")
+    b.add_argument("--profile-ops", action="store_true",
+                   help="instead: our engine only, milliseconds per token of each op kind (the engine's per-op "
+                        "timer) for decode and prefill")
     b.add_argument("--roofline", action="store_true",
                    help="also measure the host's read bandwidth and int8 peak (the engine's threads) and give "
                         "each engine's decode / prefill tok/s as a percentage of those roofs")
