@@ -142,4 +142,6 @@ def format_busy(r: dict) -> str:
         c = r[name]
         lines.append(f"{name:<10} {c['ours']['threads']:>8} {c['ours']['decode_tok_s']:>11.1f} "
                      f"{c['llama_cpp']['threads']:>9} {c['llama_cpp']['decode_tok_s']:>12.1f} {c['ratio']:>6.2f}")
+    on = r["equal"]["llama_cpp"].get("extra_buffer_types")
+    lines.append(f"llama.cpp extra buffer types (repacked weights): {'on' if on else 'off'}")
     return "\n".join(lines)

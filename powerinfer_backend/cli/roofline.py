@@ -125,8 +125,8 @@ def roofline(bench: dict, reads: dict, roofs: dict) -> dict:
 
 
 def format_roofline(r: dict) -> str:
-    """Human-readable lines for :func:`roofline`'s result."""
-    lines = [f"roofline ({r['threads']} threads, {r['isa']} microkernels):",
+    """Human-readable lines for the section :func:`add_roofline` puts into a bench result."""
+    lines = [f"roofline ({r['threads']} threads, {r['isa']} microkernels, load average {r['loadavg_1m']:.2f}):",
              f"  read bandwidth {r['read_bytes_per_s'] / 1e9:.1f} GB/s (best pass over {r['bandwidth_mib']} MiB); "
              f"{r['bytes_per_token'] / 1e6:.1f} MB read per decoded token -> decode roof "
              f"{r['decode_roof_tok_s']:.1f} tok/s",

@@ -12,6 +12,7 @@ import sys
 import gguf
 import pytest
 
+from powerinfer_backend.cli.roofline import format_roofline
 from powerinfer_backend.engine.roofline import int8_peak, microkernel_isa, read_bandwidth
 from powerinfer_backend.loader.models import default_model_path
 
@@ -72,6 +73,16 @@ def test_roofs_and_percentages(bench):
         assert e["prefill_pct_of_roof"] == pytest.approx(100 * r[engine]["prefill_tok_s"] / rl["prefill_roof_tok_s"])
     assert rl["loadavg_1m"] >= 0
     assert isinstance(r["llama_cpp"]["extra_buffer_types"], bool) and r["llama_cpp"]["reference_mode"]
+
+
+def test_roofline_text(bench):
+    _, r = bench
+    rl = r["roofline"]
+    lines = format_roofline(rl).splitlines()
+    assert lines[0] == f"roofline (2 threads, {rl['isa']} microkernels, load average {rl['loadavg_1m']:.2f}):"
+    assert f"{rl['bytes_per_token'] / 1e6:.1f} MB read per decoded token" in lines[1]
+    assert lines[3].split()[:3] == ["ours", "(dense)", "decode"] and lines[4].split()[:2] == ["llama.cpp", "decode"]
+    assert f"{rl['llama_cpp']['decode_pct_of_roof']:5.1f}% of roof" in lines[4]
 
 
 def test_microbenchmarks_check_their_arguments():
