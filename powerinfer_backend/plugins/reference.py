@@ -103,7 +103,8 @@ def _run_probe(n_threads: int, timeout: float) -> dict:
             how = f"was killed by signal {-p.returncode}"
     else:
         how = f"exited with status {p.returncode}"
-    tail = p.stderr.strip().splitlines()[-1:] if p.stderr else []
+    # a failed check's one-line reason (a killed child's stderr is at most a stack dump)
+    tail = p.stderr.strip().splitlines()[-1:] if p.stderr and p.returncode > 0 else []
     return {"ok": False, "reason": f"the probe child {how}" + (f": {tail[0]}" if tail else "")}
 
 
