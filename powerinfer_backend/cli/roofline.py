@@ -19,7 +19,7 @@ def decode_reads(model_path: str) -> dict:
 
     Returns a dict: ``bytes_per_token`` (as the engine holds the tensors),
     ``file_bytes_per_token`` (the same tensors as stored in the file; differs only for
-    tensors converted at load, counted in ``converted_tensors``), ``layer_bytes``,
+    tensors converted or rebuilt at load, counted in ``converted_tensors``), ``layer_bytes``,
     ``output_bytes``, ``embedding_row_bytes``, ``n_tensors``, ``matmul_macs_per_token``
     (multiply-adds of the layers' weight matrices), ``head_macs`` (the output head's,
     once per evaluated row that gives logits), ``kv_bytes_per_position`` (F16 K and V
@@ -28,8 +28,10 @@ def decode_reads(model_path: str) -> dict:
     Raises:
         ValueError: the file cannot be loaded (as :func:`loader.load_gguf`).
         RuntimeError: a planned tensor's bytes differ from its file entry although it
-            was not converted (a loader or plan bug).
+            is a view of the file (a loader or plan bug).
     """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     from ..hybrid.placement.sizes import row_bytes
     from ..loader import load_gguf
     from ..loader.arch import KIND_MATRIX
@@ -42,18 +44,22 @@ def decode_reads(model_path: str) -> dict:
     totals = {"engine": 0, "file": 0}
     n_conv = 0
 
-    def read(t, nbytes=None) -> int:
-        """Count ``nbytes`` of ``t`` (all of it when None) once; returns the bytes counted."""
+    def read(t, one_row: bool = False) -> int:
+        """Count all of ``t`` once (or one row of it, each time); returns the bytes counted."""
         nonlocal n_conv
-        if t is None or (nbytes is None and t.name in seen):
+        if t is None or (not one_row and t.name in seen):
             return 0
-        entry = entries[t.name]
-        whole = nbytes is None
-        planned = row_bytes(t.type, t.ne[0]) * (_rows(t.ne) if whole else 1)
-        stored = entry.nbytes if whole else row_bytes(entry.type, entry.ne[0])
-        if t.converted_from is None and (planned != stored or (whole and planned != t.nbytes)):
-            raise RuntimeError(f"{t.name}: the plan reads {planned} bytes, the file holds {stored}")
-        if whole:
+        n_rows = 1 if one_row else _rows(t.ne)
+        planned = row_bytes(t.type, t.ne[0]) * n_rows
+        if t.converted_from is None:  # a view of the file: its directory entry must agree
+            entry = entries[t.name]
+            stored = row_bytes(entry.type, entry.ne[0]) * n_rows
+            if planned != stored or (not one_row and planned != entry.nbytes):
+                raise RuntimeError(f"{t.name}: the plan reads {planned} bytes, the file holds {stored}")
+        else:  # converted or rebuilt at load (e.g. ffn_down from PowerInfer's ffn_down_t): the file's type
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.converted_from)]
+            stored = t.ne[0] * n_rows // block * size
+        if not one_row:
             seen.add(t.name)
             n_conv += t.converted_from is not None
         totals["engine"] += planned
@@ -71,7 +77,7 @@ def decode_reads(model_path: str) -> dict:
     head = g["output"] if g["output"] is not None else g["tok_embd"]
     output_bytes = sum(read(g[s]) for s in ("output_norm", "output_norm_b", "rope_freqs")) + read(head)
     # one row of the embedding (a different read from the tied head's: it comes first in the step)
-    emb_row = read(g["tok_embd"], nbytes=1) + read(g["pos_embd"], nbytes=1)
+    emb_row = read(g["tok_embd"], one_row=True) + read(g["pos_embd"], one_row=True)
     return {"bytes_per_token": totals["engine"], "file_bytes_per_token": totals["file"],
             "layer_bytes": layer_bytes, "output_bytes": output_bytes, "embedding_row_bytes": emb_row,
             "n_tensors": len(seen), "converted_tensors": n_conv, "matmul_macs_per_token": macs,

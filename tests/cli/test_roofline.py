@@ -12,11 +12,12 @@ import sys
 import gguf
 import pytest
 
-from powerinfer_backend.cli.roofline import format_roofline
+from powerinfer_backend.cli.roofline import decode_reads, format_roofline
 from powerinfer_backend.engine.roofline import int8_peak, microkernel_isa, read_bandwidth
 from powerinfer_backend.loader.models import default_model_path
 
 from tests.fixtures import ROOT
+from tests.fixtures.tiny_archs import write_tiny_falcon, write_tiny_opt
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +34,24 @@ def bench():
 
 
 def _dense_decode_bytes(path: str) -> int:
-    """Every tensor of the file once (SmolLM2: all are read by a dense step: the layers,
-    output_norm, and token_embd as the tied output head) plus one row of token_embd."""
+    """What a dense step reads, from the file alone: every tensor once (these files hold
+    only tensors the forward pass uses), except that the token embedding — unless it is
+    also the output head (no output.weight: tied) — and learned positions give one row."""
     r = gguf.GGUFReader(path)
     names = {t.name: t for t in r.tensors}
-    assert "output.weight" not in names  # tied: token_embd is the head
+    total = sum(int(t.n_bytes) for t in r.tensors)
+
+    def row(t):
+        n_rows = int(t.shape[1])  # gguf order: shape[0] = the row length
+        assert int(t.n_bytes) % n_rows == 0
+        return int(t.n_bytes) // n_rows
+
     emb = names["token_embd.weight"]
-    n_vocab = int(emb.shape[1])  # gguf order: shape[0] = n_embd
-    assert int(emb.n_bytes) % n_vocab == 0
-    return sum(int(t.n_bytes) for t in r.tensors) + int(emb.n_bytes) // n_vocab
+    total += row(emb) - (0 if "output.weight" not in names else int(emb.n_bytes))
+    if "position_embd.weight" in names:
+        pos = names["position_embd.weight"]
+        total += row(pos) - int(pos.n_bytes)
+    return total
 
 
 def test_bytes_per_token_is_what_a_dense_decode_reads(bench):
@@ -56,6 +66,20 @@ def test_bytes_per_token_is_what_a_dense_decode_reads(bench):
     assert rl["matmul_macs_per_token"] == 30 * (576 * (576 + 192 + 192 + 576) + 3 * 576 * 1536)
     assert rl["head_macs"] == 576 * 49152
     assert rl["kv_bytes_per_position"] == 30 * 2 * 2 * 192
+
+
+@pytest.mark.parametrize("arch", ["falcon", "opt"])
+def test_bytes_per_token_other_layouts(tmp_path, arch):
+    """Falcon 7B: one norm fills two slots (counted once), fused q/k/v, an untied head (one
+    embedding row read); OPT: learned positions (one row) and a tied head."""
+    if arch == "falcon":
+        path = write_tiny_falcon(tmp_path / "f.gguf", matrix_type=gguf.GGMLQuantizationType.Q8_0)
+    else:
+        path = write_tiny_opt(tmp_path / "o.gguf")
+    r = decode_reads(path)
+    assert r["bytes_per_token"] == r["file_bytes_per_token"] == _dense_decode_bytes(path)
+    assert r["embedding_row_bytes"] > 0
+    assert r["converted_tensors"] == (2 if arch == "opt" else 0)  # OPT: ffn_down rebuilt from ffn_down_t
 
 
 def test_roofs_and_percentages(bench):
