@@ -93,7 +93,7 @@ def _run_probe(n_threads: int, timeout: float) -> dict:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "reason": f"the probe child did not finish within {timeout:g} s"}
+        return {"ok": False, "reason": f"the probe child did not finish within {timeout:g} s", "transient": True}
     if p.returncode == 0:
         return {"ok": True, "reason": "probe passed"}
     if p.returncode < 0:
@@ -112,14 +112,16 @@ def extra_buffer_types_work(n_threads: int = 2, *, timeout: float = PROBE_TIMEOU
     """Whether llama.cpp's extra buffer types work on this CPU, by the child-process probe
     (:mod:`.reference_probe`), run once per process and cached on disk
     (``$XDG_CACHE_HOME/powerinfer_backend/reference_probe.json``) per CPU flags and
-    llama-cpp-python version.
+    llama-cpp-python version (a timeout only for the process: it may be a loaded host).
 
     Returns ``{"ok": bool, "reason": str, "cached": "process" | "disk" | None}``.
     With ``POWERINFER_REFERENCE_PROBE_FAIL=1`` (tests) the child aborts and no cache is
     read or written.
     """
     if os.environ.get(FORCE_FAIL_ENV) == "1":
-        return {**_run_probe(n_threads, timeout), "cached": None}
+        v = _run_probe(n_threads, timeout)
+        v.pop("transient", None)
+        return {**v, "cached": None}
     key = _cache_key()
     if key in _verdicts:
         return {**_verdicts[key], "cached": "process"}
@@ -128,8 +130,10 @@ def extra_buffer_types_work(n_threads: int = 2, *, timeout: float = PROBE_TIMEOU
         _verdicts[key] = v
         return {**v, "cached": "disk"}
     v = _run_probe(n_threads, timeout)
+    transient = v.pop("transient", False)  # a hang may be a loaded host: kept for this process only
     _verdicts[key] = v
-    _write_disk(key, v)
+    if not transient:
+        _write_disk(key, v)
     return {**v, "cached": None}
 
 

@@ -60,3 +60,11 @@ def test_explicit_mode_skips_the_probe(model_path, monkeypatch):
         ref.close()
     with pytest.raises(ValueError, match="extra_buffer_types must be 'auto', True or False, got 'yes'"):
         load_reference(model_path, extra_buffer_types="yes")
+
+
+def test_a_probe_timeout_is_kept_for_the_process_only(xdg_cache, monkeypatch):
+    monkeypatch.setattr(reference, "_verdicts", {})
+    v = extra_buffer_types_work(2, timeout=0.01)  # a real child, killed long before it could finish
+    assert v == {"ok": False, "reason": "the probe child did not finish within 0.01 s", "cached": None}
+    assert not (xdg_cache / "powerinfer_backend" / "reference_probe.json").exists()  # a loaded host, maybe
+    assert extra_buffer_types_work(2) == {**v, "cached": "process"}
