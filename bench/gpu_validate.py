@@ -52,8 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 #: user device name -> the prefix of the ggml device names of that backend
-_BACKEND_PREFIX = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "hip": "ROCm", "ggml-cpu": "CPU",
-                   "cpu-device": "CPU"}
+_BACKEND_PREFIX = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "hip": "ROCm", "ggml-cpu": "CPU"}
 #: option defaults without / with --small
 _DEFAULTS = {False: dict(ctx=512, batch=128, n_check=32, n_decode=32, n_prefill=128, repeats=2),
              True: dict(ctx=128, batch=32, n_check=16, n_decode=8, n_prefill=32, repeats=1)}
@@ -165,7 +164,7 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 def open_llm(path: Path, a, **kw):
     from powerinfer_backend import Llama
 
-    if kw.get("device") in ("ggml-cpu", "cpu-device"):
+    if kw.get("device") == "ggml-cpu":
         kw["device_threads"] = a.device_threads
     return Llama(str(path), n_ctx=a.ctx, n_batch=a.batch, n_threads=a.threads, verbose=False, **kw)
 
@@ -207,7 +206,10 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
 
     out: dict = {}
     sparse = str(sidecar) if sidecar else "auto"
-    for key, kw in (("ours", dict(device=a.device, vram_budget=f"{budget}B")), ("ours_cpu", dict(device="cpu"))):
+    dev_kw = dict(device=a.device, vram_budget=f"{budget}B")
+    if a.device_bandwidth:  # placement auto plans with the bandwidth the prediction uses
+        dev_kw["device_bandwidth"] = a.device_bandwidth
+    for key, kw in (("ours", dev_kw), ("ours_cpu", dict(device="cpu"))):
         try:
             llm = open_llm(path, a, sparse=sparse, **kw)
         except (ValueError, NotImplementedError) as e:  # a sparse mode the device does not take: exact
@@ -216,6 +218,7 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
         be = llm.engine
         out[key] = measure_speed(lambda t: be.eval(t)[-1], lambda: be.truncate(0), a, tokens)
         out[key]["mode"] = llm.stats().get("mode")
+        out[key]["placement"] = (llm.stats().get("device") or {}).get("placement")  # what auto chose
         llm.close()
         del llm, be
         gc.collect()
@@ -242,17 +245,18 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
 
 
 def predicted(path: Path, a, sizes, budget: int, freq) -> dict:
-    from powerinfer_backend.hybrid.placement import plan_placement
+    from powerinfer_backend.hybrid.placement import plan_auto
     from powerinfer_backend.hybrid.placement import predict as pr
 
-    plan = plan_placement(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch)
     host = a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
     mode = "relu" if freq is not None else "dense"
+    plan = plan_auto(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, device_gbps=a.device_bandwidth, host_gbps=host,
+                     mode=mode)  # placement="auto", the default
     ours = pr.predict_ours(sizes, plan, freq, device_gbps=a.device_bandwidth, host_gbps=host, mode=mode)
     split = pr.predict_layer_split(sizes, budget, device_gbps=a.device_bandwidth, host_gbps=host, n_ctx=a.ctx,
                                    n_batch=a.batch)
     return {"ours_tok_s": ours.tok_s, "layer_split_tok_s": split.tok_s, "ratio": ours.tok_s / split.tok_s,
-            "host_gbps": host, "device_gbps": a.device_bandwidth}
+            "host_gbps": host, "device_gbps": a.device_bandwidth, "policy": plan.choice["policy"]}
 
 
 def run_model(kind: str, a, G, dev) -> dict:

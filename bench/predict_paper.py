@@ -4,7 +4,8 @@ PowerInfer (Song et al., SOSP'24, arXiv 2312.12456) measured FP16 ReLU models on
 4090 (24 GB) against llama.cpp's layer split. This builds :class:`ModelSizes` of those
 shapes (FP16 weights, or Q4_0 with --wtype; no GGUF needed), synthesizes per-neuron firing frequencies with a
 power law (a mean firing rate, and the top --top-frac of each layer's neurons carrying
---top-mass of its activations), plans with our planner at --budget-gib and prints the
+--top-mass of its activations), plans with our neuron planner and with placement="auto"
+at --budget-gib and prints the
 predicted decode tok/s of ours (with our ggml device reading every hot row, and with
 a device that skips inactive rows as PowerInfer's kernels do) and of llama.cpp's layer
 split, with the ratios. docs/placement.md compares them with the paper's figures.
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from powerinfer_backend.hybrid.placement import (GiB, ModelSizes, TensorSize, full_device_bytes,  # noqa: E402
-                                                 plan_placement)
+                                                 plan_auto, plan_placement)
 from powerinfer_backend.hybrid.placement import predict as pr  # noqa: E402
 
 F32, F16, Q4_0 = 0, 1, 2
@@ -52,7 +53,8 @@ def paper_sizes(n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: in
         layer["ffn_gate"] = TensorSize(w, (n_embd, n_ff))
     return ModelSizes(n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
                       n_embd_head=hd, n_vocab=n_vocab, layers=(layer,) * n_layer,
-                      output_norm=TensorSize(F32, (n_embd,)), output=TensorSize(w, (n_embd, n_vocab)))
+                      output_norm=TensorSize(F32, (n_embd,)), output=TensorSize(w, (n_embd, n_vocab)),
+                      cpu_down_t_type="f16" if w == F16 else "q8_0")  # as down_t_dtype chooses
 
 
 def power_law_freq(n_layer: int, n_ff: int, rate: float, top_frac: float, top_mass: float, seed: int = 0) -> np.ndarray:
@@ -99,24 +101,28 @@ def main() -> None:
         skip = pr.predict_ours(s, plan, freq, device_skips=True, **kw)
         split = pr.predict_layer_split(s, budget, device_gbps=a.device_bandwidth, host_gbps=a.host_bandwidth,
                                        n_ctx=a.ctx, n_batch=a.batch)
+        auto = plan_auto(s, freq, budget, n_ctx=a.ctx, n_batch=a.batch, **kw)
         rows.append({"model": name, "budget_gib": budget / GiB, "file_gb": sum(t.nbytes for L in s.layers for t in L.values()) / 1e9,
                      "hot_fraction": plan.hot_fraction,
                      "hot_mass": float(np.mean([L.freq_mass for L in plan.layers])),
                      "attn_on_device": sum(L.attn_on_device for L in plan.layers),
                      "ours_ggml_tok_s": ggml.tok_s, "ours_skip_tok_s": skip.tok_s, "llama_cpp_tok_s": split.tok_s,
                      "n_gpu_layers": split.n_gpu_layers, "ratio_ggml": ggml.tok_s / split.tok_s,
-                     "ratio_skip": skip.tok_s / split.tok_s})
+                     "ratio_skip": skip.tok_s / split.tok_s, "auto_policy": auto.choice["policy"],
+                     "auto_tok_s": auto.choice["tok_s"][auto.choice["policy"]], "ratio_auto": auto.choice["ratio"]})
     if a.json:
         print(json.dumps(rows, indent=2))
         return
     print(f"device {a.device_bandwidth:g} GB/s, host {a.host_bandwidth:g} GB/s, firing rate {a.rate:g} "
           f"(top {a.top_frac:.0%} of neurons: {a.top_mass:.0%} of activations), {a.wtype}, mode {a.mode}")
     print(f"{'model':20s} {'GB':>6s} {'budget GiB':>10s} {'attn on dev':>11s} {'hot%':>6s} {'hot mass':>8s} {'ours ggml':>9s} "
-          f"{'ours skip':>9s} {'llama.cpp':>9s} {'-ngl':>5s} {'ratio':>6s} {'ratio skip':>10s}")
+          f"{'ours skip':>9s} {'llama.cpp':>9s} {'-ngl':>5s} {'ratio':>6s} {'ratio skip':>10s} {'auto':>9s} "
+          f"{'ratio auto':>10s} policy")
     for r in rows:
         print(f"{r['model']:20s} {r['file_gb']:6.1f} {r['budget_gib']:10.1f} {r['attn_on_device']:11d} {100 * r['hot_fraction']:6.1f} "
               f"{r['hot_mass']:8.2f} {r['ours_ggml_tok_s']:9.2f} {r['ours_skip_tok_s']:9.2f} "
-              f"{r['llama_cpp_tok_s']:9.2f} {r['n_gpu_layers']:5d} {r['ratio_ggml']:6.2f} {r['ratio_skip']:10.2f}")
+              f"{r['llama_cpp_tok_s']:9.2f} {r['n_gpu_layers']:5d} {r['ratio_ggml']:6.2f} {r['ratio_skip']:10.2f} "
+              f"{r['auto_tok_s']:9.2f} {r['ratio_auto']:10.2f} {r['auto_policy']}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from powerinfer_backend.loader.artifacts import artifact_dir  # noqa: E402
-from powerinfer_backend.sparsity.calibrate import split_text_tokens  # noqa: E402
+from powerinfer_backend.sparsity.sidecar_run import split_text_tokens  # noqa: E402
 from powerinfer_backend.engine.down_cache import down_t_dtype, load_down_cache  # noqa: E402
 from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
 from powerinfer_backend.loader import load_gguf  # noqa: E402

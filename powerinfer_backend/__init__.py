@@ -10,7 +10,6 @@ import os as _os  # noqa: E402
 # backtrace (and installs a terminate handler doing so at library load), which stalls.
 _os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
-from . import _compat  # noqa: E402
 from .llama import Llama  # noqa: E402
 
 __all__ = ["Llama", "__version__"]
@@ -43,4 +42,3 @@ def _checkout_adapters() -> None:
 
 
 _checkout_adapters()
-_compat.install(__name__)

@@ -1,27 +1,26 @@
 """``Llama``: the llama-cpp-python-compatible high-level class over a backend.
 
 Design (docs/architecture.md, docs/api.md): an own class, not a subclass of
-``llama_cpp.Llama`` (whose ``__init__`` builds a full llama.cpp context). It computes
-logits with a backend plugin (the native engine, ``"hybrid"``) and reuses llama-cpp-python
-for everything above the logits, by calling its code rather than re-writing it:
+``llama_cpp.Llama`` (whose ``__init__`` builds a full llama.cpp context). A backend plugin
+(the native engine, ``"hybrid"``) computes logits; everything above them is ours, built on
+llama.cpp's leaf components through llama-cpp-python's public API and its low-level
+``llama_cpp`` bindings:
 
-* tokenizer, chat templates, ``_model`` (vocab, special tokens): a vocab-only
-  ``llama_cpp.Llama`` (powerinfer_backend.text.tokenizer);
-* sampling: llama.cpp's sampler chain, built by ``llama_cpp.Llama._init_sampler`` and
-  applied to our logits (powerinfer_backend.text.sampling);
-* completion (stop strings, streaming, echo, logprobs, suffix, logit_bias, the prompt
-  cache), chat completion (GGUF template, named chat formats, tools, response_format) and
-  ``from_pretrained``: llama-cpp-python's own methods, called with this object as ``self``.
-  They use only the attributes this class provides (``tokenize``, ``detokenize``,
-  ``generate``, ``_scores``, ``_model``, ...), so their behaviour is llama-cpp-python's.
+* tokens: llama.cpp's tokenizer of a vocab-only ``llama_cpp.Llama``
+  (powerinfer_backend.text.tokenizer);
+* one :class:`~powerinfer_backend.text.sequence.Sequence` (tokens, KV cells, logits,
+  sampler chain built from llama.cpp's samplers: text.sampling, text.grammar);
+* completion: the runner's events (text.runner) rendered in llama-cpp-python's shapes
+  (text.completion), with its stop, streaming, echo, logprobs, suffix, logit_bias and
+  prompt-cache rules;
+* chat: llama-cpp-python's public chat-format handlers (GGUF templates, named formats,
+  tools, response_format), which call :meth:`Llama.create_completion` (text.chat).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
-import sys
 import time
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -29,14 +28,19 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 import llama_cpp
-from llama_cpp.llama import Llama as _LlamaCpp
 from llama_cpp.llama import LlamaState
 
+from .loader.hub import from_pretrained
 from .plugins.manager import plugin_manager, select_backend
 from .llama_options import backend_options, check_options
+from .text import chat, runner
+from .text.completion import Options, completion, prompt_tokens
+from .text.detok import PieceText
+from .text.logprobs import log_softmax
 from .text.perf import PerfContext
 from .text.pooling import pool
-from .text.sampling import ChainSampler, TokenDataBuffer
+from .text.sampling import SamplingParams
+from .text.sequence import Sequence as TokenSequence, common_prefix
 from .text.tokenizer import LlamaCppTokenizer
 
 LLAMA_DEFAULT_SEED = llama_cpp.LLAMA_DEFAULT_SEED  # 0xFFFFFFFF: llama.cpp's "pick a random seed"
@@ -74,10 +78,17 @@ class Llama:
             only, said once), "cuda" / "metal" / "vulkan" / "hip" (the first device of
             that backend: a GPU build of llama-cpp-python, docs/building.md), a ggml
             device name ("CUDA0"; ``powerinfer-backend devices``), "ggml-cpu" (ggml's CPU
-            backend as the device; alias "cpu-device") or "cpu" (none). Unknown name:
+            backend as the device) or "cpu" (none). Unknown name:
             ``ValueError`` listing ggml's devices; ggml missing / wrong version: ``RuntimeError``.
-        placement (keyword): "neurons" (dense blocks, then hot neurons; default) or
-            "layers" (whole layers, as llama.cpp's -ngl). n_gpu_layers, reset_gpu_index,
+        placement (keyword): "auto" (default: the fastest predicted decode of the
+            throughput planner, the neuron plan and the layer split; ``stats()["device"]
+            ["placement"]`` says which won and its predicted ratio to llama.cpp's layer
+            split, docs/placement.md), "neurons" (dense blocks, then hot neurons) or
+            "layers" (whole layers, as llama.cpp's -ngl). device_bandwidth (keyword): the
+            device's memory bandwidth in GB/s for "auto" (default: a table of common GPUs
+            by ggml's device description; ggml-cpu shares the host's memory, so "auto" runs
+            the neuron plan there unless this is given).
+            n_gpu_layers, reset_gpu_index,
             disable_gpu_index, device_threads (keywords): N whole layers' bytes (0 CPU,
             -1 all) without ``vram_budget``; PowerInfer's flags; "ggml-cpu" threads.
         logits_all: keep logits for every position (needed by ``logprobs``).
@@ -142,29 +153,29 @@ class Llama:
         self.n_batch = min(n_batch, self._n_ctx)  # as llama_cpp.Llama exposes it
         self.n_threads = getattr(self._backend, "n_threads", n_threads)
         self._n_vocab = int(self._backend.n_vocab)
-        self._token_nl = self._tok.token_nl
-        self._token_eos = self._tok.token_eos
         vocab_llama = self._tok.llama
-        self._model = vocab_llama._model  # LlamaModel (vocab only): special tokens, vocab for EOG / grammar
         self.tokenizer_ = vocab_llama.tokenizer_
         self.chat_format = vocab_llama.chat_format  # chat_format as given, else guessed from the GGUF
         self.chat_handler = chat_handler
-        self._chat_handlers = dict(vocab_llama._chat_handlers)  # from the GGUF's chat templates
-        # llama-cpp-python's completion code resets / prints these when verbose
-        self._ctx = PerfContext()
-        self.n_tokens = 0
-        self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
-        # logits of every position (logits_all) or of the last evaluated token
-        self.scores = np.zeros((self._n_ctx if self._logits_all else 1, self._n_vocab), dtype=np.single)
-        self._last_logits: Optional[np.ndarray] = None  # without logits_all: a view of the native buffer
-        self._requires_eval = True  # restored or truncated state must decode before sampling
-        self._token_data = TokenDataBuffer(self._n_vocab)
-        self._sampler: Optional[ChainSampler] = None
-        self._eog: dict = {}
+        self.chat_handlers = chat.gguf_chat_handlers(self._tok.metadata, self._tok)  # the GGUF's chat templates
+        if chat_format is not None and chat_handler is None:
+            try:
+                chat.check_chat_format(chat_format, self.chat_handlers)
+            except ValueError:
+                self.close()
+                raise
+        self.perf = PerfContext()  # llama.cpp's timing report, printed after a completion when verbose
+        self._seq = self.new_sequence(self._backend, self._n_ctx)
         self.set_seed(seed)
         plugin_manager().hook.powerinfer_backend_model_loaded(llama=self, backend_name=self.backend)
         self._announced = True
-        self._ctx.load_s = time.perf_counter() - t_load
+        self.perf.load_s = time.perf_counter() - t_load
+
+    def new_sequence(self, evaluator, n_ctx: int, seq_id: int = 0) -> TokenSequence:
+        """A sequence of this model's vocabulary over ``evaluator`` (the backend or a server slot's view)."""
+        return TokenSequence(evaluator, n_ctx=n_ctx, n_vocab=self._n_vocab, logits_all=self._logits_all,
+                             vocab=self._tok.vocab, seq_id=seq_id, penalty_last_n=self.last_n_tokens_size,
+                             perf=self.perf, verbose=self.verbose)
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since load (or the last ``reset``): ``{"mode",
@@ -223,33 +234,62 @@ class Llama:
 
     @property
     def model(self):
-        return self._model.model
+        """The vocab-only ``llama_model_p`` (llama.cpp's vocabulary and metadata of the file)."""
+        return self._tok.llama.model
+
+    @property
+    def vocab(self):
+        """llama.cpp's vocabulary (``llama_vocab_p``) of the model, for low-level calls."""
+        return self._tok.vocab
+
+    @property
+    def logits_all(self) -> bool:
+        """Whether logits are kept for every position (``logits_all=True``; needed by ``logprobs``)."""
+        return self._logits_all
+
+    @property
+    def sequence(self) -> TokenSequence:
+        """The token sequence this model generates in (tokens, logits, sampler chain)."""
+        return self._seq
+
+    # llama-cpp-python's per-sequence attributes, kept by the sequence
+    n_tokens = property(lambda self: self._seq.n_tokens, lambda self, n: setattr(self._seq, "n_tokens", n),
+                        doc="Tokens in the sequence (its KV cells).")
+    input_ids = property(lambda self: self._seq.input_ids, doc="int32 array of n_ctx token slots, n_tokens used.")
+    scores = property(lambda self: self._seq.scores, doc="float32 logits rows by position (logits_all), else 1 row.")
+    _last_logits = property(lambda self: self._seq.last_logits)
+    _requires_eval = property(lambda self: self._seq.requires_eval)
+    _sampler = property(lambda self: self._seq.sampler, lambda self, s: setattr(self._seq, "sampler", s))
+    _seed = property(lambda self: self._seq.seed, lambda self, s: setattr(self._seq, "seed", s))
 
     @property
     def _input_ids(self) -> np.ndarray:
         """Tokens currently in the KV cache (a view of ``input_ids``)."""
-        return self.input_ids[: self.n_tokens]
+        return self._seq.tokens
 
     @_input_ids.setter
     def _input_ids(self, tokens) -> None:
-        tokens = list(tokens)
-        self.input_ids[: len(tokens)] = tokens
-        self.n_tokens = len(tokens)
+        self._seq.set_tokens(tokens)
 
     @property
     def _scores(self) -> np.ndarray:
         """Logits rows: every cached position with logits_all, else the last one (1 row)."""
-        if self._logits_all:
-            return self.scores[: self.n_tokens, :]
-        if self._last_logits is None:
-            return self.scores[:0]
-        return self._last_logits[None, :]
+        return self._seq.rows()
+
+    def last_logits(self) -> Optional[np.ndarray]:
+        """float32 logits (n_vocab) after the last evaluated token; None before any eval."""
+        return self._seq.last_logits
 
     # ---- tokens ---------------------------------------------------------------
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> List[int]:
         """Token ids of UTF-8 ``text`` (llama.cpp's tokenizer)."""
         return self._tok.tokenize(text, add_bos=add_bos, special=special)
+
+    def prompt_tokens(self, prompt: Union[str, List[int]], suffix: Optional[str] = None) -> List[int]:
+        """The tokens :meth:`create_completion` evaluates for ``prompt`` (and ``suffix``):
+        BOS as the vocabulary adds it, special tokens parsed, the infill layout with a suffix."""
+        return prompt_tokens(self._tok, prompt, suffix, self.spm_infill)[0]
 
     def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
                    special: bool = False) -> bytes:
@@ -265,12 +305,11 @@ class Llama:
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
         return self._tok.detokenize(tokens, prev_tokens=prev_tokens, special=special)
 
-    def _is_eog(self, token: int) -> bool:
+    def is_eog(self, token: int) -> bool:
         """End-of-generation token (EOS, EOT, <|endoftext|>, ...), as llama.cpp decides (cached)."""
-        eog = self._eog.get(token)
-        if eog is None:
-            eog = self._eog[token] = self._tok.is_eog(token)
-        return eog
+        return self._tok.is_eog(token)
+
+    _is_eog = is_eog  # the name llama-cpp-python code and older callers use
 
     # ---- evaluation -------------------------------------------------------------
 
@@ -280,13 +319,12 @@ class Llama:
 
     def set_seed(self, seed: int) -> None:
         """Seed for the next sampler chain (0xFFFFFFFF = random)."""
-        self._seed = seed
+        self._seq.seed = seed
 
     def reset(self) -> None:
         """Forget all tokens (the KV cache is reused from position 0)."""
         self._check_open()
-        self.n_tokens = 0
-        self._requires_eval = True
+        self._seq.reset()
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to the sequence and compute their logits.
@@ -294,36 +332,7 @@ class Llama:
         Raises:
             ValueError: the sequence would exceed n_ctx, or a token id is out of range.
         """
-        tokens = list(tokens)
-        if not tokens:
-            return
-        n_past = self.n_tokens
-        if n_past + len(tokens) > self._n_ctx:
-            raise ValueError(f"Requested tokens ({n_past + len(tokens)}) exceed context window of {self._n_ctx}")
-        be = self._backend
-        if be.n_past != n_past:  # reset() / truncation, or a chunk of a failed eval got cached
-            be.truncate(n_past)
-        t0 = time.perf_counter()
-        logits = be.eval(tokens, logits_all=self._logits_all)
-        self._ctx.record(len(tokens), time.perf_counter() - t0)
-        self.input_ids[n_past: n_past + len(tokens)] = tokens
-        if self._logits_all:
-            self.scores[n_past: n_past + len(tokens), :] = logits
-            self._last_logits = self.scores[n_past + len(tokens) - 1]
-        else:
-            # a view of the native last-token buffer (no copy per token)
-            self._last_logits = logits[-1]
-        self.n_tokens = n_past + len(tokens)
-        self._requires_eval = False
-
-    def _init_sampler(self, **params) -> ChainSampler:
-        """llama.cpp's sampler chain exactly as llama-cpp-python builds it, over our logits."""
-        chain = _LlamaCpp._init_sampler(self, **params)
-        g = params.get
-        argmax_exact = (g("temp", 0.8) == 0.0 and g("logits_processor") is None and g("grammar") is None
-                        and g("repeat_penalty", 1.0) == 1.0 and g("frequency_penalty", 0.0) == 0.0
-                        and g("presence_penalty", 0.0) == 0.0)
-        return ChainSampler(chain, self._token_data, argmax_exact=argmax_exact)
+        self._seq.eval(tokens)
 
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
                temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
@@ -332,28 +341,17 @@ class Llama:
                logits_processor=None, grammar=None, idx: Optional[int] = None) -> int:
         """Sample a token id from the logits at position ``idx`` (default: the last),
         with llama.cpp's sampler chain (the one of the running ``generate``, else a new
-        one seeded with the current seed, as llama-cpp-python)."""
-        if self.n_tokens == 0 or self._last_logits is None:
-            raise RuntimeError("sample() before eval(): no logits yet")
-        sampler = self._sampler
-        tmp = sampler is None
-        if tmp:
-            sampler = self._init_sampler(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
-                                         repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                         presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                                         mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-                                         penalize_nl=penalize_nl, logits_processor=logits_processor, grammar=grammar)
-        if idx is None or idx == self.n_tokens - 1:
-            logits = self._last_logits
-        elif self._logits_all and 0 <= idx < self.n_tokens:
-            logits = self.scores[idx]
-        else:
-            raise ValueError(f"sample: no logits kept for position {idx} (logits_all=False keeps the last only)")
-        try:
-            return sampler.sample(logits)
-        finally:
-            if tmp:
-                sampler.close()
+        one seeded with the current seed, as llama-cpp-python).
+
+        Raises:
+            RuntimeError: nothing evaluated yet. ValueError: ``idx`` has no kept logits.
+        """
+        params = SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                                mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
+                                logits_processor=logits_processor, grammar=grammar)
+        return self._seq.sample(params, idx=idx)
 
     def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
@@ -368,54 +366,35 @@ class Llama:
         sequence is kept and only the rest is evaluated (prompt reuse), as
         llama-cpp-python's ``generate``.
         """
-        params = dict(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
-                      repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                      presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                      mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
-                      logits_processor=logits_processor, grammar=grammar)
-        if self._sampler is not None:
-            self._sampler.close()
-        self._sampler = self._init_sampler(**params)
-        tokens = list(tokens)
-        if reset and self.n_tokens > 0:
-            prefix = _LlamaCpp.longest_token_prefix(self._input_ids.tolist(), tokens)
-            consumed = prefix == len(tokens)
-            if consumed and self.n_tokens == len(tokens) and not self._requires_eval:
-                reset, tokens = False, []  # the whole prompt is cached with live logits
-            else:
-                keep = prefix - 1 if consumed else prefix  # re-evaluate one token for fresh logits
-                if keep > 0:
-                    reset, tokens = False, tokens[keep:]
-                    self.n_tokens = keep
-                    self._requires_eval = True
-                    if self.verbose:
-                        print(f"Llama.generate: {keep} prefix-match hit, remaining {len(tokens)} prompt tokens "
-                              f"to eval", file=sys.stderr)
-        if reset:
-            self.reset()
-        if not tokens and self.n_tokens == 0:
-            raise RuntimeError("generate: empty prompt and nothing cached: no logits to sample from")
-        sample_idx = self.n_tokens + len(tokens) - 1
-        sampler = self._sampler
-        while True:
-            self.eval(tokens)
-            while sample_idx < self.n_tokens:
-                if sample_idx == self.n_tokens - 1 and self._sampler is sampler:  # the usual case, direct
-                    token = sampler.sample(self._last_logits)
-                else:
-                    token = self.sample(idx=sample_idx, **params)
-                sample_idx += 1
-                if stopping_criteria is not None and stopping_criteria(self._input_ids[:sample_idx],
-                                                                       self._scores[-1, :]):
-                    return
-                sent = yield token
-                tokens = [token] if sent is None else [token, *sent]
-                if sample_idx < self.n_tokens and token != self.input_ids[sample_idx]:
-                    self.n_tokens = sample_idx
-                    self._requires_eval = True
-                    break
+        params = SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                                mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
+                                logits_processor=logits_processor, grammar=grammar)
+        return self._seq.generate(tokens, params, reset=reset, stopping_criteria=stopping_criteria)
 
-    # ---- completion, chat, embeddings: llama-cpp-python's own code ----------------------------
+    def run(self, tokens: Sequence[int], params: SamplingParams, *, max_tokens: int, stops: Sequence[str] = (),
+            stream: Optional[str] = None, stopping_criteria=None) -> Iterator[runner.Event]:
+        """Generate after ``tokens`` on this model's sequence: the runner's typed events
+        (:mod:`powerinfer_backend.text.runner`: ``Token`` per generated token, ``Delta``
+        text pieces when ``stream`` is "chars" or "tokens", then ``Stop`` and ``Usage``, or
+        ``Error``), ending after at most ``max_tokens`` tokens, at an end-of-generation
+        token or at the first of ``stops`` found in the text. The completion, chat and
+        server routes render from these.
+
+        Raises:
+            ValueError: ``stream`` other than None, "chars" or "tokens".
+            RuntimeError: the model is closed.
+        """
+        if stream not in (None, "chars", "tokens"):
+            raise ValueError(f'stream must be None, "chars" or "tokens", got {stream!r}')
+        self._check_open()
+        text = PieceText(self._tok.piece, self._tok.token_bos)
+        req = runner.Request(list(tokens), params, text, int(max_tokens), self._tok.is_eog,
+                             [s.encode("utf-8") for s in stops], stream=stream, stopping_criteria=stopping_criteria)
+        return runner.run(self._seq, req)
+
+    # ---- completion, chat, embeddings ---------------------------------------------------------
 
     def create_completion(self, prompt: Union[str, List[int]], suffix: Optional[str] = None,
                           max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
@@ -427,14 +406,17 @@ class Llama:
                           mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                           stopping_criteria=None, logits_processor=None, grammar=None,
                           logit_bias: Optional[Dict[int, float]] = None):
-        """Complete ``prompt``: llama-cpp-python's ``create_completion`` (its result dict,
-        or an iterator of its stream chunks when ``stream``), running on this model.
+        """Complete ``prompt``: llama-cpp-python's result dict, or (``stream``) an iterator
+        of its stream chunks (text.completion: the same stop, stream, echo, logprobs and
+        seed rules). ``max_tokens`` None or <= 0: until EOS or the context end.
 
         Raises:
             ValueError: prompt longer than the context window
                 ("Requested tokens (N) exceed context window of M"); logprobs without
-                logits_all.
+                logits_all; a non-finite temperature. With ``stream`` the prompt errors
+                come from the first ``next()``, as llama-cpp-python's.
             TypeError: a prompt that is neither a str nor a list of token ids.
+            RuntimeError: an empty prompt with nothing cached; the model is closed.
         """
         if isinstance(prompt, np.ndarray):
             prompt = prompt.tolist()
@@ -444,45 +426,52 @@ class Llama:
             raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
         if not math.isfinite(temperature):  # llama.cpp's chain would sample from NaN logits
             raise ValueError(f"temperature must be a finite number, got {temperature}")
-        return _LlamaCpp.create_completion(
-            self, prompt, suffix=suffix, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
-            typical_p=typical_p, logprobs=logprobs, echo=echo, stop=stop, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, stream=stream,
-            seed=seed, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta, model=model, stopping_criteria=stopping_criteria,
-            logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias)
-
-    def _create_completion(self, *args, **kwargs):
-        try:
-            yield from _LlamaCpp._create_completion(self, *args, **kwargs)
-        except ValueError as e:
-            # llama-cpp-python names llama_n_ctx(self.ctx), the vocab-only context that
-            # llama.cpp rounds up to >= 256 tokens; the limit it checked is our n_ctx
-            msg = re.sub(r"(exceed context window of )\d+", rf"\g<1>{self._n_ctx}", str(e))
-            if msg == str(e):
-                raise
-            raise ValueError(msg) from None
+        self._check_open()
+        params = SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temperature,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                                mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                                logits_processor=logits_processor, grammar=grammar)
+        opts = Options(prompt=prompt, suffix=suffix, max_tokens=max_tokens, logprobs=logprobs, echo=echo,
+                       stop=stop, stream=stream, seed=seed, model=model, stopping_criteria=stopping_criteria,
+                       logit_bias=logit_bias)
+        chunks = completion(self, self._tok, self._seq, opts, params)
+        return chunks if stream else next(chunks)
 
     __call__ = create_completion
 
     def create_chat_completion(self, messages, **kwargs):
-        """llama-cpp-python's ``create_chat_completion``: the chat handler of
-        ``chat_handler`` / ``chat_format`` / the GGUF template formats ``messages`` and
-        calls ``create_completion`` (tools, tool_choice, response_format, streaming)."""
-        return _LlamaCpp.create_chat_completion(self, messages, **kwargs)
+        """Chat completion, as llama-cpp-python's: the chat handler of ``chat_handler`` /
+        ``chat_format`` / the GGUF template formats ``messages`` and calls
+        :meth:`create_completion` (tools, tool_choice, response_format, streaming).
+        Keywords: llama-cpp-python's ``create_chat_completion`` ones."""
+        return chat.complete(self, messages, kwargs)
 
     def create_chat_completion_openai_v1(self, *args, **kwargs):
         """``create_chat_completion`` as ``openai`` types (needs the openai package)."""
-        return _LlamaCpp.create_chat_completion_openai_v1(self, *args, **kwargs)
+        return chat.as_openai_v1(lambda: self.create_chat_completion(*args, **kwargs), kwargs.get("stream", False))
 
-    from_pretrained = classmethod(_LlamaCpp.from_pretrained.__func__)
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files: Optional[List] = None,
+                        local_dir=None, local_dir_use_symlinks="auto", cache_dir=None, **kwargs) -> "Llama":
+        """Download ``filename`` (a glob) of the Hugging Face repository ``repo_id`` and load it
+        (:func:`powerinfer_backend.loader.hub.from_pretrained`; needs huggingface-hub)."""
+        path = from_pretrained(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
+                               local_dir_use_symlinks=local_dir_use_symlinks, cache_dir=cache_dir)
+        return cls(model_path=path, **kwargs)
 
-    logits_to_logprobs = staticmethod(_LlamaCpp.logits_to_logprobs)
-    longest_token_prefix = staticmethod(_LlamaCpp.longest_token_prefix)
+    logits_to_logprobs = staticmethod(log_softmax)
+    longest_token_prefix = staticmethod(common_prefix)
 
     def create_embedding(self, input: Union[str, List[str]], model: Optional[str] = None):
-        """llama-cpp-python's ``create_embedding`` over :meth:`embed`."""
-        return _LlamaCpp.create_embedding(self, input, model=model)
+        """llama-cpp-python's embedding response over :meth:`embed`: ``{"object": "list",
+        "data": [{"object": "embedding", "embedding", "index"}], "model", "usage"}``."""
+        inputs = input if isinstance(input, list) else [input]
+        embeds, total = self.embed(inputs, return_count=True)
+        return {"object": "list",
+                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
+                "model": model if model is not None else self.model_path,
+                "usage": {"prompt_tokens": total, "total_tokens": total}}
 
     def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
               return_count: bool = False):
@@ -533,26 +522,8 @@ class Llama:
         if bytes(state.llama_state[: len(_STATE_MAGIC)]) != _STATE_MAGIC:
             raise ValueError("load_state: not a powerinfer_backend state (llama.cpp context states cannot be "
                              "loaded into this engine)")
-        n = int(state.n_tokens)
-        if n > self._n_ctx:
-            raise ValueError(f"Requested tokens ({n}) exceed context window of {self._n_ctx}")
-        tokens = np.asarray(state.input_ids[:n], dtype=np.intc)
-        be = self._backend
-        keep = min(_LlamaCpp.longest_token_prefix(self.input_ids[: min(self.n_tokens, be.n_past)].tolist(),
-                                                  tokens.tolist()), n)
-        be.truncate(keep)
-        if keep < n:
-            be.eval(tokens[keep:].tolist(), logits_all=False)
-        self.input_ids[:n] = tokens
-        self.n_tokens = n
-        scores = np.asarray(state.scores, dtype=np.single)
-        if self._logits_all:
-            self.scores[: len(scores)] = scores
-            self._last_logits = self.scores[n - 1] if n else None
-        else:
-            self._last_logits = scores[-1].copy() if len(scores) else None
-        self._seed = state.seed
-        self._requires_eval = True
+        self._seq.restore(state.input_ids[: int(state.n_tokens)], state.scores)
+        self._seq.seed = state.seed
 
     # ---- lifetime -------------------------------------------------------------------
 
@@ -565,17 +536,16 @@ class Llama:
         if getattr(self, "_announced", False):
             self._announced = False
             plugin_manager().hook.powerinfer_backend_model_unloaded(llama=self)
-        self._last_logits = None  # may be a view of the native context's buffer
-        sampler, self._sampler = getattr(self, "_sampler", None), None
-        if sampler is not None:
-            sampler.close()
+        seq = getattr(self, "_seq", None)
+        if seq is not None:
+            seq.close_sampler()
+            seq.last_logits = None  # may be a view of the native context's buffer
+            seq.evaluator = _CLOSED
         for part in ("_backend", "_tok"):
             obj = getattr(self, part, None)
             if obj is not None and obj is not _CLOSED:
                 setattr(self, part, _CLOSED)
                 obj.close()
-        if getattr(self, "_model", None) is not None:
-            self._model = _CLOSED
 
     def __getstate__(self):
         """Pickle as the constructor arguments (the model is loaded again), with the

@@ -14,7 +14,8 @@ from .hybrid.offload import check_device_options
 from .hybrid.placement import parse_vram_budget
 
 #: device placement options, passed to the backend (powerinfer_backend.hybrid.offload.offload)
-DEVICE_PARAMS = ("n_gpu_layers", "device", "placement", "device_threads", "reset_gpu_index", "disable_gpu_index")
+DEVICE_PARAMS = ("n_gpu_layers", "device", "placement", "device_threads", "reset_gpu_index", "disable_gpu_index",
+                 "device_bandwidth")
 #: accepted for llama_cpp.Llama compatibility; meaningless here (GPU placement is vram_budget)
 GPU_PARAMS = ("split_mode", "main_gpu", "tensor_split", "offload_kqv")
 
@@ -34,11 +35,12 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
     parameters ignored here and parameters not supported.
 
     Raises:
-        ValueError: a malformed ``vram_budget``, ``placement`` or ``device_threads``, before
+        ValueError: a malformed ``vram_budget``, ``placement``, ``device_threads`` or ``device_bandwidth``, before
             anything loads.
     """
     parse_vram_budget(vram_budget)
-    check_device_options(kwargs.get("placement", "neurons"), kwargs.get("device_threads", 1))
+    check_device_options(kwargs.get("placement", "auto"), kwargs.get("device_threads", 1),
+                         kwargs.get("device_bandwidth"))
     gpu = [k for k in GPU_PARAMS if k in kwargs]
     if gpu:
         warnings.warn(f"{', '.join(gpu)} ignored: powerinfer_backend places layers by vram_budget (GiB)",

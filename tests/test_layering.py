@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("sparsity", [f"{P}.sparsity"]),
     ("hybrid", [f"{P}.hybrid"]),
     ("plugins", [f"{P}.plugins"]),
-    ("public", [P, f"{P}.llama", f"{P}.llama_options", f"{P}._compat"]),
+    ("public", [P, f"{P}.llama", f"{P}.llama_options"]),
     ("server", [f"{P}.server"]),
     ("cli", [f"{P}.cli", f"{P}.__main__"]),  # cli may import server (`serve`), not the reverse
     ("adapters", [f"{P}.adapters"]),  # source: the repository's top-level adapters/

@@ -373,21 +373,21 @@ def test_empty_prompt(llm, ref):
 def test_prompt_reuse_evaluates_only_new_tokens(llm, eval_counter):
     p1 = llm.tokenize(PROMPT.encode(), special=True)
     p2 = llm.tokenize((PROMPT + " Paris, and the capital of Italy is").encode(), special=True)
-    assert p2[:len(p1)] == p1
+    assert p2[:len(p1)] == p1 and llm.prompt_tokens(PROMPT) == p1
     llm.reset()
     llm(PROMPT, max_tokens=1, temperature=0)
-    assert eval_counter == [len(p1)]
+    assert eval_counter == [len(p1)] and llm.sequence.prompt_evaluated == len(p1)
     assert llm._backend.n_past == llm.n_tokens == len(p1)
     eval_counter.clear()
     llm(PROMPT, max_tokens=1, temperature=0)  # same prompt, logits still live: nothing evaluated
-    assert eval_counter == []
+    assert eval_counter == [] and llm.sequence.prompt_evaluated == 0
     eval_counter.clear()
     llm(p2, max_tokens=2, temperature=0)  # longer prompt: only the new tokens, then one per generated token
-    assert eval_counter == [len(p2) - len(p1), 1]
+    assert eval_counter == [len(p2) - len(p1), 1] and llm.sequence.prompt_evaluated == len(p2) - len(p1)
     assert llm.n_tokens == llm._backend.n_past == len(p2) + 1
     eval_counter.clear()
     llm(PROMPT, max_tokens=1, temperature=0)  # back to the shorter prefix: one token re-evaluated for logits
-    assert eval_counter == [1] and llm._backend.n_past == len(p1)
+    assert eval_counter == [1] and llm._backend.n_past == len(p1) and llm.sequence.prompt_evaluated == 1
 
 
 def test_reset(llm, eval_counter):

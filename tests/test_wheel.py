@@ -1,6 +1,7 @@
 """The wheel ships what the source tree has: every package folder of powerinfer_backend/
 and of the top-level adapters/ (as powerinfer_backend.adapters), the compiled cffi
-extension at powerinfer_backend/_native/, and no top-level ``adapters`` package.
+extension at powerinfer_backend/_native/ (without the test hooks of native/testing/), and
+no top-level ``adapters`` package.
 
 Builds the wheel for real (``pip wheel . --no-deps --no-build-isolation``, so setuptools,
 wheel and cffi must be installed); the C library compiles, which takes a while."""
@@ -8,6 +9,8 @@ wheel and cffi must be installed); the C library compiles, which takes a while."
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -36,18 +39,25 @@ def _package_files(folder: Path, prefix: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel_names(tmp_path_factory) -> list[str]:
+def wheel(tmp_path_factory) -> Path:
+    """The wheel a user's ``pip install .`` builds (no build flags set)."""
     if importlib.util.find_spec("pip") is None:
         pytest.skip("pip is not installed")
     out = tmp_path_factory.mktemp("wheel")
+    env = {k: v for k, v in os.environ.items() if k not in ("POWERINFER_TESTING", "POWERINFER_SANITIZE")}
     start = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
-                        "-w", str(out)], cwd=ROOT, capture_output=True, text=True)
+                        "-w", str(out)], cwd=ROOT, capture_output=True, text=True, env=env)
     print(f"pip wheel took {time.monotonic() - start:.1f} s")
     assert r.returncode == 0, f"pip wheel failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}"
     wheels = sorted(out.glob(f"{P}-*.whl"))
     assert len(wheels) == 1, f"expected one {P} wheel, got {[w.name for w in wheels]}"
-    with zipfile.ZipFile(wheels[0]) as z:
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def wheel_names(wheel) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
         return z.namelist()
 
 
@@ -76,3 +86,17 @@ def test_wheel_has_the_extension_in_native(wheel_names):
 def test_wheel_has_no_top_level_adapters(wheel_names):
     top = sorted({n.split("/")[0] for n in wheel_names if not n.split("/")[0].endswith((".dist-info", ".data"))})
     assert top == [P], f"top-level entries other than {P}/: {top}"
+
+
+def test_wheel_extension_has_the_api_and_no_test_hooks(wheel, wheel_names, tmp_path):
+    """The C test hooks (native/testing/, POWERINFER_TESTING=1) stay out of a normal build."""
+    with zipfile.ZipFile(wheel) as z:
+        ext = z.extract(next(n for n in wheel_names if EXTENSION.fullmatch(n)), tmp_path)
+    code = ("import json; from powerinfer_backend._native import lib; "
+            "print(json.dumps([n for n in dir(lib) if n.startswith('pi_')]))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False,
+                       env={**os.environ, "POWERINFER_NATIVE_EXT": ext, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = json.loads(r.stdout)
+    assert "pi_model_create" in names and "pi_eval" in names
+    assert [n for n in names if n.startswith("pi_test_")] == []

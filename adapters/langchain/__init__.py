@@ -31,13 +31,17 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, Optional
 
-with warnings.catch_warnings():  # langchain-community announces its sunset on import
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from langchain_community.chat_models.llamacpp import ChatLlamaCpp as _ChatLlamaCpp
-    from langchain_community.llms.llamacpp import LlamaCpp as _LlamaCpp
-
-from langchain_core.utils import pre_init
-from pydantic import model_validator
+try:  # the [langchain] extra
+    with warnings.catch_warnings():  # langchain-community announces its sunset on import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.chat_models.llamacpp import ChatLlamaCpp as _ChatLlamaCpp
+        from langchain_community.llms.llamacpp import LlamaCpp as _LlamaCpp
+    from langchain_core.utils import pre_init
+    from pydantic import model_validator
+except ImportError as e:
+    raise ImportError(f"the LangChain adapter needs langchain-community and langchain-core ({e}): "
+                      "pip install 'powerinfer_backend[langchain]' "
+                      "(from a clone: pip install -e '.[langchain]')") from e
 
 _PARAMS = ("rope_freq_scale", "rope_freq_base", "lora_path", "lora_base", "n_ctx", "n_parts", "seed", "f16_kv",
            "logits_all", "vocab_only", "use_mlock", "n_threads", "n_batch", "use_mmap", "last_n_tokens_size",

@@ -27,7 +27,7 @@ _lock = threading.Lock()
 _saved: Optional[dict] = None  # {(module, attribute): original}
 
 
-def _dropin_class(defaults: dict, original):
+def _dropin_class(defaults: dict):
     from powerinfer_backend.llama import Llama
 
     class Llama(Llama):  # noqa: F811 - same name as llama_cpp's, as code printing it expects
@@ -35,7 +35,6 @@ def _dropin_class(defaults: dict, original):
         (installed by ``powerinfer_backend.adapters.llamacpp.install``)."""
 
         _dropin_defaults = dict(defaults)
-        _dropin_original = original  # powerinfer_backend's own llama.cpp uses (vocab-only tokenizer) find it here
 
         def __init__(self, model_path: str, *args: Any, **kwargs: Any):
             if args:  # llama_cpp.Llama's parameters are keyword-only after model_path
@@ -58,7 +57,7 @@ def install(*, also: Iterable[Any] = (), **defaults: Any):
     with _lock:
         if _saved is None:
             _saved = {}
-        cls = _dropin_class(defaults, _saved.get((llama_cpp, "Llama"), llama_cpp.Llama))
+        cls = _dropin_class(defaults)
         for mod in (llama_cpp, *also):
             key = (mod, "Llama")
             if key not in _saved:
@@ -82,7 +81,9 @@ def installed() -> bool:
     """Whether ``llama_cpp.Llama`` is currently ours."""
     import llama_cpp
 
-    return getattr(llama_cpp.Llama, "_dropin_defaults", None) is not None
+    from powerinfer_backend.llama import Llama
+
+    return isinstance(llama_cpp.Llama, type) and issubclass(llama_cpp.Llama, Llama)
 
 
 def original_llama():

@@ -499,31 +499,6 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
                                int32_t output_on_device, int64_t budget_bytes);
 int pi_context_ggml_buffers(const pi_context *c, pi_gdev_buffers *out); /* the sizes ggml allocated */
 
-/* ---- Test-only entry points of a ggml placement (for the tests; not a stable API) ----
- * pi_test_ggml_zero_rows: zero rows [row0, row0 + n_rows) (ne1 index) of a placed device tensor of
- * `layer`: an attention slot (PI_L_ATTN_Q, ...), or with PI_L_FFN_GATE / PI_L_FFN_UP the hot rows (row r =
- * the plan's r-th hot neuron), PI_L_FFN_DOWN the hot down columns' F16 rows (row e = output element e).
- * pi_test_ggml_trace(c, cap): record up to cap events from now (cap 0 stops and frees); each is one device
- * step (kind 0 attention, 1 hot FFN, 2 output; layer n_layer for the output) or the CPU half of a split
- * FFN computing the cold neurons' activations (kind 3), with CLOCK_MONOTONIC start and end in ns.
- * pi_test_ggml_trace_read copies up to cap events recorded since the last read and returns their number
- * (-1 when tracing is off). */
-typedef struct pi_test_ggml_event {
-    int32_t kind, layer;
-    int64_t t0_ns, t1_ns;
-} pi_test_ggml_event;
-int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t row0, int64_t n_rows);
-int pi_test_ggml_trace(pi_context *c, int32_t cap);
-int32_t pi_test_ggml_trace_read(pi_context *c, pi_test_ggml_event *out, int32_t cap);
-
-/* ---- Test-only entry points of a context's thread pool (not a stable API) ----
- * pi_test_pool_stall: worker `worker` (0 = the calling thread) sleeps `ms` ms inside the next chunk it
- * takes (once). pi_test_pool_counts: per worker, the chunks it has run since the context was made
- * (total) and those it ran in the job the last stall fired in (stalled_job; -1 before one fired), up to
- * cap entries each (either may be NULL); returns n_threads. */
-int pi_test_pool_stall(pi_context *c, int32_t worker, int32_t ms);
-int32_t pi_test_pool_counts(pi_context *c, int64_t *total, int64_t *stalled_job, int32_t cap);
-
 #ifdef __cplusplus
 }
 #endif

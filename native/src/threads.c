@@ -299,7 +299,7 @@ void pi_pool_run(pi_pool *p, pi_task_fn fn, void *arg) {
             p->stall_counts[i] = atomic_load_explicit(&p->w[i].chunks, memory_order_relaxed) - p->w[i].pre;
 }
 
-/* ---- test-only hooks (pi_test_pool_*; powerinfer.h) ---- */
+/* ---- for the test hooks (pi_test_pool_*; native/testing/) ---- */
 
 int pi_pool_test_stall(pi_pool *p, int32_t worker_id, int32_t ms) {
     if (worker_id < 0 || worker_id >= p->n || ms < 0 || ms > 10000)

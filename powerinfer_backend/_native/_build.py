@@ -5,8 +5,11 @@ preprocessor lines dropped, so the header stays the single source of truth.
 Per-ISA kernels select their instruction set with ``#pragma GCC target`` inside
 their own files, so the library is portable and picks a path at run time.
 Set ``POWERINFER_NATIVE=1`` to also compile everything with ``-march=native``;
-``POWERINFER_SANITIZE=address,undefined`` (any ``-fsanitize=`` list) builds the sanitizer
-variant, with the test-only planted bugs of ``native/sanitize/`` (docs/reliability.md).
+``POWERINFER_TESTING=1`` adds the test hooks of ``native/testing/`` (entry points only tests
+call: stall a pool worker, zero a placed device tensor, trace the device; README's test command
+builds so). ``POWERINFER_SANITIZE=address,undefined`` (any ``-fsanitize=`` list) builds the
+sanitizer variant, with the test hooks and the planted bugs of ``native/sanitize/``
+(docs/reliability.md). A normal build has neither: ``powerinfer.h`` is the whole public API.
 """
 
 import os
@@ -55,11 +58,21 @@ if _SANITIZE:  # e.g. "address,undefined": the sanitizer build (docs/reliability
         _san += ["-fno-sanitize-recover=undefined", "-fno-wrapv"]
     _cflags = [f for f in _cflags if f != "-O3"] + ["-O1", "-g"] + _san
     _ldflags += _san
-    # the test-only planted bugs (tests/_native/test_sanitizers.py): never in the normal build
-    _sources.append(str((NATIVE / "sanitize" / "planted.c").relative_to(ROOT)))
-    ffibuilder.cdef(_cdef_text((NATIVE / "sanitize" / "planted.h").read_text()))
-    _preamble += '\n#include "planted.h"'
-    _include.append(str(NATIVE / "sanitize"))
+
+
+def _add_test_only(folder: pathlib.Path, header: str) -> None:
+    """Compile ``folder``'s C files too and bind the functions its ``header`` declares."""
+    global _preamble
+    _sources.extend(sorted(str(p.relative_to(ROOT)) for p in folder.glob("*.c")))
+    ffibuilder.cdef(_cdef_text((folder / header).read_text()))
+    _preamble += f'\n#include "{header}"'
+    _include.append(str(folder))
+
+
+if os.environ.get("POWERINFER_TESTING") == "1" or _SANITIZE:  # the test hooks (engine/testing.py)
+    _add_test_only(NATIVE / "testing", "testing.h")
+if _SANITIZE:  # the planted bugs (tests/_native/test_sanitizers.py)
+    _add_test_only(NATIVE / "sanitize", "planted.h")
 
 ffibuilder.set_source(
     "powerinfer_backend._native._pi_native",

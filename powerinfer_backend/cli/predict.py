@@ -1,6 +1,8 @@
-"""``powerinfer-backend plan --predict``: the plan's predicted decode tok/s, ours and
-llama.cpp's layer split at the same budget (the model: hybrid/placement/predict.py,
-docs/placement.md "Predicted throughput")."""
+"""``powerinfer-backend plan --predict`` and ``plan --placement auto``: the cost model's
+inputs from the model file and the options (:func:`model_inputs`), and the plan's
+predicted decode tok/s, ours and llama.cpp's layer split at the same budget
+(:func:`predict_for_plan`; the model: hybrid/placement/predict.py, docs/placement.md
+"Predicted throughput")."""
 
 from __future__ import annotations
 
@@ -16,12 +18,11 @@ def _predictor_bytes(prof) -> int:
     return max(int(getattr(ps.fc1[i], "nbytes", 0)) + int(getattr(ps.fc2[i], "nbytes", 0)) for i in ps.layers)
 
 
-def predict_for_plan(model_path: str | os.PathLike, plan, args) -> dict[str, Any]:
-    """Both predictions for ``plan`` of the model at ``model_path``, from the options of
-    ``plan --predict`` (``args``: device_bandwidth, host_bandwidth or None = measured,
-    mode ("auto" or one of predict.MODES), device_skips, n_past, sync_us, threads,
-    sidecar). Returns {"ours", "layer_split", "ratio", "host_bandwidth_measured",
-    "text"}; raises ValueError for bad bandwidths, mode or frequencies."""
+def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
+    """What the cost model needs of the model at ``model_path`` under ``plan``'s options
+    (``args``: host_bandwidth or None = measured now over ``threads``, mode ("auto" or one
+    of predict.MODES), sidecar): {"sizes", "freq", "source", "mode", "predictor_bytes",
+    "host_gbps", "host_measured"}. Raises ValueError for a bad mode or frequencies."""
     from ..hybrid.placement import ModelSizes, neuron_frequencies
     from ..hybrid.placement import predict as pr
     from ..loader import load_gguf
@@ -42,13 +43,33 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args) -> dict[str, Any
                                                                    has_predictors=_predictor_bytes(prof) > 0)
     measured = args.host_bandwidth is None
     host = pr.measure_host_bandwidth(n_threads=max(1, args.threads)) if measured else args.host_bandwidth
-    ours = pr.predict_ours(sizes, plan, freq, device_gbps=args.device_bandwidth, host_gbps=host, mode=mode,
+    return {"sizes": sizes, "freq": freq, "source": source, "mode": mode, "predictor_bytes": _predictor_bytes(prof),
+            "host_gbps": host, "host_measured": measured}
+
+
+def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Both predictions for ``plan`` of the model at ``model_path``, from the options of
+    ``plan --predict`` (``args``: device_bandwidth, device_skips, n_past, sync_us and
+    :func:`model_inputs`'s; ``inputs``: its result when already made). Returns {"ours",
+    "layer_split", "ratio", "host_bandwidth_measured", "choice", "text"}; raises ValueError
+    for bad bandwidths, mode or frequencies."""
+    from ..hybrid.placement import POLICIES
+    from ..hybrid.placement import predict as pr
+
+    mi = inputs or model_inputs(model_path, args)
+    sizes, freq, source, host = mi["sizes"], mi["freq"], mi["source"], mi["host_gbps"]
+    ours = pr.predict_ours(sizes, plan, freq, device_gbps=args.device_bandwidth, host_gbps=host, mode=mi["mode"],
                            device_skips=args.device_skips, n_past=args.n_past,
-                           predictor_bytes=_predictor_bytes(prof), sync_s=args.sync_us * 1e-6)
+                           predictor_bytes=mi["predictor_bytes"], sync_s=args.sync_us * 1e-6)
     split = pr.predict_layer_split(sizes, plan.budget_bytes, device_gbps=args.device_bandwidth, host_gbps=host,
                                    n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_past=args.n_past)
-    ours.notes.append(f"frequencies: {source}; host bandwidth {'measured' if measured else 'given'}")
+    ours.notes.append(f"frequencies: {source}; host bandwidth {'measured' if mi['host_measured'] else 'given'}")
     if source.startswith("gpuidx:"):
         ours.notes.append("gpuidx ranking: its cold neurons count as never firing (optimistic)")
+    text = pr.format_predictions(ours, split)
+    if plan.choice:
+        c = plan.choice
+        text += (f"\nplacement auto chose {c['policy']} (predicted tok/s: "
+                 + ", ".join(f"{k} {c['tok_s'][k]:.2f}" for k in POLICIES if k in c["tok_s"]) + ")")
     return {"ours": ours.to_json(), "layer_split": split.to_json(), "ratio": ours.tok_s / split.tok_s,
-            "host_bandwidth_measured": measured, "text": pr.format_predictions(ours, split)}
+            "host_bandwidth_measured": mi["host_measured"], "choice": plan.choice or None, "text": text}

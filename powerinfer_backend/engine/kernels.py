@@ -1,5 +1,5 @@
 """Single C operators over numpy arrays: ``pi_op_matmul`` and ``pi_op_ffn_sparse``, for
-the FFN density sweep and the CPU half of an external device.
+the FFN density sweep (``powerinfer-backend bench --ffn-density-sweep``, cli/sweeps.py).
 
 A ``bind_*`` function makes the C pointers once and returns the call, to be repeated
 over the same arrays (which must stay alive and in place): a benchmark then times the C
@@ -14,7 +14,7 @@ import numpy as np
 from .._native import check, ffi, lib
 from .pool import NativePool
 
-__all__ = ["bind_matmul", "bind_ffn_sparse", "ffn_sparse"]
+__all__ = ["bind_matmul", "bind_ffn_sparse"]
 
 
 def _ptr(ctype: str, a: np.ndarray | None):
@@ -48,7 +48,3 @@ def bind_ffn_sparse(pool: NativePool, act: int, gate_up_type: int, gate: np.ndar
             _ptr("float *", y), _ptr("int64_t *", n_used))
     return lambda: check(fn(*args), "pi_op_ffn_sparse")
 
-
-def ffn_sparse(*args, **kwargs) -> None:
-    """One ``pi_op_ffn_sparse`` call now (arguments as :func:`bind_ffn_sparse`)."""
-    bind_ffn_sparse(*args, **kwargs)()

@@ -32,23 +32,3 @@ class NativePool(Closing):
         if getattr(self, "_ptr", None) is not None:
             lib.pi_pool_free(self._ptr)
             self._ptr = None
-
-
-def testing_stall(ctx, worker: int, ms: int) -> None:
-    """Test only: thread ``worker`` of a :class:`NativeContext`'s pool (0 = the calling
-    thread) sleeps ``ms`` milliseconds inside the next chunk of work it takes (once).
-
-    Raises:
-        ValueError: worker outside [0, n_threads) or ms outside [0, 10000].
-    """
-    check(lib.pi_test_pool_stall(ctx._ptr, int(worker), int(ms)), "pi_test_pool_stall")
-
-
-def testing_chunk_counts(ctx) -> tuple[list[int], list[int] | None]:
-    """Test only: per thread of a context's pool, the chunks it has run since the context
-    was made, and those it ran in the job the last :func:`testing_stall` fired in (None
-    while none has fired)."""
-    n = ctx.n_threads
-    total, stalled = ffi.new("int64_t[]", n), ffi.new("int64_t[]", n)
-    lib.pi_test_pool_counts(ctx._ptr, total, stalled, n)
-    return list(total), (None if stalled[0] < 0 else list(stalled))

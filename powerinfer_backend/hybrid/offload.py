@@ -2,12 +2,14 @@
 under a placement plan on a ggml device (issues 6, 14; docs/placement.md).
 
 :func:`offload` resolves the device name (:func:`powerinfer_backend.hybrid.devices.select.resolve_device`:
-"auto", "cuda", "metal", "vulkan", "hip", a ggml device name, "ggml-cpu" / "cpu-device",
+"auto", "cuda", "metal", "vulkan", "hip", a ggml device name, "ggml-cpu",
 "cpu"), opens it, decides the budget against its free memory
 (:func:`powerinfer_backend.hybrid.placement.resolve_budget`), makes or reuses the plan with
 the device's byte rule (:class:`~powerinfer_backend.hybrid.devices.select.DeviceSizer`;
-:func:`~powerinfer_backend.hybrid.placement.plan_for_model`, or whole layers with
-``placement="layers"``) and places the context on the device
+:func:`~powerinfer_backend.hybrid.placement.plan_for_model`: by default ``placement="auto"``,
+the fastest predicted of the throughput planner, the neuron plan and the layer split, with the
+device's and the host's bandwidths, :mod:`~powerinfer_backend.hybrid.placement.bandwidth`; or
+the neuron plan, or whole layers with ``placement="layers"``) and places the context on the device
 (``NativeContext.set_ggml_device``), checking that ggml allocated exactly the plan's bytes
 per buffer.
 """
@@ -22,9 +24,12 @@ from typing import Any, Optional
 from . import placement as P
 from .devices.select import DeviceChoice, DeviceSizer, open_device, resolve_device
 
-__all__ = ["PLACEMENTS", "Offload", "offload", "split_arithmetic"]
+__all__ = ["PLACEMENTS", "Offload", "offload", "split_arithmetic", "engine_mode", "check_device_options"]
 
-PLACEMENTS = ("neurons", "layers")
+PLACEMENTS = ("auto", "neurons", "layers")
+#: why ``placement="auto"`` runs the neuron plan on ggml's CPU backend as the device
+SHARED_MEMORY = ("ggml's CPU backend reads the host's own memory, so no placement reads faster; auto runs "
+                 "the neuron plan there (pass device_bandwidth= to plan by the cost model anyway)")
 
 
 @dataclass
@@ -58,9 +63,17 @@ class Offload:
             why = self.message or (self.decision.message if self.decision else "")
             return f"device: none, CPU only{f' ({why})' if why else ''}"
         p = self.plan
-        return (f"device {self.device_kind} (ggml {self.device.info.name}): {p.device_bytes} of {p.budget_bytes} "
+        line = (f"device {self.device_kind} (ggml {self.device.info.name}): {p.device_bytes} of {p.budget_bytes} "
                 f"budget bytes; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
                 f"hot neurons {p.hot_fraction:.1%}, output {'device' if p.output_on_device else 'cpu'}")
+        c = p.choice
+        if c and "tok_s" not in c:
+            line += f"; placement auto chose {c['policy']} ({c['reason']})"
+        elif c:
+            line += (f"; placement auto chose {c['policy']}: predicted {c['tok_s'][c['policy']]:.1f} tok/s, "
+                     f"{c['ratio']:.2f}x llama.cpp's layer split (device {c['device_gbps']:g} GB/s, "
+                     f"{c.get('device_source', 'given')}; host {c['host_gbps']:g} GB/s; mode {c['mode']})")
+        return line
 
     def stats(self) -> dict:
         """The device's memory, {} on the CPU: ``kind`` (the name asked for), ``name``
@@ -68,7 +81,9 @@ class Offload:
         came from ``n_gpu_layers``), ``reserved`` (the plan's bytes), ``used`` (the bytes of the
         buffers ggml allocated), ``high_water`` (the most ``used`` seen), ``buffers``
         (bytes per buffer: weights, kv, compute), ``free_bytes`` / ``total_bytes`` (the
-        device's memory now, ``ggml_backend_dev_memory``)."""
+        device's memory now, ``ggml_backend_dev_memory``), and with ``placement="auto"``
+        ``placement``: the plan's ``choice`` (``policy`` that won, predicted ``tok_s`` of
+        each candidate, ``llama_cpp_tok_s``, ``ratio``, the bandwidths and mode used)."""
         if self.device is None:
             return {}
         bufs = self.ctx.ggml_buffers()
@@ -78,7 +93,8 @@ class Offload:
         return {"kind": self.device_kind, "name": info.name, "type": info.type,
                 "budget_bytes": int(self.plan.budget_bytes), "reserved": self.plan.device_bytes,
                 "used": used, "high_water": self._high_water, "buffers": dict(bufs),
-                "free_bytes": info.free_bytes, "total_bytes": info.total_bytes}
+                "free_bytes": info.free_bytes, "total_bytes": info.total_bytes,
+                **({"placement": dict(self.plan.choice)} if self.plan.choice else {})}
 
     def close(self) -> None:
         """Free the device (after the context that uses it is closed; idempotent)."""
@@ -87,43 +103,62 @@ class Offload:
             self.device = None
 
 
-def split_arithmetic(ctx) -> None:
-    """Give every layer of ``ctx`` that has no sparse FFN yet its transposed down with
-    threshold 0: the CPU half of a split computes its cold neurons over it, so the FFN
-    arithmetic is the same at every budget (docs/placement.md, "Exactness"). The split's
-    down_t is F16 (F32 for an all-F32 model: ``down_t_dtype(split=True)``), the values of
-    the device's hot down columns; a layer a sparse mode gave a Q8_0 down_t gets the
-    split's instead, with its threshold kept, and every layer's down runs over down_t
-    (no ``set_ffn_down_dense``)."""
+def split_arithmetic(ctx, layers=None) -> None:
+    """Give every layer of ``ctx`` with neurons on the device (``layers``: the plan's
+    :class:`~powerinfer_backend.hybrid.placement.LayerPlan` list; None: every layer) the
+    split's transposed down, with threshold 0 unless a sparse mode set one: the CPU half of
+    a split computes its cold neurons over it (docs/placement.md). The split's down_t is
+    F16 (F32 for an all-F32 model: ``down_t_dtype(split=True)``), the values of the
+    device's hot down columns; a layer a sparse mode gave a Q8_0 down_t gets the split's
+    instead, with its threshold kept, and runs its down over down_t (no
+    ``set_ffn_down_dense``). A layer with no neuron on the device keeps the CPU-only
+    engine's FFN (dense, or its sparse mode's down_t): it reads no more bytes than
+    without a device."""
     from ..engine.down_cache import down_t_dtype, transposed_down
 
     gguf = ctx.model.gguf
     dtype = down_t_dtype(gguf, split=True)
     types = ctx.ffn_down_t_types()
-    for i in range(gguf.hparams.n_layer):
+    split = range(gguf.hparams.n_layer) if layers is None else [L.layer for L in layers if L.n_hot > 0]
+    for i in split:
         if types.get(i) not in (None, dtype.upper()) or not ctx.has_ffn_sparsity(i):
             thr = ctx.ffn_threshold(i)
             ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0 if thr is None else thr)
-    for i in ctx.ffn_down_dense_layers():
+    for i in set(ctx.ffn_down_dense_layers()) & set(split):
         ctx.set_ffn_down_dense(i, False)
 
 
-def check_device_options(placement: str = "neurons", device_threads: int = 1) -> None:
-    """Check ``placement`` and ``device_threads`` (also before a model loads: ``Llama``).
+def engine_mode(ctx) -> str:
+    """The FFN mode of the CPU engine as configured on ``ctx``, in the cost model's terms
+    (:data:`powerinfer_backend.hybrid.placement.MODES`): "relu" (exact zeros of a ReLU
+    model), "threshold" (a layer thresholded), else "dense"."""
+    hp = ctx.model.gguf.hparams
+    sparse = [i for i in range(hp.n_layer) if ctx.has_ffn_sparsity(i)]
+    if sparse and hp.act_name == "relu":
+        return "relu"
+    return "threshold" if any((ctx.ffn_threshold(i) or 0) > 0 for i in sparse) else "dense"
+
+
+def check_device_options(placement: str = "auto", device_threads: int = 1, device_bandwidth=None) -> None:
+    """Check ``placement``, ``device_threads`` and ``device_bandwidth`` (also before a model
+    loads: ``Llama``).
 
     Raises:
-        ValueError: an unknown placement, or device_threads not an integer in [1, 512].
+        ValueError: an unknown placement, device_threads not an integer in [1, 512], or a
+            device_bandwidth that is not None or a finite number of GB/s > 0.
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
         raise ValueError(f"device_threads must be an integer in [1, 512], got {device_threads!r}")
+    if device_bandwidth is not None:
+        P.device_bandwidth("", "", "", override=device_bandwidth)
 
 
 def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,
-            device: Optional[str] = None, placement: str = "neurons", device_threads: int = 1,
+            device: Optional[str] = None, placement: str = "auto", device_threads: int = 1,
             reset_gpu_index: bool = False, disable_gpu_index: bool = False,
-            verbose: bool = False) -> Offload:
+            device_bandwidth: Optional[float] = None, verbose: bool = False) -> Offload:
     """Place ``ctx`` (:class:`powerinfer_backend.engine.native.NativeContext`) under the budget.
 
     Args:
@@ -132,11 +167,16 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         n_gpu_layers: llama.cpp's parameter, converted once when ``vram_budget`` is
             not given (:func:`powerinfer_backend.hybrid.placement.resolve_budget`).
         device: a device name (:mod:`powerinfer_backend.hybrid.devices.select`); None = "auto".
-        placement: "neurons" (attention blocks, then hot neurons by firing frequency,
-            PowerInfer) or "layers" (whole layers, llama.cpp's -ngl split).
+        placement: "auto" (the fastest predicted of the throughput planner, the neuron plan
+            and the layer split: docs/placement.md), "neurons" (attention blocks, then hot
+            neurons by firing frequency, PowerInfer) or "layers" (whole layers, llama.cpp's
+            -ngl split).
         device_threads: threads of ggml's CPU backend when it is the device ("ggml-cpu").
         reset_gpu_index, disable_gpu_index: as PowerInfer's --reset-gpu-index /
             --disable-gpu-index (:func:`powerinfer_backend.hybrid.placement.plan_for_model`).
+        device_bandwidth: the device's memory bandwidth in GB/s for ``placement="auto"``
+            (None: the table of common GPUs by ggml's device description; for ggml's CPU
+            backend, which shares the host's memory, auto then runs the neuron plan).
 
     Raises:
         ValueError: a bad budget, device or placement name, a device ggml does not have
@@ -145,7 +185,7 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         RuntimeError: ggml missing or of an unsupported version for a named device.
         NotImplementedError: a model the device cannot run (the engine's message).
     """
-    check_device_options(placement, device_threads)
+    check_device_options(placement, device_threads, device_bandwidth)
     P.parse_vram_budget(vram_budget)  # validated before anything opens
     choice = resolve_device(device)
     gguf = ctx.model.gguf
@@ -156,7 +196,7 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
     try:
         return _place(ctx, dev, choice, model_path, sizes, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers,
                       placement=placement, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-                      verbose=verbose)
+                      device_bandwidth=device_bandwidth, device_threads=device_threads, verbose=verbose)
     except BaseException:
         if ctx.device is not dev:  # a placed context still points at the device: it goes with the context
             dev.close()
@@ -176,7 +216,7 @@ def _cpu_only(choice: DeviceChoice, vram_budget, n_gpu_layers, sizes, ctx) -> Of
 
 
 def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, placement, reset_gpu_index,
-           disable_gpu_index, verbose) -> Offload:
+           disable_gpu_index, device_bandwidth, device_threads, verbose) -> Offload:
     gguf = ctx.model.gguf
     sizer = DeviceSizer(dev, ctx)
     free = int(dev.info.free_bytes)
@@ -186,9 +226,20 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
     if placement == "layers":
         plan = P.plan_layer_split(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:
+        auto, src, info = {}, "", dev.info
+        shared = info.type == "cpu" and device_bandwidth is None
+        if placement == "auto" and dec.bytes > 0 and not shared:
+            bd, src = P.device_bandwidth(info.name, info.description, info.type, override=device_bandwidth,
+                                         n_threads=device_threads)
+            auto = dict(placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads),
+                        mode=engine_mode(ctx))
         plan = P.plan_for_model(model_path, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, model=gguf,
                                 reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-                                sizer=sizer, verbose=verbose)
+                                sizer=sizer, verbose=verbose, **auto)
+        if plan.choice:
+            plan.choice["device_source"] = src
+        elif placement == "auto" and shared:
+            plan.choice = {"policy": "neurons", "reason": SHARED_MEMORY}
     kind = choice.requested
     if plan.device_bytes == 0:
         dev.close()
@@ -217,7 +268,7 @@ def place_plan(ctx, dev, plan: P.Plan, budget_bytes: int) -> None:
     if (plan.n_ctx, plan.n_batch) != (ctx.n_ctx, ctx.n_batch):
         raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
                          f"n_ctx {ctx.n_ctx}, n_batch {ctx.n_batch}")
-    split_arithmetic(ctx)  # the same FFN arithmetic at every budget (the CPU half's cold neurons)
+    split_arithmetic(ctx, plan.layers)  # the split layers' cold neurons over the device's down values
     ctx.set_ggml_device(dev, plan.layers, bool(plan.output_on_device), int(budget_bytes))
     ctx.hold_device(dev)  # the device outlives the context's use of it
     got, want = ctx.ggml_buffers(), plan.buffer_bytes()

@@ -2,12 +2,12 @@
 code.
 
 Owns the architecture table (``arch``) and GGUF reading: GGUF/ggml type facts and tensor
-views (``types``), the guarded header parse straight from the memory map (``gguf_meta``;
-the ``gguf`` package writes files and is the tests' reference), the header as the model
-keeps it and the guarded ``gguf.GGUFReader`` for sidecars (``reader``), hyper-parameters
-(``hparams``), conversion of types the kernels lack (``convert``) and the validated,
-memory-mapped model (``load``: ``load_gguf``); llama.cpp's vocabulary rules, checked before
-a file reaches llama.cpp (``vocab``: ``check_vocab``, over ``gguf_meta``'s metadata, with
+views (``types``), the guarded header parse straight from the memory map (``gguf_meta``: the
+one GGUF reader; the ``gguf`` package writes files and is the tests' reference), the parsed
+header as the model keeps it and as plain values and arrays for small files (``reader``),
+hyper-parameters (``hparams``), conversion of types the kernels lack (``convert``) and the
+validated, memory-mapped model (``load``: ``load_gguf``); llama.cpp's vocabulary rules,
+checked before a file reaches llama.cpp (``vocab``: ``check_vocab``, over ``gguf_meta``'s metadata, with
 ``vocab_texts`` and ``ugm_charsmap``). Also PowerInfer's files as raw tensors
 (``pwri``), the per-model artifact folders (``artifacts``) and the embedded default
 model's location (``models``). Imports nothing above itself."""

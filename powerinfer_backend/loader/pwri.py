@@ -21,6 +21,8 @@ import numpy as np
 
 from .arch import POWERINFER_THRESHOLD_KEY
 from .gguf_meta import parse_header
+from .reader import tensor_array
+from .types import _INT_TYPES, _T, _type_name, _vtype_name
 
 __all__ = ["has_predictors", "GpuIndex", "read_gpuidx", "gpuidx_path"]
 
@@ -147,8 +149,6 @@ class GpuIndex:
 def read_gpuidx(path, n_layer: int, n_ff: int) -> GpuIndex:
     """Parse and validate a PowerInfer ``.generated.gpuidx`` for a model of ``n_layer``
     layers of ``n_ff`` neurons. Raises ValueError naming the file, layer and tensor."""
-    import gguf as _g
-
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"{path}: gpuidx file does not exist")
@@ -156,25 +156,23 @@ def read_gpuidx(path, n_layer: int, n_ff: int) -> GpuIndex:
         magic = f.read(4)
     if magic not in (b"GGUF", b"PWRI"):
         raise ValueError(f"{path}: not a gpuidx GGUF (magic {magic!r})")
-    try:
-        r = _patched_reader()(path)
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{path}: unreadable gpuidx GGUF: {e}") from e
-    cap = r.fields.get("split.vram_capacity")
+    h = parse_header(path, pwri=magic == b"PWRI")  # ValueError naming the file and the key or tensor
+    cap = h.kv.get("split.vram_capacity")
     if cap is None:
         raise ValueError(f"{path}: missing key 'split.vram_capacity'")
-    out = GpuIndex(vram_capacity=int(cap.parts[cap.data[0]][0]), path=path)
-    tensors = {t.name: t for t in r.tensors}
+    if cap.vtype not in _INT_TYPES:
+        raise ValueError(f"{path}: key 'split.vram_capacity' has type {_vtype_name(cap.vtype)}, expected an integer")
+    out = GpuIndex(vram_capacity=int(cap.value), path=path)
+    tensors = {t.name: t for t in h.tensors}
     for layer in range(n_layer):
         ni, nb = f"blk.{layer}.gpu_idx", f"blk.{layer}.gpu_bucket"
         for n in (ni, nb):
             if n not in tensors:
                 raise ValueError(f"{path}: layer {layer}: tensor '{n}' missing")
-            if int(tensors[n].tensor_type) != int(_g.GGMLQuantizationType.I32):
-                raise ValueError(f"{path}: layer {layer}: tensor '{n}' must be int32, got "
-                                 f"{_g.GGMLQuantizationType(int(tensors[n].tensor_type)).name}")
-        idx = np.asarray(tensors[ni].data, np.int32).reshape(-1)
-        bucket = np.asarray(tensors[nb].data, np.int32).reshape(-1)
+            if tensors[n].type != _T.I32:
+                raise ValueError(f"{path}: layer {layer}: tensor '{n}' must be int32, got {_type_name(tensors[n].type)}")
+        idx = tensor_array(h, tensors[ni]).reshape(-1)
+        bucket = tensor_array(h, tensors[nb]).reshape(-1)
         if idx.size != n_ff:
             raise ValueError(f"{path}: layer {layer}: tensor '{ni}' has {idx.size} entries, expected n_ff {n_ff}")
         if not np.isin(idx, (0, 1)).all():
@@ -186,16 +184,3 @@ def read_gpuidx(path, n_layer: int, n_ff: int) -> GpuIndex:
         out.gpu_idx.append(idx.copy())
         out.gpu_bucket.append(bucket.copy())
     return out
-
-
-def _patched_reader():
-    """A GGUFReader that reads a "PWRI" magic as "GGUF" (the layout is the same)."""
-    import gguf as _g
-
-    class _R(_g.GGUFReader):
-        def _get(self, offset, dtype, count=1, override_order=None):
-            if int(offset) == 0 and int(count) == 1 and np.dtype(dtype) == np.uint32:
-                return np.array([0x46554747], np.uint32)
-            return super()._get(offset, dtype, count, override_order)
-
-    return _R

@@ -1,12 +1,8 @@
-"""A model's header as :func:`~powerinfer_backend.loader.load.load_gguf` keeps it, from
-the fast parse (:func:`.gguf_meta.parse_header`): the metadata as typed values
+"""A parsed header (:func:`.gguf_meta.parse_header`) in the forms its readers keep: for
+:func:`~powerinfer_backend.loader.load.load_gguf`, the metadata as typed values
 (:func:`_read_kv`, :func:`_kv_to_str`) and the tensor directory as zero-copy views
-(:func:`_tensor_infos`).
-
-Also ``gguf.GGUFReader``, guarded (:class:`_Reader`), for the small files read with it
-(sparsity sidecars): truncated, corrupt or hostile files raise a :class:`ValueError`
-naming the file and the offending key or tensor instead of an arbitrary exception, a hang,
-or a crash later in native code."""
+(:func:`_tensor_infos`); for the small files of plain values and arrays (sparsity sidecars,
+PowerInfer's ``.generated.gpuidx``), :func:`plain_value` and :func:`tensor_array`."""
 
 from __future__ import annotations
 
@@ -14,15 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
 
-from .gguf_meta import MAX_ARRAY_ELEMS as _MAX_ARRAY_ELEMS
-from .gguf_meta import Header
-from .gguf_meta import _check_entry as _check_meta_entry
-from .types import _FLOAT_TYPES, _GGUF_MAGIC_U32, _MAX_DIMS, _SCALAR_NP, _V, _vtype_name
+from .gguf_meta import Header, MetaValue, StringArray, TensorEntry
+from .types import _FLOAT_TYPES, _T, _V
 
-# GGUFReader's pseudo-fields, ahead of the file's keys in GGUFReader.fields
-_READER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
+# ggml types whose elements are plain numbers -> numpy dtype (the rest are blocks of bytes)
+_PLAIN_NP = {int(_T.F32): "<f4", int(_T.F16): "<f2", int(_T.F64): "<f8", int(_T.I8): "<i1",
+             int(_T.I16): "<i2", int(_T.I32): "<i4", int(_T.I64): "<i8"}
 
 
 @dataclass(frozen=True)
@@ -32,170 +26,6 @@ class _TensorInfo:
     type: int
     nbytes: int
     data: np.ndarray  # 1-D uint8 zero-copy view of the memory map
-
-
-class _FileError(ValueError):
-    """A finished error message (file path included), passed on unchanged."""
-
-
-class _Corrupt(Exception):
-    """The header, as GGUFReader reads it, is truncated or corrupt."""
-
-
-_ITEMSIZE: dict[Any, int] = {}  # GGUFReader's dtypes (numpy scalar types) -> item size
-
-
-class _Reader(GGUFReader):
-    """``gguf.GGUFReader`` plus the guards :func:`~powerinfer_backend.loader.load.load_gguf` promises.
-
-    GGUFReader does the parsing. Left alone, it reads past the end of the file
-    as short (empty) arrays, so a corrupt array length makes it loop up to
-    2**64 times; it builds one numpy view per array element (~1 KB, ~20 us),
-    so even a corrupt length that stays inside a large file can take minutes
-    and gigabytes; it reports a bad tensor entry as a bare numpy reshape or enum
-    error; and its messages name neither the file nor the key or tensor. This
-    subclass overrides four of its internal methods (gguf 0.19) to:
-
-    - make any read that runs past the end of the file raise (``_get``);
-    - refuse an array whose length cannot fit in the rest of the file, or that
-      takes the file past :data:`_MAX_ARRAY_ELEMS` array elements
-      (``_get_field_parts``);
-    - remember which tensor directory entry is being read
-      (``_get_tensor_info_field``);
-    - check every tensor entry, by name, before GGUFReader maps its data:
-      dimension count, type id, shape, row length against the type's block
-      size, data offset against the alignment, data end against the file
-      size (``_build_tensors``).
-
-    Any exception from GGUFReader (IndexError, KeyError, MemoryError, ...)
-    comes out as ValueError naming the file and the metadata key or tensor
-    entry being read. The corrupt-file tests fail (or hang) if a gguf update
-    stops these overrides from taking effect.
-    """
-
-    def __init__(self, path: str, pwri: bool = False):
-        self._path = path
-        self._pwri = pwri  # first four bytes "PWRI": read as "GGUF" (the magic patched in memory)
-        self._entry: tuple[int, int] | None = None  # (index, file offset) being read
-        self._n_entries = 0
-        self._building = False
-        self._n_array_elems = 0
-        try:
-            super().__init__(path, "r")
-        except _FileError:
-            raise
-        except Exception as e:  # noqa: BLE001 - whatever GGUFReader raises
-            raise self._error(e) from e
-        if self.byte_order != "I":
-            raise _FileError(f"{path}: big-endian GGUF files are not supported")
-
-    # -- overrides of GGUFReader internals --
-
-    def _get(self, offset, dtype, count=1, override_order=None):
-        if self._pwri and int(offset) == 0 and np.dtype(dtype) == np.uint32 and int(count) == 1:
-            return np.array([_GGUF_MAGIC_U32], dtype=np.uint32)
-        itemsize = _ITEMSIZE.get(dtype)
-        if itemsize is None:
-            itemsize = _ITEMSIZE[dtype] = np.dtype(dtype).itemsize
-        nbytes = itemsize * int(count)
-        if int(offset) + nbytes > len(self.data):
-            raise _Corrupt(
-                f"{nbytes} bytes at byte {offset} run past the end of the file "
-                f"({len(self.data)} bytes)"
-            )
-        return super()._get(offset, dtype, count, override_order)
-
-    def _get_field_parts(self, orig_offs, raw_type):
-        if int(raw_type) == _V.ARRAY:
-            item_type = int(self._get(orig_offs, np.uint32)[0])
-            count = int(self._get(orig_offs + 4, np.uint64)[0])
-            self._n_array_elems += count
-            left = len(self.data) - (orig_offs + 12)
-            if count * _min_value_size(item_type) > left:
-                raise _Corrupt(
-                    f"an array of {count} {_vtype_name(item_type)} values cannot fit in the "
-                    f"{left} bytes left in the file"
-                )
-            if self._n_array_elems > _MAX_ARRAY_ELEMS:
-                raise _Corrupt(
-                    f"an array of {count} {_vtype_name(item_type)} values takes the file past "
-                    f"the limit of {_MAX_ARRAY_ELEMS} array elements"
-                )
-        return super()._get_field_parts(orig_offs, raw_type)
-
-    def _get_tensor_info_field(self, orig_offs):
-        self._entry = (self._n_entries, int(orig_offs))
-        field_ = super()._get_tensor_info_field(orig_offs)
-        self._entry = None
-        self._n_entries += 1
-        return field_
-
-    def _build_tensors(self, start_offs, fields):
-        self._building = True
-        size = len(self.data)
-        align = int(self.alignment)
-        for f in fields:
-            _name_len, _name, _n_dims, dims, raw_type, rel_offset = f.parts
-            self._check_entry(f.name, [int(d) for d in dims], int(raw_type[0]),
-                              int(rel_offset[0]), int(start_offs), align, size)
-        super()._build_tensors(start_offs, fields)
-
-    # -- helpers --
-
-    def _check_entry(self, name: str, ne: list[int], ttype: int, rel: int, data_offset: int,
-                     align: int, size: int) -> None:
-        """The fast parser's entry checks (:func:`.gguf_meta._check_entry`), as _FileError."""
-        if not 1 <= len(ne) <= _MAX_DIMS:
-            raise _FileError(f"{self._path}: tensor '{name}' has {len(ne)} dimensions (supported: 1 to {_MAX_DIMS})")
-        try:
-            _check_meta_entry(self._path, name, tuple(ne), ttype, rel, data_offset, align, size)
-        except ValueError as e:
-            raise _FileError(str(e)) from None
-
-    def _name_at(self, pos: int) -> str:
-        """The GGUF string at ``pos`` as `` 'name'``, or "" if unreadable."""
-        try:
-            _n, raw = self._get_str(pos)
-            return " '" + raw[:200].tobytes().decode("utf-8", "replace") + "'"
-        except Exception:  # noqa: BLE001
-            return ""
-
-    def _where(self) -> str:
-        """The header item GGUFReader was reading."""
-        fields = getattr(self, "fields", None) or {}
-        if "GGUF.kv_count" not in fields:
-            return "the file header"
-        n_kv = int(fields["GGUF.kv_count"].parts[0][0])
-        n_done = len(fields) - len(_READER_FIELDS)
-        if n_done < n_kv:
-            last = next(reversed(fields.values()))
-            pos = last.offset + sum(int(p.nbytes) for p in last.parts)
-            return f"metadata key #{n_done}{self._name_at(pos)} at byte {pos}"
-        if self._entry is not None:
-            i, pos = self._entry
-            return f"tensor #{i}{self._name_at(pos)} at byte {pos}"
-        if self._building:
-            return "the tensor directory"
-        return "key 'general.alignment'"  # checked after the directory is read
-
-    def _error(self, e: Exception) -> _FileError:
-        if self.byte_order != "I" and "GGUF.version" in (getattr(self, "fields", None) or {}):
-            return _FileError(f"{self._path}: big-endian GGUF files are not supported")
-        where = self._where()
-        if isinstance(e, _Corrupt):
-            return _FileError(f"{self._path}: truncated or corrupt GGUF header: reading {where}: {e}")
-        detail = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
-        return _FileError(f"{self._path}: not a valid GGUF file: reading {where}: {detail}")
-
-
-def _min_value_size(vtype: int) -> int:
-    """Fewest bytes a GGUF value of type ``vtype`` takes in the file."""
-    if vtype == _V.STRING:
-        return 8  # length
-    if vtype == _V.ARRAY:
-        return 12  # element type + length
-    np_type = _SCALAR_NP.get(vtype)
-    return np.dtype(np_type).itemsize if np_type is not None else 1
 
 
 def _read_kv(h: Header) -> dict[str, tuple[int, Any]]:
@@ -227,3 +57,26 @@ def _kv_to_str(vtype: int, value: Any) -> str:
         return f"{value:f}"
     return str(value)
 
+
+
+def plain_value(v: MetaValue) -> Any:
+    """A metadata value as plain Python: str (invalid UTF-8 replaced), int, float or bool;
+    an array as a list of those."""
+    if v.vtype == _V.STRING:
+        return v.value.decode("utf-8", "replace")
+    if isinstance(v.value, StringArray):
+        return v.value.decode("replace")
+    if isinstance(v.value, np.ndarray):
+        return (v.value.astype(bool) if v.etype == _V.BOOL else v.value).tolist()
+    return v.value
+
+
+def tensor_array(h: Header, t: TensorEntry) -> np.ndarray:
+    """Tensor ``t`` of header ``h`` as a read-only view of the file's map: numpy shape
+    ``t.ne[::-1]`` in its own dtype for plain types (F32, F16, F64, I8 to I64), else its
+    raw bytes as uint8 of shape (rows, bytes per row) (rows = the product of ``ne[1:]``)."""
+    raw = h.data.view(np.ndarray)[t.offset: t.offset + t.nbytes]
+    dtype = _PLAIN_NP.get(t.type)
+    if dtype is not None:
+        return raw.view(dtype).reshape(t.ne[::-1])
+    return raw.reshape(int(np.prod(t.ne[1:], dtype=np.int64)), -1)  # parse_header: no dimension <= 0

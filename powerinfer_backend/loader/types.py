@@ -9,13 +9,12 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 from gguf import quants as _quants
 
 GGUF_MAGIC = b"GGUF"
 #: PowerInfer's own files: a GGUF whose first four bytes are "PWRI" (same layout).
 PWRI_MAGIC = b"PWRI"
-_GGUF_MAGIC_U32 = 0x46554747  # GGUF_MAGIC as GGUFReader reads it (little-endian u32)
 _DEFAULT_ALIGNMENT = 32
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 
@@ -38,9 +37,6 @@ _INT_TYPES = frozenset(
     int(t) for t in (_V.UINT8, _V.INT8, _V.UINT16, _V.INT16, _V.UINT32, _V.INT32, _V.UINT64, _V.INT64)
 )
 _FLOAT_TYPES = frozenset({int(_V.FLOAT32), int(_V.FLOAT64)})
-
-# value type id -> numpy type of GGUFReader's scalar views
-_SCALAR_NP = {int(k): v for k, v in GGUFReader.gguf_scalar_to_np.items()}
 
 
 def _vtype_name(vtype: int) -> str:

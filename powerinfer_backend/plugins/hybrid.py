@@ -23,8 +23,8 @@ class HybridBackend:
 
     def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
                  vram_budget=None, verbose: bool = True, sparse="auto", n_gpu_layers=None, device=None,
-                 placement: str = "neurons", device_threads: int = 1, reset_gpu_index: bool = False,
-                 disable_gpu_index: bool = False, n_seq_max: int = 1, **_ignored):
+                 placement: str = "auto", device_threads: int = 1, reset_gpu_index: bool = False,
+                 disable_gpu_index: bool = False, n_seq_max: int = 1, device_bandwidth=None, **_ignored):
         self.gguf = load_gguf(model_path, verbose=verbose)
         hp = self.gguf.hparams
         self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
@@ -50,7 +50,7 @@ class HybridBackend:
             self.offload = offload_mod.offload(
                 self.ctx, model_path, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers, device=device,
                 placement=placement, device_threads=device_threads, reset_gpu_index=reset_gpu_index,
-                disable_gpu_index=disable_gpu_index, verbose=verbose)
+                disable_gpu_index=disable_gpu_index, device_bandwidth=device_bandwidth, verbose=verbose)
             self.notices += self.offload.notices
             if self.offload.plan is not None and self.sparse.mode == "dense":
                 # the split computes every FFN over the transposed down: say so in stats()

@@ -14,6 +14,8 @@ import warnings
 
 import numpy as np
 
+import llama_cpp
+
 from .hookspecs import hookimpl
 from .reference import load_reference
 
@@ -36,7 +38,7 @@ class LlamaCppBackend:
                                    n_threads_batch=n_threads, logits_all=True, verbose=False)
         m = self._llm
         self.n_vocab, self.n_embd, self.n_ctx = m.n_vocab(), m.n_embd(), m.n_ctx()
-        self.n_ctx_train = m._model.n_ctx_train()
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(m.model)
         self.metadata = dict(m.metadata)
         self.n_threads = m.n_threads
         if verbose:
@@ -68,7 +70,7 @@ class LlamaCppBackend:
     def truncate(self, n_keep: int) -> None:
         m = self._llm
         n_keep = max(0, min(int(n_keep), m.n_tokens))
-        m._ctx.kv_cache_seq_rm(-1, n_keep, -1)
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(m.ctx), 0, n_keep, -1)  # its one sequence
         m.n_tokens = n_keep
 
     def close(self) -> None:

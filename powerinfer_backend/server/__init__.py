@@ -5,10 +5,8 @@ extra.
 ``create_app`` and ``serve`` (:mod:`.app`) are exported lazily: importing this package,
 or :mod:`.options`, does not need FastAPI."""
 
-# name -> module holding it (the old flat server module's names included)
-_LAZY = {"create_app": "app", "serve": "app", "APIError": "errors", "Job": "worker", "ModelWorker": "worker",
-         "ServerState": "state", "CompletionBody": "schemas", "ChatBody": "schemas", "EmbeddingBody": "schemas",
-         "TokenizeBody": "schemas", "DetokenizeBody": "schemas", "LlamaCompletionBody": "schemas"}
+# name -> module holding it
+_LAZY = {"create_app": "app", "serve": "app"}
 __all__ = list(_LAZY)
 
 

@@ -15,8 +15,9 @@ Design:
 * Results travel from the slots to the event loop per chunk; a client that disconnects
   sets its job's cancel flag: its slot leaves the next step (KV cells cleared), so its
   generation stops within one token, streaming or not.
-* Parameters are passed to llama-cpp-python's own ``create_completion`` /
-  ``create_chat_completion`` (through our ``Llama``), so they mean what they mean there.
+* Parameters are passed to our ``Llama``'s ``create_completion`` /
+  ``create_chat_completion``, which follow llama-cpp-python's rules, so they mean what
+  they mean there.
 
 Modules: :mod:`.worker` (the thread and its queue), :mod:`.state` (running a request on
 it), :mod:`.body` (raw body limits), :mod:`.schemas` (the declared request bodies) and
@@ -32,10 +33,11 @@ from typing import Optional
 
 try:  # the [server] extra, checked before the modules that need it
     import fastapi  # noqa: F401
+    import greenlet  # noqa: F401
     import pydantic  # noqa: F401
     import sse_starlette  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("the server needs FastAPI, uvicorn and sse-starlette: "
+    raise ImportError("the server needs FastAPI, uvicorn, sse-starlette and greenlet: "
                       "pip install 'powerinfer_backend[server]' "
                       "(from a clone: pip install -e '.[server]')") from e
 

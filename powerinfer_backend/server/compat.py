@@ -64,7 +64,8 @@ def register_llama_server(app, state: ServerState) -> None:
         return {"sparsity": stats(), "served": w.served, "cancelled": w.cancelled, "rejected": w.rejected,
                 "waiting": w.waiting, "busy": w.busy, "max_queue": w.max_queue, "total_slots": w.parallel,
                 "slots_processing": sum(s["is_processing"] for s in w.slots()), "steps": w.steps,
-                "tokens_decoded": w.tokens_decoded, "cancel_steps": [list(c) for c in w.cancel_steps]}
+                "tokens_decoded": w.tokens_decoded, "eval_s": w.eval_s,
+                "cancel_steps": [list(c) for c in w.cancel_steps]}
 
     @app.get("/slots")
     async def slots():

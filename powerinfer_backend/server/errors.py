@@ -1,8 +1,11 @@
 """The server's errors: :class:`APIError` (answered in OpenAI's JSON error shape), the
-mapping of exceptions raised while serving to it, and the app's exception handlers."""
+mapping of exceptions raised while serving to it, the app's exception handlers, and how
+each answered error is logged (:func:`log_error`: a client's mistake is one line, a
+server fault keeps its traceback)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence
 
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +45,27 @@ def error_from_exception(e: BaseException) -> APIError:
     return APIError(500, f"{type(e).__name__}: {msg}", "server_error")
 
 
+#: the exception types :func:`error_from_exception` may answer as a client's mistake (4xx)
+CLIENT_ERROR_TYPES = (ValueError, NotImplementedError, RuntimeError)
+
+#: the server's log: uvicorn's own logger, so ``serve`` prints these lines with uvicorn's
+#: (WARNING and above by default, INFO too with ``--verbose``)
+log = logging.getLogger("uvicorn.error")
+
+
+def log_error(request, err: APIError, cause: Optional[BaseException] = None) -> None:
+    """Log the error answered to ``request``: a client's mistake (4xx, or a 5xx such as a
+    full queue that no exception caused) as one WARNING line naming the endpoint, status
+    and message (a client that went away, 499: INFO); a 5xx caused by an exception
+    (``cause``) at ERROR with that exception's traceback."""
+    where = f"{request.method} {request.url.path}"
+    message = " ".join(err.message.splitlines())  # one line, whatever a parser's message held
+    if err.status >= 500 and cause is not None and not isinstance(cause, APIError):
+        log.error("%s: %d %s", where, err.status, message, exc_info=cause)
+    else:
+        log.log(logging.INFO if err.status == 499 else logging.WARNING, "%s: %d %s", where, err.status, message)
+
+
 # what pydantic puts in a location for the member of a union it tried ("str",
 # "list[int]", "constrained-int", "literal['a']", a model's class name)
 _TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "tuple", "none"}
@@ -76,20 +100,37 @@ def validation_error(errors: Sequence[dict]) -> APIError:
 
 def add_error_handlers(app) -> None:
     """Answer every error of ``app`` (ours, FastAPI's validation, Starlette's 404 / 405,
-    any other exception) in the OpenAI shape."""
+    any other exception) in the OpenAI shape, each logged by :func:`log_error`."""
+
+    def answered(request, err: APIError, cause: Optional[BaseException] = None):
+        log_error(request, err, cause)
+        return err.response()
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
-        return exc.response()
+        return answered(request, exc, exc.__cause__)  # the cause: what the worker raised
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc):
-        return validation_error(exc.errors()).response()
+        return answered(request, validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):
-        return APIError(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404
-                        else "invalid_request_error").response()
+        return answered(request, APIError(exc.status_code, str(exc.detail), "not_found_error"
+                                          if exc.status_code == 404 else "invalid_request_error"))
+
+    # Registered per type, these run in Starlette's ExceptionMiddleware, which answers
+    # and is done; the handler for Exception runs in its ServerErrorMiddleware, which
+    # re-raises after answering, so uvicorn logs the traceback ("Exception in ASGI
+    # application"): right for a fault, wrong for a client's mistake.
+    async def _refused(request, exc):
+        err = error_from_exception(exc)
+        if err.status >= 500:
+            raise exc  # a fault after all: the 500 below, with its traceback in the log
+        return answered(request, err)
+
+    for t in CLIENT_ERROR_TYPES:
+        app.add_exception_handler(t, _refused)
 
     @app.exception_handler(Exception)
     async def _any_error(request, exc):

@@ -13,6 +13,8 @@ from typing import Dict, List, Optional
 import numpy as np
 from fastapi import Request
 
+from ..text.runner import Error, Stop, Token
+from ..text.sampling import SamplingParams
 from .errors import APIError
 from .params import check_finite, check_token_ids, parse_grammar
 from .schemas import LlamaCompletionBody, LlamaPrompt
@@ -87,9 +89,9 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     tokens = _llama_prompt(llm, b.prompt, b.add_special)
     if not tokens:
         raise APIError(400, "empty prompt", param="prompt")
+    check_token_ids(tokens, state.n_vocab, "prompt token id", param="prompt")  # before detokenize reads them
     # the prompt as text in the final object, as llama-server reports it
     prompt_text = b.prompt if isinstance(b.prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
-    check_token_ids(tokens, state.n_vocab, "prompt token id", param="prompt")
     if len(tokens) >= state.n_ctx_slot:
         raise APIError(400, f"the prompt ({len(tokens)} tokens) exceeds the available context size "
                             f"({state.n_ctx_slot} tokens)", "exceed_context_size_error", param="prompt")
@@ -110,11 +112,9 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
 
     slot = {"id": 0}  # the slot the request runs in (llama-server's id_slot)
 
-    # private, for want of public equivalents: llm._scores[-1] is the last logits
-    # (llama-cpp-python's name; `scores` is filled only with logits_all), llm._is_eog
-    # our Llama's cached end-of-generation check
     def gen(llm):
-        """Yield ("token", id, text, probs) per token, then ("end", stop_type, stopping_word, n_eval)."""
+        """Yield ("token", id, text, probs) per token, then ("end", the keywords of ``final``
+        but the content)."""
         slot["id"] = getattr(llm, "seq", 0)
         if not b.cache_prompt:
             llm.reset()
@@ -124,8 +124,8 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
             llm.eval(tokens)
             probs = None
             if b.n_probs:
-                probs = _next_token_probs(llm, llm._scores[-1], None, b.n_probs, b.post_sampling_probs)
-            yield ("end", "limit", "", len(tokens), probs, t0)
+                probs = _next_token_probs(llm, llm.last_logits(), None, b.n_probs, b.post_sampling_probs)
+            yield ("end", dict(stop_type="limit", word="", probs=probs, t0=t0, n_pred=0, prompt_n=len(tokens)))
             return
         if seed is not None:
             llm.set_seed(seed)
@@ -148,18 +148,26 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
         n = 0
         stop_type, word = "limit", ""
         max_hold = max((len(s.encode("utf-8")) for s in stops), default=0)
-        for tok in llm.generate(tokens, top_k=b.top_k, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
+        params = SamplingParams(top_k=b.top_k, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
                                 temp=b.temperature, repeat_penalty=b.repeat_penalty,
                                 frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
                                 mirostat_mode=b.mirostat, mirostat_tau=b.mirostat_tau, mirostat_eta=b.mirostat_eta,
-                                logits_processor=processors, grammar=grammar):
-            if llm._is_eog(tok):
-                stop_type = "eos"
+                                logits_processor=processors, grammar=grammar)
+        # the runner's tokens; stop strings, n_predict and the context end are llama-server's rules, here
+        events = llm.run(tokens, params, max_tokens=state.n_ctx_slot - len(tokens) + 1)
+        for ev in events:
+            if isinstance(ev, Error):
+                raise ev.error
+            if isinstance(ev, Stop):
+                stop_type = "eos" if ev.reason == "stop" else stop_type
                 break
+            if not isinstance(ev, Token):
+                continue
+            tok = ev.token
             n += 1
             probs = None
             if b.n_probs:
-                probs = _next_token_probs(llm, llm._scores[-1], tok, b.n_probs, b.post_sampling_probs)
+                probs = _next_token_probs(llm, llm.last_logits(), tok, b.n_probs, b.post_sampling_probs)
             out += llm.detokenize([tok], prev_tokens=None, special=False)
             # stop strings: search the decoded text; hold back a possible stop prefix
             full = bytes(out)
@@ -179,20 +187,22 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
             emitted = safe
             if 0 < n_predict <= n or llm.n_tokens >= state.n_ctx_slot:
                 break
-        else:  # pragma: no cover - generate is endless
-            pass
+        events.close()
         if stop_type != "word" and emitted < len(out):
             yield ("token", None, bytes(out[emitted:]), None)
-        yield ("end", stop_type, word, len(tokens), None, t0, n)
+        yield ("end", dict(stop_type=stop_type, word=word, probs=None, t0=t0, n_pred=n,
+                           prompt_n=llm.sequence.prompt_evaluated))
 
-    def final(stop_type, word, n_eval, probs, t0, n_pred, content: str):
+    def final(stop_type, word, probs, t0, n_pred, prompt_n, content: str):
+        """The last object; ``prompt_n``: prompt tokens evaluated (the rest were cached)."""
         dt = time.perf_counter() - t0
+        n_eval = len(tokens)
         res = {"content": content, "id_slot": slot["id"], "stop": True, "model": state.model_alias,
                "tokens_predicted": n_pred, "tokens_evaluated": n_eval, "generation_settings": settings,
                "prompt": prompt_text, "has_new_line": "\n" in content, "truncated": False, "stop_type": stop_type,
                "stopping_word": word, "tokens_cached": n_eval + n_pred,
-               "timings": {"prompt_n": n_eval, "predicted_n": n_pred, "predicted_ms": dt * 1e3,
-                           "predicted_per_second": n_pred / dt if dt > 0 else 0.0}}
+               "timings": {"prompt_n": prompt_n, "cache_n": n_eval - prompt_n, "predicted_n": n_pred,
+                           "predicted_ms": dt * 1e3, "predicted_per_second": n_pred / dt if dt > 0 else 0.0}}
         if probs is not None:
             res["completion_probabilities"] = [probs]
         return res
@@ -206,10 +216,9 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
                 if probs is not None:
                     d["completion_probabilities"] = [probs]
                 return d
-            _, stop_type, word, n_eval, probs, t0, *rest = item
-            return final(stop_type, word, n_eval, probs, t0, rest[0] if rest else 0, "")
+            return final(**item[1], content="")
 
-        return await state.run_stream(request, gen, fmt, done=None)
+        return await state.run_stream(request, gen, fmt, done=None, prompt=tokens)
 
     def collect(llm):
         pieces, toks, probs_all = [], [], []
@@ -221,15 +230,13 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
                 if item[3] is not None:
                     probs_all.append(item[3])
             else:
-                _, stop_type, word, n_eval, probs, t0, *rest = item
-                res = final(stop_type, word, n_eval, probs, t0, rest[0] if rest else 0,
-                            b"".join(pieces).decode("utf-8", "replace"))
+                res = final(**item[1], content=b"".join(pieces).decode("utf-8", "replace"))
                 res["tokens"] = toks
                 if probs_all:
                     res["completion_probabilities"] = probs_all
                 return res
 
-    return await state.run_once(request, collect)
+    return await state.run_once(request, collect, prompt=tokens)
 
 
 def _utf8_boundary(data: bytes, end: int) -> int:

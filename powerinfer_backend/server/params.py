@@ -4,7 +4,6 @@ response formats as llama-cpp-python takes them, each checked first (an
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Dict, List, Optional
 
@@ -28,26 +27,21 @@ def logit_bias(d: Optional[Dict[str, float]], n_vocab: int) -> Optional[Dict[int
 
 
 def parse_grammar(text: Optional[str], llm, schema: Optional[dict] = None):
-    """A ``LlamaGrammar`` from GBNF text (or a JSON schema), parsed once here: llama.cpp
-    only parses it when the sampler chain is built, and a grammar it cannot parse would
-    then be a NULL sampler (a crash of the server process)."""
+    """A :class:`~powerinfer_backend.text.grammar.Grammar` from GBNF text (or a JSON
+    schema), parsed once here by llama.cpp: a grammar it cannot parse fails the request
+    before it takes a slot."""
     if not text and not schema:
         return None
-    import llama_cpp
-    from llama_cpp import LlamaGrammar
+    from ..text.grammar import Grammar, check_grammar
 
     param = "grammar" if text else "json_schema"
     try:
-        g = (LlamaGrammar.from_string(text, verbose=False) if text
-             else LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False))
+        g = Grammar(text) if text else Grammar.from_json_schema(schema)
+        check_grammar(g, llm.vocab)
     except Exception as e:
-        raise APIError(400, f"invalid grammar: {e}", param=param) from None
-    vocab = getattr(getattr(llm, "_model", None), "vocab", None)
-    if vocab is not None:
-        probe = llama_cpp.llama_sampler_init_grammar(vocab, g._grammar.encode("utf-8"), g._root.encode("utf-8"))
-        if not probe:
-            raise APIError(400, "invalid grammar: llama.cpp cannot parse it", param=param)
-        llama_cpp.llama_sampler_free(probe)
+        msg = str(e)
+        raise APIError(400, msg if msg.startswith("invalid grammar") else f"invalid grammar: {msg}",
+                       param=param) from None
     return g
 
 

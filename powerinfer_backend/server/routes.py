@@ -1,6 +1,6 @@
 """The OpenAI-compatible endpoints: ``/v1/models``, ``/v1/completions``,
 ``/v1/chat/completions`` (streaming or not) and ``/v1/embeddings``, each also without
-the ``/v1`` prefix. Completions are llama-cpp-python's own, run in a slot of the worker
+the ``/v1`` prefix. Completions are ``Llama.create_completion``'s (llama-cpp-python's shapes), run in a slot of the worker
 (:mod:`.worker`); embeddings on the served Llama between batches."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from fastapi import Request
 
 from .errors import APIError
 from .params import check_token_ids, dumped, functions, response_format, sampling
+from .prompt_key import prompt_of
 from .schemas import ChatBody, CompletionBody, EmbeddingBody, chat_message
 from .state import ServerState, budget_in_effect
 
@@ -28,10 +29,12 @@ def register_openai(app, state: ServerState) -> None:
                 "meta": meta}
 
     async def answer(request: Request, stream: bool, call: Callable):
-        """``call(llm, stream)`` on the worker: its chunks as SSE events, or its result."""
+        """``call(llm, stream)`` on the worker, in the slot chosen for its prompt: its
+        chunks as SSE events, or its result."""
+        prompt = prompt_of(state.llm, lambda llm: call(llm, stream))
         if stream:
-            return await state.run_stream(request, lambda llm: call(llm, True), _plain)
-        return _plain(await state.run_once(request, lambda llm: call(llm, False)))
+            return await state.run_stream(request, lambda llm: call(llm, True), _plain, prompt=prompt)
+        return _plain(await state.run_once(request, lambda llm: call(llm, False), prompt=prompt))
 
     @app.get("/v1/models")
     @app.get("/models")

@@ -206,7 +206,7 @@ class _SamplingBody(_Body):
 class CompletionBody(_SamplingBody):
     prompt: Union[str, Annotated[List[Int32], Field(min_length=1)], Annotated[List[str], Field(min_length=1)]] = ""
     suffix: Optional[str] = None
-    max_tokens: Optional[int32(0)] = 16
+    max_tokens: Optional[int32(0)] = 16  # 0 or null: no limit but EOS, a stop, the context (llama-cpp-python's)
     temperature: float = Field(default=0.8, ge=0, le=2)
     logprobs: Optional[int] = Field(default=None, ge=0, le=5)
     echo: bool = False
@@ -220,8 +220,8 @@ class ChatBody(_SamplingBody):
     functions: Optional[List[FunctionDef]] = None
     function_call: Optional[Union[Literal["none", "auto"], FunctionName]] = None
     response_format: Optional[ResponseFormat] = None
-    max_tokens: Optional[int32(1)] = None
-    max_completion_tokens: Optional[int32(1)] = None
+    max_tokens: Optional[int32(0)] = None  # as CompletionBody's; default: no limit
+    max_completion_tokens: Optional[int32(0)] = None
     temperature: float = Field(default=0.2, ge=0, le=2)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)

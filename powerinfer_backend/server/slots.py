@@ -1,12 +1,12 @@
 """A server slot and the sequence operations the batch scheduler runs on.
 
 :class:`SlotLlama` is one slot's :class:`~powerinfer_backend.Llama`: it shares the
-served model's tokenizer, vocabulary, chat handlers and backend, and owns a sequence's
-state (tokens, logits, sampler chain and its token buffer, seed). Its backend is a
-:class:`SlotBackend`, whose ``eval`` goes to the scheduler (``decode``), so
-:meth:`Llama.eval` and everything above the logits (llama-cpp-python's completion with
-its stop strings, logprobs, streaming and grammar, chat templates and tools, our
-``/completion`` loop) runs per slot unchanged: one implementation of each piece.
+served model's tokenizer, vocabulary, chat handlers and backend, and owns a
+:class:`~powerinfer_backend.text.sequence.Sequence` (tokens, logits, sampler chain, seed).
+The sequence's evaluator is a :class:`SlotBackend`, whose ``eval`` goes to the scheduler
+(``decode``), so everything above the logits (the runner and the completion, chat and
+``/completion`` renderings of its events) runs per slot unchanged: one implementation of
+each piece.
 
 :func:`seq_access` gives the scheduler the context's sequences (:class:`SeqAccess`): the
 native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend's own
@@ -15,12 +15,11 @@ native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
 from ..llama import Llama
-from ..text.sampling import TokenDataBuffer
 
 
 class Cancelled(Exception):
@@ -128,21 +127,21 @@ class SlotBackend:
     served backend's."""
 
     def __init__(self, backend, slot: "SlotLlama", decode: Callable):
-        self._backend = backend
-        self._slot = slot
-        self._decode = decode
+        self.backend = backend
+        self.slot = slot
+        self.decode = decode
         self.n_past = 0  # tokens of the sequence as this slot's Llama knows them
 
     def truncate(self, n_keep: int) -> None:
         self.n_past = min(self.n_past, int(n_keep))
 
     def eval(self, tokens, logits_all: bool = False) -> np.ndarray:
-        out = self._decode(self._slot, self.n_past, list(tokens))
+        out = self.decode(self.slot, self.n_past, list(tokens))
         self.n_past += len(tokens)
         return out
 
     def __getattr__(self, name):
-        return getattr(self._backend, name)
+        return getattr(self.backend, name)
 
 
 class SlotLlama(Llama):
@@ -162,16 +161,10 @@ class SlotLlama(Llama):
         self._announced = False  # the model_loaded / unloaded hooks belong to the base
         self.seq = int(seq)
         self.job = None  # the request running in this slot (its cancel flag)
-        self._backend = SlotBackend(base._backend, self, decode)
+        self._backend = SlotBackend(base.engine, self, decode)
         self._n_ctx = int(n_ctx)
         self.cache = None
-        self.n_tokens = 0
-        self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
-        self.scores = np.zeros((self._n_ctx if self._logits_all else 1, self._n_vocab), dtype=np.single)
-        self._last_logits: Optional[np.ndarray] = None
-        self._requires_eval = True
-        self._token_data = TokenDataBuffer(self._n_vocab)
-        self._sampler = None
+        self._seq = base.new_sequence(self._backend, self._n_ctx, seq_id=self.seq)
 
     def n_ctx(self) -> int:
         """The slot's context length in tokens."""
@@ -179,9 +172,8 @@ class SlotLlama(Llama):
 
     def forget(self) -> None:
         """Forget the cached tokens (the scheduler cleared or will clear the KV cells)."""
-        self.n_tokens = self._backend.n_past = 0
-        self._last_logits = None
-        self._requires_eval = True
+        self._backend.n_past = 0
+        self._seq.forget()
 
     def generate(self, *args, **kwargs):
         """:meth:`Llama.generate`, stopping within one token when the client left."""
@@ -196,6 +188,4 @@ class SlotLlama(Llama):
 
     def close(self) -> None:
         """Free the slot's sampler chain (the model belongs to the base)."""
-        sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            sampler.close()
+        self._seq.close_sampler()

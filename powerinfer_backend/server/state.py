@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from fastapi import Request
 from sse_starlette.sse import EventSourceResponse
 
-from .errors import APIError, error_from_exception
+from .errors import APIError, error_from_exception, log_error
 from .worker import ModelWorker
 
 
@@ -32,10 +32,12 @@ class ServerState:
         self.n_ctx = int(llm.n_ctx())  # the total, split across the slots
         self.n_ctx_slot = self.worker.n_ctx_slot  # what one request may use
 
-    async def run_once(self, request: Request, fn: Callable, exclusive: bool = False):
-        """Run ``fn(llm)`` on the worker (in a slot; ``exclusive``: on the served Llama,
-        alone) and return its result; a client that disconnects meanwhile cancels it."""
-        job = self.worker.submit(fn, exclusive=exclusive)
+    async def run_once(self, request: Request, fn: Callable, exclusive: bool = False,
+                       prompt: Optional[List[int]] = None):
+        """Run ``fn(llm)`` on the worker (in a slot, chosen for ``prompt``, its prompt tokens
+        when known; ``exclusive``: on the served Llama, alone) and return its result; a
+        client that disconnects meanwhile cancels it."""
+        job = self.worker.submit(fn, exclusive=exclusive, prompt=prompt)
         try:
             while True:
                 try:
@@ -48,16 +50,17 @@ class ServerState:
                 if kind == "item":
                     return value
                 if kind == "error":
-                    raise error_from_exception(value)
+                    raise _answer(value)
                 raise APIError(499, "cancelled")
         finally:
             job.cancel.set()  # no-op when finished; stops a job whose caller was cancelled
 
     async def run_stream(self, request: Request, fn: Callable, fmt: Callable[[Any], Optional[dict]],
-                         done: Optional[str] = "[DONE]"):
-        """Run ``fn(llm)`` (an iterator) on the worker and answer an SSE stream of
-        ``fmt(chunk)``. Errors before the first chunk are answered as JSON errors."""
-        job = self.worker.submit(fn)
+                         done: Optional[str] = "[DONE]", prompt: Optional[List[int]] = None):
+        """Run ``fn(llm)`` (an iterator) on the worker (``prompt`` as for :meth:`run_once`)
+        and answer an SSE stream of ``fmt(chunk)``. Errors before the first chunk are
+        answered as JSON errors."""
+        job = self.worker.submit(fn, prompt=prompt)
         try:
             kind, first = await job.items.get()
         except BaseException:
@@ -65,7 +68,7 @@ class ServerState:
             raise
         if kind == "error":
             job.cancel.set()
-            raise error_from_exception(first)
+            raise _answer(first)
 
         async def events():
             try:
@@ -76,13 +79,24 @@ class ServerState:
                         yield {"data": json.dumps(data, ensure_ascii=False)}
                     kind_, value = await job.items.get()
                 if kind_ == "error":
-                    yield {"data": json.dumps(error_from_exception(value).body())}
+                    err = error_from_exception(value)
+                    log_error(request, err, value)
+                    yield {"data": json.dumps(err.body())}
                 elif done is not None:
                     yield {"data": done}
             finally:
                 job.cancel.set()  # client gone (task cancelled) or finished
 
         return EventSourceResponse(events(), ping=15, sep="\n")
+
+
+def _answer(e: BaseException) -> APIError:
+    """The APIError for ``e``, raised by the worker, with ``e`` as its cause (the
+    error handler logs a fault's traceback from it)."""
+    err = error_from_exception(e)
+    if err is not e:
+        err.__cause__ = e
+    return err
 
 
 def budget_in_effect(llm):

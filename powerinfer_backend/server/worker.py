@@ -1,36 +1,43 @@
-"""The model's worker: continuous batching of up to ``parallel`` requests in one context.
+"""The model's worker: one scheduler thread runs up to ``parallel`` requests in one
+context, as llama-server's loop.
 
 * Each request is a :class:`Job`, ``fn(llm)`` returning a result or an iterator of
-  chunks. A generating job runs on a slot's thread against that slot's
-  :class:`~.slots.SlotLlama` (its own sequence, sampler chain, stop handling, stream);
-  an ``exclusive`` job (embeddings) runs on the served ``Llama`` once no slot is busy.
-* One scheduler thread owns the context. Each step it waits until every busy slot has
-  asked for logits (or a short grace period passed: a slot busy in Python is not waited
-  for), then decodes, in one batched pass, one token of every decoding slot plus prompt
-  chunks of joining slots while they fit in ``n_batch``, and wakes those slots.
-* Jobs start in arrival order in free slots; at most ``max_queue`` wait, more get 503.
-* A client that leaves sets its job's cancel flag: the scheduler drops the slot from the
-  next step and clears its KV cells (``cancel_steps`` records when). A finished slot
-  keeps its tokens, so the next request there reuses the common prompt prefix
-  (llama-server's ``cache_prompt``; with ``parallel=1`` every request does).
+  chunks. A generating job runs in a slot, as a coroutine (a greenlet) of the scheduler
+  thread against that slot's :class:`~.slots.SlotLlama` (its own sequence, sampler chain,
+  stop handling, stream); an ``exclusive`` job (embeddings) runs on the served ``Llama``
+  once no slot is busy.
+* Each step the scheduler resumes every slot whose logits are ready until it asks for the
+  next ones (or ends), then decodes, in one batched pass, one token of every decoding slot
+  plus prompt chunks of joining slots while they fit in ``n_batch``. No slot is waited for
+  by time: a slot runs only when the scheduler switches to it.
+* Jobs start in arrival order; a job takes the free slot whose cached tokens share the
+  longest prefix with its prompt when that covers at least :data:`SLOT_SIMILARITY` of the
+  prompt, else the least recently used free slot (llama-server's rule, so a returning chat
+  finds its cells); at most ``max_queue`` wait, more get 503.
+* A client that leaves sets its job's cancel flag: at the next step the scheduler ends the
+  slot's coroutine (:class:`~.slots.Cancelled` raised where it waits for logits) and clears
+  its KV cells (``cancel_steps`` records when). A finished slot keeps its tokens, so the
+  next request there reuses the common prompt prefix (llama-server's ``cache_prompt``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
 from collections import deque
 from typing import Callable, List, Optional
 
 import numpy as np
+from greenlet import greenlet
 
+from ..text.sequence import common_prefix
 from .errors import APIError
 from .slots import Cancelled, SeqAccess, SlotLlama, seq_access
 
-#: how long a step waits for a slot still busy in Python before decoding without it (s)
-GRACE_S = 0.02
+#: the share of a prompt a slot's cached prefix must cover to be chosen for it (llama-server's
+#: ``--slot-prompt-similarity`` default); below it the least recently used free slot is taken
+SLOT_SIMILARITY = 0.5
 
 
 class _CancelFlag(threading.Event):
@@ -48,11 +55,13 @@ class _CancelFlag(threading.Event):
 
 
 class Job:
-    """One request's work: ``fn(llm)`` returns a result or an iterator of chunks."""
+    """One request's work: ``fn(llm)`` returns a result or an iterator of chunks;
+    ``prompt``: its prompt tokens when known (the slot choice), else None."""
 
     def __init__(self, fn: Callable, loop: asyncio.AbstractEventLoop, exclusive: bool = False,
-                 clock: Callable[[], int] = lambda: 0):
+                 clock: Callable[[], int] = lambda: 0, prompt: Optional[List[int]] = None):
         self.fn = fn
+        self.prompt = prompt
         self.loop = loop
         self.exclusive = exclusive
         self.cancel = _CancelFlag(clock)
@@ -82,11 +91,11 @@ class _Slot:
         self.seq = seq
         self.llama = SlotLlama(worker.llm, seq, worker.access.n_ctx_seq, worker._decode)
         self.job: Optional[Job] = None
-        self.request: Optional[_Request] = None
+        self.run: Optional[greenlet] = None  # the job's coroutine, started at its first step
+        self.request: Optional[_Request] = None  # what it waits for
         self.leaving = False  # cancelled: out of the batch, KV cleared
-        self.inbox: "queue.Queue[Optional[Job]]" = queue.Queue()
-        self.thread = threading.Thread(target=worker._slot_loop, args=(self,), name=f"powerinfer-slot-{seq}",
-                                       daemon=True)
+        self.last_used = 0  # when its last job started (the worker's job count): least recent first
+        self.prompt_evaluated = 0  # prompt tokens its last job evaluated (the rest were cached)
 
 
 class ModelWorker:
@@ -106,19 +115,18 @@ class ModelWorker:
             parallel = int(getattr(ctx, "n_seq_max", 1)) if hasattr(ctx, "eval_seqs") else 1
         self.access: SeqAccess = seq_access(llm, int(parallel))
         self.parallel = self.access.n_seq
-        self._logits_all = bool(getattr(llm, "_logits_all", False))
+        self._logits_all = bool(getattr(llm, "logits_all", False))
         self._cv = threading.Condition()
         self._queue: deque = deque()
         self._exclusive: Optional[Job] = None
-        self._to_clear: List[int] = []  # seqs whose KV cells the scheduler clears next
         self._stopping = False
         self.served = self.cancelled = self.rejected = 0
+        self.started = 0  # jobs given a slot
         self.steps = 0  # batched passes run
         self.tokens_decoded = 0  # tokens of those passes
+        self.eval_s = 0.0  # seconds in those passes (the rest of a step is the slots' Python)
         self.cancel_steps: List[tuple] = []  # (step the cancel was set, step its slot left), the last 16
         self._slots = [_Slot(self, s) for s in range(self.parallel)]
-        for s in self._slots:
-            s.thread.start()
         self._thread = threading.Thread(target=self._run, name="powerinfer-serve-worker", daemon=True)
         self._thread.start()
 
@@ -138,95 +146,75 @@ class ModelWorker:
 
     def slots(self) -> List[dict]:
         """llama-server's ``/slots``: per slot its id, whether it runs a request, its
-        context and the tokens its KV cells hold."""
+        context, the tokens its KV cells hold and ``n_prompt_tokens_processed``, the prompt
+        tokens its last request evaluated (the rest of that prompt came from its cells)."""
         return [{"id": s.seq, "is_processing": s.job is not None, "n_ctx": self.access.n_ctx_seq,
-                 "n_past": int(self.access.n_past(s.seq))} for s in self._slots]
+                 "n_past": int(self.access.n_past(s.seq)), "n_prompt_tokens_processed": s.prompt_evaluated}
+                for s in self._slots]
 
-    def submit(self, fn: Callable, exclusive: bool = False) -> Job:
-        """Queue ``fn``; raises :class:`APIError` 503 when the queue is full."""
-        job = Job(fn, asyncio.get_running_loop(), exclusive, clock=lambda: self.steps)
+    def submit(self, fn: Callable, exclusive: bool = False, prompt: Optional[List[int]] = None) -> Job:
+        """Queue ``fn`` (``prompt``: its prompt tokens, for the slot choice); raises
+        :class:`APIError` 503 when the queue is full."""
+        job = Job(fn, asyncio.get_running_loop(), exclusive, clock=lambda: self.steps, prompt=prompt)
         with self._cv:
             # queued jobs that free slots will take at the next step are not waiting for a slot
             free = 0 if self._exclusive is not None else sum(s.job is None for s in self._slots)
             if len(self._queue) >= self.max_queue + free:
                 self.rejected += 1
-                raise APIError(503, f"server busy: {len(self._queue) - free} requests already waiting for a "
+                waiting = len(self._queue) - free
+                raise APIError(503, f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting for a "
                                     f"slot (--max-queue {self.max_queue}); retry later", "server_busy")
             self._queue.append(job)
             self._cv.notify_all()
         return job
 
     def stop(self) -> None:
+        """End the running jobs (cancelled) and the scheduler thread."""
         with self._cv:
             self._stopping = True
-            for s in self._slots:
-                if s.request is not None:
-                    self._finish(s, Cancelled())
             self._cv.notify_all()
-        for s in self._slots:
-            s.inbox.put(None)
         self._thread.join(timeout=30)
 
-    # ---- running a job (a slot's thread, or the scheduler for an exclusive one) -------------
+    # ---- running a job (a slot's coroutine, or the scheduler for an exclusive one) -----------
 
-    def _execute(self, job: Job, llm) -> None:
+    def _execute(self, job: Job, llm) -> list:
+        """Run ``job`` on ``llm``, sending its chunks; returns the messages that end it, sent
+        by the caller once the slot is free (a client that has its answer sees the worker
+        idle)."""
         try:
             result = job.fn(llm)
             if isinstance(result, (dict, list, str, bytes, int, float, type(None))):
-                job._put("item", result)
-            else:
-                it = iter(result)
-                try:
-                    for item in it:
-                        job._put("item", item)
-                        if job.cancel.is_set():
-                            raise Cancelled()
-                finally:
-                    close = getattr(it, "close", None)
-                    if close is not None:
-                        close()
-            job._put("end", None)
+                with self._cv:
+                    self.served += 1
+                return [("item", result), ("end", None)]
+            it = iter(result)
+            try:
+                for item in it:
+                    job._put("item", item)
+                    if job.cancel.is_set():
+                        raise Cancelled()
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
             with self._cv:
                 self.served += 1
+            return [("end", None)]
         except Cancelled:
             with self._cv:
                 self.cancelled += 1
-            job._put("end", None)
+            return [("end", None)]
         except BaseException as e:  # answered to the client; the worker lives on
-            job._put("error", e)
-
-    def _slot_loop(self, slot: _Slot) -> None:
-        while True:
-            job = slot.inbox.get()
-            if job is None:
-                return
-            slot.llama.job = job
-            try:
-                self._execute(job, slot.llama)
-            finally:
-                cancelled = slot.leaving or job.cancel.is_set()
-                if cancelled:
-                    slot.llama.forget()
-                slot.llama.job = None
-                with self._cv:
-                    if cancelled and not slot.leaving:  # it stopped itself (between two steps)
-                        self._record_cancel(job)
-                        self._to_clear.append(slot.seq)
-                    slot.job = None
-                    slot.leaving = False
-                    self._cv.notify_all()
+            return [("error", e)]
 
     def _decode(self, llama: SlotLlama, n_past: int, tokens: List[int]) -> np.ndarray:
-        """A slot's backend eval (:class:`.slots.SlotBackend`): waits for the steps that decode ``tokens``."""
+        """A slot's backend eval (:class:`.slots.SlotBackend`), in the slot's coroutine:
+        hands the scheduler the ask and resumes once the steps decoded ``tokens``."""
         slot = self._slots[llama.seq]
-        req = _Request(n_past, list(tokens))
-        with self._cv:
-            if slot.leaving or self._stopping or (slot.job is not None and slot.job.cancel.is_set()):
-                raise Cancelled()
-            slot.request = req
-            self._cv.notify_all()
-            while not req.done:
-                self._cv.wait()
+        if slot.leaving or self._stopping or (slot.job is not None and slot.job.cancel.is_set()):
+            raise Cancelled()
+        req = slot.request = _Request(n_past, list(tokens))
+        slot.run.parent.switch()  # back to the scheduler; it switches here when req is done
         if req.error is not None:
             raise req.error
         return req.rows[0] if len(req.rows) == 1 else np.concatenate(req.rows)
@@ -235,50 +223,73 @@ class ModelWorker:
 
     def _run(self) -> None:
         while True:
-            try:
-                with self._cv:
-                    items = self._next_step()
-                    if items is None:
-                        return
-                if self._exclusive is not None:
-                    self._run_exclusive()
-                    continue
-                self._step(items)
-            except BaseException as e:  # a failure of the scheduler itself: answered, never a hang
-                with self._cv:
-                    for s in self._slots:
-                        if s.request is not None:
-                            self._finish(s, e)
-
-    def _next_step(self):
-        """Under the lock: admit jobs, drop cancelled slots and wait for the next batch
-        (its items), or an exclusive job to run ([]), or the stop (None)."""
-        deadline = None
-        while True:
-            if self._stopping:
-                return None
-            while self._to_clear:  # slots whose job stopped on its own cancel check
-                self.access.truncate(self._to_clear.pop(), 0)
-            self._admit()
-            if self._exclusive is not None:
-                return []
-            busy = [s for s in self._slots if s.job is not None and not s.leaving]
-            for s in busy:
-                if s.job.cancel.is_set():
-                    self._leave(s)
-            busy = [s for s in busy if not s.leaving]
-            asking = [s for s in busy if s.request is not None]
-            if asking and len(asking) == len(busy) or deadline is not None and time.monotonic() >= deadline:
-                items = self._batch(asking)
-                if items:
-                    return items
-                deadline = None
+            with self._cv:
+                while not (self._stopping or self._queue or any(s.job is not None for s in self._slots)):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                self._admit()
+                exclusive = self._exclusive
+            if exclusive is not None:
+                self._run_exclusive()
                 continue
-            if asking and deadline is None:
-                deadline = time.monotonic() + GRACE_S
-            self._cv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            try:
+                self._step()
+            except BaseException as e:  # a failure of the scheduler itself: answered, never a hang
+                for s in self._slots:
+                    if s.request is not None and not s.request.done:
+                        self._finish(s, e)
+        for s in self._slots:  # stopping: the running jobs end as cancelled
+            if s.job is not None:
+                self._leave(s)
+
+    def _step(self) -> None:
+        """One step: drop cancelled slots, run every slot whose logits are ready until it
+        asks for more or ends, then decode what they asked for in one pass."""
+        for s in self._slots:
+            if s.job is not None and s.job.cancel.is_set():
+                self._leave(s)
+        for s in self._slots:
+            if s.job is not None and (s.request is None or s.request.done):
+                self._resume(s)
+        asking = [s for s in self._slots if s.request is not None and not s.request.done]
+        items = self._batch(asking)
+        if items:
+            self._eval(items)
+
+    def _resume(self, slot: _Slot, error: Optional[BaseException] = None) -> None:
+        """Run the slot's coroutine (starting its job, or raising ``error`` where it waits)
+        until it asks for logits or ends; an ended job frees the slot."""
+        if slot.run is None:
+            job, llama = slot.job, slot.llama
+            slot.run = greenlet(lambda: self._execute(job, llama))
+            llama.job = job  # its cancel flag, checked per token
+            llama.sequence.prompt_evaluated = 0
+        slot.request = None
+        out = slot.run.throw(error) if error is not None else slot.run.switch()
+        if slot.run.dead:
+            self._release(slot, out)
+
+    def _release(self, slot: _Slot, messages: list) -> None:
+        """The slot's job ended: a cancelled one forgets its tokens (the KV cells were
+        cleared); then its last ``messages`` go to the client."""
+        job = slot.job
+        slot.prompt_evaluated = slot.llama.sequence.prompt_evaluated
+        if slot.leaving or job.cancel.is_set():
+            slot.llama.forget()
+            if not slot.leaving:  # it stopped itself at its own cancel check, between two steps
+                self.access.truncate(slot.seq, 0)
+                self._record_cancel(job)
+        slot.llama.job = None
+        with self._cv:
+            slot.job, slot.run, slot.request, slot.leaving = None, None, None, False
+            self._cv.notify_all()
+        for kind, value in messages:
+            job._put(kind, value)
 
     def _admit(self) -> None:
+        """Under the lock: start queued jobs in free slots, in order (an exclusive one once
+        no slot is busy)."""
         while self._queue:
             job = self._queue[0]
             if job.cancel.is_set():  # the client left while queued
@@ -291,28 +302,44 @@ class ModelWorker:
                     return  # in order: it waits for the slots to finish
                 self._exclusive = self._queue.popleft()
                 return
-            free = next((s for s in self._slots if s.job is None), None)
+            free = self._choose_slot(job.prompt)
             if free is None:
                 return
             free.job = self._queue.popleft()
-            free.inbox.put(free.job)
+            self.started += 1
+            free.last_used = self.started
+
+    def _choose_slot(self, prompt: Optional[List[int]]) -> Optional[_Slot]:
+        """The free slot for ``prompt`` (see the module docstring), None when all are busy."""
+        free = [s for s in self._slots if s.job is None]
+        if not free:
+            return None
+        if prompt:
+            best, n = max(((s, common_prefix(s.llama.sequence.tokens.tolist(), prompt)) for s in free),
+                          key=lambda sn: (sn[1], -sn[0].last_used))
+            if n >= SLOT_SIMILARITY * len(prompt):
+                return best
+        return min(free, key=lambda s: s.last_used)
 
     def _leave(self, slot: _Slot) -> None:
-        """A cancelled slot leaves the batch now and its KV cells are cleared."""
+        """A cancelled slot leaves the batch now: its KV cells are cleared and its job ends."""
         slot.leaving = True
         self.access.truncate(slot.seq, 0)
         self._record_cancel(slot.job)
-        if slot.request is not None:
-            self._finish(slot, Cancelled())
+        if slot.run is not None:
+            self._resume(slot, Cancelled())
+            return
+        with self._cv:  # never started
+            self.cancelled += 1
+        self._release(slot, [("end", None)])
 
     def _record_cancel(self, job: Job) -> None:
         self.cancel_steps = (self.cancel_steps + [(job.cancel.step, self.steps)])[-16:]
 
     def _finish(self, slot: _Slot, error: Optional[BaseException] = None) -> None:
-        req, slot.request = slot.request, None
+        req = slot.request
         req.error = error
         req.done = True
-        self._cv.notify_all()
 
     def _batch(self, asking: List[_Slot]) -> list:
         """The items of one step: a token of every decoding slot, then prompt chunks in
@@ -340,7 +367,7 @@ class ModelWorker:
         return items
 
     def _check(self, seq: int, req: _Request) -> Optional[BaseException]:
-        n_vocab = self.llm._n_vocab
+        n_vocab = self.llm.n_vocab()
         bad = next((t for t in req.rest if not 0 <= t < n_vocab), None)
         if bad is not None:
             return ValueError(f"eval: token {bad} is outside [0, {n_vocab})")
@@ -352,34 +379,34 @@ class ModelWorker:
                                 f"{self.access.n_past(seq)} held")
         return None
 
-    def _step(self, items: list) -> None:
+    def _eval(self, items: list) -> None:
+        """One batched pass over ``items``; each request gets its rows (or the error)."""
         error = None
+        t0 = time.perf_counter()
         try:
             outs = self.access.eval(items, self._logits_all)
         except BaseException as e:  # answered to the slots of this step
             error, outs = e, [None] * len(items)
-        with self._cv:
-            self.steps += 1
-            for (seq, toks), out in zip(items, outs):
-                slot = self._slots[seq]
-                req = slot.request
-                if req is None:  # stopped meanwhile
-                    continue
-                if error is not None:
-                    self._finish(slot, error)
-                    continue
-                self.tokens_decoded += len(toks)
-                req.rest = req.rest[len(toks):]
-                if self._logits_all or not req.rest:  # else a prompt chunk's logits are not needed
-                    req.rows.append(out)
-                if not req.rest:
-                    self._finish(slot)
-            self._cv.notify_all()
+        self.eval_s += time.perf_counter() - t0
+        self.steps += 1
+        for (seq, toks), out in zip(items, outs):
+            slot = self._slots[seq]
+            req = slot.request
+            if error is not None:
+                self._finish(slot, error)
+                continue
+            self.tokens_decoded += len(toks)
+            req.rest = req.rest[len(toks):]
+            if self._logits_all or not req.rest:  # else a prompt chunk's logits are not needed
+                req.rows.append(out)
+            if not req.rest:
+                self._finish(slot)
 
     def _run_exclusive(self) -> None:
         job = self._exclusive
+        messages = [("error", RuntimeError("the worker stopped"))]
         try:
-            self._execute(job, self.llm)
+            messages = self._execute(job, self.llm)
         finally:
             # the served Llama used sequence 0 directly: no slot's tokens are cached now
             for s in self._slots:
@@ -388,3 +415,5 @@ class ModelWorker:
             with self._cv:
                 self._exclusive = None
                 self._cv.notify_all()
+            for kind, value in messages:
+                job._put(kind, value)

@@ -3,6 +3,5 @@
 
 Owns the sparse modes of a context (``modes``: ``sparse="auto|off|threshold|predictor"``),
 the sidecar GGUF (``sidecar``), threshold calibration (``calibrate``), chunked perplexity
-(``perplexity``), activation predictors (``predictors``) and their training (``train``)."""
-
-from .modes import MODES, SparseState, configure, stats  # noqa: F401  (the old flat module's names)
+(``perplexity``), activation predictors (``predictors``) and their training (``train``), and
+the measure-choose-write skeleton calibration and training share (``sidecar_run``)."""

@@ -34,21 +34,19 @@ The result is written as the sparsity sidecar (:mod:`powerinfer_backend.sparsity
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..engine.native import FFN_HIST_BINS, FFN_HIST_MIN_EXP, NativeContext, NativeModel, default_threads
-from .perplexity import perplexity, read_text
+from ..engine.native import FFN_HIST_BINS, FFN_HIST_MIN_EXP, NativeContext
+from .perplexity import perplexity
 from .search import search_budget
-from .speed import measure_speedup
+from .sidecar_run import SidecarRun, speed_info
 
 __all__ = ["hist_edges", "threshold_for_sparsity", "fraction_at_or_above", "hist_quantiles",
            "greedy_path", "calibrate", "CalibrationError", "DEFAULT_MAX_PPL_INCREASE"]
@@ -174,42 +172,6 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     z -= z.max(axis=1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-
-def _sha256_bytes(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
-
-
-def split_text_tokens(model_path: str, text_path: str, *, offset_bytes: int, max_bytes: Optional[int], n_ctx: int,
-                      tokens: int, heldout_tokens: int, error: type = ValueError, purpose: str = "calibration"):
-    """Read and tokenize the text slice (BOS first) and split it for a fit/check run:
-    the last ``heldout_tokens`` in whole chunks of ``n_ctx`` (at least one, at most a
-    quarter of the chunks) are held out; the head is at most ``tokens`` from the start.
-
-    Returns:
-        (text bytes, head ids, held-out ids).
-
-    Raises:
-        ``error`` (a ValueError subclass): the text is missing, a folder, empty, not
-            UTF-8, or shorter than two chunks (message names ``purpose``, file and byte range).
-    """
-    from ..text.tokenizer import LlamaCppTokenizer
-
-    try:
-        text = read_text(text_path, offset_bytes, max_bytes)
-    except ValueError as e:  # missing, folder, empty, not UTF-8, offset past the end
-        raise error(f"{purpose} {e}") from None
-    text_bytes = text.encode("utf-8")
-    ids = LlamaCppTokenizer(model_path).tokenize(text_bytes, add_bos=True, special=False)
-    n_chunks = len(ids) // n_ctx
-    if n_chunks < 2:
-        raise error(
-            f"{purpose} text {text_path} (bytes {offset_bytes}..{offset_bytes + len(text_bytes)}) has "
-            f"{len(ids)} tokens; at least two chunks of n_ctx={n_ctx} ({2 * n_ctx} tokens) are needed "
-            f"(one to fit on, one held out)")
-    n_held = max(1, min(heldout_tokens // n_ctx, n_chunks // 4))
-    held = ids[len(ids) - n_held * n_ctx:]
-    return text_bytes, ids[:min(int(tokens), len(ids) - n_held * n_ctx)], held
 
 
 @dataclass
@@ -400,10 +362,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         ValueError: an existing sidecar from another model/text without ``force``;
             model loading errors.
     """
-    from ..loader.artifacts import model_fingerprint
-    from ..engine.down_cache import build_down_cache, down_t_dtype, load_down_cache
     from ..loader import load_gguf
-    from .sidecar import QUANTILES, SparsityProfile, check_overwrite, sidecar_path, write_sidecar
+    from .sidecar import QUANTILES, SparsityProfile, check_overwrite
 
     if target_sparsity is not None:
         if not 0.0 < target_sparsity < 1.0:
@@ -427,28 +387,14 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
 
     gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
     hp = gguf.hparams
-    text_bytes, stats_ids, held = split_text_tokens(
-        model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
-        heldout_tokens=heldout_tokens, error=CalibrationError, purpose="calibration")
-
-    if n_ctx > gguf.max_positions:
-        raise CalibrationError(f"n_ctx {n_ctx} exceeds the model's training context ({gguf.max_positions} tokens)")
-    model_sha = model_fingerprint(model_path)
-    text_sha = _sha256_bytes(text_bytes)
-    path = Path(out) if out else sidecar_path(model_path, create=True)
-    if path.is_dir():
-        raise CalibrationError(f"--out {path} is a folder; give the sidecar's file name")
-    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
-        raise CalibrationError(f"cannot write the sidecar into {path.parent} (missing or not writable)")
-    check_overwrite(path, model_sha, text_sha, force=force)
+    run = SidecarRun.prepare(model_path, text_path, gguf, out=out, n_ctx=n_ctx, tokens=tokens,
+                             heldout_tokens=heldout_tokens, offset_bytes=offset_bytes, max_bytes=max_bytes,
+                             error=CalibrationError, purpose="calibration")
+    stats_ids, held = run.head, run.held
+    check_overwrite(run.path, run.model_sha, run.text_sha, force=force)
 
     t0, c0 = time.perf_counter(), time.process_time()
-    dtype = down_t_dtype(gguf)
-    build_down_cache(model_path, gguf, dtype, progress=progress)
-    down_t = load_down_cache(model_path, dtype)
-    model = NativeModel(gguf)
-    ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads or default_threads())
-    setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
+    down_t = run.down_t(progress)
     goal = None if target_sparsity is not None else margin * max_ppl_increase
     gated = gguf.layer_tensor(0, "ffn_gate") is not None  # an ungated FFN (Falcon, OPT) has no gate form
     forms = (("product", "gate") if gated else ("product",)) if threshold_on == "auto" else (threshold_on,)
@@ -460,7 +406,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         phases[name] = phases.get(name, 0.0) + now - since
         return now
 
-    try:
+    with run.context(n_threads) as ctx:
+        setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
         ppl_dense, _ = _held_ppl(setup, held, n_ctx, None)
         t = lap("dense", t0)
         results = []
@@ -481,13 +428,11 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         if speed_check:
             for r in results:
                 if r.alloc.mean() > 0:
-                    r.speed = _speed(setup, held, r, speed_steps, speed_repeats)
+                    r.speed = run.speed(ctx, lambda: setup.apply(None), lambda r=r: setup.apply(r.thresholds, r.form),
+                                        steps=speed_steps, repeats=speed_repeats)
             t = lap("speed check", t)
         # the fastest form within the budget (without timings: the first, the better quality per sparsity)
         best = max(results, key=lambda r: r.speed["speedup"] if r.speed else -1.0) if speed_check else results[0]
-    finally:
-        ctx.close()
-        model.close()
 
     hist, thresholds, alloc = best.hist, best.thresholds, best.alloc
     layer_hist = hist.sum(axis=1, dtype=np.uint64)
@@ -495,27 +440,22 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     tried = "; ".join(f"{r.form}: {r.alloc.mean():.1%} {r.ppl / ppl_dense - 1:+.2%}"
                       + (f" {r.speed['speedup']:.2f}x" if r.speed else "") for r in results)
-    info = {"model_sha256": model_sha, "model_file": os.path.basename(model_path),
-            "model_size": os.path.getsize(model_path), "text_sha256": text_sha,
-            "text_file": os.path.basename(text_path), "offset_bytes": offset_bytes,
-            "text_bytes": len(text_bytes), "tokens_stats": len(stats_ids), "tokens_heldout": len(held),
-            "n_ctx": n_ctx, "created": time.time(), "ppl_dense": ppl_dense, "ppl_sparse": best.ppl,
+    info = {**run.provenance(), "tokens_stats": len(stats_ids), "tokens_heldout": len(held),
+            "ppl_dense": ppl_dense, "ppl_sparse": best.ppl,
             "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
             "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
             "heldout_sparsity": best.held_sparsity, "threshold_on": best.form,
             "method": f"{best.path} path, held-out budget search", "forms_tried": tried,
             "calibration_seconds": wall, "calibration_cpu_seconds": cpu}
     if best.speed:
-        s = best.speed
-        info.update(decode_speedup=s["speedup"], decode_dense_tok_s=s["dense_tok_s"],
-                    decode_sparse_tok_s=s["sparse_tok_s"], speed_threads=s["threads"], speed_host=s["host"])
+        info.update(speed_info(best.speed))
     prof = SparsityProfile(
         thresholds=thresholds, layer_sparsity=alloc.astype(np.float32), neuron_freq=freq.astype(np.float32),
         neuron_quantiles=hist_quantiles(hist, QUANTILES),
         layer_hist=(layer_hist / np.maximum(layer_hist.sum(axis=1, keepdims=True), 1)).astype(np.float32),
         ffn_act=hp.act_name, info=info)
-    check_overwrite(path, model_sha, text_sha, force=force)  # again: another run may have written it since
-    write_sidecar(path, prof)
+    check_overwrite(run.path, run.model_sha, run.text_sha, force=force)  # again: another run may have written it
+    path = run.write(prof)
     speed = (f"; decode {best.speed['speedup']:.2f}x dense on {best.speed['threads']} threads"
              if best.speed else "")
     log(f"calibrated {os.path.basename(model_path)} in {wall:.0f} s ({cpu:.0f} s CPU; "
@@ -524,14 +464,6 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         f"{ppl_dense:.4f} -> {best.ppl:.4f} ({best.ppl / ppl_dense - 1:+.2%}) with the {best.form} form on the "
         f"{best.path} path{speed} [{tried}]; {len(stats_ids)} statistics tokens, {len(held)} held-out; wrote {path}")
     return prof
-
-
-def _speed(setup: _Setup, held: list, r: _Choice, steps: int, repeats: int) -> dict:
-    """Decode speedup of ``r``'s thresholds over dense (:func:`powerinfer_backend.sparsity.speed.measure_speedup`)."""
-    room = min(setup.ctx.n_ctx, len(held))
-    prompt = min(16, max(1, room // 4))
-    return measure_speedup(setup.ctx, lambda: setup.apply(None), lambda: setup.apply(r.thresholds, r.form), held,
-                           prompt_tokens=prompt, steps=max(1, min(steps, room - prompt)), repeats=repeats)
 
 
 def format_layers(prof) -> str:

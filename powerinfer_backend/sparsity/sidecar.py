@@ -187,20 +187,6 @@ def write_sidecar(path: str | os.PathLike, prof: SparsityProfile) -> Path:
     return path
 
 
-def _field_value(f) -> Any:
-    """Scalar, string or list value of a GGUFReader field."""
-    import gguf
-
-    types = f.types
-    if not types:
-        return None
-    if types[0] == gguf.GGUFValueType.ARRAY:
-        return [f.parts[i].tolist()[0] for i in f.data]
-    if types[0] == gguf.GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8", errors="replace")
-    return f.parts[f.data[0]].tolist()[0]
-
-
 def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | None = None) -> SparsityProfile:
     """Read a sidecar written by :func:`write_sidecar`.
 
@@ -214,20 +200,19 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
             the key or tensor), a format version this code does not know, or a
             sidecar made for another model (naming both files and hashes).
     """
-    from ..loader.reader import _Reader
+    from ..loader.gguf_meta import parse_header
+    from ..loader.reader import plain_value, tensor_array
 
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"sparsity sidecar does not exist: {p}")
     try:
-        r = _Reader(str(p))
-        fields = {f.name: _field_value(f) for f in r.fields.values()}
-        tensors = {t.name: np.array(t.data) for t in r.tensors}
-        ttypes = {t.name: int(t.tensor_type) for t in r.tensors}
-    except ValueError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any parse failure is a bad file here
-        raise ValueError(f"{p}: not a readable sparsity sidecar ({type(e).__name__}: {e})") from e
+        h = parse_header(str(p))  # a corrupt file: ValueError naming it and the key or tensor
+    except OSError as e:
+        raise ValueError(f"{p}: unreadable sparsity sidecar ({e})") from e
+    fields = {k: plain_value(v) for k, v in h.kv.items()}
+    tensors = {t.name: np.array(tensor_array(h, t)) for t in h.tensors}  # copies: the map is not kept
+    ttypes = {t.name: t.type for t in h.tensors}
     if fields.get("general.architecture") != _ARCH:
         raise ValueError(f"{p}: not a sparsity sidecar (general.architecture = "
                          f"{fields.get('general.architecture')!r}, expected {_ARCH!r})")

@@ -2,9 +2,8 @@
 ``llama_perf_context_print`` prints (load time, prompt eval and eval time with tokens
 per second, total time), measured around our own evals.
 
-llama-cpp-python's completion code calls ``self._ctx.reset_timings()`` before and
-``self._ctx.print_timings()`` after each completion when ``verbose``; :class:`PerfContext`
-is that ``_ctx``, so a verbose ``Llama`` reports as a verbose ``llama_cpp.Llama`` does.
+A verbose ``Llama`` resets its :class:`PerfContext` (``Llama.perf``) before each completion
+and prints it after, as a verbose ``llama_cpp.Llama`` reports.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from typing import List, Optional, Sequence
 
 def llama_cpp_class():
     """llama-cpp-python's own ``Llama`` class, also while the llama-cpp drop-in
-    (``powerinfer_backend.adapters.llamacpp.install()``) has put ours in its place."""
-    import llama_cpp
+    (``powerinfer_backend.adapters.llamacpp.install()``) has put ours in its place as
+    ``llama_cpp.Llama`` (it leaves the defining module's name alone)."""
+    from llama_cpp.llama import Llama
 
-    cls = llama_cpp.Llama
-    return getattr(cls, "_dropin_original", cls)
+    return Llama
 
 
 class LlamaCppTokenizer:
@@ -61,7 +61,11 @@ class LlamaCppTokenizer:
         self.token_eos = m.token_eos()
         self.token_nl = m.token_nl()
         self.metadata = dict(m.metadata)
-        self._vocab = m._model.vocab
+        self.vocab = llama_cpp.llama_model_get_vocab(m.model)  # llama_vocab_p: grammars, EOG, pieces
+        self.token_sep = llama_cpp.llama_vocab_sep(self.vocab)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.add_eos = bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
+        self._eog: dict = {}
         self._pieces = ({}, {})  # special=False / True: token -> bytes
         self._buf = ctypes.create_string_buffer(64)
         self._buf_lock = threading.Lock()  # the server's slot threads detokenize at once
@@ -84,11 +88,11 @@ class LlamaCppTokenizer:
             import llama_cpp
 
             with self._buf_lock:  # one buffer: another thread's piece would overwrite it (and the cache)
-                n = llama_cpp.llama_token_to_piece(self._vocab, llama_cpp.llama_token(int(token)), self._buf,
+                n = llama_cpp.llama_token_to_piece(self.vocab, llama_cpp.llama_token(int(token)), self._buf,
                                                    len(self._buf), 0, bool(special))
                 if n < 0:  # -n is the length the piece needs: grow the buffer once and retry
                     self._buf = ctypes.create_string_buffer(-n)
-                    n = llama_cpp.llama_token_to_piece(self._vocab, llama_cpp.llama_token(int(token)), self._buf,
+                    n = llama_cpp.llama_token_to_piece(self.vocab, llama_cpp.llama_token(int(token)), self._buf,
                                                        len(self._buf), 0, bool(special))
                 if n < 0:
                     raise ValueError(f"detokenize: token {token} has no piece (llama_token_to_piece returned {n})")
@@ -118,10 +122,19 @@ class LlamaCppTokenizer:
         return raw
 
     def is_eog(self, token: int) -> bool:
-        """Whether ``token`` ends generation (EOS, EOT, <|endoftext|>, ...: llama.cpp's EOG set)."""
+        """Whether ``token`` ends generation (EOS, EOT, <|endoftext|>, ...: llama.cpp's EOG set; cached)."""
+        eog = self._eog.get(token)
+        if eog is None:
+            import llama_cpp
+
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, int(token)))
+        return eog
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text of ``token`` (``<|im_end|>`` for a special token; llama_vocab_get_text)."""
         import llama_cpp
 
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab_model._model.vocab, int(token)))
+        return llama_cpp.llama_vocab_get_text(self.vocab, int(token)).decode("utf-8")
 
     def close(self) -> None:
         m, self._vocab_model = getattr(self, "_vocab_model", None), None

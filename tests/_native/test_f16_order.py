@@ -155,6 +155,7 @@ def test_matches_emulation(pool1, restore_order, order):
             assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), f"{name} {order} n={n}"
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.skipif(ggml_cpu() is None, reason="llama-cpp-python's libggml-cpu not found")
 def test_bit_identical_to_llama_cpp(pool1, restore_order):
     """The order of the installed libggml-cpu's build, on every path, equals its
@@ -217,6 +218,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 CODE = "from powerinfer_backend import _native as n; print(n.f16_order_name(), n.isa_name())"
 
 
+@pytest.mark.fresh_process
 def test_default_order_follows_avx512f(restore_order):
     has = cpu_has_avx512f()
     if has is None:
@@ -231,6 +233,7 @@ def test_default_order_follows_avx512f(restore_order):
     assert r.stdout.split() == [expected, "scalar"], r.stderr
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("order", ORDERS)
 def test_environment_override(order):
     r = run_python(CODE, POWERINFER_F16_ORDER=f" {order.upper()} ")
@@ -238,6 +241,7 @@ def test_environment_override(order):
     assert r.stdout.split()[0] == order
 
 
+@pytest.mark.fresh_process
 def test_bad_environment_value_raises():
     r = run_python(CODE, POWERINFER_F16_ORDER="sse")
     assert r.returncode != 0 and "ValueError" in r.stderr and "POWERINFER_F16_ORDER" in r.stderr

@@ -171,6 +171,7 @@ def test_quantize_q8_K_matches_reference(isa):
     np.testing.assert_array_equal(got, ref_q8_K(x))
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.skipif(ggml_cpu() is None, reason="llama-cpp-python's libggml-cpu not found")
 def test_quantize_q8_K_bit_identical_to_llama_cpp(isa):
     x = q8k_rows(np.random.default_rng(6))
@@ -218,6 +219,7 @@ def _decode_q8_K(b: np.ndarray) -> np.ndarray:
     return (q * d).reshape(-1)
 
 
+@pytest.mark.real
 @pytest.mark.skipif(ggml_base() is None, reason="llama-cpp-python's libggml-base not found")
 @pytest.mark.parametrize("tname", TYPES)
 def test_matmul_real_weights_close_to_float(pool, tname):
@@ -231,6 +233,7 @@ def test_matmul_real_weights_close_to_float(pool, tname):
     assert rel.max() <= TOL_LOOSE[tname], f"{tname}: max |y - Wx| / (|w||x|) = {rel.max():.3g}"
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.skipif(ggml_cpu() is None, reason="llama-cpp-python's libggml-cpu not found")
 @pytest.mark.parametrize("tname", TYPES)
 def test_rows_bit_identical_to_llama_cpp(pool, tname):

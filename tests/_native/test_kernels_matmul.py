@@ -353,6 +353,7 @@ def ggml_rows(tname: str, wq: np.ndarray, xa: np.ndarray, n_cols: int) -> np.nda
     return out
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.skipif(ggml_cpu() is None, reason="llama-cpp-python's libggml-cpu not found")
 @pytest.mark.parametrize("tname", ["Q4_0", "Q4_1", "Q8_0", "F16"])
 def test_rows_bit_identical_to_llama_cpp(pool1, tname):

@@ -76,6 +76,7 @@ def test_orders_differ(restore_order):
     assert sum(not np.array_equal(a, b) for a, b in zip(out["avx2"], out["avx512"])) > 100
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.skipif(ggml_soft_max() is None, reason="llama-cpp-python's libggml-cpu softmax not found")
 def test_bit_identical_to_llama_cpp(restore_order):
     order = "avx512" if ggml_cpu().ggml_cpu_has_avx512() else "avx2"

@@ -38,8 +38,12 @@ def test_busy_processes_spin_and_are_killed_on_errors(exc):
     with pytest.raises(exc):
         with busy_processes(2) as pids:
             assert len(pids) == 2 and all(_alive(p) for p in pids)
-            time.sleep(0.3)
-            assert all(_cpu_ticks(p) > 0 for p in pids)  # they really compute
+            # they really compute: each gets CPU time (within 10 s: on a loaded host a new
+            # process may wait a while for its first tick)
+            deadline = time.monotonic() + 10
+            while not all(_cpu_ticks(p) > 0 for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert all(_cpu_ticks(p) > 0 for p in pids)
             raise exc()
     assert not any(_alive(p) for p in pids)
 

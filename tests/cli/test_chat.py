@@ -121,3 +121,37 @@ def test_generate_chat_verbose_prints_the_answer_and_llama_cpp_timings(local):
     assert n_prompt > len(local.tokenize(q.encode(), add_bos=False)) and 1 <= n_eval <= 16  # the template adds
     assert float(perf["prompt eval"].group(4)) > 0 and float(perf["eval"].group(4)) > 0
     assert int(perf["total"].group(3)) == n_prompt + n_eval
+
+
+def test_slash_commands_are_answered_by_the_chat_not_the_model(local, monkeypatch, capsys):
+    """/help lists the commands, an unknown /command is refused, /clear confirms: none of
+    them reaches the model (one /help once ran 2,000 tokens of emoji); -n cutting an answer
+    is said."""
+    import io
+
+    from powerinfer_backend.cli.chat import COMMANDS, run_chat
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/help\n/halp me\n/clear\nSay hello.\n/exit\n"))
+    out, err = io.StringIO(), io.StringIO()
+    assert run_chat(local, out=out, err=err, temperature=0, max_tokens=4) == 0
+    assert out.getvalue() == _answer(local, [{"role": "user", "content": "Say hello."}], max_tokens=4) + "\n"
+    lines = err.getvalue().splitlines()
+    assert [line.split()[0] for line in lines[:len(COMMANDS)]] == ["/help", "/clear", "/exit"]
+    assert lines[len(COMMANDS) + 1:] == ["powerinfer-backend: error: unknown command /halp (/help lists the commands)",
+                                         "history cleared", "[stopped: -n 4 tokens]"]
+    assert capsys.readouterr().out == "> " * 5
+
+
+def test_an_answer_the_context_cut_says_so(model_path, monkeypatch):
+    import io
+
+    from powerinfer_backend.cli.chat import run_chat
+
+    q = "Write a long story about a dragon."
+    monkeypatch.setattr(sys, "stdin", io.StringIO(q + "\n"))
+    out, err = io.StringIO(), io.StringIO()
+    with Llama(model_path, n_ctx=80, n_threads=2, verbose=False) as small:
+        assert run_chat(small, out=out, err=err, temperature=0) == 0
+        want = _answer(small, [{"role": "user", "content": q}])
+    assert out.getvalue() == want + "\n\n"  # the answer's line, then end of input
+    assert err.getvalue() == "[stopped: context full (80 tokens)]\n"

@@ -49,7 +49,7 @@ def test_generate_missing_model_is_one_clear_line():
 
 def test_bad_arguments_exit_2():
     p = _run("generate", "-n", "many")
-    assert p.returncode == 2 and "invalid int value" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "-n must be an integer, got 'many'" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_bench_json():
@@ -117,7 +117,7 @@ def test_plan_says_no_gpu_was_found(tmp_path):
     assert ("no GPU: device='auto': ggml found no discrete GPU (devices: CPU (cpu)); bytes counted by ggml's "
             "CPU buffer rule") in p.stdout
     p = _run("plan", "--vram-budget", "64MiB", "--predict", "--device-bandwidth", "100", "--threads", "0")
-    assert p.returncode == 2 and "--threads must be >= 1, got 0" in p.stderr
+    assert p.returncode == 2 and "--threads must be in [1, " in p.stderr and "got 0" in p.stderr
 
 
 def test_cli_flags_take_sizes_and_llama_cpp_layer_counts():
@@ -131,3 +131,80 @@ def test_cli_flags_take_sizes_and_llama_cpp_layer_counts():
     for argv in (["serve", "--vram-budget", "lots"], ["serve", "-ngl", "-2"], ["generate", "--device-threads", "0"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
+
+
+# ---- a newcomer's first hour (issue 25): each failed before its fix ----------------------------
+
+
+def _generate_in_process(capsys, *argv):
+    """(stdout, the seed --verbose reported) of one `generate` run in this process."""
+    import re
+
+    from powerinfer_backend.cli.commands import build_parser
+
+    args = build_parser().parse_args(["generate", "--threads", "2", "--ctx", "64", "--verbose", *argv])
+    assert args.func(args) == 0
+    out, err = capsys.readouterr()
+    m = re.search(r"^powerinfer-backend: seed (\d+) \(--seed \1 repeats this run\)$", err, re.M)
+    assert m, err
+    return out, int(m.group(1))
+
+
+def test_generate_draws_a_seed_and_reports_it(capsys):
+    """--seed's help said "default: random" but every run gave the same text."""
+    argv = ("--prompt", "Once upon a time", "-n", "32", "--temp", "2")
+    a, seed_a = _generate_in_process(capsys, *argv)
+    b, seed_b = _generate_in_process(capsys, *argv)
+    assert seed_a != seed_b and a != b  # 32 tokens at temperature 2: equal texts would mean an unused seed
+    again, seed = _generate_in_process(capsys, *argv, "--seed", str(seed_a))
+    assert seed == seed_a and again == a
+
+
+def test_generate_verbose_timings_start_on_their_own_line_after_a_context_full_note():
+    """The timing report was glued to the answer's last line; an answer the context cut ended
+    silently. stdout and stderr through one pipe, as a terminal shows them."""
+    p = subprocess.run([sys.executable, "-m", "powerinfer_backend", "generate", "--prompt", "The capital of France is",
+                        "-n", "0", "--temp", "0", "--threads", "2", "--ctx", "40", "--verbose"], cwd=ROOT, text=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert p.returncode == 0, p.stdout
+    text, note, timings = p.stdout.partition("\n[stopped: context full (40 tokens)]\n")
+    assert note and "Paris" in text and "llama_perf" not in text
+    assert [line.split(":")[0] for line in timings.splitlines()] == ["llama_perf_context_print"] * 4
+
+
+def test_plan_writes_only_into_the_cache_and_warns_without_matplotlib(tmp_path, xdg_cache, monkeypatch, capsys):
+    """plan wrote placement.json beside the user's model and promised a PNG without matplotlib."""
+    from powerinfer_backend.cli.commands import build_parser
+    from powerinfer_backend.loader.artifacts import model_fingerprint
+
+    from tests.fixtures.tiny_gguf import write_tiny_llama
+
+    from pathlib import Path
+
+    (tmp_path / "models").mkdir()
+    model = Path(write_tiny_llama(tmp_path / "models" / "m.gguf", n_layer=2, n_ff=128))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    args = build_parser().parse_args(["plan", "--model", str(model), "--vram-budget", "60KiB", "--ctx", "100",
+                                      "--batch", "4", "--device", "cpu"])
+    assert args.func(args) == 0
+    out, err = capsys.readouterr()
+    assert sorted(p.name for p in model.parent.iterdir()) == ["m.gguf"]  # nothing beside the model
+    plan = xdg_cache / "powerinfer_backend" / model_fingerprint(model)[:16] / "placement.json"
+    assert json.loads(plan.read_text())["budget_bytes"] == 60 * 1024
+    assert out.splitlines()[-1] == f"plan: {plan}"
+    assert err == ("powerinfer-backend: warning: no plot written: matplotlib is not installed (pip install "
+                   "'.[plot]' in a clone, 'powerinfer_backend[plot]' from PyPI; --no-plot skips the plot)\n")
+
+
+def test_unknown_chat_format_is_one_clear_line_at_load():
+    """`--chat-format bogus` printed a LlamaChatCompletionHandlerNotFoundException traceback
+    (generate, chat) or made every chat request a 500 (serve); now the load refuses it."""
+    from powerinfer_backend import Llama
+
+    with pytest.raises(ValueError, match=r"unknown chat_format 'bogus' \(this model's templates: chat_template.default"):
+        Llama(default_model_path(), n_ctx=64, chat_format="bogus", verbose=False)
+    with Llama(default_model_path(), n_ctx=64, chat_format="chatml", verbose=False) as llm:  # registered names load
+        assert llm.chat_format == "chatml"
+    p = _run("generate", "--chat", "--chat-format", "bogus", "--prompt", "hi", "-n", "1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("powerinfer-backend: error: unknown chat_format 'bogus'")

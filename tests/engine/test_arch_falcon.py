@@ -77,6 +77,7 @@ def test_matches_numpy_reference(tmp_path, two_norms, ffn_act):
     assert err <= 5e-5 * np.abs(ref).max(), err
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.parametrize("two_norms, n_head_kv, mtype", [(False, 1, T.Q8_0), (True, 2, T.Q8_0), (False, 1, T.F16)],
                          ids=["7b-q8_0", "40b-q8_0", "7b-f16"])
 def test_bit_identical_to_llama_cpp(tmp_path, two_norms, n_head_kv, mtype):

@@ -55,6 +55,7 @@ def test_tiny_matches_numpy_reference(tmp_path):
     assert np.abs(gemma3_reference(m, TOKENS, window=False) - ref).max() > 100 * err
 
 
+@pytest.mark.llama_cpp
 def test_tiny_bit_identical_to_llama_cpp(tmp_path):
     from powerinfer_backend.plugins.reference import load_reference
 
@@ -111,6 +112,7 @@ def gemma_engines(gemma_path):
     ref.close()
 
 
+@pytest.mark.real
 def test_real_model_loads_natively(gemma_engines):
     m, _, _ = gemma_engines
     hp = m.hparams
@@ -122,6 +124,7 @@ def test_real_model_loads_natively(gemma_engines):
     assert all(t.converted_from is None for t in m.tensors.values())  # nothing converted at load
 
 
+@pytest.mark.real
 def test_real_first_positions_bit_identical(gemma_engines):
     _, ctx, ref = gemma_engines
     tokens = ref.tokenize(GEMMA_PROMPT.encode(), special=True)[:3]
@@ -130,6 +133,7 @@ def test_real_first_positions_bit_identical(gemma_engines):
     assert np.array_equal(ours, reference_logits(ref, tokens, one_by_one=True))
 
 
+@pytest.mark.real
 def test_real_batch_bit_identical_to_decode(gemma_engines):
     """An 11-token prompt in one batch (the tiled Q5_0 / Q4_K / Q6_K prefill kernels) gives
     every row the bits of the same tokens one eval each (the row dots of decode)."""
@@ -144,6 +148,8 @@ def test_real_batch_bit_identical_to_decode(gemma_engines):
     assert all(same), f"rows differing: {[i for i, s in enumerate(same) if not s]}"
 
 
+@pytest.mark.real
+@pytest.mark.llama_cpp
 def test_real_tracks_llama_cpp(gemma_engines):
     """Our batch against llama.cpp's batch, measured against llama.cpp's own
     batch-vs-decode disagreement on the same tokens (docs/parity.md)."""
@@ -208,6 +214,8 @@ def _top1_differences(rows: np.ndarray, ref_rows: np.ndarray) -> list[tuple[int,
             if rows[i].argmax() != ref_rows[i].argmax() and margin[i] >= MARGIN]
 
 
+@pytest.mark.real
+@pytest.mark.llama_cpp
 def test_real_teacher_forced_top1_within_llama_cpp_noise(teacher_forced):
     """3 prompts x 48 tokens: our top-1 differs from llama.cpp's batch (at its margin >=
     0.1) no more often than llama.cpp's own decode path does on the same tokens. Ours
@@ -225,6 +233,8 @@ def test_real_teacher_forced_top1_within_llama_cpp_noise(teacher_forced):
     assert ours_n <= self_n
 
 
+@pytest.mark.real
+@pytest.mark.llama_cpp
 def test_real_greedy_follows_llama_cpp(teacher_forced):
     """Teacher-forced along llama.cpp's greedy continuation: our argmax equals its token
     at every step except near-ties (llama.cpp's top-2 margin < 0.25), at most 2 of 24."""

@@ -4,6 +4,7 @@ RoPE) on tiny random-weight files, against llama.cpp's decode path."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
@@ -32,6 +33,7 @@ def test_loads_biases(tmp_path):
     assert ts[9:13] == [None] * 4 and ts[16:] == [None] * 6
 
 
+@pytest.mark.llama_cpp
 def test_matches_llama_cpp(tmp_path):
     from powerinfer_backend.plugins.reference import load_reference
 

@@ -22,6 +22,7 @@ def test_bind_twice_returns_the_version():
     assert v.split(".")[:2] == ggml.GGML_VERSION_RANGE[0][2:].split(".")[:2], v
 
 
+@pytest.mark.fresh_process
 def test_only_llama_cpps_libraries_are_mapped_once():
     """In a fresh process: after binding and opening the CPU device, every mapped ggml file is
     one of llama_cpp's lib/*.so.0 sonames, each mapped from one path."""

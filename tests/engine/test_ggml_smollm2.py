@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from powerinfer_backend.engine import ggml
+from powerinfer_backend.engine import ggml, testing
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
@@ -62,6 +62,7 @@ def test_smollm2_teacher_forced_logits_close(smol):
     assert diff.max() < 0.1 * np.abs(want).max()
 
 
+@pytest.mark.skipif(not testing.AVAILABLE, reason=testing.MISSING)
 def test_device_thread_overlaps_the_cold_neurons(smol):
     """In a decode step, layer by layer: the device's hot-FFN interval and the CPU half's interval
     (computing the cold neurons' activations) intersect. The host is shared, so the best of a few
@@ -72,18 +73,18 @@ def test_device_thread_overlaps_the_cold_neurons(smol):
         ctx.eval(PROMPT)
         fractions = []
         for step in range(40):
-            ggml.testing_trace(ctx, 4096)
+            testing.trace(ctx, 4096)
             ctx.eval([253 + step])
-            ev = ggml.testing_trace_read(ctx)
+            ev = testing.trace_read(ctx)
             dev_iv = {l: (a, b) for k, l, a, b in ev if k == "ffn"}
             cold = {l: (a, b) for k, l, a, b in ev if k == "cold"}
             assert sorted(dev_iv) == sorted(cold) == list(range(hp.n_layer))
-            assert all(k in ggml.TRACE_KINDS for k, *_ in ev) and sum(k == "attn" for k, *_ in ev) == hp.n_layer
+            assert all(k in testing.TRACE_KINDS for k, *_ in ev) and sum(k == "attn" for k, *_ in ev) == hp.n_layer
             both = [l for l in dev_iv if max(dev_iv[l][0], cold[l][0]) < min(dev_iv[l][1], cold[l][1])]
             fractions.append(len(both) / hp.n_layer)
             if fractions[-1] > 0.5:
                 break
-        ggml.testing_trace(ctx, 0)
+        testing.trace(ctx, 0)
         ctx.close()
     print(f"layers overlapped per decode step: {fractions}")
     assert max(fractions) > 0.5, fractions

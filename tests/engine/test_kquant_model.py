@@ -46,6 +46,7 @@ def quantize(src: str, ftype: str) -> str:
     return dst
 
 
+@pytest.mark.llama_cpp
 @pytest.mark.parametrize("ftype", sorted(FTYPES))
 def test_quantized_model_matches_llama_cpp(f16_model, ftype):
     from powerinfer_backend.plugins.reference import load_reference

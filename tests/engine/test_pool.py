@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from powerinfer_backend.engine import NativeContext, NativeModel, default_threads
-from powerinfer_backend.engine import pool as native_pool
+from powerinfer_backend.engine import testing
 from powerinfer_backend.loader import load_gguf
 
 PROMPT = [504, 2365, 6354, 16438, 27003, 690, 260]  # "The quick brown fox jumps over the"
@@ -32,6 +32,7 @@ def greedy(ctx, n, before_token=None):
     return out
 
 
+@pytest.mark.skipif(not testing.AVAILABLE, reason=testing.MISSING)
 def test_stalled_worker_delays_only_its_chunk(smollm2):
     reference = greedy(NativeContext(smollm2, n_ctx=64, n_batch=64, n_threads=1), N_TOKENS)
     ctx = NativeContext(smollm2, n_ctx=64, n_batch=64, n_threads=3)
@@ -39,9 +40,9 @@ def test_stalled_worker_delays_only_its_chunk(smollm2):
 
     def arm(i):  # stall worker 1 in the decode of token 3 (again later if it took no chunk then)
         if i >= 3 and not fired:
-            _, stalled = native_pool.testing_chunk_counts(ctx)
+            _, stalled = testing.chunk_counts(ctx)
             if stalled is None:
-                native_pool.testing_stall(ctx, 1, 50)
+                testing.stall(ctx, 1, 50)
             else:
                 fired.append(stalled)
 
@@ -49,14 +50,14 @@ def test_stalled_worker_delays_only_its_chunk(smollm2):
     tokens = greedy(ctx, N_TOKENS, arm)
     elapsed = time.perf_counter() - t0
     assert tokens == reference
-    _, stalled = native_pool.testing_chunk_counts(ctx)
+    _, stalled = testing.chunk_counts(ctx)
     assert stalled is not None, "the stall never fired"
     assert elapsed >= 0.05  # the stall did happen inside a job
     # in the stalled job, worker 1 ran one chunk (the one it slept in); the calling thread
     # and worker 2 took all the others (4 chunks per thread)
     assert stalled[1] == 1
     assert stalled[0] + stalled[2] == 4 * 3 - 1
-    total, _ = native_pool.testing_chunk_counts(ctx)
+    total, _ = testing.chunk_counts(ctx)
     assert all(t > 0 for t in total)
 
 

@@ -98,9 +98,9 @@ def test_llama_on_ggml_cpu_reports_device_memory(tiny, xdg_cache):
         assert d["buffers"] == llm._backend.offload.plan.buffer_bytes() and d["buffers"]["kv"] > 0
         assert 0 < d["free_bytes"] <= d["total_bytes"]
     budget = full // 2
-    with Llama(str(path), device="cpu-device", vram_budget=f"{budget}B", **kw) as llm:  # the alias
+    with Llama(str(path), device="ggml-cpu", vram_budget=f"{budget}B", **kw) as llm:  # half fits
         d = llm.stats()["device"]
-        assert d["kind"] == "cpu-device" and d["name"] == "CPU" and 0 < d["used"] == d["reserved"] <= budget
+        assert d["kind"] == "ggml-cpu" and d["name"] == "CPU" and 0 < d["used"] == d["reserved"] <= budget
         assert llm.stats()["mode"] == "exact"
         assert isinstance(llm.create_completion([1, 5, 9], max_tokens=6, temperature=0.0)["choices"][0]["text"],
                           str)
@@ -190,7 +190,7 @@ def test_bad_device_options_fail_before_the_model_loads(tmp_path):
     path.write_bytes(b"not a gguf")
     with pytest.raises(ValueError, match="device_threads must be an integer in \\[1, 512\\], got 0"):
         Llama(str(path), device="ggml-cpu", device_threads=0, verbose=False)
-    with pytest.raises(ValueError, match="placement must be one of neurons, layers, got 'rows'"):
+    with pytest.raises(ValueError, match="placement must be one of auto, neurons, layers, got 'rows'"):
         Llama(str(path), placement="rows", verbose=False)
 
 

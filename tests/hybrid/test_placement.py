@@ -26,14 +26,15 @@ F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
 #   attention block: attn_norm 256 + q 4352 + k 2176 + v 2176 + out 4352 + ffn_norm 256
 #   = 13568, + KV for n_ctx 100 (128 cells x 32 x F16, K and V: 2 x 8192) 16384
 ATTN_BLOCK = 13568 + 16384
-#   128 hot neurons: gate [64, 128] Q8_0 8704 + up 8704 + down F16 [128, 64] 16384
-HOT_ALL = 33792
+#   all 128 neurons (a whole FFN, as stored): gate [64, 128] Q8_0 8704 + up 8704 + down
+#   [128, 64] Q8_0 8704; fewer are gathered, their down columns F16 (128 B per neuron)
+HOT_ALL = 26112
 #   output_norm 256 + tied embedding 4352 (the logits are in the compute buffer)
 OUTPUT = 4608
 #   compute estimate, n_batch 4: 4 B x 4 tokens x (3 x 64 + 2 x 64 + 2 x 32 + 2 x 128
 #   + 2 x 4 heads x 128 cells + 64 vocab) = 16 x 1728
 COMPUTE = 27648
-FULL = COMPUTE + 2 * (ATTN_BLOCK + HOT_ALL) + OUTPUT  # 159744
+FULL = COMPUTE + 2 * (ATTN_BLOCK + HOT_ALL) + OUTPUT  # 144384
 
 
 def test_byte_accounting_is_exact(tiny_sizes):
@@ -43,10 +44,11 @@ def test_byte_accounting_is_exact(tiny_sizes):
     assert P.attn_block_bytes(s, 0, 100) == ATTN_BLOCK == 29952
     # one neuron: gate 68 -> 96, up 68 -> 96, down column F16 128
     assert P.hot_bytes(s, 0, 128) == HOT_ALL and P.hot_bytes(s, 0, 1) == 96 + 96 + 128 and P.hot_bytes(s, 0, 0) == 0
+    assert P.hot_bytes(s, 0, 127) == 2 * 8640 + 127 * 128  # gathered: F16 down columns
     assert P.neuron_bytes(s, 1) == (68, 68, 128)
     assert P.output_block_bytes(s, 4) == OUTPUT
     assert P.compute_bytes(s, 100, 4) == COMPUTE
-    assert P.full_device_bytes(s, 100, 4) == FULL == 159744
+    assert P.full_device_bytes(s, 100, 4) == FULL == 144384
 
 
 class _PaddedRows:
@@ -91,12 +93,13 @@ def test_full_zero_and_below_compute(tiny_sizes):
         p = P.plan_placement(s, None, budget, n_ctx=100, n_batch=4)
         assert p.device_bytes == 0 and p.kv_location == "cpu" and not p.output_on_device
         assert all(L.n_hot == 0 for L in p.layers)
-    # one byte short of everything: dense blocks come first, so the last hot neuron stays
-    # on the CPU (127 neurons: gate and up 127 x 68 = 8636 -> 8640, down 16256)
+    # one byte short of everything: dense blocks come first, and layer 1's FFN is gathered,
+    # its down columns F16 (264 B per neuron against the whole FFN's 204): 98 neurons fit in
+    # 26111 B (gate and up 98 x 68 = 6664 -> 6688, down 98 x 128 = 12544)
     p = P.plan_placement(s, None, FULL - 1, n_ctx=100, n_batch=4)
-    assert P.hot_bytes(s, 1, 127) == 2 * 8640 + 16256
-    assert p.device_bytes == FULL - HOT_ALL + P.hot_bytes(s, 1, 127) and p.output_on_device
-    assert [L.n_hot for L in p.layers] == [128, 127] and p.kv_location == "device"
+    assert P.hot_bytes(s, 1, 98) == 2 * 6688 + 12544 == 25920 and P.hot_bytes(s, 1, 99) > HOT_ALL - 1
+    assert p.device_bytes == FULL - HOT_ALL + 25920 and p.output_on_device
+    assert [L.n_hot for L in p.layers] == [128, 98] and p.kv_location == "device"
 
 
 def test_dense_first_then_hot_by_frequency(tiny_sizes):
@@ -297,7 +300,7 @@ def test_plan_cached_beside_model(tmp_path):
     assert sorted(os.listdir(p5.path.parent)) == ["placement.json"]  # atomic writes leave no temporaries
 
 
-def test_cli_plan(tmp_path, capsys):
+def test_cli_plan(tmp_path, xdg_cache, capsys):
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
     png = tmp_path / "plan.png"
     assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100",
@@ -325,7 +328,7 @@ def test_cli_plan(tmp_path, capsys):
     assert "vram_budget must be >= 0" in capsys.readouterr().err
 
 
-def test_cli_plan_counts_with_the_device(tmp_path, capsys):
+def test_cli_plan_counts_with_the_device(tmp_path, xdg_cache, capsys):
     """--device ggml-cpu: the CPU device's own byte rule and compute buffer (a context
     measures it), recorded in the plan's inputs; the default without a GPU: CPU_BUFT."""
     from powerinfer_backend.engine.native import NativeContext, NativeModel

@@ -38,6 +38,7 @@ def test_row_and_block_bytes(tiny_sizes, tmp_path):
     _, s = tiny_sizes
     assert pr.attn_weight_bytes(s, 0) == ATTN_W == 13568
     assert pr.ffn_row_bytes(s, 1) == pr.ffn_row_bytes(s, 1, device=True) == ROW
+    assert pr.ffn_row_bytes(s, 1, split=False) == (68, 68, 68)  # CPU-only's down_t: Q8_0
     # an all-F32 model: the CPU's down_t stays F32, the device's down columns are F16
     m = load_gguf(write_tiny_llama(tmp_path / "f32.gguf", types={"matrix": 0, "token_embd": 0}), verbose=False)
     s32 = P.ModelSizes.from_gguf(m)
@@ -57,20 +58,21 @@ def test_ours_bytes_and_times_exact(tiny_sizes):
     assert L0.device_ffn_bytes == 32 * sum(ROW) == 8448  # all hot rows (a dense mul_mat over them)
     # relu: every cold gate row (96 x 68), up and down rows only when firing (96 x 0.25 = 24)
     assert L0.host_ffn_bytes == 96 * 68 + 24 * 68 + 24 * 128 == 11232
-    assert L1.device_ffn_bytes == 0 and L1.host_ffn_bytes == 128 * 68 + 64 * 68 + 64 * 128 == 21248
+    # layer 1 has no neuron on the device: the CPU-only engine's FFN, its down_t Q8_0 (68 B)
+    assert L1.device_ffn_bytes == 0 and L1.host_ffn_bytes == 128 * 68 + 64 * 68 + 64 * 68 == 17408
     assert L0.t == pytest.approx(13568 / 10e9 + max(8448 / 10e9, 11232 / 1e9), rel=1e-12)
-    assert L1.t == pytest.approx((13568 + 21248) / 1e9, rel=1e-12)
+    assert L1.t == pytest.approx((13568 + 17408) / 1e9, rel=1e-12)
     assert p.t_output == pytest.approx(OUT / 1e9, rel=1e-12) and p.output_bytes == OUT
-    assert p.seconds_per_token == pytest.approx(5.20128e-5, rel=1e-12)
-    assert p.tok_s == pytest.approx(1 / 5.20128e-5, rel=1e-12)
-    assert p.device_bytes_read == 13568 + 8448 and p.host_bytes_read == 11232 + 13568 + 21248 + OUT
+    assert p.seconds_per_token == pytest.approx(4.81728e-5, rel=1e-12)
+    assert p.tok_s == pytest.approx(1 / 4.81728e-5, rel=1e-12)
+    assert p.device_bytes_read == 13568 + 8448 and p.host_bytes_read == 11232 + 13568 + 17408 + OUT
     # the device skipping rows as the host does; KV read at 10 positions (2 x 10 x 32 x F16); sync
     q = pr.predict_ours(s, plan, freq, device_gbps=10, host_gbps=1, mode="relu", device_skips=True, n_past=10,
                         sync_s=1e-6)
     assert q.layers[0].device_ffn_bytes == 32 * sum(ROW)  # frequency 1.0: every row still read
     assert q.layers[0].attn_bytes == ATTN_W + 1280
     assert q.layers[0].t == pytest.approx((ATTN_W + 1280) / 10e9 + 11232 / 1e9 + 1e-6, rel=1e-12)
-    assert q.layers[1].t == pytest.approx((ATTN_W + 1280 + 21248) / 1e9, rel=1e-12)  # host only: no sync
+    assert q.layers[1].t == pytest.approx((ATTN_W + 1280 + 17408) / 1e9, rel=1e-12)  # host only: no sync
 
 
 @pytest.mark.parametrize("mode,cold_bytes", [
@@ -83,6 +85,19 @@ def test_modes(tiny_sizes, mode, cold_bytes):
     p = pr.predict_ours(s, plan, freq, device_gbps=100, host_gbps=1, mode=mode, predictor_bytes=1000)
     extra = 1000 if mode == "predictor" else 0
     assert [L.host_ffn_bytes for L in p.layers] == [cold_bytes + extra] * 2
+
+
+def test_threshold_cpu_only_layer_reads_the_cheaper_down(tmp_path):
+    """A layer with no device neuron in mode threshold: gate and up rows, and the down as the
+    engine runs it: the kept Q8_0 down_t rows (68 B each at n_embd 64), or the GGUF's Q4_1
+    ffn_down (64 rows of 128 = 5120 B) where those read more. Q4_1 gate/up rows: 40 B."""
+    m = load_gguf(write_tiny_llama(tmp_path / "q41.gguf", n_layer=2, n_ff=128, types={"matrix": 3}), verbose=False)
+    s = P.ModelSizes.from_gguf(m)
+    m.close()
+    plan = _plan([False, False], [[], []])
+    for f, down in ((0.5, 64 * 68), (0.9, 5120)):  # 0.9 x 128 x 68 = 7833.6 > 5120
+        p = pr.predict_ours(s, plan, np.full((2, 128), f), device_gbps=1, host_gbps=1, mode="threshold")
+        assert p.layers[0].host_ffn_bytes == pytest.approx(2 * 128 * 40 + down)
 
 
 def test_dense_cpu_only_reads_gguf_tensors(tiny_sizes):
@@ -118,10 +133,16 @@ def test_layer_split_monotone_in_budget(tiny_sizes):
         last = split.tok_s
 
 
-def test_ours_monotone_once_dense_placed_with_a_fast_device(tiny_sizes):
+def test_ours_monotone_once_dense_placed_with_a_fast_device(tmp_path):
     """Once the dense blocks are all placed more budget only adds hot rows; with a device
-    so fast that its half never limits a layer, each one removes host bytes: never slower."""
-    _, s = tiny_sizes
+    so fast that its half never limits a layer, each one removes host bytes: never slower.
+    (An F16 model: its CPU-only down_t is the split's F16 too; with a quantized file the
+    first hot rows of a layer can cost more than they save: the split's F16 down_t against
+    CPU-only's Q8_0, docs/placement.md.)"""
+    m = load_gguf(write_tiny_llama(tmp_path / "f16.gguf", n_layer=2, n_ff=128, types={"matrix": 1}), verbose=False)
+    s = P.ModelSizes.from_gguf(m)
+    m.close()
+    assert s.cpu_down_t_type == s.down_t_type == "f16"
     freq = np.clip(np.random.default_rng(0).pareto(1.5, (2, 128)) / 4, 0.2, 1.0)
     full = P.full_device_bytes(s, 100, 4)
     last, n = 0.0, 0
@@ -138,14 +159,15 @@ def test_ours_monotone_once_dense_placed_with_a_fast_device(tiny_sizes):
 def test_more_hot_rows_can_be_slower(tiny_sizes):
     """The halves overlap (max): once a layer is device-bound, more hot rows make it slower.
     Layer 0 with 112 hot rows: device 112 x 264 B / 20 GB/s = 1.4784 us, host 16 gate rows +
-    16 x 0.05 x (68 + 128) B / 1 GB/s = 1.2448 us; all 128 hot: 33792 B / 20 GB/s = 1.6896 us."""
+    16 x 0.05 x (68 + 128) B / 1 GB/s = 1.2448 us; 127 hot: 127 x 264 B / 20 GB/s = 1.6764 us.
+    All 128 are the whole FFN as stored, its down Q8_0: 26112 B / 20 GB/s = 1.3056 us."""
     _, s = tiny_sizes
     freq = np.full((2, 128), 0.05)
     t = [pr.predict_ours(s, _plan([False, False], [np.arange(n), []]), freq, device_gbps=20, host_gbps=1,
-                         mode="relu").layers[0] for n in (112, 128)]
+                         mode="relu").layers[0] for n in (112, 127, 128)]
     assert t[0].t_ffn_device == pytest.approx(1.4784e-6) and t[0].t_ffn_host == pytest.approx(1.2448e-6)
-    assert t[1].t_ffn_device == pytest.approx(1.6896e-6) and t[1].t_ffn_host == 0
-    assert t[1].t > t[0].t
+    assert t[1].t_ffn_device == pytest.approx(1.6764e-6) and t[1].t > t[0].t
+    assert t[2].t_ffn_device == pytest.approx(1.3056e-6) and t[2].t_ffn_host == 0 and t[2].t < t[0].t
 
 
 def test_bad_inputs(tiny_sizes):
@@ -184,7 +206,7 @@ def test_host_bandwidth_is_plausible():
     assert 0.2 < gbps < 2000  # a DRAM-class bandwidth in GB/s, not bytes or seconds
 
 
-def test_cli_plan_predict(tmp_path, capsys):
+def test_cli_plan_predict(tmp_path, xdg_cache, capsys):
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
     base = ["plan", "--model", path, "--vram-budget", "0", "--ctx", "100", "--batch", "4", "--no-plot", "--predict"]
     assert cli_main(base) == 2
@@ -194,8 +216,9 @@ def test_cli_plan_predict(tmp_path, capsys):
     want = 1 / ((2 * (ATTN_W + FFN_GGUF) + OUT) / 2e9)  # nothing placed: both engines read the file densely
     assert d["ours"]["tok_s"] == pytest.approx(want) and d["layer_split"]["tok_s"] == pytest.approx(want)
     assert d["ratio"] == pytest.approx(1.0) and d["host_bandwidth_measured"] is False
-    assert cli_main(base + ["--device-bandwidth", "4", "--host-bandwidth", "0"]) == 2
-    assert "host_gbps must be a finite bandwidth > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):  # a usage error now, before the model loads
+        cli_main(base + ["--device-bandwidth", "4", "--host-bandwidth", "0"])
+    assert "--host-bandwidth must be a finite number > 0, got 0" in capsys.readouterr().err
     assert cli_main(base[:4] + ["100KiB"] + base[5:] + ["--device-bandwidth", "50", "--host-bandwidth", "5"]) == 0
     text = capsys.readouterr().out
     assert "ratio ours / layer split:" in text and "llama.cpp layer split" in text

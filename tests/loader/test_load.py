@@ -120,6 +120,7 @@ def test_layer_tensor_names():
 # ---- the real model ------------------------------------------------------------
 
 
+@pytest.mark.real
 @needs_real
 def test_real_hparams(real_model):
     hp = real_model.hparams
@@ -138,6 +139,7 @@ def test_real_hparams(real_model):
     assert g["output_norm"].type == T.F32
 
 
+@pytest.mark.real
 @needs_real
 def test_real_tensors_are_memmap_views(real_model):
     assert len(real_model.tensors) == 2 + 9 * 30
@@ -158,6 +160,7 @@ def test_real_tensors_are_memmap_views(real_model):
     assert all(np.shares_memory(t.data, real_model._mm) for t in real_model.tensors.values())
 
 
+@pytest.mark.real
 @needs_real
 def test_real_layer_tensors(real_model):
     hp = real_model.hparams
@@ -176,6 +179,7 @@ def test_real_layer_tensors(real_model):
         real_model.layer_tensors(hp.n_layer)
 
 
+@pytest.mark.real
 @needs_real
 def test_real_offsets_match_header(real_model):
     """The views point at the tensor table's offsets (the table itself equals GGUFReader's:
@@ -190,6 +194,7 @@ def test_real_offsets_match_header(real_model):
         assert t.type == e.type
 
 
+@pytest.mark.real
 @needs_real
 def test_real_metadata(real_model):
     md = real_model.metadata
@@ -211,6 +216,7 @@ def test_real_metadata(real_model):
     assert real_model.get_kv("nope", 7) == 7
 
 
+@pytest.mark.real
 @needs_real
 def test_real_truncated_copies(tmp_path):
     size = pathlib.Path(REAL).stat().st_size
@@ -232,6 +238,7 @@ def _array_count_pos(path, key: str) -> int:
     return next(f.pos for f in lay.fields if f.kind == "array_len" and f.label == key)
 
 
+@pytest.mark.real
 @needs_real
 def test_real_corrupt_array_length_fails_fast(tmp_path):
     """A corrupt array length that still fits in a big file would make
@@ -419,6 +426,7 @@ def test_pwri_magic_is_read_as_gguf_but_bad_header_is_an_error(tmp_path):
     _expect_error(p, "not a valid GGUF file", "version 1")
 
 
+@pytest.mark.pure_python
 def test_truncated_everywhere(tiny, tmp_path):
     data = pathlib.Path(tiny).read_bytes()
     layout = tensor_info_layout(tiny)
@@ -543,6 +551,7 @@ def test_bad_hparams(tmp_path, kv, frag):
     _expect_error(p, frag)
 
 
+@pytest.mark.pure_python
 def test_fuzzed_headers_only_raise_value_error(tiny, tmp_path):
     """Random byte corruption of the header never escapes as another exception."""
     data = pathlib.Path(tiny).read_bytes()

@@ -186,6 +186,20 @@ def test_server_survives_malformed_requests(http, server):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
+def test_client_mistakes_log_one_line_each(http, server):
+    """What the real ``serve`` prints for a client's mistake: one WARNING line naming the
+    endpoint and the message, no traceback (tests/server/test_errors.py: every such path,
+    and a fault's traceback)."""
+    for path, body in [("/completion", {"prompt": [999999999]}), ("/completion", {"prompt": [-1]}),
+                       ("/tokenize", {"content": "\ud800"})]:
+        before = server.log()
+        r = http.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+        time.sleep(0.3)  # uvicorn would log an escaped exception after the response
+        new = server.log()[len(before):]
+        assert new == f"WARNING:  POST {path}: 400 {r.json()['error']['message']}\n", new
+
+
 # ---- llama-server endpoints --------------------------------------------------------------
 
 

@@ -54,20 +54,21 @@ def solo(model_path):
         yield out
 
 
-def _request(url: str, kind: str, text: str, stream: bool):
-    """One client's request; returns (its text (embeddings: the vector), every HTTP status seen)."""
+def _request(url: str, kind: str, text: str, stream: bool, n_tokens: int = N_TOKENS):
+    """One client's request (greedy, ``n_tokens``); returns (its text (embeddings: the
+    vector), its HTTP status)."""
     with httpx.Client(base_url=url, timeout=600) as c:
         if kind == "emb":
             r = c.post("/v1/embeddings", json={"input": text})
             return (r.json()["data"][0]["embedding"] if r.status_code == 200 else r.text), r.status_code
         if kind == "ls":
-            body = {"prompt": text, "n_predict": N_TOKENS, "temperature": 0, "stream": stream}
+            body = {"prompt": text, "n_predict": n_tokens, "temperature": 0, "stream": stream}
             path, pick = "/completion", (lambda d: d["content"])
         elif kind == "c":
-            body = {"prompt": text, "max_tokens": N_TOKENS, "temperature": 0, "stream": stream}
+            body = {"prompt": text, "max_tokens": n_tokens, "temperature": 0, "stream": stream}
             path, pick = "/v1/completions", (lambda d: d["choices"][0]["text"])
         else:
-            body = {"messages": [{"role": "user", "content": text}], "max_tokens": N_TOKENS, "temperature": 0,
+            body = {"messages": [{"role": "user", "content": text}], "max_tokens": n_tokens, "temperature": 0,
                     "stream": stream}
             path = "/v1/chat/completions"
             pick = (lambda d: d["choices"][0]["delta"].get("content") or "") if stream else \

@@ -54,7 +54,8 @@ REFUSED = [
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool.tool_call_id"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].user.content"),
-    ("/v1/chat/completions", {"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": -1}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": -1}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, "tools[0].function"),
     ("/v1/chat/completions", {"messages": USER, "tool_choice": "sometimes"}, "tool_choice"),
     ("/v1/chat/completions", {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
@@ -126,3 +127,26 @@ def test_body_is_json_whatever_the_content_type(tiny_client, content_type):
     assert r.status_code == 200 and r.json() == {"tokens": [105, 106]}
     r = tiny_client.post("/tokenize", content=b"", headers=headers)  # empty: {}
     assert r.status_code == 400 and r.json()["error"]["param"] == "content"
+
+
+def test_max_tokens_zero_means_no_limit(tiny_app, tiny_client):
+    """``max_tokens: 0`` on both OpenAI endpoints means what it means to llama-cpp-python's
+    ``Llama`` (and its server): no limit, generation runs to EOS or the full context; the
+    served answer equals the ``Llama`` API's."""
+    from powerinfer_backend import Llama
+
+    served = tiny_app.state.serve
+    with Llama(served.llm.model_path, n_ctx=served.n_ctx_slot, n_threads=1, verbose=False) as llm:
+        ref = llm.create_completion("hi", max_tokens=0, temperature=0)
+        # the random tiny model never ends: the context does (the default would stop at 16)
+        assert ref["usage"]["total_tokens"] == served.n_ctx_slot and ref["choices"][0]["finish_reason"] == "length"
+        assert llm.create_completion("hi", max_tokens=None, temperature=0)["choices"][0]["text"] == \
+            ref["choices"][0]["text"]
+        chat_ref = llm.create_chat_completion(USER, max_tokens=0, temperature=0)["choices"][0]["message"]
+    for body in ({"max_tokens": 0}, {"max_tokens": None}):
+        r = tiny_client.post("/v1/completions", json=dict(body, prompt="hi", temperature=0)).json()
+        assert r["choices"][0]["text"] == ref["choices"][0]["text"] and r["usage"] == ref["usage"], r
+    for body in ({"max_tokens": 0}, {"max_completion_tokens": 0}, {}):
+        r = tiny_client.post("/v1/chat/completions", json=dict(body, messages=USER, temperature=0))
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == chat_ref["content"]

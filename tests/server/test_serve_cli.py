@@ -60,7 +60,8 @@ def test_serve_takes_a_size_budget_device_placement_and_says_what_ngl_does(model
                                                     "temperature": 0}, timeout=120).json()
     finally:
         s.proc.terminate()
-        out = s.proc.communicate(timeout=30)[0]
+        s.proc.wait(timeout=30)
+        out = s.log()
         s.close()
     assert props["vram_budget"] == "512MiB" and card["meta"]["vram_budget"] == "512MiB"
     assert props["stats"]["device"]["name"] == "CPU"  # placed on ggml's CPU device

@@ -1,6 +1,6 @@
 """The batching worker in-process on a tiny model: concurrent requests in two slots equal
-a lone Llama, logprobs with echo (every prompt row's logits) under logits_all, and the
-parallel count checked against the context."""
+a lone Llama, logprobs with echo (every prompt row's logits) under logits_all, the
+parallel count checked against the context, and steps that wait for a slot busy in Python."""
 
 from __future__ import annotations
 
@@ -114,3 +114,34 @@ def test_slots_too_small_for_a_request_are_refused_naming_both_flags(model_path,
     assert capsys.readouterr().err.splitlines() == [
         "powerinfer-backend: error: --ctx-size 64 split over --parallel 64 slots leaves 1 tokens per slot "
         "(at least 16): raise --ctx-size or lower --parallel"]
+
+
+def test_a_step_waits_for_a_slot_busy_in_python(tiny_path):
+    """No slot is left out of a step by time: next to a fast request, one whose logits
+    processor takes 50 ms a token decodes in the same steps (one step for both prompts,
+    then one per token)."""
+    import asyncio
+    import time
+
+    from powerinfer_backend.server.worker import ModelWorker
+
+    def slow(input_ids, scores):
+        time.sleep(0.05)
+        return scores
+
+    with Llama(tiny_path, n_ctx=256, n_seq_max=2, n_threads=1, verbose=False) as llm:
+        worker = ModelWorker(llm)
+        kw = dict(max_tokens=6, temperature=0, logit_bias={llm.token_eos(): -100.0})
+        try:
+            async def both():
+                with worker._cv:  # both join the same step
+                    jobs = [worker.submit(lambda slot, p=p, lp=lp: slot.create_completion(p, logits_processor=lp, **kw))
+                            for p, lp in ((PROMPTS[0], [slow]), (PROMPTS[1], None))]
+                return [await asyncio.wait_for(j.items.get(), 60) for j in jobs]
+
+            got = asyncio.run(both())
+            assert [(kind, r["choices"][0]["finish_reason"]) for kind, r in got] == [("item", "length")] * 2
+            assert worker.steps == 6 and worker.tokens_decoded == sum(
+                len(llm.prompt_tokens(p)) for p in PROMPTS[:2]) + 2 * 5
+        finally:
+            worker.stop()

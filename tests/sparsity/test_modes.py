@@ -134,6 +134,15 @@ def test_dense_down_gate_form(tmp_path, xdg_cache):
     # measured: max |d logit| 0.062 against the down_t form, max |logit| 2.77 (the dense down
     # quantizes h to Q8_0, the down_t form sums float h times Q8_0 rows)
     assert np.abs(two - rows_form).max() <= 0.05 * np.abs(dense).max()
+    # the product form too (configure uses the dense down for either form where it is cheaper)
+    ctx = NativeContext(m2 := NativeModel(g), n_ctx=32, n_batch=8, n_threads=2)
+    for layer in range(2):
+        ctx.set_ffn_sparsity(layer, transposed_down(g, layer, dtype="q8_0"), 0.0)
+        ctx.set_ffn_down_dense(layer, True)
+    prod0 = np.concatenate([ctx.eval(TOKS[:4]).copy()] + [ctx.eval([t]).copy() for t in (4, 8, 12)])
+    ctx.close()
+    m2.close()
+    assert np.array_equal(prod0.view(np.uint32), dense.view(np.uint32))  # threshold 0: the dense model's bits
     m.close()
     # the byte rule: Q8_0 ffn_down columns (68 B per neuron at n_embd 64) against Q8_0 down_t rows (68 B)
     assert not dense_down_cheaper(g, 0, "q8_0", 0.99) and dense_down_cheaper(g, 0, "q8_0", 1.0 + 1e-6) is True

@@ -11,7 +11,7 @@ own name ``"CPU"`` is its CPU device):
   (a GPU build of llama-cpp-python brings it; docs/building.md);
 * any ggml device name (``"CUDA0"``, ``"Vulkan1"``, ``"CPU"``);
 * ``"ggml-cpu"``: ggml's CPU backend as the device (``device_threads`` threads) — how CI
-  runs the device half without a GPU; ``"cpu-device"`` is a documented alias of it;
+  runs the device half without a GPU;
 * ``"cpu"``: no device.
 """
 
@@ -21,13 +21,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-__all__ = ["BACKENDS", "CPU_DEVICE_NAMES", "DeviceChoice", "DeviceSizer", "resolve_device", "open_device",
+__all__ = ["BACKENDS", "CPU_DEVICE_NAME", "DeviceChoice", "DeviceSizer", "resolve_device", "open_device",
            "ggml_lib_dir", "describe_devices", "planning_sizer"]
 
 #: backend name -> the prefixes of its ggml device names (HIP builds of ggml-cuda say "ROCm")
 BACKENDS = {"cuda": ("CUDA",), "metal": ("Metal", "MTL"), "vulkan": ("Vulkan",), "hip": ("ROCm", "HIP")}
-#: our names for ggml's CPU backend as the device ("cpu-device": the older name, an alias)
-CPU_DEVICE_NAMES = ("ggml-cpu", "cpu-device")
+#: our name for ggml's CPU backend as the device
+CPU_DEVICE_NAME = "ggml-cpu"
 #: ggml's name of its CPU device
 _GGML_CPU = "CPU"
 
@@ -95,7 +95,7 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
         return DeviceChoice(req, gpu.name, gpu.type)
     ggml.bind()
     devs = ggml.list_devices()
-    if req in CPU_DEVICE_NAMES:
+    if req == CPU_DEVICE_NAME:
         found = [d for d in devs if d.name == _GGML_CPU]
     elif req in BACKENDS:
         found = [d for d in devs if any(d.name.lower().startswith(p.lower()) for p in BACKENDS[req])]
@@ -107,7 +107,7 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
                 if req in BACKENDS else "")
         raise ValueError(f"device={device!r}: ggml reports {what}; devices found: {describe_devices(devs)} "
                          f"(backends loaded from {ggml_lib_dir()}){hint}")
-    keyword = req in CPU_DEVICE_NAMES or req in BACKENDS
+    keyword = req == CPU_DEVICE_NAME or req in BACKENDS
     return DeviceChoice(req if keyword else name, found[0].name, found[0].type)
 
 

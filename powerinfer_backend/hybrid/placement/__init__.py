@@ -35,7 +35,9 @@ One concern a module: ``sizes`` (tensor sizes and the byte arithmetic), ``plan``
 (:class:`Plan` and its JSON file format), ``planners`` (:func:`plan_placement`,
 :func:`plan_layer_split`), ``budget`` (user input to bytes), ``cache`` (the plan stored
 beside the model), ``plot`` (:func:`write_plot`) and ``predict`` (decode tok/s predicted
-from a plan and bandwidths: :func:`predict_ours`, :func:`predict_layer_split`). Every
+from a plan and bandwidths: :func:`predict_ours`, :func:`predict_layer_split`), ``auto``
+(the throughput-aware planner and ``placement="auto"``: :func:`plan_throughput`,
+:func:`plan_auto`) and ``bandwidth`` (the device's and the host's GB/s). Every
 name is re-exported here, so ``from powerinfer_backend.hybrid import placement``
 reaches them all.
 """
@@ -49,6 +51,8 @@ from .planners import _check_freq, _check_int, plan_layer_split, plan_placement,
 from .predict import (MODES, ROW_READS, LayerTime, Prediction, attn_weight_bytes, default_mode, ffn_row_bytes,
                       format_predictions, llama_cpp_offload, measure_host_bandwidth, predict_layer_split,
                       predict_ours)
+from .auto import POLICIES, plan_auto, plan_throughput
+from .bandwidth import GPU_BANDWIDTH_GBPS, UNKNOWN_GPU_GBPS, device_bandwidth, gpu_bandwidth, host_bandwidth
 from .plot import _PLOT_MARK, _human, _layer_rows, write_plot
 from .sizes import (_F16, _F32, _FFN_ROW_SLOTS, _T, ACT_BYTES, CPU_ALIGN, CPU_BUFT, KV_ELEM_BYTES, KV_PAD, KV_TYPE,
                     NEURON_GROUP, BufferRule, GiB, KiB, MiB, ModelSizes, Sizer, TensorSize, TiB, _n_cells, align_up,
@@ -63,5 +67,6 @@ __all__ = [
     "dense_weight_bytes", "attn_block_bytes", "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes",
     "layer_bytes", "plan_placement", "plan_layer_split", "why_nothing_placed", "neuron_frequencies", "parse_vram_budget", "resolve_budget",
     "plan_path", "plan_for_model", "load_plan", "Prediction", "LayerTime", "predict_ours", "predict_layer_split",
-    "llama_cpp_offload", "measure_host_bandwidth", "format_predictions", "default_mode",
+    "llama_cpp_offload", "measure_host_bandwidth", "format_predictions", "default_mode", "POLICIES", "plan_auto",
+    "plan_throughput", "GPU_BANDWIDTH_GBPS", "UNKNOWN_GPU_GBPS", "device_bandwidth", "gpu_bandwidth", "host_bandwidth",
 ]

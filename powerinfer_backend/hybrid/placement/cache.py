@@ -84,15 +84,18 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
                    model=None, neuron_freq: np.ndarray | None = None, freq_source: str | None = None,
                    sparsity_sidecar: str | os.PathLike | None = "auto", reset_gpu_index: bool = False,
                    disable_gpu_index: bool = False, out: str | os.PathLike | None = None,
-                   sizer: Sizer = CPU_BUFT, verbose: bool = False) -> Plan:
+                   sizer: Sizer = CPU_BUFT, verbose: bool = False, placement: str = "neurons",
+                   device_gbps: float | None = None, host_gbps: float | None = None,
+                   mode: str = "dense") -> Plan:
     """The plan for the model file at ``model_path``, cached in its artifact folder.
 
     The stored plan (``out`` or :func:`plan_path`) is reused when its recorded inputs
     equal this call's: plan format, model SHA-256, budget, n_ctx, n_batch,
     disable_gpu_index, the frequency source (the sidecar's SHA-256, or "uniform"),
     the device (the sizer's name, alignment and compute bytes) and the group and KV
-    type constants. Otherwise it is computed with
-    :func:`plan_placement` and written atomically with provenance.
+    type constants, and with ``placement="auto"`` the bandwidths and mode. Otherwise it
+    is computed with :func:`plan_placement` (or :func:`~.auto.plan_auto`) and written
+    atomically with provenance.
 
     Args:
         vram_budget: bytes (int >= 0; see :func:`resolve_budget` for user input).
@@ -107,6 +110,10 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
         disable_gpu_index: no FFN neurons on the device.
         sizer: the device's byte rule (:class:`~.sizes.Sizer`); default ggml's CPU
             buffer type (:data:`~.sizes.CPU_BUFT`, for planning without a device).
+        placement: "neurons" (:func:`plan_placement`) or "auto" (:func:`~.auto.plan_auto`:
+            the fastest predicted of the throughput planner, the neuron plan and the layer
+            split, with ``device_gbps`` / ``host_gbps`` in GB/s and the CPU half's FFN
+            ``mode``, :data:`~.predict.MODES`).
 
     Raises:
         ValueError: bad arguments, a sidecar for another model, or a stored plan
@@ -135,6 +142,12 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
               "device": sizer.name, "align": int(sizer.alignment),
               "compute_bytes": compute_bytes(sizes, n_ctx, n_batch, sizer), "group": NEURON_GROUP,
               "kv_type": KV_TYPE}
+    if placement == "auto":
+        if device_gbps is None or host_gbps is None:
+            raise ValueError("placement='auto' needs device_gbps and host_gbps")
+        inputs.update(placement="auto", device_gbps=float(device_gbps), host_gbps=float(host_gbps), mode=mode)
+    elif placement != "neurons":
+        raise ValueError(f"plan_for_model: placement must be 'neurons' or 'auto', got {placement!r}")
     path = Path(out) if out is not None else plan_path(model_path, create=True)
     if path.is_file() and not reset_gpu_index:
         meta = read_metadata(path) or {}
@@ -147,8 +160,14 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
                 pass  # unreadable: recompute
     check_provenance(path, fp, force=reset_gpu_index, model_path=model_path,
                      force_hint="reset_gpu_index=True (--reset-gpu-index)")
-    plan = plan_placement(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch,
-                          disable_gpu_index=disable_gpu_index, sizer=sizer)
+    if placement == "auto":
+        from .auto import plan_auto
+
+        plan = plan_auto(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch, device_gbps=device_gbps,
+                         host_gbps=host_gbps, mode=mode, sizer=sizer, disable_gpu_index=disable_gpu_index)
+    else:
+        plan = plan_placement(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch,
+                              disable_gpu_index=disable_gpu_index, sizer=sizer)
     plan.inputs = inputs
     d = plan.to_json()
     d.update(artifact_metadata(model_path, inputs=inputs))

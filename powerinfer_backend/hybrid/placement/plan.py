@@ -13,7 +13,7 @@ from .sizes import GiB, MiB
 
 __all__ = ["FORMAT_VERSION", "LayerPlan", "Plan"]
 
-FORMAT_VERSION = 2  # 2: ggml buffers (weights, kv, compute), compute_bytes
+FORMAT_VERSION = 3  # 2: ggml buffers (weights, kv, compute), compute_bytes; 3: a whole layer's down as stored
 
 
 @dataclass
@@ -64,6 +64,8 @@ class Plan:
         inputs: what the plan was computed from (cache key, see :func:`plan_for_model`).
         path: where it was read from or written to, if anywhere.
         cached: True when :func:`plan_for_model` reused a stored plan.
+        choice: with ``placement="auto"``, which policy won and the predictions it was
+            chosen by (:func:`~.auto.plan_auto`); {} otherwise.
     """
 
     budget_bytes: int
@@ -77,6 +79,7 @@ class Plan:
     inputs: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
     cached: bool = False
+    choice: dict[str, Any] = field(default_factory=dict)
 
     @property
     def device_bytes(self) -> int:
@@ -113,7 +116,7 @@ class Plan:
         return {"format_version": FORMAT_VERSION, "budget_bytes": self.budget_bytes, "n_ctx": self.n_ctx,
                 "n_batch": self.n_batch, "n_ff": self.n_ff, "compute_bytes": self.compute_bytes,
                 "output_on_device": self.output_on_device, "output_bytes": self.output_bytes,
-                "device_bytes": self.device_bytes, "inputs": self.inputs,
+                "device_bytes": self.device_bytes, "inputs": self.inputs, "choice": self.choice,
                 "layers": [{"layer": L.layer, "attn_on_device": L.attn_on_device, "attn_bytes": L.attn_bytes,
                             "kv_bytes": L.kv_bytes, "hot_bytes": L.hot_bytes, "freq_mass": L.freq_mass,
                             "hot_ids": L.hot_ids.tolist()} for L in self.layers]}
@@ -131,7 +134,7 @@ class Plan:
                                 int(L["hot_bytes"]), float(L["freq_mass"])) for L in d["layers"]]
             plan = cls(int(d["budget_bytes"]), int(d["n_ctx"]), int(d["n_batch"]), int(d["n_ff"]),
                        int(d["compute_bytes"]), bool(d["output_on_device"]), int(d["output_bytes"]), layers,
-                       dict(d.get("inputs", {})))
+                       dict(d.get("inputs", {})), choice=dict(d.get("choice", {})))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed placement plan ({type(e).__name__}: {e})") from e
         if plan.device_bytes != d.get("device_bytes") or plan.device_bytes > plan.budget_bytes:

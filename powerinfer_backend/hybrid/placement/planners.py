@@ -4,7 +4,6 @@ layers, as llama.cpp's ``-ngl``), both pure functions of sizes, frequencies and 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -79,37 +78,61 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
         # rank neurons per layer: frequency descending, id ascending
         order = [np.lexsort((np.arange(nff), -freq[i])) for i in range(nl)]
         groups = []  # (-density, group rank, layer)
+        starts = np.arange(0, nff, NEURON_GROUP)
+        counts = np.minimum(NEURON_GROUP, nff - starts)
         for i in range(nl):
             per = sum(neuron_bytes(sizes, i))
-            f_sorted = freq[i][order[i]]
-            prev = math.inf
-            for g in range(0, nff, NEURON_GROUP):
-                k = min(NEURON_GROUP, nff - g)
-                # mean frequency per byte; non-increasing by rank (guards float rounding)
-                prev = min(prev, float(f_sorted[g:g + k].sum()) / (k * per))
-                groups.append((-prev, g // NEURON_GROUP, i))
+            # mean frequency per byte; non-increasing by rank (guards float rounding)
+            dens = np.minimum.accumulate(np.add.reduceat(freq[i][order[i]], starts) / (counts * per))
+            groups += [(-float(d), g, i) for g, d in enumerate(dens)]
         groups.sort()
-        closed = [False] * nl
-        for _, g, i in groups:
-            if closed[i]:
-                continue
-            start, k = g * NEURON_GROUP, min(NEURON_GROUP, nff - g * NEURON_GROUP)
-            assert n_hot[i] == start  # groups of one layer come in rank order
-            cur = hot_bytes(sizes, i, start, sizer)
-            if used - cur + hot_bytes(sizes, i, start + k, sizer) <= budget:
-                used += hot_bytes(sizes, i, start + k, sizer) - cur
-                n_hot[i] = start + k
-                continue
-            lo, hi = 0, k  # largest take in [0, k) that fits
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if used - cur + hot_bytes(sizes, i, start + mid, sizer) <= budget:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            used += hot_bytes(sizes, i, start + lo, sizer) - cur
-            n_hot[i] = start + lo
-            closed[i] = True
+        memo: dict = {}
+        kinds: dict = {}
+        ffn_keys = [kinds.setdefault(tuple(sorted((k, v) for k, v in sizes.layers[i].items()
+                                                  if k.startswith("ffn_"))), len(kinds)) for i in range(nl)]
+
+        def hb(i, n):  # hot_bytes; layers of equal FFN tensors share their counts
+            key = (ffn_keys[i], n)
+            if key not in memo:
+                memo[key] = hot_bytes(sizes, i, n, sizer)
+            return memo[key]
+
+        def fill(used: int) -> int:
+            """The knapsack over the groups, each layer from its current n_hot on."""
+            closed = [False] * nl
+            for _, g, i in groups:
+                start, k = g * NEURON_GROUP, min(NEURON_GROUP, nff - g * NEURON_GROUP)
+                if closed[i] or n_hot[i] >= start + k:
+                    continue
+                assert start <= n_hot[i]  # groups of one layer come in rank order
+                cur = hb(i, n_hot[i])
+                if used - cur + hb(i, start + k) <= budget:
+                    used += hb(i, start + k) - cur
+                    n_hot[i] = start + k
+                    continue
+                lo, hi = n_hot[i] - start, k  # largest take in [n_hot - start, k) that fits
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if used - cur + hb(i, start + mid) <= budget:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                used += hb(i, start + lo) - cur
+                n_hot[i] = start + lo
+                closed[i] = True
+            return used
+
+        def complete(used: int) -> int:
+            """A layer's whole FFN is held as stored, often in fewer bytes than most of its
+            neurons gathered (F16 down columns): complete the started layers that fit,
+            cheapest first."""
+            for i in sorted(range(nl), key=lambda i: (hb(i, nff) - hb(i, n_hot[i]), i)):
+                if 0 < n_hot[i] < nff and used + hb(i, nff) - hb(i, n_hot[i]) <= budget:
+                    used, n_hot[i] = used + hb(i, nff) - hb(i, n_hot[i]), nff
+            return used
+
+        used = complete(fill(used))
+        used = complete(fill(used))  # the bytes completed layers freed
     if compute > budget or (not any(attn_on) and not output_on and not any(n_hot)):
         used -= compute if compute <= budget else 0
         compute = 0  # a compute buffer alone is no plan: nothing goes to the device

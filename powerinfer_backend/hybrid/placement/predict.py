@@ -4,7 +4,7 @@ Batch-1 decode of a quantized model is memory-bound, so one token costs about th
 it reads divided by the bandwidth of the memory they are read from. The model here
 (docs/placement.md, "Predicted throughput"):
 
-* **ours** (:func:`predict_ours`, a :class:`Plan` of :func:`plan_placement`): per layer,
+* **ours** (:func:`predict_ours`, any :class:`Plan`; :func:`layer_time` per layer): per layer,
   serially, the attention block — its weights (every slot but ffn_gate/up/down) and the
   KV cache of ``n_past`` positions (K and V, F16) — from the device when the plan put it
   there, else from the host; then the split FFN, whose two halves run at once:
@@ -17,9 +17,12 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   hot rows (a ggml ``mul_mat`` over the gathered rows, what the ggml device does).
   Then the output block (output_norm and the output matrix) where the plan put it,
   plus ``sync_s`` per layer with work on both sides (the round trip of the activations).
-  A model with nothing placed and mode "dense" reads the GGUF FFN tensors as stored (the
-  dense CPU path); once anything is placed every layer's down is the down_t (the
-  engine's rule: ``ModelSizes.down_t_type``), and so it is for every sparse mode.
+  A layer with no neuron on the device runs its FFN as the CPU-only engine does (mode
+  "dense": the GGUF tensors as stored; a sparse mode: its rows over the CPU-only down_t,
+  in mode "threshold" the GGUF ffn_down instead where the kept rows would read more,
+  ``ModelSizes.cpu_down_t_type``); a split layer's host rows use the split's down_t
+  (``ModelSizes.down_t_type``, F16); a layer with every neuron on the device reads its
+  FFN tensors as stored there (a whole layer, as llama.cpp's split).
 * **llama.cpp's layer split** (:func:`predict_layer_split`): whole layers as stored in
   the GGUF (all tensors plus the KV cache) on the device from the last layer backwards
   while they fit in the budget minus the same scratch our plan reserves, the output block
@@ -46,9 +49,9 @@ from .plan import Plan
 from .planners import _check_freq, _check_int
 from .sizes import _FFN_ROW_SLOTS, ACT_BYTES, KV_ELEM_BYTES, ModelSizes, kv_bytes_per_layer, row_bytes, scratch_bytes
 
-__all__ = ["ROW_READS", "MODES", "LayerTime", "Prediction", "default_mode", "attn_weight_bytes",
-           "ffn_row_bytes", "predict_ours", "llama_cpp_offload", "predict_layer_split", "measure_host_bandwidth",
-           "format_predictions"]
+__all__ = ["ROW_READS", "MODES", "LayerTime", "LayerBytes", "Prediction", "default_mode", "attn_weight_bytes",
+           "ffn_row_bytes", "layer_time", "predict_ours", "llama_cpp_offload", "predict_layer_split",
+           "measure_host_bandwidth", "format_predictions"]
 
 #: Per FFN mode, how each neuron row (gate, up, down) is read: "always" (every neuron)
 #: or "freq" (only when the neuron fires: probability = its firing frequency).
@@ -169,29 +172,102 @@ def attn_weight_bytes(s: ModelSizes, i: int) -> int:
     return sum(t.nbytes for slot, t in s.layers[i].items() if slot not in _FFN_ROW_SLOTS)
 
 
-def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False) -> tuple[int, int, int]:
-    """Bytes of one neuron's rows in layer ``i``, as the split FFN reads them: gate row
-    (0 for an ungated FFN) and up row of n_embd in their GGUF types, the down row of
-    n_embd: on the host the CPU's down_t of a split (``s.down_t_type``: F16, F32 for an
-    all-F32 model), on the device F16 (the ggml device's gathered down columns)."""
+def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False, split: bool = True) -> tuple[int, int, int]:
+    """Bytes of one neuron's rows in layer ``i``, as the FFN reads them: gate row (0 for
+    an ungated FFN) and up row of n_embd in their GGUF types, the down row of n_embd: on
+    the device F16 (the ggml device's gathered down columns); on the host the down_t of a
+    split layer (``s.down_t_type``: F16, F32 for an all-F32 model), or with ``split=False``
+    the CPU-only engine's (``s.cpu_down_t_type``: Q8_0 for a quantized file), which a layer
+    with no neuron on the device keeps."""
     from ...engine.down_cache import down_t_row_bytes
 
     L = s.layers[i]
     gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0
-    return gate, row_bytes(L["ffn_up"].type, s.n_embd), 2 * s.n_embd if device else down_t_row_bytes(
-        s.down_t_type, s.n_embd)
+    if device:
+        down = 2 * s.n_embd
+    else:
+        down = down_t_row_bytes(s.down_t_type if split else s.cpu_down_t_type, s.n_embd)
+    return gate, row_bytes(L["ffn_up"].type, s.n_embd), down
 
 
 def _kv_read(s: ModelSizes, n_past: int) -> int:
     return 2 * n_past * s.n_embd_kv * KV_ELEM_BYTES
 
 
-def _rows_read(rows: tuple[int, int, int], freq: np.ndarray, mode: str) -> float:
-    """Expected bytes read for the neurons with frequencies ``freq`` under ``mode``."""
-    total = 0.0
-    for b, how in zip(rows, ROW_READS[mode]):
-        total += b * (float(freq.sum()) if how == "freq" else float(freq.shape[0]))
-    return total
+def _rows_read(rows: tuple, n: int, fsum: float, how: tuple[str, str, str]) -> float:
+    """Expected bytes read for ``n`` neurons whose frequencies sum to ``fsum``: each row
+    read for every neuron ("always") or for a firing one ("freq")."""
+    return sum(b * (fsum if h == "freq" else n) for b, h in zip(rows, how))
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """What one layer reads, precomputed for :func:`layer_time` (bytes).
+
+    Attributes:
+        attn: the attention weights (:func:`attn_weight_bytes`) + the KV read at n_past.
+        host_rows: a neuron's gate, up and down_t rows on the host in a split layer.
+        cpu_rows: the same for a layer with no neuron on the device (CPU-only's down_t).
+        device_rows: a hot neuron's rows on the device (F16 down).
+        whole_rows: a neuron's share of the layer's FFN tensors as stored (a whole layer).
+        gguf_ffn: the FFN tensors as stored (the dense CPU path).
+        gguf_down: ffn_down as stored (the CPU-only threshold mode's down where cheaper).
+    """
+
+    attn: int
+    host_rows: tuple
+    cpu_rows: tuple
+    device_rows: tuple
+    whole_rows: tuple
+    gguf_ffn: int
+    gguf_down: int
+
+    @classmethod
+    def of(cls, s: ModelSizes, i: int, n_past: int = 0) -> "LayerBytes":
+        L = s.layers[i]
+        whole = tuple(L[k].nbytes / s.n_ff if k in L else 0 for k in _FFN_ROW_SLOTS[:2]) + (
+            L["ffn_down"].nbytes / s.n_ff,)
+        return cls(attn_weight_bytes(s, i) + _kv_read(s, n_past), ffn_row_bytes(s, i),
+                   ffn_row_bytes(s, i, split=False), ffn_row_bytes(s, i, device=True), whole,
+                   sum(L[k].nbytes for k in _FFN_ROW_SLOTS if k in L), L["ffn_down"].nbytes)
+
+
+def layer_time(b: LayerBytes, i: int, *, n_ff: int, attn_on: bool, n_hot: int, hot_fsum: float, cold_fsum: float,
+               bd: float, bh: float, mode: str, device_skips: bool = False, predictor_bytes: int = 0,
+               sync_s: float = 0.0) -> LayerTime:
+    """One layer's predicted decode cost (the model in this module's docstring), with its
+    attention block on the device or not and its ``n_hot`` most frequent neurons there
+    (frequency sums ``hot_fsum`` / ``cold_fsum``); bd, bh in bytes/s. With no neuron on the
+    device the layer's FFN is the CPU-only engine's (dense: the GGUF tensors; sparse: the
+    CPU-only down_t; threshold: the GGUF ffn_down where the kept down_t rows read more,
+    ``set_ffn_down_dense``); with all of them, the whole FFN as stored on the device."""
+    how, dev_how = ROW_READS[mode], ROW_READS[mode if device_skips else "dense"]
+    pred = predictor_bytes if mode == "predictor" else 0
+    if n_hot == 0:
+        dev = 0.0
+        host = float(b.gguf_ffn) if mode == "dense" else _rows_read(b.cpu_rows, n_ff, cold_fsum, how) + pred
+        if mode == "threshold":  # the engine's down over ffn_down where the kept rows read more
+            host -= max(0.0, b.cpu_rows[2] * cold_fsum - b.gguf_down)
+    elif n_hot >= n_ff:
+        dev, host = _rows_read(b.whole_rows, n_ff, hot_fsum, dev_how), 0.0
+    else:
+        dev = _rows_read(b.device_rows, n_hot, hot_fsum, dev_how)
+        host = _rows_read(b.host_rows, n_ff - n_hot, cold_fsum, how) + pred
+    t_attn = b.attn / (bd if attn_on else bh)
+    td, th = dev / bd, host / bh
+    # a layer with work on both sides pays one round trip of its activations
+    both = (attn_on or n_hot > 0) and (not attn_on or n_hot < n_ff)
+    return LayerTime(i, attn_on, b.attn, dev, host, t_attn, td, th, t_attn + max(td, th) + (sync_s if both else 0.0))
+
+
+def _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes, sync_s):
+    if mode not in ROW_READS:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    bd, bh = _check_bw("device_gbps", device_gbps), _check_bw("host_gbps", host_gbps)
+    n_past, predictor_bytes = _check_int("n_past", n_past, 0), _check_int("predictor_bytes", predictor_bytes, 0)
+    if not (isinstance(sync_s, (int, float)) and math.isfinite(sync_s) and sync_s >= 0):
+        raise ValueError(f"sync_s must be finite seconds >= 0, got {sync_s!r}")
+    return bd, bh, n_past, predictor_bytes
 
 
 def predict_ours(sizes: ModelSizes, plan: Plan, neuron_freq: np.ndarray | None, *, device_gbps: float,
@@ -221,35 +297,19 @@ def predict_ours(sizes: ModelSizes, plan: Plan, neuron_freq: np.ndarray | None, 
             or sync_s, a plan whose layer count or n_ff differs from ``sizes``, or a bad
             ``neuron_freq``.
     """
-    if mode not in ROW_READS:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    bd, bh = _check_bw("device_gbps", device_gbps), _check_bw("host_gbps", host_gbps)
-    n_past, predictor_bytes = _check_int("n_past", n_past, 0), _check_int("predictor_bytes", predictor_bytes, 0)
-    if not (isinstance(sync_s, (int, float)) and math.isfinite(sync_s) and sync_s >= 0):
-        raise ValueError(f"sync_s must be finite seconds >= 0, got {sync_s!r}")
+    bd, bh, n_past, predictor_bytes = _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes,
+                                                          sync_s)
     if len(plan.layers) != sizes.n_layer or plan.n_ff != sizes.n_ff:
         raise ValueError(f"plan has {len(plan.layers)} layers of n_ff {plan.n_ff}; the model has {sizes.n_layer} "
                          f"of {sizes.n_ff}")
     freq = _check_freq(sizes, neuron_freq)
-    placed = plan.output_on_device or any(L.attn_on_device or L.n_hot for L in plan.layers)
-    dev_mode = mode if device_skips else "dense"
     layers = []
     for i, L in enumerate(plan.layers):
-        attn = attn_weight_bytes(sizes, i) + _kv_read(sizes, n_past)
-        t_attn = attn / (bd if L.attn_on_device else bh)
-        hot = np.zeros(sizes.n_ff, bool)
-        hot[L.hot_ids] = True
-        rows = ffn_row_bytes(sizes, i)
-        dev = _rows_read(ffn_row_bytes(sizes, i, device=True), freq[i][hot], dev_mode)
-        if not placed and mode == "dense":  # the dense CPU path reads the GGUF tensors as stored
-            host = float(sum(sizes.layers[i][slot].nbytes for slot in _FFN_ROW_SLOTS if slot in sizes.layers[i]))
-        else:
-            host = _rows_read(rows, freq[i][~hot], mode) + (predictor_bytes if mode == "predictor" else 0)
-        td, th = dev / bd, host / bh
-        # a layer with work on both sides pays one round trip of its activations
-        both = (L.attn_on_device or L.n_hot > 0) and (not L.attn_on_device or L.n_hot < sizes.n_ff)
-        layers.append(LayerTime(i, L.attn_on_device, attn, dev, host, t_attn, td, th,
-                                t_attn + max(td, th) + (sync_s if both else 0.0)))
+        hot = float(freq[i][L.hot_ids].sum())
+        layers.append(layer_time(LayerBytes.of(sizes, i, n_past), i, n_ff=sizes.n_ff, attn_on=L.attn_on_device,
+                                 n_hot=L.n_hot, hot_fsum=hot, cold_fsum=float(freq[i].sum()) - hot, bd=bd, bh=bh,
+                                 mode=mode, device_skips=device_skips, predictor_bytes=predictor_bytes,
+                                 sync_s=sync_s))
     out = sizes.output_norm.nbytes + sizes.output.nbytes
     pred = Prediction("ours", device_gbps, host_gbps, layers, plan.output_on_device, out,
                       out / (bd if plan.output_on_device else bh), mode=mode)

@@ -10,7 +10,8 @@ The device memory layout counted here is the one the ggml device allocates
 * ``weights``: per layer with its attention block on the device, every tensor of the
   layer except ffn_gate/ffn_up/ffn_down, in its GGUF type and shape; per layer with
   n_hot > 0, the hot gate rows [n_embd, n_hot] and up rows [n_embd, n_hot] in their
-  GGUF types and the hot down columns as F16 [n_hot, n_embd]; with the output block,
+  GGUF types and the hot down columns as F16 [n_hot, n_embd] (with every neuron hot, a
+  whole layer, ffn_down [n_ff, n_embd] in its GGUF type); with the output block,
   output_norm and the output matrix (tok_embd when tied);
 * ``kv``: per layer with its attention block on the device, K and V caches of
   [n_embd_kv, n_cells] F16 (n_cells = n_ctx rounded up to :data:`KV_PAD`);
@@ -21,6 +22,7 @@ Each tensor takes ``align_up(sizer.tensor_bytes(type, ne0, rows), sizer.alignmen
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping, Protocol
@@ -62,6 +64,7 @@ def align_up(n: int, align: int) -> int:
     return -(-int(n) // align) * align
 
 
+@functools.lru_cache(maxsize=4096)  # the planners ask for the same few (type, n) many times
 def row_bytes(ggml_type: int, n: int) -> int:
     """Bytes of ``n`` elements of ggml type ``ggml_type`` (whole blocks).
 
@@ -167,6 +170,9 @@ class ModelSizes:
             ``split=True``: F32 when every ffn_down is F32; never Q8_0, so a neuron has the
             values of the device's F16 hot down columns on either side of the split);
             ``down_t_row_bytes`` gives a neuron's row.
+        cpu_down_t_type: the down_t type of the CPU-only engine's sparse modes
+            (``down_t_dtype(model)``: Q8_0 for quantized files), which a layer with no
+            neuron on the device keeps under a placement.
     """
 
     n_layer: int
@@ -180,6 +186,7 @@ class ModelSizes:
     output_norm: TensorSize
     output: TensorSize
     down_t_type: str = "f16"
+    cpu_down_t_type: str = "f16"
 
     @property
     def n_embd_kv(self) -> int:
@@ -209,7 +216,8 @@ class ModelSizes:
                    layers=tuple(layers),
                    output_norm=TensorSize(int(g["output_norm"].type), tuple(g["output_norm"].ne)),
                    output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)),
-                   down_t_type=down_t_type or down_t_dtype(model, split=True))
+                   down_t_type=down_t_type or down_t_dtype(model, split=True),
+                   cpu_down_t_type=down_t_dtype(model))
 
 
 def _n_cells(n_ctx: int) -> int:
@@ -261,10 +269,13 @@ def neuron_bytes(s: ModelSizes, i: int) -> tuple[int, int, int]:
 def hot_bytes(s: ModelSizes, i: int, n_hot: int, sizer: Sizer = CPU_BUFT) -> int:
     """Device bytes of layer ``i``'s ``n_hot`` hot neurons: gate rows [n_embd, n_hot] and up
     rows [n_embd, n_hot] in their stored types, down columns F16 [n_hot, n_embd], each
-    aligned (0 for 0 neurons)."""
+    aligned (0 for 0 neurons); all n_ff (a whole layer's FFN): the three tensors as stored
+    (ffn_down needs no column gather, so it keeps its GGUF type, as llama.cpp's split)."""
     if n_hot <= 0:
         return 0
     L, a = s.layers[i], sizer.alignment
+    if n_hot >= s.n_ff:
+        return sum(tensor_device_bytes(L[slot], sizer) for slot in _FFN_ROW_SLOTS if slot in L)
     rows = [L[slot].type for slot in ("ffn_gate", "ffn_up") if slot in L]
     return (sum(align_up(sizer.tensor_bytes(t, s.n_embd, n_hot), a) for t in rows)
             + align_up(sizer.tensor_bytes(_F16, n_hot, s.n_embd), a))

@@ -43,9 +43,9 @@ def capture_ffn_inputs(ctx, model_path: str, hp, train_ids, text_sha: str, n_ctx
     from tqdm.auto import tqdm
 
     from ...loader.artifacts import artifact_dir, atomic_write_path
-    from ..calibrate import _sha256_bytes
+    from ..sidecar_run import sha256_bytes
 
-    key = _sha256_bytes(repr((text_sha, len(train_ids), n_ctx)).encode())[:16]
+    key = sha256_bytes(repr((text_sha, len(train_ids), n_ctx)).encode())[:16]
     cache = artifact_dir(model_path, create=True) / f"ffn_inputs.{key}.f16.npy"
     if cache.is_file():
         try:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..perplexity import perplexity
 from ..predictors import PredictorSet, apply, quantize_q8_0, scores
+from ..sidecar_run import SidecarRun, speed_info
 from .allocate import (DENSITY_GRID, LAYER_DENSITIES, RECALL_GRID, Trained, error_curve, lowest_within_budget,
                        predictor_set_at, sensitivity_costs)
 from .capture import _dequant, capture_ffn_inputs, layer_h
@@ -138,12 +139,9 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     """
     from tqdm.auto import tqdm
 
-    from ...engine.down_cache import build_down_cache, down_t_dtype, load_down_cache
-    from ...engine.native import NativeContext, NativeModel, default_threads
-    from ...loader.artifacts import model_fingerprint
+    from ...engine.native import default_threads
     from ...loader import load_gguf
-    from ..calibrate import _sha256_bytes, split_text_tokens
-    from ..sidecar import check_overwrite, read_sidecar, sidecar_path, write_sidecar
+    from ..sidecar import check_overwrite, read_sidecar
 
     select = _check_options(loss=loss, recall=recall, density=density, select=select,
                             max_ppl_increase=max_ppl_increase, rank=rank, epochs=epochs, tokens=tokens, n_ctx=n_ctx,
@@ -155,9 +153,10 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     if gguf.layer_tensor(0, "ffn_gate") is None:  # the labels are act(gate x) * up x
         raise TrainError(f"{model_path}: predictor training needs a gated FFN; {gguf.arch}'s is ungated "
                          "(not implemented yet)")
-    text_bytes, train_ids, held = split_text_tokens(
-        model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
-        heldout_tokens=heldout_tokens, error=TrainError, purpose="training")
+    run = SidecarRun.prepare(model_path, text_path, gguf, out=out, n_ctx=n_ctx, tokens=tokens,
+                             heldout_tokens=heldout_tokens, offset_bytes=offset_bytes, max_bytes=max_bytes,
+                             error=TrainError, purpose="training")
+    train_ids, held, model_sha, text_sha, path = run.head, run.held, run.model_sha, run.text_sha, run.path
     layers = list(range(hp.n_layer)) if layers is None else sorted(set(int(x) for x in layers))
     if any(not 0 <= x < hp.n_layer for x in layers):
         raise TrainError(f"layers must be in [0, {hp.n_layer})")
@@ -165,9 +164,6 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     if quantize == "q8_0" and (rank % 32 or hp.n_embd % 32):
         raise TrainError(f"--quantize q8_0 needs rank and n_embd multiples of 32 (rank {rank}, n_embd {hp.n_embd})")
 
-    model_sha = model_fingerprint(model_path)
-    text_sha = _sha256_bytes(text_bytes)
-    path = out or str(sidecar_path(model_path, create=True))
     prof = None
     if os.path.exists(path):
         try:
@@ -183,9 +179,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
 
     t0 = time.time()
     n_threads = n_threads or default_threads()
-    model = NativeModel(gguf)
-    ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=n_threads)
-    try:
+    with run.context(n_threads) as ctx:
         # 1. capture the FFN inputs
         xs = capture_ffn_inputs(ctx, model_path, hp, train_ids, text_sha, n_ctx, progress)
         t_cap = time.time() - t0
@@ -223,9 +217,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         t_train = time.time() - t1
 
         # 4. thresholds: measured on the held-out tokens
-        dtype = down_t_dtype(gguf)
-        build_down_cache(model_path, gguf, dtype, progress=progress)
-        meas = _Measure(ctx, gguf, load_down_cache(model_path, dtype), n_ctx)
+        meas = _Measure(ctx, gguf, run.down_t(progress), n_ctx)
         ppl_dense, _ = meas.held(None, held)
         costs, sens = tr.curves, {}
         if select == "density" and allocate == "sensitivity":
@@ -264,15 +256,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
             r_best = grid[best]
         speed = None
         if speed_check and ps.layers:
-            from ..speed import measure_speedup
-
-            room = min(n_ctx, len(held))
-            n_prompt = min(16, max(1, room // 4))
-            speed = measure_speedup(ctx, lambda: meas.install(None), lambda: meas.install(ps), held,
-                                    prompt_tokens=n_prompt, steps=max(1, min(32, room - n_prompt)))
-    finally:
-        ctx.close()
-        model.close()
+            speed = run.speed(ctx, lambda: meas.install(None), lambda: meas.install(ps))
 
     # 5. output
     dens = [table[x]["density"] if x in ps.fc1 else 1.0 for x in range(hp.n_layer)]
@@ -290,17 +274,12 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
                "layer_sensitivity": [sens.get(x, 0.0) for x in range(hp.n_layer)], "allocate": allocate,
                "density": dens, "train_seconds": t_train, "capture_seconds": t_cap}
     if speed is not None:
-        ps.info.update(decode_speedup=speed["speedup"], decode_dense_tok_s=speed["dense_tok_s"],
-                       decode_sparse_tok_s=speed["sparse_tok_s"], speed_threads=float(speed["threads"]),
-                       speed_host=speed["host"])
+        ps.info.update(speed_info(speed))
     if prof is None:
         prof = _empty_profile(hp)
-        prof.info.update({"model_sha256": model_sha, "model_file": os.path.basename(model_path),
-                          "model_size": os.path.getsize(model_path), "text_sha256": text_sha,
-                          "text_file": os.path.basename(text_path), "offset_bytes": offset_bytes,
-                          "text_bytes": len(text_bytes), "n_ctx": n_ctx, "created": time.time()})
+        prof.info.update(run.provenance())
     prof.predictors = ps
-    write_sidecar(path, prof)
+    run.write(prof)
     ps.source = str(path)
     log(format_table(ps, table, hp.n_layer))
     log(f"trained {len(layers)} predictors (rank {rank}, {epochs} epochs, {n_tr} tokens, "

@@ -17,11 +17,11 @@ def _has_gpu() -> bool:
     return any(d.type == "gpu" for d in ggml.list_devices())
 
 
-@pytest.mark.parametrize("name", ["ggml-cpu", "cpu-device", "GGML-CPU", "CPU", "Cpu"])
+@pytest.mark.parametrize("name", ["ggml-cpu", "GGML-CPU", "CPU", "Cpu"])
 def test_cpu_backend_names(name):
     c = resolve_device(name)
     assert (c.ggml_name, c.type, c.message) == ("CPU", "cpu", "")
-    assert c.requested == (name.lower() if name.lower() in ("ggml-cpu", "cpu-device") else name)
+    assert c.requested == (name.lower() if name.lower() == "ggml-cpu" else name)
 
 
 def test_cpu_is_no_device():
@@ -42,7 +42,8 @@ def test_auto_without_a_gpu_is_cpu_only_with_one_message():
 
 @pytest.mark.parametrize("name, what", [("cuda", "no cuda device"), ("metal", "no metal device"),
                                         ("vulkan", "no vulkan device"), ("hip", "no hip device"),
-                                        ("CUDA0", "no device named 'CUDA0'"), ("Vulkan1", "no device named 'Vulkan1'")])
+                                        ("CUDA0", "no device named 'CUDA0'"), ("Vulkan1", "no device named 'Vulkan1'"),
+                                        ("cpu-device", "no device named 'cpu-device'")])  # 0.1.0's alias, removed
 def test_missing_device_names_it_the_devices_and_the_folder(name, what):
     have = {d.name for d in ggml.list_devices()}
     if name in have or (name in ("cuda", "metal", "vulkan", "hip") and _has_gpu()):

@@ -1,6 +1,6 @@
 /* A context's placement on a ggml device (ggml_placed.c): its buffers and device tensors, the
  * steps run as graphs (steps.c), the device thread and FFN halves (worker.c), the copies
- * (upload.c) and the test-only entry points (ggml_test.c). */
+ * (upload.c); the test hooks (native/testing/ggml_hooks.c) reach it too. */
 #ifndef PI_GGML_GPLACED_H
 #define PI_GGML_GPLACED_H
 
@@ -13,7 +13,13 @@
 #include "device/ggml/layout.h"
 
 enum { JOB_NONE, JOB_POSTED, JOB_TAKEN };
-enum { PI_GG_EV_ATTN = 0, PI_GG_EV_FFN = 1, PI_GG_EV_OUTPUT = 2, PI_GG_EV_COLD = 3 }; /* pi_test_ggml_event.kind */
+enum { PI_GG_EV_ATTN = 0, PI_GG_EV_FFN = 1, PI_GG_EV_OUTPUT = 2, PI_GG_EV_COLD = 3 }; /* pi_gg_event.kind */
+
+/* one traced interval (native/testing/testing.h: pi_test_ggml_trace) */
+typedef struct pi_gg_event {
+    int32_t kind, layer;
+    int64_t t0_ns, t1_ns;
+} pi_gg_event;
 
 typedef struct pi_gplaced {
     pi_dev base; /* what the context holds; base.impl is this */
@@ -55,8 +61,8 @@ typedef struct pi_gplaced {
     int ffn_l;           /* -1: none */
     pi_ffn_sparse_args ffn_args;
     int ffn_rc;
-    /* test-only trace (pi_test_ggml_trace_*) */
-    pi_test_ggml_event *ev;
+    /* the test hooks' trace (pi_test_ggml_trace_*), off (NULL) unless a test turns it on */
+    pi_gg_event *ev;
     int32_t ev_cap, ev_n;
     int64_t ev_t0; /* when the CPU half of the FFN in flight started (its device half posted) */
 } pi_gplaced;

@@ -15,7 +15,8 @@ void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot,
         H->n_hot = n_hot;
         v->fn(v->user, lt[PI_L_FFN_GATE].type, hp->n_embd, n_hot, &H->gate);
         v->fn(v->user, lt[PI_L_FFN_UP].type, hp->n_embd, n_hot, &H->up);
-        v->fn(v->user, PI_TYPE_F16, n_hot, hp->n_embd, &H->down);
+        /* a whole FFN keeps ffn_down as stored (no column gather: quant blocks stay whole) */
+        v->fn(v->user, n_hot == hp->n_ff ? lt[PI_L_FFN_DOWN].type : PI_TYPE_F16, n_hot, hp->n_embd, &H->down);
     }
 }
 

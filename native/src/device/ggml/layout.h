@@ -2,7 +2,7 @@
  * the byte rule (the Python plan counts the same), the allocation and the compute sizing:
  * "weights": per layer with attention on the device every slot but ffn_gate/up/down in its type
  * and shape, per layer with hot neurons gate and up rows [n_embd, n_hot] in their types and down
- * columns F16 [n_hot, n_embd], with the output on the device output_norm (+ bias) and the output
+ * columns F16 [n_hot, n_embd] (with every neuron hot, ffn_down [n_ff, n_embd] in its type), with the output on the device output_norm (+ bias) and the output
  * matrix; "kv": per layer with attention K and V, [kv_row, n_cells] each in the KV type. */
 #ifndef PI_GGML_LAYOUT_H
 #define PI_GGML_LAYOUT_H

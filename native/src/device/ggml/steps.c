@@ -5,7 +5,7 @@
 void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1) {
     if (p->ev == NULL) return;
     const int32_t i = __atomic_fetch_add(&p->ev_n, 1, __ATOMIC_RELAXED);
-    if (i < p->ev_cap) p->ev[i] = (pi_test_ggml_event){kind, l, t0, t1};
+    if (i < p->ev_cap) p->ev[i] = (pi_gg_event){kind, l, t0, t1};
 }
 
 /* allocate io's graph in the compute buffer (growing it only past the reserved worst case, which

@@ -1,7 +1,8 @@
 /* Host to device copies of what a plan places. The model file is never permuted on the host:
  * attention and output tensors go as they are; hot gate/up rows are gathered in plan order
  * (whole rows keep quant blocks whole); hot down columns are dequantized from ffn_down
- * ([n_ff, n_embd]: each of its n_embd rows holds one value per neuron) into F16 [n_hot, n_embd]. */
+ * ([n_ff, n_embd]: each of its n_embd rows holds one value per neuron) into F16 [n_hot, n_embd], except
+ * with every neuron hot (a whole layer), when ffn_down goes as stored, as llama.cpp's layer split. */
 #include <stdlib.h>
 
 #include "device/ggml/gplaced.h"
@@ -49,7 +50,10 @@ int pi_gg_upload_layer(pi_gplaced *p, int l, const int32_t *hot_ids) {
     if (H->n_hot == 0) return PI_OK;
     int rc = gather_rows(g, H->gate, &lt[PI_L_FFN_GATE], hot_ids, H->n_hot);
     if (rc == PI_OK) rc = gather_rows(g, H->up, &lt[PI_L_FFN_UP], hot_ids, H->n_hot);
-    if (rc == PI_OK) rc = gather_down(g, H->down, &lt[PI_L_FFN_DOWN], hot_ids, H->n_hot);
+    if (rc == PI_OK && H->n_hot == lt[PI_L_FFN_DOWN].ne[0]) /* every neuron: ffn_down as stored */
+        g->backend_tensor_set(H->down, lt[PI_L_FFN_DOWN].data, 0, (size_t)bytes_of(&lt[PI_L_FFN_DOWN]));
+    else if (rc == PI_OK)
+        rc = gather_down(g, H->down, &lt[PI_L_FFN_DOWN], hot_ids, H->n_hot);
     return rc;
 }
 

@@ -1,6 +1,7 @@
-/* Test-only entry points of a context's thread pool (pi_test_pool_*; powerinfer.h):
- * stall one worker inside a chunk, and read the per-worker chunk counters. */
+/* Test hooks of a context's thread pool (pi_test_pool_*; testing.h): stall one worker inside a
+ * chunk, and read the per-worker chunk counters. */
 #include "context.h"
+#include "testing.h"
 
 int pi_test_pool_stall(pi_context *c, int32_t worker, int32_t ms) {
     if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_test_pool_stall: context is NULL");

@@ -1,8 +1,9 @@
-/* Test-only entry points of a ggml placement (pi_test_ggml_*; powerinfer.h): zero a placed
- * device tensor, and trace the device's and the CPU half's busy intervals. */
+/* Test hooks of a ggml placement (pi_test_ggml_*; testing.h): zero a placed device tensor, and
+ * trace the device's and the CPU half's busy intervals. */
 #include <stdlib.h>
 
 #include "device/ggml/gplaced.h"
+#include "testing.h"
 
 int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t row0, int64_t n_rows) {
     pi_gplaced *p = pi_gg_of(c, "pi_test_ggml_zero_rows");
@@ -14,7 +15,7 @@ int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t r
                                                                                                  : p->L[layer].w[slot];
     if (t == NULL) return pi_set_error(PI_ERR_INVALID, "blk.%d: slot %d is not on the device", layer, slot);
     const pi_tensor *lt = &c->m->hp.layers[layer * PI_L_COUNT + slot];
-    const int32_t type = slot == PI_L_FFN_DOWN ? PI_TYPE_F16 : lt->type;
+    const int32_t type = slot == PI_L_FFN_DOWN && H->n_hot < c->m->hp.n_ff ? PI_TYPE_F16 : lt->type; /* layout.c */
     const int64_t ne0 = slot == PI_L_FFN_DOWN ? H->n_hot : lt->ne[0];
     const int64_t rows = pi_gg_is_ffn_rows(slot) ? (slot == PI_L_FFN_DOWN ? c->m->hp.n_embd : H->n_hot)
                                                  : lt->ne[1] * lt->ne[2] * lt->ne[3];
@@ -46,7 +47,8 @@ int32_t pi_test_ggml_trace_read(pi_context *c, pi_test_ggml_event *out, int32_t 
     if (p == NULL || out == NULL || p->ev == NULL) return -1;
     int32_t n = p->ev_n < p->ev_cap ? p->ev_n : p->ev_cap;
     if (n > cap) n = cap;
-    memcpy(out, p->ev, (size_t)n * sizeof *out);
+    for (int32_t i = 0; i < n; i++)
+        out[i] = (pi_test_ggml_event){p->ev[i].kind, p->ev[i].layer, p->ev[i].t0_ns, p->ev[i].t1_ns};
     p->ev_n = 0;
     return n;
 }
