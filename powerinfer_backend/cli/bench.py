@@ -155,7 +155,7 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
 
 
 def format_table(r: dict) -> str:
-    """Human-readable table of a run_bench result."""
+    """Human-readable table of a run_bench result (with its roofline section when present)."""
     lines = [f"model {r['model']}  threads {r['threads']}",
              f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}"]
     for key in ("ours", "ours_sparse", "llama_cpp"):
@@ -179,4 +179,8 @@ def format_table(r: dict) -> str:
         lines.append(f"sparse='auto' runs dense: {r['sparse_auto']}")
     lines.append(f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
                  f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)")
+    if "roofline" in r:  # bench --roofline
+        from .roofline import format_roofline
+
+        lines.append(format_roofline(r["roofline"]))
     return "\n".join(lines)

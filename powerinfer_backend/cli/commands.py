@@ -89,23 +89,19 @@ def cmd_bench(args) -> int:
         print(json.dumps(result, indent=2) if args.json else format_busy(result))
         return 0
     if args.profile_ops:
-        from .profile_ops import format_profile, run_profile_ops
+        from .profile_ops import profile_ops_command
 
-        result = run_profile_ops(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
-                                 n_prefill=args.n_prefill, sparse=args.sparse)
-        print(json.dumps(result, indent=2) if args.json else format_profile(result))
-        return 0
+        return profile_ops_command(args, _model_path(args.model))
     from .bench import format_table, run_bench
 
     result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
                        n_prefill=args.n_prefill, repeats=args.repeats, include_llama_cpp=not args.no_llama_cpp,
                        sparse=args.sparse)
     if args.roofline:  # measured right after the engines, in the same run
-        from .roofline import add_roofline, format_roofline
+        from .roofline import add_roofline
 
         add_roofline(result, _model_path(args.model), n_threads=args.threads, bandwidth_mib=args.roofline_mib)
-    text = format_table(result) + (("\n" + format_roofline(result["roofline"])) if args.roofline else "")
-    print(json.dumps(result, indent=2) if args.json else text)
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 
 
@@ -446,15 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n-ff", type=positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
     b.add_argument("--mib", type=positive("--mib"), default=1200,
                    help="sweep: MiB of weights rotated over (default 1200)")
-    b.add_argument("--profile-ops", action="store_true",
-                   help="instead: our engine only, milliseconds per token of each op kind (the engine's per-op "
-                        "timer) for decode and prefill")
-    b.add_argument("--roofline", action="store_true",
-                   help="also measure the host's read bandwidth and int8 peak (the engine's threads) and give "
-                        "each engine's decode / prefill tok/s as a percentage of those roofs")
-    b.add_argument("--roofline-mib", type=_positive("--roofline-mib"), default=1024,
-                   help="roofline: MiB of the bandwidth buffer (default 1024; keep it far above the last-level "
-                        "cache)")
+    b.add_argument("--profile-ops", action="store_true", help="instead: our ms per token of each op kind")
+    b.add_argument("--roofline", action="store_true", help="also the host's read bandwidth and int8 peak "
+                   "(measured), and each engine's tok/s as a percentage of those roofs")
+    b.add_argument("--roofline-mib", type=positive("--roofline-mib"), default=1024,
+                   help="roofline: MiB read for the bandwidth (default 1024, far above the last-level cache)")
     _add_sparse(b)
     b.set_defaults(func=cmd_bench)
 

@@ -4,6 +4,7 @@ prompt token, with the share of the wall time the timer accounts for."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -70,3 +71,12 @@ def format_profile(r: dict) -> str:
     lines.append(f"{'timed / wall':<14} {d['timed_ms_per_token']:>7.3f} / {d['wall_ms_per_token']:.3f} ms"
                  f"{'':>13} {p['timed_ms_per_token']:>8.3f} / {p['wall_ms_per_token']:.3f} ms")
     return "\n".join(lines)
+
+
+def profile_ops_command(args, model_path: str) -> int:
+    """``bench --profile-ops``: run :func:`run_profile_ops` with the bench options and print
+    its JSON (``--json``) or table; returns the exit status."""
+    r = run_profile_ops(model_path, n_threads=args.threads, n_decode=args.n_decode, n_prefill=args.n_prefill,
+                        sparse=args.sparse)
+    print(json.dumps(r, indent=2) if args.json else format_profile(r))
+    return 0
