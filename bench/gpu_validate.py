@@ -202,7 +202,7 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
     import llama_cpp
 
     from powerinfer_backend.hybrid.placement.predict import llama_cpp_offload
-    from powerinfer_backend.plugins.reference import load_reference
+    from powerinfer_backend.plugins.reference import load_reference, reference_mode
 
     out: dict = {}
     sparse = str(sidecar) if sidecar else "auto"
@@ -234,7 +234,8 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
             return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         out[key] = measure_speed(ref_eval, ref.reset, a, tokens)
-        out[key].update(n_gpu_layers=ngl, allocated=free0 - free1)  # llama.cpp's own device bytes (a GPU's)
+        out[key].update(n_gpu_layers=ngl, allocated=free0 - free1,  # llama.cpp's own device bytes (a GPU's)
+                        extra_buffer_types=reference_mode(ref)["extra_buffer_types"])
         ref.close()
         del ref
         gc.collect()

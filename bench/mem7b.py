@@ -75,7 +75,7 @@ def dense_vs_llama_cpp(path: Path, threads: int, tokens: int, runs: int) -> dict
 
     from powerinfer_backend.engine.native import NativeContext, NativeModel
     from powerinfer_backend.loader import load_gguf
-    from powerinfer_backend.plugins.reference import load_reference
+    from powerinfer_backend.plugins.reference import load_reference, reference_mode
 
     g = load_gguf(str(path), verbose=False)
     m = NativeModel(g)
@@ -90,11 +90,12 @@ def dense_vs_llama_cpp(path: Path, threads: int, tokens: int, runs: int) -> dict
     for _ in range(runs):
         ours.append(tokens / greedy_decode(*_ctx_engine(ctx), tokens))
         theirs.append(tokens / greedy_decode(ref_last, ref.reset, tokens))
+    extra_bufts = reference_mode(ref)["extra_buffer_types"]
     ref.close()
     ctx.close()
     m.close()
     return {"file": path.name, "bytes": path.stat().st_size, "tensor_types": tensor_types(path),
-            "ours_tok_s": ours, "llama_cpp_tok_s": theirs,
+            "ours_tok_s": ours, "llama_cpp_tok_s": theirs, "llama_cpp_extra_buffer_types": extra_bufts,
             "ratio": statistics.median(a / b for a, b in zip(ours, theirs))}
 
 
@@ -191,7 +192,8 @@ def main() -> None:
           f"{r['loadavg_end'][0]:.2f} at the end")
     for t, d in r.get("dense", {}).items():
         print(f"  dense {t:<7} ({d['bytes'] / 2**30:.2f} GiB, {'/'.join(d['tensor_types'])}): ours {_fmt(d['ours_tok_s'])}"
-              f" tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])}; ours / llama.cpp {d['ratio']:.2f}x")
+              f" tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])} (extra buffer types "
+              f"{'on' if d['llama_cpp_extra_buffer_types'] else 'off'}); ours / llama.cpp {d['ratio']:.2f}x")
     if "swiglu_gate" in r:
         s = r["swiglu_gate"]
         down = (f"down over ffn_down on {len(s['down_dense_layers'])} layers" if s["down_dense_layers"]

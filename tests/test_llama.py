@@ -39,8 +39,8 @@ def llm(model_path):
 
 @pytest.fixture(scope="module")
 def ref(model_path):
-    """llama-cpp-python itself on the same file (AMX off, see llamacpp_ref)."""
-    r = load_reference(model_path, n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS)
+    """llama-cpp-python itself on the same file (its plain CPU kernels: extra buffer types off)."""
+    r = load_reference(model_path, extra_buffer_types=False, n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS)
     yield r
     r.close()
 

@@ -45,7 +45,8 @@ def ours(model_path):
 
 @pytest.fixture(scope="module")
 def ref(model_path):
-    r = load_reference(model_path, n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, seed=SEED,
+    r = load_reference(model_path, extra_buffer_types=False,
+                       n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, seed=SEED,
                        logits_all=True)
     yield r
     r.close()
@@ -327,7 +328,8 @@ def test_chat_openai_v1_types(ours, ref):
 def test_named_chat_format(model_path, ref):
     with Llama(model_path, n_ctx=N_CTX, n_threads=THREADS, chat_format="chatml", sparse="off",
                verbose=False) as m:
-        r = load_reference(model_path, n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, chat_format="chatml")
+        r = load_reference(model_path, extra_buffer_types=False,
+                           n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, chat_format="chatml")
         try:
             assert m.chat_format == r.chat_format == "chatml"
             a, b = _both(m, r, "create_chat_completion", MESSAGES, max_tokens=8, temperature=0)
@@ -501,7 +503,8 @@ def test_embeddings_close_to_llama_cpp(model_path):
     tokens x n_embd), so lists are compared in schema and on their first entry only."""
     texts = ["Hello world", "The capital of France is Paris."]
     with Llama(model_path, n_ctx=64, n_threads=THREADS, embedding=True, sparse="off", verbose=False) as m:
-        r = load_reference(model_path, n_ctx=64, n_threads=THREADS, n_threads_batch=THREADS, embedding=True)
+        r = load_reference(model_path, extra_buffer_types=False,
+                           n_ctx=64, n_threads=THREADS, n_threads_batch=THREADS, embedding=True)
         try:
             a, b = m.create_embedding(texts), r.create_embedding(texts)
             assert [np.shape(e["embedding"]) for e in a["data"]] == [np.shape(e["embedding"]) for e in b["data"]]

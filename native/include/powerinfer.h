@@ -262,6 +262,32 @@ int pi_seq_truncate(pi_context *ctx, int32_t seq, int32_t n_keep);
  * count as one pass each). Passes run by a ggml device are not counted. */
 int64_t pi_context_matmul_calls(pi_context *ctx, int32_t reset);
 
+/* Per-op timer (off by default; off costs one predictable branch per op). While on, the host
+ * forward pass adds the wall time of each op kind since the previous op ended (CLOCK_MONOTONIC)
+ * and counts its calls, over every layer and token until reset. pi_context_set_profile(on != 0)
+ * starts it with zeroed counters (PI_ERR_NOMEM), 0 stops it and frees them. pi_context_profile
+ * copies min(cap, PI_PROF_COUNT) entries of ns and calls, indexed by enum pi_prof_op, and zeroes
+ * them with reset != 0; it returns PI_PROF_COUNT, or -1 while the timer is off. A device's
+ * placed steps are timed as PI_PROF_DEVICE (submit to wait). */
+enum pi_prof_op {
+    PI_PROF_EMBED = 0,      /* token (and position) embedding rows */
+    PI_PROF_ROPE_CACHE = 1, /* the batch's RoPE cos/sin table */
+    PI_PROF_NORM = 2,       /* attention and FFN input norms */
+    PI_PROF_QKV = 3,        /* q/k/v products, their biases and q/k norms */
+    PI_PROF_ROPE = 4,       /* RoPE of q and k */
+    PI_PROF_ATTN = 5,       /* KV store and attention over the cache */
+    PI_PROF_ATTN_OUT = 6,   /* output projection, bias, post-norm, residual */
+    PI_PROF_FFN_GATE_UP = 7,
+    PI_PROF_FFN_ACT = 8,    /* activation times up (and a calibration observer) */
+    PI_PROF_FFN_DOWN = 9,   /* down projection, bias, post-norm, residual */
+    PI_PROF_FFN_SPARSE = 10, /* a whole sparse / predictor FFN layer */
+    PI_PROF_OUTPUT = 11,    /* output norm and head */
+    PI_PROF_DEVICE = 12,    /* a step placed on a device */
+    PI_PROF_COUNT = 13
+};
+int pi_context_set_profile(pi_context *ctx, int32_t on);
+int32_t pi_context_profile(pi_context *ctx, int64_t *ns, int64_t *calls, int32_t cap, int32_t reset);
+
 /* Thread-local message of the last failure on this thread. */
 const char *pi_last_error(void);
 
@@ -291,6 +317,21 @@ typedef struct pi_pool pi_pool;
  * on a condition variable (docs/architecture.md, "Thread pool"). */
 int pi_pool_create(int32_t n_threads, pi_pool **out);
 void pi_pool_free(pi_pool *pool);
+
+/* Roofline microbenchmarks (`powerinfer-backend bench --roofline`), run through a pool as the engine
+ * runs a matmul (chunks from a shared counter, the caller as worker 0).
+ * pi_bench_read_bw: read bandwidth. A buffer of `bytes` (>= 1 MiB, rounded down to pages) is allocated,
+ * written once by the pool (every page backed), read `repeats` times (every byte loaded once per pass,
+ * 256-bit loads with AVX2) and freed; *out = bytes/s of the fastest pass. PI_ERR_NOMEM if it cannot be
+ * allocated.
+ * pi_bench_int8_peak: int8 multiply-add throughput. Every chunk runs `iters` rounds of 8 independent
+ * vpmaddubsw + vpmaddwd + vpaddd chains in registers (the AVX2 quantized dot products' sequence; a
+ * scalar loop without AVX2), 256 multiply-adds a round; *out = operations/s (2 per multiply-add) of the
+ * best of `repeats` runs.
+ * pi_bench_isa: the path both take on this CPU, "avx2" or "scalar". */
+int pi_bench_read_bw(pi_pool *pool, int64_t bytes, int32_t repeats, double *out);
+int pi_bench_int8_peak(pi_pool *pool, int64_t iters, int32_t repeats, double *out);
+const char *pi_bench_isa(void);
 
 /* y[t][r] = dot(w row r, x[t]) for r < n_rows, t < n_tok. w has type `type`,
  * n_rows rows of n_cols elements; x is converted to the weight type's activation

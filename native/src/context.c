@@ -33,6 +33,7 @@ void pi_context_free(pi_context *c) {
     free(c->pred_active);
     free(c->pred_off);
     free(c->pred_count);
+    free(c->prof);
     free(c);
 }
 

@@ -9,6 +9,11 @@
 
 typedef struct pi_dev pi_dev; /* device/device.h */
 
+/* per-op timer: totals per enum pi_prof_op, and when the previous op ended */
+typedef struct {
+    int64_t ns[PI_PROF_COUNT], calls[PI_PROF_COUNT], lap;
+} pi_prof;
+
 struct pi_model {
     pi_model_params hp;   /* copy; tensor views point into caller memory */
     pi_tensor *layers;    /* own copy of the n_layer * PI_L_COUNT descriptors */
@@ -64,7 +69,18 @@ struct pi_context {
     float *ffn_capture;                   /* pi_context_set_ffn_capture, or NULL */
     int32_t n_out;
     pi_dev *dev;                          /* the device of a placement (device/device.h), or NULL */
+    pi_prof *prof;                        /* per-op timer (pi_context_set_profile), or NULL: off */
 };
+
+/* Per-op timer marks (profile.c): pi_prof_start where timing begins, pi_prof_lap(c, op) after
+ * each op, charging op with the time since the previous mark. Off: one predictable branch. */
+void pi_prof_now(pi_prof *p, int op);
+static inline void pi_prof_start(const pi_context *c) {
+    if (__builtin_expect(c->prof != NULL, 0)) pi_prof_now(c->prof, -1);
+}
+static inline void pi_prof_lap(const pi_context *c, int op) {
+    if (__builtin_expect(c->prof != NULL, 0)) pi_prof_now(c->prof, op);
+}
 
 /* tensor t is present with shape [ne0, ne1] (is_norm: [ne0] F32) and bytes enough (model.c) */
 int pi_check_tensor(const pi_tensor *t, const char *name, int64_t ne0, int64_t ne1, int is_norm);

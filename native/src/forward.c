@@ -17,6 +17,7 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, const int32_
      * (a device serves one sequence: pi_context_set_ggml_device refuses n_seq_max > 1) */
     if (dev != NULL && dev->iface.submit_attn(dev, c, l, pos, n_tok)) {
         dev->iface.wait(dev, c);
+        pi_prof_lap(c, PI_PROF_DEVICE);
     } else {
         const size_t kv_off = (size_t)l * c->n_cells * c->kv_row * c->kv_esz;
         const pi_attn_site host = {c->pool, lt, lm, c->k_cache + kv_off, c->v_cache + kv_off, c->x, c->xn, c->q,
@@ -32,8 +33,10 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, const int32_
     if (dev != NULL && dev->iface.submit_ffn(dev, c, l, n_tok)) {
         dev->iface.wait(dev, c);
         pi_ffn_sparse_done(c, l, n_tok);
+        pi_prof_lap(c, PI_PROF_DEVICE);
     } else if (c->down_t != NULL && c->down_t[l].data != NULL) {
         pi_ffn_sparse_layer(c, l, n_tok);
+        pi_prof_lap(c, PI_PROF_FFN_SPARSE);
     } else {
         pi_ffn_dense(c, l, n_tok);
     }
@@ -76,6 +79,7 @@ static int forward_rows(pi_context *c, const int32_t *tokens, const int32_t *pos
     const int64_t E = hp->n_embd;
     const pi_mat *te = &c->m->tok_embd;
     const int64_t te_row = pi_row_size(te->type, E);
+    pi_prof_start(c);
     for (int32_t t = 0; t < n_tokens; t++)
         pi_dequantize_row(te->type, (const char *)te->data + tokens[t] * te_row, c->x + t * E, E);
     if (hp->embd_scale > 0.0f)
@@ -89,12 +93,14 @@ static int forward_rows(pi_context *c, const int32_t *tokens, const int32_t *pos
         }
     }
 
+    pi_prof_lap(c, PI_PROF_EMBED);
     if (hp->rope_type != PI_ROPE_NONE)
         pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base, hp->rope_freq_scale, hp->rope_freqs.data,
                       c->rope_cs); /* once per batch, shared by every layer's q and k */
     if (hp->n_swa > 0) /* the local layers' RoPE base (Gemma 3: 10000 against 1e6 globally) */
         pi_rope_cache(n_tokens, hp->n_rot, pos, hp->rope_freq_base_swa, hp->rope_freq_scale_swa, hp->rope_freqs.data,
                       c->rope_cs_swa);
+    pi_prof_lap(c, PI_PROF_ROPE_CACHE);
     const int64_t passes0 = pi_weight_passes;
     for (int l = 0; l < hp->n_layer; l++) forward_layer(c, l, pos, cell0, n_tokens);
     c->matmul_calls += pi_weight_passes - passes0;
@@ -107,11 +113,13 @@ static void output_rows(pi_context *c, const float *xo, int64_t n_out) {
     c->n_out = (int32_t)n_out;
     if (c->dev != NULL && c->dev->iface.submit_output(c->dev, c, xo, n_out, c->logits)) {
         c->dev->iface.wait(c->dev, c);
+        pi_prof_lap(c, PI_PROF_DEVICE);
     } else {
         const int64_t passes0 = pi_weight_passes;
         pi_norm_rows(hp, xo, &hp->output_norm, &hp->output_norm_b, n_out, c->embd);
         pi_matmul1(c, &c->m->output, c->embd, n_out, c->logits);
         c->matmul_calls += pi_weight_passes - passes0;
+        pi_prof_lap(c, PI_PROF_OUTPUT);
     }
 }
 

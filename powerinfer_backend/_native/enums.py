@@ -9,7 +9,7 @@ import enum
 
 from ._pi_native import ffi
 
-__all__ = ["Status", "Type", "RopeType", "Act", "LayerSlot", "FfnThresholdOn", "FfnForm", "IsaBit"]
+__all__ = ["Status", "Type", "RopeType", "Act", "LayerSlot", "FfnThresholdOn", "FfnForm", "IsaBit", "ProfOp"]
 
 
 def _from_c(name: str, c_enum: str, prefix: str) -> type[enum.IntEnum]:
@@ -29,3 +29,5 @@ FfnThresholdOn = _from_c("FfnThresholdOn", "pi_ffn_threshold_on", "PI_FFN_ON_")
 FfnForm = _from_c("FfnForm", "pi_ffn_act", "PI_FFN_")
 #: bits of pi_isa_supported()
 IsaBit = _from_c("IsaBit", "pi_isa_bit", "PI_ISA_")
+#: op kinds of the per-op timer (``enum pi_prof_op``); ``COUNT`` is their number
+ProfOp = _from_c("ProfOp", "pi_prof_op", "PI_PROF_")

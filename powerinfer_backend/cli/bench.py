@@ -123,7 +123,7 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
     gc.collect()
 
     if include_llama_cpp:
-        from ..plugins.reference import load_reference
+        from ..plugins.reference import load_reference, reference_mode
 
         ref = load_reference(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,
                              n_threads_batch=n_threads)
@@ -137,8 +137,10 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
             return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         r_pre, r_dec = _measure(ref_eval, ref.reset, prompt, short, n_decode, repeats)
+        mode = reference_mode(ref)  # llama.cpp's defaults (extra buffer types on) unless its probe failed
         result["llama_cpp"] = {"engine": "llama-cpp-python", "prefill_tok_s": n_prefill / r_pre,
-                               "decode_tok_s": n_decode / r_dec}
+                               "decode_tok_s": n_decode / r_dec, "extra_buffer_types": mode["extra_buffer_types"],
+                               "reference_mode": mode["reason"]}
         result["ratio"] = {"decode": r_dec / t_dec, "prefill": r_pre / t_pre}
         ref.close()
     if "ours_sparse" in result:
@@ -153,13 +155,17 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
 
 
 def format_table(r: dict) -> str:
-    """Human-readable table of a run_bench result."""
+    """Human-readable table of a run_bench result (with its roofline section when present)."""
     lines = [f"model {r['model']}  threads {r['threads']}",
              f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}"]
     for key in ("ours", "ours_sparse", "llama_cpp"):
         if key in r:
             e = r[key]
             lines.append(f"{e['engine']:<40} {e['prefill_tok_s']:>14.1f} {e['decode_tok_s']:>13.1f}")
+    if "llama_cpp" in r:
+        on = r["llama_cpp"].get("extra_buffer_types")
+        lines.append(f"llama.cpp extra buffer types (repacked weights): {'on' if on else 'off'}"
+                     f" ({r['llama_cpp'].get('reference_mode')})")
     if "ratio" in r:
         lines.append(f"{'ratio ours / llama.cpp':<40} {r['ratio']['prefill']:>14.2f} {r['ratio']['decode']:>13.2f}")
     if "ratio_sparse" in r:
@@ -173,4 +179,8 @@ def format_table(r: dict) -> str:
         lines.append(f"sparse='auto' runs dense: {r['sparse_auto']}")
     lines.append(f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
                  f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)")
+    if "roofline" in r:  # bench --roofline
+        from .roofline import format_roofline
+
+        lines.append(format_roofline(r["roofline"]))
     return "\n".join(lines)

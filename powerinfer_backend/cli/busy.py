@@ -80,7 +80,7 @@ def _ours(model_path: str, n_ctx: int, n_threads, short_of, n_decode: int, repea
 def _llama_cpp(model_path: str, n_ctx: int, n_threads, short_of, n_decode: int, repeats: int) -> dict:
     import llama_cpp
 
-    from ..plugins.reference import load_reference
+    from ..plugins.reference import load_reference, reference_mode
 
     kw = {} if n_threads is None else {"n_threads": n_threads, "n_threads_batch": n_threads}
     ref = load_reference(model_path, n_ctx=n_ctx, **kw)
@@ -92,7 +92,8 @@ def _llama_cpp(model_path: str, n_ctx: int, n_threads, short_of, n_decode: int, 
             return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         rate = _decode_tok_s(eval_last, ref.reset, short, n_decode, repeats)
-        return {"threads": int(ref.n_threads), "decode_tok_s": rate}
+        return {"threads": int(ref.n_threads), "decode_tok_s": rate,
+                "extra_buffer_types": reference_mode(ref)["extra_buffer_types"]}
     finally:
         ref.close()
         gc.collect()
@@ -141,4 +142,6 @@ def format_busy(r: dict) -> str:
         c = r[name]
         lines.append(f"{name:<10} {c['ours']['threads']:>8} {c['ours']['decode_tok_s']:>11.1f} "
                      f"{c['llama_cpp']['threads']:>9} {c['llama_cpp']['decode_tok_s']:>12.1f} {c['ratio']:>6.2f}")
+    on = r["equal"]["llama_cpp"].get("extra_buffer_types")
+    lines.append(f"llama.cpp extra buffer types (repacked weights): {'on' if on else 'off'}")
     return "\n".join(lines)

@@ -88,11 +88,19 @@ def cmd_bench(args) -> int:
                                 n_decode=args.n_decode, repeats=args.repeats)
         print(json.dumps(result, indent=2) if args.json else format_busy(result))
         return 0
+    if args.profile_ops:
+        from .profile_ops import profile_ops_command
+
+        return profile_ops_command(args, _model_path(args.model))
     from .bench import format_table, run_bench
 
     result = run_bench(_model_path(args.model), n_threads=args.threads, n_decode=args.n_decode,
                        n_prefill=args.n_prefill, repeats=args.repeats, include_llama_cpp=not args.no_llama_cpp,
                        sparse=args.sparse)
+    if args.roofline:  # measured right after the engines, in the same run
+        from .roofline import add_roofline
+
+        add_roofline(result, _model_path(args.model), n_threads=args.threads, bandwidth_mib=args.roofline_mib)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 
@@ -434,6 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n-ff", type=positive("--n-ff"), default=11008, help="sweep: n_ff (default 11008)")
     b.add_argument("--mib", type=positive("--mib"), default=1200,
                    help="sweep: MiB of weights rotated over (default 1200)")
+    b.add_argument("--profile-ops", action="store_true", help="instead: our ms per token of each op kind")
+    b.add_argument("--roofline", action="store_true", help="also the host's read bandwidth and int8 peak "
+                   "(measured), and each engine's tok/s as a percentage of those roofs")
+    b.add_argument("--roofline-mib", type=positive("--roofline-mib"), default=1024,
+                   help="roofline: MiB read for the bandwidth (default 1024, far above the last-level cache)")
     _add_sparse(b)
     b.set_defaults(func=cmd_bench)
 

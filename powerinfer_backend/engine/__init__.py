@@ -4,7 +4,8 @@ the only code that calls ``lib.pi_*`` besides ``_native`` itself.
 Owns ``NativeModel`` / ``NativeContext`` (``native``: a C model over a loaded GGUF, a
 context with its KV cache), the worker pool (``pool``), the ggml binding and its devices
 (``ggml``: :class:`~.ggml.GgmlDevice`, which a context places a plan on), the single
-operators the FFN density sweep times (``kernels``), the transposed ``ffn_down`` cache build
+operators the FFN density sweep times (``kernels``), the host's measured roofs
+(``roofline``: read bandwidth, int8 peak), the transposed ``ffn_down`` cache build
 (``down_cache``), the C predictor scores (``scores``), the argument-struct conversions
 (``tensors``), the close-once helper they share (``closing``) and the C library's test hooks
 (``testing``: only in a ``POWERINFER_TESTING=1`` build)."""

@@ -239,6 +239,28 @@ class NativeContext:
             rows = self._logits_view().copy()
         return np.split(rows, np.cumsum(counts)[:-1]) if logits_all else list(rows)
 
+    def set_profile(self, on: bool) -> None:
+        """Turn the per-op timer on (counters zeroed) or off. Off by default; while off it
+        costs one predictable branch per op (powerinfer.h, ``pi_context_set_profile``).
+
+        Raises:
+            MemoryError: its counters cannot be allocated.
+        """
+        check(lib.pi_context_set_profile(self._ptr, 1 if on else 0), "set_profile")
+
+    def profile(self, reset: bool = False) -> dict[str, tuple[float, int]] | None:
+        """Per op kind (``_native.enums.ProfOp`` names, lower case: ``"qkv"``, ``"attn"``,
+        ``"ffn_gate_up"``, ...), (milliseconds, calls) of the host forward pass since
+        :meth:`set_profile` or the last ``reset``; every layer and token summed. None while
+        the timer is off."""
+        from .._native.enums import ProfOp
+
+        n = int(ProfOp.COUNT)
+        ns, calls = ffi.new("int64_t[]", n), ffi.new("int64_t[]", n)
+        if lib.pi_context_profile(self._ptr, ns, calls, n, 1 if reset else 0) < 0:
+            return None
+        return {op.name.lower(): (ns[op] / 1e6, int(calls[op])) for op in ProfOp if op is not ProfOp.COUNT}
+
     def matmul_calls(self, reset: bool = False) -> int:
         """Weight-matrix passes of the host forward pass since creation or the last ``reset``: a
         batched product counts once per weight matrix however many tokens (of however many

@@ -85,7 +85,7 @@ def test_bit_identical_to_llama_cpp(tmp_path, two_norms, n_head_kv, mtype):
 
     path = write_tiny_falcon(tmp_path / "f8.gguf", two_norms=two_norms, n_head_kv=n_head_kv, matrix_type=mtype)
     ours, _ = _eval(load_gguf(path, verbose=False), decode=True)
-    ref = load_reference(path, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
+    ref = load_reference(path, extra_buffer_types=False, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
     rows = reference_logits(ref, TOKENS, one_by_one=True)  # the decode path (one token per eval)
     ref.close()
     assert np.array_equal(ours, rows), np.abs(ours - rows).max()

@@ -61,7 +61,7 @@ def test_tiny_bit_identical_to_llama_cpp(tmp_path):
 
     path = write_tiny_gemma3(tmp_path / "g8.gguf", matrix_type=T.Q8_0)
     ours = _eval(load_gguf(path, verbose=False), TOKENS)
-    ref = load_reference(path, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
+    ref = load_reference(path, extra_buffer_types=False, n_ctx=32, n_threads=2, n_threads_batch=2, logits_all=True)
     rows = reference_logits(ref, TOKENS, one_by_one=True)  # the decode path (one token per eval)
     ref.close()
     assert np.array_equal(ours, rows), np.abs(ours - rows).max()
@@ -105,7 +105,8 @@ def gemma_engines(gemma_path):
 
     m = load_gguf(gemma_path, verbose=False)
     ctx = NativeContext(NativeModel(m), n_ctx=128, n_batch=128, n_threads=2)
-    ref = load_reference(gemma_path, n_ctx=128, n_threads=2, n_threads_batch=2, logits_all=True)
+    ref = load_reference(gemma_path, extra_buffer_types=False,
+                         n_ctx=128, n_threads=2, n_threads_batch=2, logits_all=True)
     yield m, ctx, ref
     ctx.close()
     ref.close()

@@ -44,7 +44,8 @@ def ours(model_path):
 
 @pytest.fixture(scope="module")
 def ref(model_path):
-    llm = load_reference(model_path, n_ctx=512, n_threads=N_THREADS, n_threads_batch=N_THREADS, logits_all=True)
+    llm = load_reference(model_path, extra_buffer_types=False,
+                         n_ctx=512, n_threads=N_THREADS, n_threads_batch=N_THREADS, logits_all=True)
     yield llm
     llm.close()
 

@@ -117,7 +117,7 @@ def _llama_cpp(path, prompts=None, seqs=None):
     ``seqs``: batched vs one token at a time (its default, non-flash attention) and flash vs
     non-flash attention (batched)."""
     kw = dict(n_ctx=N_CTX, n_batch=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True)
-    r = load_reference(path, flash_attn=False, **kw)
+    r = load_reference(path, extra_buffer_types=False, flash_attn=False, **kw)
     try:
         if seqs is None:
             return [r.tokenize(p.encode()) for p in prompts]
@@ -125,7 +125,7 @@ def _llama_cpp(path, prompts=None, seqs=None):
         single = _llama_cpp_logprobs(r, seqs, one_by_one=True)
     finally:
         r.close()
-    r = load_reference(path, flash_attn=True, **kw)
+    r = load_reference(path, extra_buffer_types=False, flash_attn=True, **kw)
     try:
         flash = _llama_cpp_logprobs(r, seqs, one_by_one=False)
     finally:

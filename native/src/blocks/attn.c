@@ -47,6 +47,7 @@ void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int3
     if (hp->parallel_residual) /* Falcon: the FFN reads the layer input, not x + attention */
         memcpy(s->x_par, s->x, (size_t)(n_tok * E) * sizeof(float));
     pi_norm_rows(hp, s->x, &lt[PI_L_ATTN_NORM], &lt[PI_L_ATTN_NORM_B], n_tok, s->xn);
+    pi_prof_lap(c, PI_PROF_NORM);
     const pi_matmul_out qkv[3] = {{&lm[PI_L_ATTN_Q], s->q, Q}, {&lm[PI_L_ATTN_K], s->k, R}, {&lm[PI_L_ATTN_V], s->v, R}};
     pi_matmul_multi(s->pool, qkv, 3, s->xn, n_tok, s->act_scratch);
     pi_bias_opt(&lt[PI_L_ATTN_Q_BIAS], s->q, Q, n_tok);
@@ -54,11 +55,13 @@ void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int3
     pi_bias_opt(&lt[PI_L_ATTN_V_BIAS], s->v, R, n_tok);
     pi_norm_opt(&lt[PI_L_ATTN_Q_NORM], s->q, H, n_tok * hp->n_head, hp->rms_eps);
     pi_norm_opt(&lt[PI_L_ATTN_K_NORM], s->k, H, n_tok * hp->n_head_kv, hp->rms_eps);
+    pi_prof_lap(c, PI_PROF_QKV);
     const float *cs = swa ? s->rope_cs_swa : s->rope_cs;
     if (hp->rope_type != PI_ROPE_NONE) { /* OPT: learned positions were added to the embeddings */
         pi_rope_apply(s->q, n_tok, hp->n_head, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
         pi_rope_apply(s->k, n_tok, hp->n_head_kv, hp->n_embd_head, hp->n_rot, cs, hp->rope_type);
     }
+    pi_prof_lap(c, PI_PROF_ROPE);
     float scale = 1.0f / sqrtf((float)hp->n_embd_head);
     if (hp->attn_scale > 0.0f) { /* Gemma: q scaled before attention, scores unscaled */
         for (int64_t i = 0; i < n_tok * Q; i++) s->q[i] *= hp->attn_scale;
@@ -70,11 +73,14 @@ void pi_attn_block(const pi_context *c, const pi_attn_site *s, int l, const int3
         for (int64_t t = 0; t < n_tok; t++) n_kv = pos[t] + 1 > n_kv ? pos[t] + 1 : n_kv;
     pi_attention(s->pool, s->q, n_tok, hp->n_head, hp->n_head_kv, hp->n_embd_head, s->kc, s->vc, c->n_cells,
                  c->cp.kv_type, n_kv, pos, cell0, scale, swa ? hp->n_swa : 0, s->attn, s->attn_scratch);
+    pi_prof_lap(c, PI_PROF_ATTN);
     const pi_matmul_out o = {&lm[PI_L_ATTN_OUT], s->xn, E};
     pi_matmul_multi(s->pool, &o, 1, s->attn, n_tok, s->act_scratch);
     pi_bias_opt(&lt[PI_L_ATTN_OUT_BIAS], s->xn, E, n_tok);
     pi_norm_opt(&lt[PI_L_ATTN_POST_NORM], s->xn, E, n_tok, hp->rms_eps);
     pi_add_rows(s->x, s->xn, n_tok * E);
+    pi_prof_lap(c, PI_PROF_ATTN_OUT);
     /* the FFN's input */
     pi_norm_rows(hp, hp->parallel_residual ? s->x_par : s->x, &lt[PI_L_FFN_NORM], &lt[PI_L_FFN_NORM_B], n_tok, s->xn);
+    pi_prof_lap(c, PI_PROF_NORM);
 }

@@ -62,13 +62,17 @@ static void ffn_out(pi_context *c, int l, float *y, int64_t n_tok) {
 
 void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
-    const float *h = act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
+    const int gated = ffn_gate_up(c, l, n_tok);
+    pi_prof_lap(c, PI_PROF_FFN_GATE_UP);
+    const float *h = act_mul(c, n_tok, gated);
     if (c->ffn_observer != NULL) { /* the one observation point (calibration histograms) */
         const pi_ffn_obs o = {c->pool, l, hp->act, c->ffn_on_gate, n_tok, hp->n_ff, c->g, h};
         c->ffn_observer(c->ffn_observer_data, &o);
     }
+    pi_prof_lap(c, PI_PROF_FFN_ACT);
     pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], h, n_tok, c->xn);
     ffn_out(c, l, c->xn, n_tok);
+    pi_prof_lap(c, PI_PROF_FFN_DOWN);
 }
 
 /* The sparse FFN of layer l (see pi_context_set_ffn_sparsity). A batch thresholding
