@@ -134,7 +134,7 @@ def test_dense_down_gate_form(tmp_path, xdg_cache):
     # measured: max |d logit| 0.062 against the down_t form, max |logit| 2.77 (the dense down
     # quantizes h to Q8_0, the down_t form sums float h times Q8_0 rows)
     assert np.abs(two - rows_form).max() <= 0.05 * np.abs(dense).max()
-    # the product form too (configure uses the dense down for either form where it is cheaper)
+    # the product form over the dense down at threshold 0: the dense model's bits
     ctx = NativeContext(m2 := NativeModel(g), n_ctx=32, n_batch=8, n_threads=2)
     for layer in range(2):
         ctx.set_ffn_sparsity(layer, transposed_down(g, layer, dtype="q8_0"), 0.0)
