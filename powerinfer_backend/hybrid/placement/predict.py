@@ -39,8 +39,6 @@ Bandwidths are in GB/s (1e9 bytes per second); times in seconds.
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -366,28 +364,19 @@ def predict_layer_split(sizes: ModelSizes, vram_budget: int, *, device_gbps: flo
 
 
 def measure_host_bandwidth(nbytes: int = 256 << 20, n_threads: int = 1, repeats: int = 5) -> float:
-    """The host's read bandwidth in GB/s: the best of ``repeats`` timed sums of a float64
-    array of ``nbytes`` (large enough to miss the caches), split over ``n_threads``
-    threads (numpy's sum releases the GIL). About 0.1-0.5 s.
+    """The host's read bandwidth in GB/s: the best of ``repeats`` passes over a buffer of
+    ``nbytes`` (large enough to miss the caches), split over ``n_threads`` threads of the
+    engine's pool, as ``bench --roofline`` measures it
+    (:func:`powerinfer_backend.engine.roofline.read_bandwidth`). About 0.1-0.5 s.
 
     Raises:
         ValueError: nbytes < 1 MiB or n_threads < 1.
     """
     if nbytes < (1 << 20) or n_threads < 1:
         raise ValueError(f"nbytes must be >= 1 MiB and n_threads >= 1, got {nbytes}, {n_threads}")
-    a = np.ones(nbytes // 8, np.float64)
-    parts = np.array_split(a, n_threads)
-    best = math.inf
-    for _ in range(max(1, repeats)):
-        threads = [threading.Thread(target=np.sum, args=(p,)) for p in parts[1:]]
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        np.sum(parts[0])
-        for th in threads:
-            th.join()
-        best = min(best, time.perf_counter() - t)
-    return a.nbytes / best / 1e9
+    from ...engine.roofline import read_bandwidth
+
+    return read_bandwidth(n_threads, nbytes, max(1, repeats)) / 1e9
 
 
 def format_predictions(ours: Prediction, split: Prediction) -> str:
