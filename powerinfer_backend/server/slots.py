@@ -156,7 +156,7 @@ class SlotLlama(Llama):
             :class:`Cancelled` when the slot's client left.
     """
 
-    def __init__(self, base: Llama, seq: int, n_ctx: int, decode: Callable):  # noqa: D107 - no Llama.__init__
+    def __init__(self, base: Llama, seq: int, n_ctx: int, decode: Callable):  # no Llama.__init__ to call
         self.__dict__.update(base.__dict__)  # the shared parts; the per-sequence state is replaced below
         self._announced = False  # the model_loaded / unloaded hooks belong to the base
         self.seq = int(seq)

@@ -162,8 +162,8 @@ class ModelWorker:
             if len(self._queue) >= self.max_queue + free:
                 self.rejected += 1
                 waiting = len(self._queue) - free
-                raise APIError(503, f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting for a "
-                                    f"slot (--max-queue {self.max_queue}); retry later", "server_busy")
+                raise APIError(503, f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting "
+                                    f"for a slot (--max-queue {self.max_queue}); retry later", "server_busy")
             self._queue.append(job)
             self._cv.notify_all()
         return job
