@@ -172,8 +172,8 @@ def cmd_perplexity(args) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of {args.ctx}),"
-              f" FFN sparsity {result['ffn_sparsity']:.1%}")
+        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of "
+              f"{args.ctx}), FFN sparsity {result['ffn_sparsity']:.1%}")
     return 0
 
 

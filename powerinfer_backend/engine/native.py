@@ -117,7 +117,8 @@ class NativeContext:
             raise ValueError("NativeContext: the model is closed")
         self.model = model
         self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
-        if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, (int, np.integer)) or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx):
+        if (isinstance(n_seq_max, bool) or not isinstance(n_seq_max, (int, np.integer))
+                or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx)):
             raise ValueError(f"n_seq_max must be an int in [1, min({lib.PI_SEQ_MAX}, n_ctx {self.n_ctx})], "
                              f"got {n_seq_max!r}")
         self.n_vocab = model.gguf.hparams.n_vocab

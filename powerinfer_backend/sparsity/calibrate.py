@@ -313,7 +313,7 @@ def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.
             measure(name, i)
             choices.append((-abs(means[i] - target), name, i))
             continue
-        i, _ = search_budget(means, lambda k: measure(name, k)[0] / ppl_dense - 1.0, goal)
+        i, _ = search_budget(means, lambda k, name=name: measure(name, k)[0] / ppl_dense - 1.0, goal)
         choices.append((float(means[i]), name, i))
     _, name, i = max(choices)
     ppl, held_sparsity = measure(name, i)

@@ -95,7 +95,7 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
     model = o.model if o.model is not None else llm.model_path
     if prompt_toks[:2] == [tok.token_bos] * 2:
         warnings.warn(f'Detected duplicate leading "{tok.token_text(tok.token_bos)}" in prompt, this will likely '
-                      f'reduce response quality, consider removing it...', RuntimeWarning)
+                      f'reduce response quality, consider removing it...', RuntimeWarning, stacklevel=1)
     if o.logit_bias is not None:
         procs = list(params.logits_processor or ()) + [logit_bias_processor(o.logit_bias)]
         params = SamplingParams(**{**params.__dict__, "logits_processor": procs})
