@@ -18,9 +18,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from powerinfer_backend import Llama  # noqa: E402
-from powerinfer_backend.cli.bench import _measure, _prompt_tokens  # noqa: E402
-from powerinfer_backend.loader.models import default_model_path  # noqa: E402
+from powerinfer_backend import Llama
+from powerinfer_backend.cli.bench import _measure, _prompt_tokens
+from powerinfer_backend.loader.models import default_model_path
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,7 @@ import pytest
 from tests.fixtures import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import gpu_validate as gv  # noqa: E402
+import gpu_validate as gv
 
 HAVE_GGML = importlib.util.find_spec("powerinfer_backend.engine.ggml") is not None
 
