@@ -163,6 +163,7 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
     if placement == "auto":
         from .auto import plan_auto
 
+        assert device_gbps is not None and host_gbps is not None  # checked with the inputs above
         plan = plan_auto(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch, device_gbps=device_gbps,
                          host_gbps=host_gbps, mode=mode, sizer=sizer, disable_gpu_index=disable_gpu_index)
     else:

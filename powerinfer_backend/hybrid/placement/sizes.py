@@ -90,9 +90,15 @@ class Sizer(Protocol):
         exact: the compute bytes are the device's own count (False: an estimate).
     """
 
-    name: str
-    alignment: int
-    exact: bool
+    # read-only: a frozen dataclass (BufferRule, DeviceSizer) is a Sizer
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def alignment(self) -> int: ...
+
+    @property
+    def exact(self) -> bool: ...
 
     def tensor_bytes(self, ggml_type: int, ne0: int, ne1: int = 1) -> int:
         """Bytes the buffer type allocates for a [ne0, ne1] tensor (before alignment)."""
