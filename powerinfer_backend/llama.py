@@ -452,7 +452,7 @@ class Llama:
         return chat.as_openai_v1(lambda: self.create_chat_completion(*args, **kwargs), kwargs.get("stream", False))
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files: Optional[List] = None,
+    def from_pretrained(cls, repo_id: str, filename: str, additional_files: Optional[List] = None,
                         local_dir=None, local_dir_use_symlinks="auto", cache_dir=None, **kwargs) -> "Llama":
         """Download ``filename`` (a glob) of the Hugging Face repository ``repo_id`` and load it
         (:func:`powerinfer_backend.loader.hub.from_pretrained`; needs huggingface-hub)."""

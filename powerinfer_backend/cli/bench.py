@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +126,7 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
     from ..llama import Llama
 
     n_ctx = n_prefill + n_decode + 32
-    result = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
+    result: dict[str, Any] = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
 
     if sparse not in ("off", None, False):
         result.update(_ours_sparse(Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,

@@ -13,6 +13,7 @@ percentile reported (robust against other load on the machine).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -113,8 +114,8 @@ def _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities) ->
                                           TYPE_ID[dt], L.down_t[dt], x, *act_sets[d][i], 0.0, y, n_used)
               for i, L in enumerate(layers) for dt in dts for d in densities}
 
-        variants = [("dense", None, None)] + [(dt, dt, d) for dt in dts for d in densities]
-        times = {v: [] for v in variants}
+        variants: list[tuple[Any, Any, Any]] = [("dense", None, None)] + [(dt, dt, d) for dt in dts for d in densities]
+        times: dict[tuple, list[float]] = {v: [] for v in variants}
         for r in range(rounds + 1):
             for i in range(n_layers):  # the variants interleaved call by call
                 for v in variants:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class NativeModel:
         out = ffi.new("pi_model **")
         check(lib.pi_model_create(p, out), f"{gguf.path}")
         self._ptr = out[0]
-        self._contexts = weakref.WeakSet()  # contexts point into the C model: it must outlive them
+        self._contexts: weakref.WeakSet = weakref.WeakSet()  # contexts point into the C model: it must outlive them
         self._close_requested = False
 
     @property
@@ -133,12 +134,12 @@ class NativeContext:
         #: positions each sequence holds: n_ctx // n_seq_max
         self.n_ctx_seq = int(lib.pi_n_ctx_seq(self._ptr))
         self._busy = threading.Lock()
-        self._down_t = {}  # layer -> transposed down array the C context points into
-        self._ffn_thr = {}  # layer -> the threshold set with it
-        self._down_dense = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
-        self._hist = None  # the calibration histogram the C context writes into
-        self._pred = {}  # layer -> predictor arrays the C context points into
-        self._device = None  # the device the C context computes on, kept alive with it
+        self._down_t: dict[int, Any] = {}  # layer -> transposed down array the C context points into
+        self._ffn_thr: dict[int, Any] = {}  # layer -> the threshold set with it
+        self._down_dense: set[int] = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
+        self._hist: np.ndarray | None = None  # the calibration histogram the C context writes into
+        self._pred: dict[int, Any] = {}  # layer -> predictor arrays the C context points into
+        self._device: Any = None  # the device the C context computes on, kept alive with it
         model._contexts.add(self)
         # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
         self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
@@ -208,7 +209,8 @@ class NativeContext:
         items = list(items)
         if not items:
             raise ValueError("eval_seqs: items must hold at least one (seq, tokens) pair")
-        seqs, counts, chunks, seen = [], [], [], {}
+        seqs, counts, chunks = [], [], []
+        seen: dict[int, int] = {}
         for i, item in enumerate(items):
             try:
                 seq, tokens = item
