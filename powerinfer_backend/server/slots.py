@@ -15,7 +15,7 @@ native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -160,7 +160,7 @@ class SlotLlama(Llama):
         self.__dict__.update(base.__dict__)  # the shared parts; the per-sequence state is replaced below
         self._announced = False  # the model_loaded / unloaded hooks belong to the base
         self.seq = int(seq)
-        self.job = None  # the request running in this slot (its cancel flag)
+        self.job: Any = None  # the worker's Job running in this slot (its cancel flag)
         self._backend = SlotBackend(base.engine, self, decode)
         self._n_ctx = int(n_ctx)
         self.cache = None
