@@ -42,7 +42,8 @@ def main() -> None:
             llm.stats(reset=True)
             best[m] = min(best[m], decode_time(llm, args.tokens, clock))
     base = best[next(iter(llms))]
-    print(f"{Path(model).name}, {args.threads} threads, {args.tokens} tokens, {'CPU time' if args.cpu_time else 'wall'}")
+    print(f"{Path(model).name}, {args.threads} threads, {args.tokens} tokens, "
+          f"{'CPU time' if args.cpu_time else 'wall'}")
     for m, llm in llms.items():
         st = llm.stats()
         extra = ""

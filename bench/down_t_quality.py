@@ -27,6 +27,16 @@ from powerinfer_backend.text.tokenizer import LlamaCppTokenizer  # noqa: E402
 TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
+def _recording_eval(ctx, rows: list):
+    """perplexity's chunk evaluator over ``ctx`` that also keeps every chunk's logits in ``rows``."""
+    def chunk(c):
+        ctx.truncate(0)
+        out = ctx.eval(c, logits_all=True)
+        rows.append(out.copy())
+        return out
+    return chunk
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -48,15 +58,8 @@ def main() -> None:
         if kind != "dense":
             for layer in range(g.hparams.n_layer):
                 ctx.set_ffn_sparsity(layer, transposed_down(g, layer, dtype=kind), 0.0)
-        rows = []
-
-        def chunk(c):
-            ctx.truncate(0)
-            out = ctx.eval(c, logits_all=True)
-            rows.append(out.copy())
-            return out
-
-        ppl = perplexity(toks, chunk, a.ctx, a.chunks)["ppl"]
+        rows: list = []
+        ppl = perplexity(toks, _recording_eval(ctx, rows), a.ctx, a.chunks)["ppl"]
         logits = np.concatenate(rows)
         if base is None:
             base, ref = ppl, logits

@@ -191,8 +191,8 @@ def main() -> None:
           f"{a.tokens} decoded tokens, {a.runs} runs; load average {r['loadavg_start'][0]:.2f} at the start, "
           f"{r['loadavg_end'][0]:.2f} at the end")
     for t, d in r.get("dense", {}).items():
-        print(f"  dense {t:<7} ({d['bytes'] / 2**30:.2f} GiB, {'/'.join(d['tensor_types'])}): ours {_fmt(d['ours_tok_s'])}"
-              f" tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])} (extra buffer types "
+        print(f"  dense {t:<7} ({d['bytes'] / 2**30:.2f} GiB, {'/'.join(d['tensor_types'])}): "
+              f"ours {_fmt(d['ours_tok_s'])} tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])} (extra buffer types "
               f"{'on' if d['llama_cpp_extra_buffer_types'] else 'off'}); ours / llama.cpp {d['ratio']:.2f}x")
     if "swiglu_gate" in r:
         s = r["swiglu_gate"]

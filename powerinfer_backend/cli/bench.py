@@ -48,15 +48,18 @@ def _measure(eval_tokens, reset, prompt, short, n_decode, repeats):
     return _best(prefill, repeats), _best(decode, repeats)
 
 
+def _engine_calls(be):
+    """``_measure``'s (eval -> the last logits row, reset) for one of our engines."""
+    return (lambda t: be.eval(t)[-1]), (lambda: be.truncate(0))
+
+
 def _ours_sparse(llm, n_prefill: int, n_decode: int, repeats: int) -> dict:
     """The ``ours_sparse`` entry (or ``sparse_auto``'s reason for staying dense); closes ``llm``."""
     out: dict = {}
     try:
         if llm.stats().get("mode", "dense") != "dense":
             prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
-            be = llm.engine
-            t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, prompt[:8],
-                                    n_decode, repeats)
+            t_pre, t_dec = _measure(*_engine_calls(llm.engine), prompt, prompt[:8], n_decode, repeats)
             st = llm.stats()
             out["ours_sparse"] = {"engine": f"powerinfer_backend sparse ({st['mode']})",
                                   "prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
@@ -75,7 +78,7 @@ def _ours_dense(llm, n_prefill: int, n_decode: int, repeats: int):
     prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
     short = prompt[:8]
     be = llm.engine
-    t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, short, n_decode, repeats)
+    t_pre, t_dec = _measure(*_engine_calls(be), prompt, short, n_decode, repeats)
 
     engine_time = [0.0]
     raw_eval = be.eval
