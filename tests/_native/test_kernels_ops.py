@@ -186,7 +186,8 @@ ROPE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: f"h{c[0]}d{c[1]}r{c[2]}s{c[4]}{'ff' if c[5] else ''}-{'neox' if c[6] else 'norm'}")
+@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: (f"h{c[0]}d{c[1]}r{c[2]}s{c[4]}{'ff' if c[5] else ''}-"
+                                                              f"{'neox' if c[6] else 'norm'}"))
 def test_rope(isa, case):
     n_head, head_dim, n_rot, base, scale, use_ff, mode = case
     pos = np.array([0, 1, 2, 7, 100, 1023, 5000], np.int32)

@@ -113,7 +113,7 @@ class _Worker:
             raise RuntimeError("the fuzz worker did not start (python -m tests.fuzz.worker)")
 
     def run(self, req: dict) -> dict:
-        for attempt in (0, 1):
+        for _attempt in (0, 1):
             try:
                 self.proc.stdin.write(json.dumps(req) + "\n")
                 self.proc.stdin.flush()

@@ -38,7 +38,7 @@ import llama_cpp.llama
 llama_cpp._internals.suppress_stdout_stderr = llama_cpp.llama.suppress_stdout_stderr = (
     lambda disable=False: contextlib.nullcontext())
 
-from powerinfer_backend import Llama
+from powerinfer_backend import Llama  # noqa: E402 - after llama_cpp is patched above, as the package uses it
 
 _UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 _PROMPT = b"Hello world"

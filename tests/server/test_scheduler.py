@@ -82,8 +82,10 @@ def _completion(url: str, prompt, **kw) -> dict:
 
 def test_a_returning_prompt_evaluates_only_what_its_slot_lacks(server):
     url = server.url
-    tok = lambda text, special: httpx.post(url + "/tokenize", json={"content": text, "add_special": special}).json()[
-        "tokens"]
+
+    def tok(text, special):
+        return httpx.post(url + "/tokenize", json={"content": text, "add_special": special}).json()["tokens"]
+
     p = tok("Tell me about the moons of Jupiter.", True)
     first = _completion(url, p, n_predict=N_TOKENS, ignore_eos=True)
     assert first["timings"]["prompt_n"] == len(p) and first["stop_type"] == "limit"
