@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def _measure(eval_tokens, reset, prompt, short, n_decode, repeats):
     return _best(prefill, repeats), _best(decode, repeats)
 
 
-def _engine_calls(be):
+def _engine_calls(be) -> tuple[Callable, Callable]:
     """``_measure``'s (eval -> the last logits row, reset) for one of our engines."""
     return (lambda t: be.eval(t)[-1]), (lambda: be.truncate(0))
 

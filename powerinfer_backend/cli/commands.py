@@ -11,7 +11,6 @@ import argparse
 import json
 import re
 import sys
-from typing import Any
 
 from ..server.arg_types import RANDOM_SEED, int_in, non_negative, number, positive, resolve_seed, threads
 
@@ -185,8 +184,7 @@ def cmd_plan(args) -> int:
     from ..loader import load_gguf
 
     model = _model_path(args.model)
-    budget = parse_vram_budget(args.vram_budget)
-    assert budget is not None  # --vram-budget is required
+    budget = parse_vram_budget(args.vram_budget) or 0  # never None: --vram-budget is required
     if args.predict and args.device_bandwidth is None:
         raise ValueError("plan --predict needs --device-bandwidth GB/s")
     placement = args.placement or ("layers" if args.layer_split else "auto" if args.device_bandwidth else "neurons")
@@ -206,7 +204,7 @@ def cmd_plan(args) -> int:
                 plan.path = out
                 atomic_write_json(plan.path, plan.to_json())
             else:
-                auto: dict[str, Any] = {}
+                auto: dict = {}
                 if placement == "auto":
                     from .predict import model_inputs
 
@@ -223,8 +221,7 @@ def cmd_plan(args) -> int:
         g.close()
     png = None
     if not args.no_plot:
-        assert plan.path is not None  # the plan was written
-        png = args.png or str(plan.path.with_suffix(".png"))
+        png = args.png or str(out.with_suffix(".png"))  # out: where the plan was written
         try:
             write_plot(plan, png, force=args.force)
         except ImportError:

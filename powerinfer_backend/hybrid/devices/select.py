@@ -138,7 +138,7 @@ class DeviceSizer:
 
     exact = True
 
-    def __init__(self, dev, ctx):
+    def __init__(self, dev, ctx) -> None:
         self._dev, self._ctx = dev, ctx
         self.name = dev.info.name
         self.alignment = int(dev.alignment)

@@ -90,7 +90,7 @@ class Sizer(Protocol):
         exact: the compute bytes are the device's own count (False: an estimate).
     """
 
-    # read-only: a frozen dataclass (BufferRule, DeviceSizer) is a Sizer
+    # read-only properties, so a frozen dataclass (BufferRule) is a Sizer too
     @property
     def name(self) -> str: ...
 
