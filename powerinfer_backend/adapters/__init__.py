@@ -1,8 +1,4 @@
-"""Framework adapters for powerinfer_backend, one subpackage per framework.
-
-This folder sits at the repository's top level and is installed as
-``powerinfer_backend.adapters`` (``package_dir`` in setup.py), so it never collides
-with the unrelated ``adapters`` distribution on PyPI:
+"""Framework adapters for powerinfer_backend, one subpackage per framework:
 
 * ``powerinfer_backend.adapters.llamacpp`` — ``install()`` makes ``llama_cpp.Llama`` ours,
   so llama-cpp-python's own server and libraries built on it run unmodified
