@@ -6,7 +6,7 @@
 * ``powerinfer_backend.adapters.langchain`` — LangChain's ``LlamaCpp`` / ``ChatLlamaCpp``
   on our ``Llama`` with ``vram_budget`` (docs/adapters/langchain.md);
 * ``powerinfer_backend.adapters.text_generation_webui`` — the "PowerInfer" loader for
-  text-generation-webui (docs/adapters/text-generation-webui.md).
+  textgen, formerly text-generation-webui (docs/adapters/text-generation-webui.md).
 
 Nothing here is imported by ``import powerinfer_backend``; each subpackage imports its
 framework only when used.
