@@ -12,6 +12,7 @@
 #   bash bench/gpu_run.sh [gpu_validate.py arguments]     # default: --device cuda
 #   PI_GPU_BACKEND=cpu bash bench/gpu_run.sh --device ggml-cpu --small   # the rehearsal, no GPU
 #   PI_GPU_CUDA_OBJECTS=3 bash bench/gpu_run.sh   # configure with CUDA, compile 3 ggml-cuda files, stop
+#   PI_GPU_FLASH_ATTN=ON bash bench/gpu_run.sh    # also compile ggml-cuda's flash attention (+~3 min)
 #
 # Exit status: gpu_validate.py's (0 passed, 1 a check failed, 2 no device), else the failing step's.
 set -euo pipefail
@@ -74,7 +75,11 @@ EOF
     fi
     arch="${PI_CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d . || true)}"
     arch="${arch:-90}"
-    cmake_args+=(-DGGML_CUDA=on "-DCMAKE_CUDA_ARCHITECTURES=${arch}-real" -DGGML_CUDA_NCCL=OFF)
+    # flash-attention kernels (37 of ggml-cuda's 144 files, ~40% of its compile time) only on
+    # request: without them the build fits in the call; our device and llama.cpp then both
+    # attend with mul_mat + soft_max (the device's probe sees FA unsupported)
+    cmake_args+=(-DGGML_CUDA=on "-DCMAKE_CUDA_ARCHITECTURES=${arch}-real" -DGGML_CUDA_NCCL=OFF
+                 "-DGGML_CUDA_FA=${PI_GPU_FLASH_ATTN:-OFF}")
     say "CUDA architecture sm_$arch, nvcc $(nvcc --version | grep -o 'release [0-9.]*')"
 fi
 
