@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down  # noqa: E402
 from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402

@@ -310,7 +310,9 @@ def format_table(res: dict) -> str:
              f"{'alloc MiB':>10s}  ok"]
     for m in res["models"]:
         for b in m["budgets"]:
-            mib = lambda x: f"{x / 2**20:.1f}" if isinstance(x, (int, float)) else "?"  # noqa: E731
+            def mib(x):
+                return f"{x / 2**20:.1f}" if isinstance(x, (int, float)) else "?"
+
             lines.append(f"{m['kind']:8s} {b['fraction']:6.0%} {b['max_abs_diff']:11.4f} {b['top1_agree']:6.3f} "
                          f"{b['top1_agree_margin']:7.3f} {mib(b['reserved']):>12s} {mib(b['allocated']):>10s}  "
                          f"{'yes' if b['ok'] else 'NO'}")

@@ -14,11 +14,14 @@ model's location (``models``). Imports nothing above itself."""
 
 from .arch import ArchSpec, TensorSpec, layer_tensor_names
 from .hparams import HParams
-from .load import PWRI_LAYER_TENSORS, GGUFModel, load_gguf  # noqa: F401
-from .types import GGUF_MAGIC, KERNEL_TYPES, PWRI_MAGIC, TensorView, UnsupportedTensorTypeWarning  # noqa: F401
+from .load import PWRI_LAYER_TENSORS, GGUFModel, load_gguf
+from .types import GGUF_MAGIC, KERNEL_TYPES, PWRI_MAGIC, TensorView, UnsupportedTensorTypeWarning
 from .vocab import check_vocab
 
 __all__ = [
+    "GGUF_MAGIC",
+    "PWRI_MAGIC",
+    "PWRI_LAYER_TENSORS",
     "ArchSpec",
     "GGUFModel",
     "HParams",

@@ -32,10 +32,10 @@ import os
 from typing import Optional
 
 try:  # the [server] extra, checked before the modules that need it
-    import fastapi  # noqa: F401
-    import greenlet  # noqa: F401
-    import pydantic  # noqa: F401
-    import sse_starlette  # noqa: F401
+    import fastapi  # noqa: F401 - installed?
+    import greenlet  # noqa: F401 - installed?
+    import pydantic  # noqa: F401 - installed?
+    import sse_starlette  # noqa: F401 - installed?
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("the server needs FastAPI, uvicorn, sse-starlette and greenlet: "
                       "pip install 'powerinfer_backend[server]' "

@@ -77,7 +77,9 @@ def test_layernorm(isa, n, affine):
     w = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32) if affine else None
     b = (0.5 * rng.standard_normal(n)).astype(np.float32) if affine else None
     y = np.full_like(x, np.nan)
-    nul = lambda a: fbuf(a) if a is not None else ffi.NULL  # noqa: E731
+    def nul(a):
+        return fbuf(a) if a is not None else ffi.NULL
+
     _native.check(lib.pi_op_layernorm(fbuf(x), nul(w), nul(b), n, n_rows, 1e-5, fbuf(y)), "layernorm")
     x64 = x.astype(np.float64)
     mu = x64.mean(axis=-1, keepdims=True)

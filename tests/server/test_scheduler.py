@@ -9,14 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from powerinfer_backend import Llama
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 
-from tests.fixtures.server import ServerProcess  # noqa: E402
-from tests.server.test_parallel import _request  # noqa: E402
-
-from powerinfer_backend import Llama  # noqa: E402
+from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packages checked above
+from tests.server.test_parallel import _request  # noqa: E402 - needs the packages checked above
 
 N_TOKENS = 8
 SLOT_CTX = 256  # 2048 / 8
