@@ -15,8 +15,7 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, const int32_
 
     /* attention block and the FFN's input norm: x += attn(norm(x)); xn = ffn_norm(x)
      * (a device serves one sequence: pi_context_set_ggml_device refuses n_seq_max > 1) */
-    if (dev != NULL && dev->iface.submit_attn(dev, c, l, pos, n_tok)) {
-        dev->iface.wait(dev, c);
+    if (dev != NULL && dev->iface.attn(dev, c, l, pos, cell0, n_tok)) {
         pi_prof_lap(c, PI_PROF_DEVICE);
     } else {
         const size_t kv_off = (size_t)l * c->n_cells * c->kv_row * c->kv_esz;
@@ -30,9 +29,7 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, const int32_
      * split with the device when placed */
     if (c->ffn_capture)
         memcpy(c->ffn_capture + (size_t)l * c->cp.n_batch * E, c->xn, (size_t)(n_tok * E) * sizeof(float));
-    if (dev != NULL && dev->iface.submit_ffn(dev, c, l, n_tok)) {
-        dev->iface.wait(dev, c);
-        pi_ffn_sparse_done(c, l, n_tok);
+    if (dev != NULL && pi_ffn_split_layer(c, l, n_tok)) {
         pi_prof_lap(c, PI_PROF_DEVICE);
     } else if (c->down_t != NULL && c->down_t[l].data != NULL) {
         pi_ffn_sparse_layer(c, l, n_tok);
@@ -111,8 +108,7 @@ static int forward_rows(pi_context *c, const int32_t *tokens, const int32_t *pos
 static void output_rows(pi_context *c, const float *xo, int64_t n_out) {
     const pi_model_params *hp = &c->m->hp;
     c->n_out = (int32_t)n_out;
-    if (c->dev != NULL && c->dev->iface.submit_output(c->dev, c, xo, n_out, c->logits)) {
-        c->dev->iface.wait(c->dev, c);
+    if (c->dev != NULL && c->dev->iface.output(c->dev, c, xo, n_out, c->logits)) {
         pi_prof_lap(c, PI_PROF_DEVICE);
     } else {
         const int64_t passes0 = pi_weight_passes;
