@@ -195,9 +195,6 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
     if (c == NULL || d == NULL || layers == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: NULL argument");
     if (c->dev != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: the context already has a device");
-    if (c->n_seq > 1) /* the device's attention graphs and KV cache hold one sequence */
-        return pi_set_error(PI_ERR_UNSUPPORTED, "a ggml device placement serves one sequence; n_seq_max is %d "
-                            "(use n_seq_max=1 with a placement, or no placement)", c->n_seq);
     const pi_model_params *hp = &c->m->hp;
     int any = output_on_device != 0, rc = PI_OK;
     int64_t max_cold = 0;
@@ -253,9 +250,9 @@ static void note(pi_gplaced *p, int rc) {
 static int gg_attn(pi_dev *dv, pi_context *c, int l, const int32_t *pos, const int32_t *cell0, int64_t n_tok) {
     pi_gplaced *p = dv->impl;
     (void)c;
-    (void)cell0;
+    (void)n_tok; /* the rows of c's groups */
     if (p->L[l].k == NULL) return 0;
-    note(p, pi_gg_run_attn(p, l, pos, n_tok));
+    note(p, pi_gg_run_attn(p, l, pos, cell0));
     return 1;
 }
 
@@ -264,7 +261,8 @@ static int gg_ffn_start(pi_dev *dv, pi_context *c, int l, int64_t n_tok, pi_dev_
     if (p->cold[l] == NULL) return 0;
     *cold = (pi_dev_cold){p->cold[l], c->m->hp.n_ff - p->H[l].n_hot, p->cold_ids, p->cold_off};
     p->ev_t0 = pi_now_ns(); /* the CPU half starts as the device's is posted */
-    pi_gg_ffn_post(p, l, c->xn, n_tok);
+    (void)n_tok; /* the rows of c's groups */
+    pi_gg_ffn_post(p, l, c->xn);
     return 1;
 }
 
@@ -282,7 +280,8 @@ static int gg_ffn_finish(pi_dev *dv, pi_context *c, int l, int64_t n_tok, float 
 static int gg_output(pi_dev *dv, pi_context *c, const float *x, int64_t n_out, float *logits) {
     pi_gplaced *p = dv->impl;
     if (!p->out_on) return 0;
-    note(p, pi_gg_run_output(p, x, n_out, logits, c->embd));
+    (void)n_out; /* the rows of c's groups */
+    note(p, pi_gg_run_output(p, x, logits, c->embd));
     return 1;
 }
 

@@ -52,7 +52,6 @@ typedef struct pi_gplaced {
     int64_t spin_ns;                         /* how long either spins before sleeping (0: never) */
     int job_l;
     const float *job_x;
-    int64_t job_tok;
     int job_rc;
     char job_msg[512];
     /* the test hooks' trace (pi_test_ggml_trace_*), off (NULL) unless a test turns it on */
@@ -61,17 +60,18 @@ typedef struct pi_gplaced {
     int64_t ev_t0; /* when the CPU half of the FFN in flight started (its device half posted) */
 } pi_gplaced;
 
-/* steps.c: one step as a graph on the device (any host thread; one at a time) */
-int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, int64_t n_tok);
-int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, int64_t n_tok, float *y);
-int pi_gg_run_output(pi_gplaced *p, const float *x, int64_t n_out, float *logits, float *embd);
+/* steps.c: one step over the context's row groups (c->grp_off), a graph per group, on the device
+ * (any host thread; one at a time); row t of x / y / logits / embd is the step's row t */
+int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, const int32_t *cell0);
+int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, float *y);
+int pi_gg_run_output(pi_gplaced *p, const float *x, float *logits, float *embd);
 void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1);
 
-/* worker.c: the device thread, and layer l's hot FFN half run on it: post starts it on n_tok
- * rows x, wait returns when y (n_tok rows) holds its partial sum (PI_OK or its failure) */
+/* worker.c: the device thread, and layer l's hot FFN half run on it: post starts it on the rows
+ * x of c's groups, wait returns when y (n_tok rows) holds its partial sum (PI_OK or its failure) */
 int pi_gg_worker_start(pi_gplaced *p);
 void pi_gg_worker_stop(pi_gplaced *p);
-void pi_gg_ffn_post(pi_gplaced *p, int l, const float *x, int64_t n_tok);
+void pi_gg_ffn_post(pi_gplaced *p, int l, const float *x);
 int pi_gg_ffn_wait(pi_gplaced *p, int64_t n_tok, float *y);
 
 /* upload.c: copy layer l's placed tensors (attention slots, hot rows and columns) and the output block */

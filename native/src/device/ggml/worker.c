@@ -22,7 +22,7 @@ static int claim(pi_gplaced *p) {
 }
 
 static void run_job(pi_gplaced *p, uint_fast64_t seq) {
-    const int rc = pi_gg_run_ffn(p, p->job_l, p->job_x, p->job_tok, p->y_dev);
+    const int rc = pi_gg_run_ffn(p, p->job_l, p->job_x, p->y_dev);
     if (rc) snprintf(p->job_msg, sizeof p->job_msg, "%s", pi_last_error()); /* the message of this thread */
     p->job_rc = rc;
     atomic_store(&p->done_seq, seq);
@@ -103,10 +103,9 @@ void pi_gg_worker_stop(pi_gplaced *p) {
     p->thread_on = 0;
 }
 
-void pi_gg_ffn_post(pi_gplaced *p, int l, const float *x, int64_t n_tok) {
+void pi_gg_ffn_post(pi_gplaced *p, int l, const float *x) {
     p->job_l = l;
     p->job_x = x;
-    p->job_tok = n_tok;
     atomic_store(&p->job_state, JOB_POSTED);
     const uint_fast64_t seq = atomic_fetch_add(&p->job_seq, 1) + 1; /* publishes the job's fields */
     if (p->H[l].n_hot == p->c->m->hp.n_ff && claim(p)) { /* no cold neurons to overlap: no handoff */

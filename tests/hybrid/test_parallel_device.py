@@ -1,0 +1,78 @@
+"""Parallel sequences with a ggml device placement (issue 24 item 4): ``NativeContext(n_seq_max=4)``
+placed on ``device="ggml-cpu"`` (attention blocks and their KV slots, hot rows split with the CPU:
+the lowest ids on some layers, scattered ids on others, none on a third; the output block) decodes
+each of 4 SmolLM2 sequences - prompts prefilled in the same pass as other sequences' decode tokens,
+a slot left and reused - bit for bit as that sequence alone in a one-sequence context of n_ctx_seq
+with the same placement, device and threads: the same greedy tokens and the same logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tests.engine.test_seqs import N_BATCH, N_CTX_SEQ, PROMPTS, Stream, _run
+
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.hybrid import placement as P
+from powerinfer_backend.hybrid.devices import open_device, resolve_device
+from powerinfer_backend.hybrid.offload import split_arithmetic
+from powerinfer_backend.loader import load_gguf
+
+STEPS = 4
+
+
+def _layers(n_layer: int, n_ff: int) -> list:
+    rng = np.random.default_rng(24)
+    out = []
+    for i in range(n_layer):
+        hot = [np.arange(256), np.sort(rng.choice(n_ff, 384, replace=False)), np.arange(0)][i % 3]
+        out.append(P.LayerPlan(i, i % 2 == 0, 0, 0, np.asarray(hot, np.int32), 0, 0.0))
+    return out
+
+
+@pytest.fixture(scope="module")
+def placed(model_path, tmp_path_factory):
+    """(model, device, layers, a function making a placed context of n sequences)."""
+    with pytest.MonkeyPatch.context() as mp:  # down_t caches in a private folder
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+        g = load_gguf(model_path, verbose=False)
+        m = NativeModel(g)
+        layers = _layers(g.hparams.n_layer, g.hparams.n_ff)
+        with open_device(resolve_device("ggml-cpu"), 1) as dev:
+
+            def make(n_seq: int) -> NativeContext:
+                ctx = NativeContext(m, n_ctx=n_seq * N_CTX_SEQ, n_batch=N_BATCH, n_threads=1, n_seq_max=n_seq)
+                split_arithmetic(ctx, layers)
+                ctx.set_ggml_device(dev, layers, True, 1 << 40)
+                return ctx
+
+            yield m, make
+        m.close()
+
+
+def _alone(make, prompt, steps: int):
+    ctx = make(1)
+    logits = [ctx.eval(prompt)[0].copy()]
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(np.argmax(logits[-1])))
+        logits.append(ctx.eval([tokens[-1]])[0].copy())
+    ctx.close()
+    return tokens, logits
+
+
+def test_four_sequences_on_a_device_decode_as_alone(placed):
+    m, make = placed
+    ctx = make(4)
+    kv = ctx.ggml_buffers()["kv"]
+    assert kv > 0 and ctx.n_ctx_seq == N_CTX_SEQ
+    # a and b prefill together; c's prompt joins a and b's decode; b leaves, d reuses its slot
+    a, b, c, d = (Stream(0, PROMPTS[0], STEPS), Stream(1, PROMPTS[1], 2), Stream(2, PROMPTS[2], STEPS),
+                  Stream(1, PROMPTS[3], STEPS))
+    done = _run(ctx, {0: [a, b], 1: [c], 3: [d]})
+    ctx.close()
+    assert {id(s) for s in done} == {id(a), id(b), id(c), id(d)}
+    for s in (a, b, c, d):
+        tokens, logits = _alone(make, s.prompt, s.steps)
+        assert s.tokens == tokens
+        for i, (got, want) in enumerate(zip(s.logits, logits)):
+            assert np.array_equal(got, want), f"seq {s.seq} step {i}: max |diff| {np.abs(got - want).max()}"
