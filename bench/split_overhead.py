@@ -68,20 +68,28 @@ def main(argv=None) -> int:
     for _ in range(a.runs):
         for k, ctx in ctxs.items():
             best[k] = min(best[k], _decode(ctx, a.seqs, a.steps))
-    graph_us = None
-    if testing.AVAILABLE:  # the device thread's interval per hot-FFN graph set (one decode step)
+    trace = {}
+    if testing.AVAILABLE:  # per layer and step, from the device trace (medians over 16 decode steps)
         ctx = ctxs["device"]
-        spans = []
+        spans, pickup, wait = [], [], []
         for i in range(16):
             testing.trace(ctx, 4096)
             ctx.eval_seqs([(s, [300 + i + s]) for s in range(a.seqs)])
-            spans += [(b - t) / 1e3 for k, _, t, b in testing.trace_read(ctx) if k == "ffn"]
+            ev = testing.trace_read(ctx)
+            dev_iv = {layer: (t, b) for k, layer, t, b in ev if k == "ffn"}
+            cold = {layer: (t, b) for k, layer, t, b in ev if k == "cold"}
+            for layer, (t, b) in dev_iv.items():
+                spans.append((b - t) / 1e3)  # the device thread's graphs
+                pickup.append((t - cold[layer][0]) / 1e3)  # posted -> the device thread starts
+                wait.append(max(0, b - cold[layer][1]) / 1e3)  # the caller done with its cold half -> device done
         testing.trace(ctx, 0)
-        graph_us = float(np.median(spans))
+        trace = {"device_graphs_us_per_layer_step": float(np.median(spans)),
+                 "device_pickup_us_median": float(np.median(pickup)), "caller_wait_us_median": float(np.median(wait)),
+                 "caller_wait_us_mean": float(np.mean(wait))}
     per_tok = (best["device"] - best["cpu"]) / a.seqs * 1e6
     out = {"seqs": a.seqs, "hot": a.hot, "n_layer": hp.n_layer, "cpu_step_us": best["cpu"] * 1e6,
            "device_step_us": best["device"] * 1e6, "overhead_us_per_token": per_tok,
-           "overhead_us_per_layer": per_tok / hp.n_layer, "device_graphs_us_per_layer_step": graph_us,
+           "overhead_us_per_layer": per_tok / hp.n_layer, **trace,
            "loadavg": open("/proc/loadavg").read().split()[:3]}
     for ctx in ctxs.values():
         ctx.close()
