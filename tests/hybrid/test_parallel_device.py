@@ -31,7 +31,7 @@ def _layers(n_layer: int, n_ff: int) -> list:
 
 @pytest.fixture(scope="module")
 def placed(model_path, tmp_path_factory):
-    """(model, device, layers, a function making a placed context of n sequences)."""
+    """(the NativeModel, a function making a context of n sequences under the placement on ggml-cpu)."""
     with pytest.MonkeyPatch.context() as mp:  # down_t caches in a private folder
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
         g = load_gguf(model_path, verbose=False)
