@@ -1,15 +1,17 @@
 """Parallel sequences with a ggml device placement (issue 24 item 4): ``NativeContext(n_seq_max=4)``
 placed on ``device="ggml-cpu"`` (attention blocks and their KV slots, hot rows split with the CPU:
 the lowest ids on some layers, scattered ids on others, none on a third; the output block) decodes
-each of 4 SmolLM2 sequences - prompts prefilled in the same pass as other sequences' decode tokens,
-a slot left and reused - bit for bit as that sequence alone in a one-sequence context of n_ctx_seq
-with the same placement, device and threads: the same greedy tokens and the same logits."""
+each of 4 sequences - prompts prefilled in the same pass as other sequences' decode tokens, a slot
+left and reused - bit for bit as that sequence alone in a one-sequence context of n_ctx_seq with
+the same placement, device and threads: the same greedy tokens and the same logits. On SmolLM2 and
+on a tiny Gemma 3 (F32 weights, a sliding window of 3 shorter than the prompts, q/k norms)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from tests.engine.test_seqs import N_BATCH, N_CTX_SEQ, PROMPTS, Stream, _run
+from tests.fixtures.tiny_archs import write_tiny_gemma3
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.hybrid import placement as P
@@ -24,17 +26,23 @@ def _layers(n_layer: int, n_ff: int) -> list:
     rng = np.random.default_rng(24)
     out = []
     for i in range(n_layer):
-        hot = [np.arange(256), np.sort(rng.choice(n_ff, 384, replace=False)), np.arange(0)][i % 3]
+        hot = [np.arange(n_ff // 6), np.sort(rng.choice(n_ff, n_ff // 4, replace=False)), np.arange(0)][i % 3]
         out.append(P.LayerPlan(i, i % 2 == 0, 0, 0, np.asarray(hot, np.int32), 0, 0.0))
     return out
 
 
-@pytest.fixture(scope="module")
-def placed(model_path, tmp_path_factory):
-    """(the NativeModel, a function making a context of n sequences under the placement on ggml-cpu)."""
+@pytest.fixture(scope="module", params=["smollm2", "gemma3-tiny"])
+def placed(request, model_path, tmp_path_factory):
+    """(the prompts, a function making a context of n sequences under the placement on ggml-cpu)."""
     with pytest.MonkeyPatch.context() as mp:  # down_t caches in a private folder
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
-        g = load_gguf(model_path, verbose=False)
+        folder = tmp_path_factory.mktemp("xdg")
+        mp.setenv("XDG_CACHE_HOME", str(folder))
+        if request.param == "smollm2":
+            path, prompts = model_path, PROMPTS
+        else:
+            path = write_tiny_gemma3(folder / "gemma3.gguf")
+            prompts = [np.random.default_rng(3).integers(0, 64, n).tolist() for n in (5, 12, 3, 9)]
+        g = load_gguf(path, verbose=False)
         m = NativeModel(g)
         layers = _layers(g.hparams.n_layer, g.hparams.n_ff)
         with open_device(resolve_device("ggml-cpu"), 1) as dev:
@@ -45,7 +53,7 @@ def placed(model_path, tmp_path_factory):
                 ctx.set_ggml_device(dev, layers, True, 1 << 40)
                 return ctx
 
-            yield m, make
+            yield prompts, make
         m.close()
 
 
@@ -61,13 +69,13 @@ def _alone(make, prompt, steps: int):
 
 
 def test_four_sequences_on_a_device_decode_as_alone(placed):
-    m, make = placed
+    prompts, make = placed
     ctx = make(4)
     kv = ctx.ggml_buffers()["kv"]
     assert kv > 0 and ctx.n_ctx_seq == N_CTX_SEQ
     # a and b prefill together; c's prompt joins a and b's decode; b leaves, d reuses its slot
-    a, b, c, d = (Stream(0, PROMPTS[0], STEPS), Stream(1, PROMPTS[1], 2), Stream(2, PROMPTS[2], STEPS),
-                  Stream(1, PROMPTS[3], STEPS))
+    a, b, c, d = (Stream(0, prompts[0], STEPS), Stream(1, prompts[1], 2), Stream(2, prompts[2], STEPS),
+                  Stream(1, prompts[3], STEPS))
     done = _run(ctx, {0: [a, b], 1: [c], 3: [d]})
     ctx.close()
     assert {id(s) for s in done} == {id(a), id(b), id(c), id(d)}
