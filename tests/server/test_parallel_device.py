@@ -9,13 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from powerinfer_backend import Llama
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 
-from tests.fixtures.server import ServerProcess  # noqa: E402
-
-from powerinfer_backend import Llama  # noqa: E402
+from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packages checked above
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 N_TOKENS = 8

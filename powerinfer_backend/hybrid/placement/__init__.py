@@ -57,14 +57,14 @@ from .plot import _PLOT_MARK, _human, _layer_rows, write_plot
 from .sizes import (_F16, _F32, _FFN_ROW_SLOTS, _T, ACT_BYTES, CPU_ALIGN, CPU_BUFT, KV_ELEM_BYTES, KV_PAD, KV_TYPE,
                     NEURON_GROUP, BufferRule, GiB, KiB, MiB, ModelSizes, Sizer, TensorSize, TiB, _n_cells, align_up,
                     attn_block_bytes, compute_bytes, dense_weight_bytes, full_device_bytes, hot_bytes,
-                    kv_bytes_per_layer, kv_cells, layer_bytes, neuron_bytes, output_block_bytes, row_bytes, scratch_bytes,
+                    kv_bytes_per_layer, layer_bytes, neuron_bytes, output_block_bytes, row_bytes, scratch_bytes,
                     tensor_device_bytes)
 
 __all__ = [
     "GiB", "MiB", "CPU_ALIGN", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "DEFAULT_FREE_MARGIN", "PLAN_NAME",
     "FORMAT_VERSION", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "LayerPlan", "Plan",
     "BudgetDecision", "row_bytes", "align_up", "tensor_device_bytes", "compute_bytes", "kv_bytes_per_layer",
-    "kv_cells", "dense_weight_bytes", "attn_block_bytes", "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes",
+    "dense_weight_bytes", "attn_block_bytes", "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes",
     "layer_bytes", "plan_placement", "plan_layer_split", "why_nothing_placed", "neuron_frequencies", "parse_vram_budget", "resolve_budget",
     "plan_path", "plan_for_model", "load_plan", "Prediction", "LayerTime", "predict_ours", "predict_layer_split",
     "llama_cpp_offload", "measure_host_bandwidth", "format_predictions", "default_mode", "POLICIES", "plan_auto",

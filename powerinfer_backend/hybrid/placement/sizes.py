@@ -34,7 +34,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 __all__ = ["KiB", "MiB", "GiB", "TiB", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "KV_ELEM_BYTES", "ACT_BYTES",
            "CPU_ALIGN", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "align_up", "row_bytes",
            "tensor_device_bytes", "compute_bytes", "scratch_bytes", "kv_bytes_per_layer", "dense_weight_bytes",
-           "kv_cells", "attn_block_bytes", "output_block_bytes", "neuron_bytes", "hot_bytes", "layer_bytes", "full_device_bytes"]
+           "attn_block_bytes", "output_block_bytes", "neuron_bytes", "hot_bytes", "layer_bytes", "full_device_bytes",
+           "kv_cells"]
 
 KiB = 1 << 10
 MiB = 1 << 20
