@@ -24,11 +24,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from powerinfer_backend.engine import ggml, testing  # noqa: E402
-from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down  # noqa: E402
-from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
-from powerinfer_backend.loader import load_gguf  # noqa: E402
-from powerinfer_backend.loader.models import default_model_path  # noqa: E402
+from powerinfer_backend.engine import ggml, testing
+from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.loader import load_gguf
+from powerinfer_backend.loader.models import default_model_path
 
 
 def _decode(ctx, seqs: int, steps: int) -> float:
