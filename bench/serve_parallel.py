@@ -84,40 +84,58 @@ def _body(i: int, tokens: int, ban: dict, stream: bool) -> dict:
             "stream": stream}
 
 
+def together(url: str, clients: int, fn) -> tuple:
+    """``fn(i, client)`` for i < ``clients`` in as many threads, started at once: each HTTP
+    client is made and connected beforehand (making one takes tens of ms, which would
+    stagger the requests) -> (results, seconds from the start to the last one's end)."""
+    conns = [httpx.Client(base_url=url, timeout=600) for _ in range(clients)]
+    try:
+        for c in conns:
+            c.get("/v1/models").raise_for_status()  # the keep-alive connection the request reuses
+        start = threading.Barrier(clients + 1)
+
+        def one(i):
+            start.wait()
+            return fn(i, conns[i])
+
+        with ThreadPoolExecutor(clients) as ex:
+            futures = [ex.submit(one, i) for i in range(clients)]
+            start.wait()
+            t0 = time.perf_counter()
+            results = [f.result() for f in futures]
+        return results, time.perf_counter() - t0
+    finally:
+        for c in conns:
+            c.close()
+
+
 def round_tps(url: str, clients: int, tokens: int, ban: dict) -> tuple:
     """One round of ``clients`` concurrent requests -> (completion tokens, wall seconds)."""
-    def one(i):
-        r = httpx.post(url + "/v1/completions", json=_body(i, tokens, ban, False), timeout=600)
+    def one(i, c):
+        r = c.post("/v1/completions", json=_body(i, tokens, ban, False))
         r.raise_for_status()
         return r.json()["usage"]["completion_tokens"]
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(clients) as ex:
-        n = sum(ex.map(one, range(clients)))
-    return n, time.perf_counter() - t0
+    counts, seconds = together(url, clients, one)
+    return sum(counts), seconds
 
 
 def round_ttft(url: str, clients: int, tokens: int, ban: dict) -> list:
     """One round of ``clients`` concurrent streaming requests -> each one's seconds from its
     request to its first chunk with text."""
-    start = threading.Barrier(clients)
+    def one(i, c):
+        t0 = time.perf_counter()
+        first = None
+        with c.stream("POST", "/v1/completions", json=_body(i, tokens, ban, True)) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if first is None and line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                    first = time.perf_counter() - t0
+        if first is None:
+            raise RuntimeError(f"{url}: a stream without text")
+        return first
 
-    def one(i):
-        with httpx.Client(timeout=600) as c:
-            start.wait()
-            t0 = time.perf_counter()
-            first = None
-            with c.stream("POST", url + "/v1/completions", json=_body(i, tokens, ban, True)) as r:
-                r.raise_for_status()
-                for line in r.iter_lines():
-                    if first is None and line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
-                        first = time.perf_counter() - t0
-            if first is None:
-                raise RuntimeError(f"{url}: a stream without text")
-            return first
-
-    with ThreadPoolExecutor(clients) as ex:
-        return list(ex.map(one, range(clients)))
+    return together(url, clients, one)[0]
 
 
 def percentile(xs: list, q: float) -> float:
