@@ -112,6 +112,9 @@ def serve(args) -> int:
     port = sock.getsockname()[1]
     app = create_app(llm, model_alias=args.alias, max_queue=args.max_queue, api_key=args.api_key,
                      parallel=args.parallel)
+    import anyio
+
+    anyio.run(anyio.sleep, 0)  # loads anyio's asyncio backend now: lazily, it blocked the event loop in a request
     print(f"powerinfer-backend: serving {llm.model_path} on http://{args.host}:{port} "
           f"(OpenAI API under /v1)", file=sys.stderr, flush=True)
     try:
