@@ -67,8 +67,8 @@ def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, a
 
     async def check_key(request: Request):
         # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
-        # `receive`, and request.is_disconnected() (how a non-streaming request notices
-        # its client left) then never sees the disconnect
+        # `receive`, and a non-streaming request (which awaits the `http.disconnect`
+        # message to notice its client left) then never sees the disconnect
         if state.api_key and request.url.path not in ("/health", "/v1/health"):
             auth = request.headers.get("authorization", "")
             if auth != f"Bearer {state.api_key}" and request.headers.get("x-api-key") != state.api_key:
