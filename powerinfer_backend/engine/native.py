@@ -405,9 +405,9 @@ class NativeContext:
 
     def ggml_compute_bytes(self, dev) -> int:
         """Bytes of the compute buffer a placement on ``dev`` (a :class:`~powerinfer_backend.engine.ggml.GgmlDevice`)
-        reserves: ggml-alloc's size of the worst-case graphs (n_batch tokens over n_ctx cells, every layer's
-        attention and an FFN with all n_ff neurons hot, the output block); a constant of (model, n_ctx,
-        n_batch, device)."""
+        reserves: ggml-alloc's size of the worst-case graphs (n_batch tokens over one slot's cells, every
+        layer's attention and an FFN with all n_ff neurons hot, the output block); a constant of (model,
+        n_ctx, n_batch, n_seq_max, device)."""
         out = ffi.new("int64_t *")
         check(lib.pi_context_ggml_compute_bytes(self._ptr, dev._live(), out), "ggml compute buffer")
         return int(out[0])
@@ -423,12 +423,12 @@ class NativeContext:
         Raises:
             MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
                 counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
-            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv), or a
-                context of n_seq_max > 1 (the device's KV cache holds one sequence).
+            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
+
+        With ``n_seq_max`` > 1 the device's KV holds every slot and each device step runs once per
+        sequence of the batch: a sequence gets the bits it gets alone (a context of n_ctx_seq with
+        the same placement, device and threads).
         """
-        if self.n_seq_max > 1:
-            raise NotImplementedError(f"a ggml device placement serves one sequence: n_seq_max is {self.n_seq_max}; "
-                                      "use n_seq_max=1 with a placement, or no placement (vram_budget / device)")
         arr, _keep = _layer_array(layers)
         if len(layers) != self.model.gguf.hparams.n_layer:
             raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")
