@@ -205,7 +205,7 @@ def main() -> None:
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}, n_ctx {args.ctx_size}")
 
     def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(tps[a], tps[b]))
+        return statistics.median(x / y for x, y in zip(tps[a], tps[b], strict=True))
 
     if "ours1" in results:
         for name, r in results.items():
@@ -214,7 +214,8 @@ def main() -> None:
                 print(f"{r['label']}: {r['vs_parallel_1']:.2f}x powerinfer_backend --parallel 1")
     if "oursN" in results and "llama_cpp" in results:
         results["oursN"]["vs_llama_cpp"] = ratio("oursN", "llama_cpp")
-        print(f"powerinfer_backend --parallel {args.parallel}: {results['oursN']['vs_llama_cpp']:.2f}x llama_cpp.server")
+        vs = results["oursN"]["vs_llama_cpp"]
+        print(f"powerinfer_backend --parallel {args.parallel}: {vs:.2f}x llama_cpp.server")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "load": load, "results": results}, indent=1))
 
