@@ -95,12 +95,18 @@ class ServerState:
 
 async def _disconnected(request: Request, poll_s: float) -> None:
     """Returns once the client of ``request`` (whose body was read) has disconnected: the
-    ASGI server's ``receive`` answers ``http.disconnect`` then. A server whose ``receive``
-    answers anything else (one that does not wait) is polled every ``poll_s`` seconds."""
-    while True:
-        message = await request.receive()
-        if message.get("type") == "http.disconnect":
-            return
+    ASGI server's ``receive`` answers ``http.disconnect`` then. Where ``receive`` answers
+    anything else (it does not wait), it is asked again every ``poll_s`` seconds; where it
+    fails, ``request.is_disconnected()`` is."""
+    try:
+        while True:
+            message = await request.receive()
+            if message.get("type") == "http.disconnect":
+                return
+            await asyncio.sleep(poll_s)
+    except Exception:  # noqa: BLE001 - the poll below still notices a disconnect
+        pass
+    while not await request.is_disconnected():
         await asyncio.sleep(poll_s)
 
 
