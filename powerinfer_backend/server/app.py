@@ -67,8 +67,8 @@ def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, a
 
     async def check_key(request: Request):
         # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
-        # `receive`, and request.is_disconnected() (how a non-streaming request notices
-        # its client left) then never sees the disconnect
+        # `receive`, and a non-streaming request (which awaits the `http.disconnect`
+        # message to notice its client left) then never sees the disconnect
         if state.api_key and request.url.path not in ("/health", "/v1/health"):
             auth = request.headers.get("authorization", "")
             if auth != f"Bearer {state.api_key}" and request.headers.get("x-api-key") != state.api_key:
@@ -112,6 +112,9 @@ def serve(args) -> int:
     port = sock.getsockname()[1]
     app = create_app(llm, model_alias=args.alias, max_queue=args.max_queue, api_key=args.api_key,
                      parallel=args.parallel)
+    import anyio
+
+    anyio.run(anyio.sleep, 0)  # loads anyio's asyncio backend now: lazily, it blocked the event loop in a request
     print(f"powerinfer-backend: serving {llm.model_path} on http://{args.host}:{port} "
           f"(OpenAI API under /v1)", file=sys.stderr, flush=True)
     try:

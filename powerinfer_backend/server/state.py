@@ -18,7 +18,7 @@ from .worker import ModelWorker
 
 class ServerState:
     """One served model. ``disconnect_poll_s``: how often a non-streaming request checks
-    that its client is still there."""
+    that its client is still there, where the ASGI server does not tell it (uvicorn does)."""
 
     def __init__(self, llm, model_alias: str, max_queue: int, api_key: Optional[str],
                  disconnect_poll_s: float = 0.1, parallel: Optional[int] = None):
@@ -38,21 +38,24 @@ class ServerState:
         when known; ``exclusive``: on the served Llama, alone) and return its result; a
         client that disconnects meanwhile cancels it."""
         job = self.worker.submit(fn, exclusive=exclusive, prompt=prompt)
+        item = asyncio.ensure_future(job.items.get())
+        # the disconnect is awaited, not polled: no wake-ups of the event loop while the
+        # request runs (they would take a core from the engine's threads)
+        gone = asyncio.ensure_future(_disconnected(request, self.disconnect_poll_s))
         try:
-            while True:
-                try:
-                    kind, value = await asyncio.wait_for(job.items.get(), self.disconnect_poll_s)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancel.set()
-                        raise APIError(499, "client closed the request") from None
-                    continue
-                if kind == "item":
-                    return value
-                if kind == "error":
-                    raise _answer(value)
-                raise APIError(499, "cancelled")
+            await asyncio.wait((item, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not item.done():
+                job.cancel.set()
+                raise APIError(499, "client closed the request")
+            kind, value = item.result()
+            if kind == "item":
+                return value
+            if kind == "error":
+                raise _answer(value)
+            raise APIError(499, "cancelled")
         finally:
+            item.cancel()
+            gone.cancel()
             job.cancel.set()  # no-op when finished; stops a job whose caller was cancelled
 
     async def run_stream(self, request: Request, fn: Callable, fmt: Callable[[Any], Optional[dict]],
@@ -88,6 +91,23 @@ class ServerState:
                 job.cancel.set()  # client gone (task cancelled) or finished
 
         return EventSourceResponse(events(), ping=15, sep="\n")
+
+
+async def _disconnected(request: Request, poll_s: float) -> None:
+    """Returns once the client of ``request`` (whose body was read) has disconnected: the
+    ASGI server's ``receive`` answers ``http.disconnect`` then. Where ``receive`` answers
+    anything else (it does not wait), it is asked again every ``poll_s`` seconds; where it
+    fails, ``request.is_disconnected()`` is."""
+    try:
+        while True:
+            message = await request.receive()
+            if message.get("type") == "http.disconnect":
+                return
+            await asyncio.sleep(poll_s)
+    except Exception:  # any failure: the poll below still notices a disconnect
+        pass
+    while not await request.is_disconnected():
+        await asyncio.sleep(poll_s)
 
 
 def _answer(e: BaseException) -> APIError:

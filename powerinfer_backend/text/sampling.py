@@ -58,8 +58,9 @@ class SamplingParams:
 
     @property
     def greedy_argmax(self) -> bool:
-        """Whether the chain is [no-op penalties, greedy]: its token is the first maximum of the logits."""
-        return (self.temp == 0.0 and self.logits_processor is None and self.grammar is None
+        """Whether the chain is [no-op penalties, greedy]: its token is the first maximum of
+        the logits (after the logits processors, which run before the chain)."""
+        return (self.temp == 0.0 and self.grammar is None
                 and self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0 and self.presence_penalty == 0.0)
 
 
@@ -128,17 +129,29 @@ def build_chain(p: SamplingParams, *, seed: int, n_vocab: int, vocab, penalty_la
     return chain
 
 
-def logit_bias_processor(bias: Dict[int, float]) -> Callable:
+class LogitBias:
     """A logits processor adding ``bias`` ({token id: value}) to the logits, rounded as
-    llama-cpp-python's (a Python float plus the float32 logit, stored as float32)."""
-    items = [(int(k), float(v)) for k, v in bias.items()]
+    llama-cpp-python's (a Python float plus the float32 logit, stored as float32).
+    Called, it returns a new array; :class:`ChainSampler` adds it in place instead
+    (:meth:`add_inplace`: the same values, without copying the vocabulary's logits)."""
 
-    def add_bias(input_ids, scores):
+    def __init__(self, bias: Dict[int, float]):
+        self.items = [(int(k), float(v)) for k, v in bias.items()]
+
+    def add_inplace(self, scores: np.ndarray) -> None:
+        """Add the bias to ``scores`` (float32, n_vocab) in place."""
+        for tok, b in self.items:
+            scores[tok] = b + scores[tok]
+
+    def __call__(self, input_ids, scores):
         out = np.copy(scores)
-        for tok, b in items:
-            out[tok] = b + scores[tok]
+        self.add_inplace(out)
         return out
-    return add_bias
+
+
+def logit_bias_processor(bias: Dict[int, float]) -> Callable:
+    """The :class:`LogitBias` processor for ``bias`` ({token id: value})."""
+    return LogitBias(bias)
 
 
 class TokenDataBuffer:
@@ -150,6 +163,7 @@ class TokenDataBuffer:
         self.data = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
         self._ids = np.arange(self.n_vocab, dtype=np.int32)
         self.id_col, self.logit_col, self.p_col = self.data["id"], self.data["logit"], self.data["p"]
+        self.scores = np.zeros(self.n_vocab, dtype=np.float32)  # contiguous logits the processors run on
         self._addr = self.data.ctypes.data
         # Any: llama_cpp annotates the struct's data field as an array; the C field is a pointer
         self._ptr: Any = ctypes.cast(self._addr, llama_cpp.llama_token_data_p)
@@ -189,12 +203,13 @@ class ChainSampler:
     """Samples tokens from rows of our logits with one chain (its state: penalty history,
     grammar position, RNG, mirostat's mu).
 
-    ``sample(logits, input_ids)`` = fill the buffer, run the logits processors on it
-    (given ``input_ids``, the sequence so far), ``llama_sampler_apply``, read the selected
+    ``sample(logits, input_ids)`` = run the logits processors (given ``input_ids``, the
+    sequence so far), fill the buffer, ``llama_sampler_apply``, read the selected
     id, ``llama_sampler_accept`` (what ``llama_sampler_sample`` does inside llama.cpp).
-    For a chain that is [no-op penalties, greedy] the first maximum of the logits is the
-    answer, which ``np.argmax`` gives without the buffer; accepting is then skipped, as it
-    changes nothing such a chain computes.
+    For a chain that is [no-op penalties, greedy] the first maximum of the logits (after
+    the processors) is the answer, which ``np.argmax`` gives without the chain (and without
+    the buffer when there are no processors); accepting is then skipped, as it changes
+    nothing such a chain computes. A :class:`LogitBias` processor is added in place.
     """
 
     def __init__(self, params: SamplingParams, chain: SamplerChain, buffer: TokenDataBuffer):
@@ -215,13 +230,15 @@ class ChainSampler:
         buf = self.buffer
         if logits.shape[-1] != buf.n_vocab:
             raise ValueError(f"logits have {logits.shape[-1]} entries, the vocabulary {buf.n_vocab}")
+        if self.processors:
+            logits = self._processed(logits, input_ids)
         if self.argmax_exact:
             token = int(np.argmax(logits))  # a NaN would come first: then the chain decides
-            if logits[token] == logits[token]:
+            top = logits[token]
+            # after processors the chain also decides an all-masked vocabulary (it raises below)
+            if top == top and not (self.processors and top == -np.inf):
                 return token
         buf.fill(logits)
-        for proc in self.processors:
-            buf.logit_col[:] = proc(input_ids, buf.logit_col)
         smpl = self.chain.sampler
         llama_cpp.llama_sampler_apply(smpl, buf.ref)
         token, logit = buf.selected()
@@ -231,6 +248,18 @@ class ChainSampler:
                              f"vocabulary can continue)")
         llama_cpp.llama_sampler_accept(smpl, token)
         return token
+
+    def _processed(self, logits: np.ndarray, input_ids: Optional[np.ndarray]) -> np.ndarray:
+        """``logits`` through the processors, in order, in the buffer's float32 scores (a
+        :class:`LogitBias` added in place)."""
+        scores = self.buffer.scores
+        np.copyto(scores, logits)
+        for proc in self.processors:
+            if isinstance(proc, LogitBias):
+                proc.add_inplace(scores)
+            else:
+                scores[:] = proc(input_ids, scores)
+        return scores
 
     def accept(self, token: int) -> None:
         llama_cpp.llama_sampler_accept(self.chain.sampler, int(token))
