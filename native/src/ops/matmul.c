@@ -10,6 +10,10 @@
 #include "pi_internal.h"
 
 #define ROW_TILE 16 /* rows per tile: a tile of weights stays in L1 across tokens */
+/* activations of at most this many floats are converted on the calling thread: a few
+ * microseconds, less than a pool job's wake-up and join (N sequences decoding together
+ * pay that once per product, ~120 times a step on SmolLM2) */
+#define QUANTIZE_INLINE 16384
 
 /* pi_tile_act's side data: bytes per (block, token) entry for an activation type */
 static int64_t side_entry(int32_t vdt) {
@@ -169,8 +173,8 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
         j.act.x = scratch;
         quantize_job q = {isa->from_float[vdt], x, n, n_tok, vdt, 0, &j.act};
         q.side = side_layout(isa, outs, n_outs, vdt, n, n_tok, scratch, &j.act);
-        if (n_tok == 1)
-            quantize_task(&q, 0, 1); /* decode: not worth waking the workers */
+        if (n_tok * n <= QUANTIZE_INLINE)
+            quantize_task(&q, 0, 1); /* decode, a few sequences: not worth waking the workers */
         else
             pi_pool_run(pool, quantize_task, &q);
     }
