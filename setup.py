@@ -22,16 +22,8 @@ class build_py_fresh(build_py):
         super().run()
 
 
-def _packages() -> list[str]:
-    """Every folder with an __init__.py: powerinfer_backend's subpackages, and adapters/
-    (repository top level) as powerinfer_backend.adapters, so that it cannot clash with the
-    unrelated "adapters" distribution on PyPI."""
-    return (find_packages(include=["powerinfer_backend", "powerinfer_backend.*"])
-            + ["powerinfer_backend.adapters"]
-            + ["powerinfer_backend.adapters." + p for p in find_packages("adapters")])
-
-
-setup(packages=_packages(),
-      package_dir={"powerinfer_backend.adapters": "adapters"},
+# Every folder with an __init__.py under powerinfer_backend/ (the adapters included), so
+# a new subpackage cannot be missed.
+setup(packages=find_packages(include=["powerinfer_backend", "powerinfer_backend.*"]),
       cffi_modules=["powerinfer_backend/_native/_build.py:ffibuilder"],
       cmdclass={"build_py": build_py_fresh})

@@ -13,32 +13,3 @@ _os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 from .llama import Llama  # noqa: E402
 
 __all__ = ["Llama", "__version__"]
-
-
-def _checkout_adapters() -> None:
-    """From a source checkout (``PYTHONPATH=.``, no install), ``powerinfer_backend.adapters``
-    is the top-level ``adapters/`` folder, as an install maps it (setup.py)."""
-    import importlib.util
-    import os
-    import sys
-
-    name = __name__ + ".adapters"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    init = os.path.join(root, "adapters", "__init__.py")
-    if name in sys.modules or os.path.isdir(os.path.join(os.path.dirname(__file__), "adapters")):
-        return
-    try:
-        with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
-            ours = 'name = "powerinfer_backend"' in f.read()
-    except OSError:
-        ours = False
-    if not ours or not os.path.isfile(init):
-        return  # installed: the package-dir mapping provides it
-    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[os.path.dirname(init)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    globals()["adapters"] = module
-
-
-_checkout_adapters()

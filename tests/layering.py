@@ -128,23 +128,20 @@ def _cycle_through(comp: list[str], graph: dict[str, dict[str, str]]) -> list[st
 
 
 def check_package(root_dir: Path, package: str, layers: list[tuple[str, list[str]]], *,
-                  extra_roots: dict[str, Path] = {}, lib_allowed: list[str],
+                  lib_allowed: list[str],
                   native: str = "_native", native_api: tuple[str, ...] = NATIVE_API) -> list[str]:
-    """Check ``root_dir/<package>`` and ``extra_roots`` (dotted name -> folder installed
-    under that name) against ``layers``, bottom to top: ``[(layer name, [module prefixes])]``.
+    """Check ``root_dir/<package>`` against ``layers``, bottom to top: ``[(layer name, [module prefixes])]``.
     ``lib_allowed``: prefixes of the modules that may use ``<package>.<native>`` raw.
     Returns the violations, ``"file:line: message"``, sorted; empty when all is well."""
     root_dir = Path(root_dir)
     known = _modules(root_dir / package.replace(".", "/"), package)
-    for name, folder in extra_roots.items():
-        known.update(_modules(Path(folder), name))
     nat = f"{package}.{native}"
     raw = lambda m: m.startswith(nat + ".") and m[len(nat) + 1:].split(".")[0] not in native_api
     allowed = lambda m: any(m == p or m.startswith(p + ".") for p in lib_allowed)
     where = f"outside {', '.join(lib_allowed)}"
     found, graph = [], {m: {} for m in known if m != package}  # the root is no cycle node
     for mod, path in known.items():
-        rel = path.relative_to(root_dir) if path.is_relative_to(root_dir) else path
+        rel = path.relative_to(root_dir)
         say = lambda line, msg: found.append((str(rel), line, f"{rel}:{line}: {msg}"))
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         me = _layer_of(mod, package, layers)

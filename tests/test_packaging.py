@@ -3,7 +3,10 @@ fresh venv with only what pyproject.toml installs, and CI runs exactly that comm
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 try:
     import tomllib
@@ -34,3 +37,22 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert commands[0] in ci.splitlines()
     assert "-m venv" in ci and "--system-site-packages" not in ci
+
+
+IMPORT_OPENS = r"""
+import sys
+opened = []
+sys.addaudithook(lambda event, args: event == "open" and opened.append(str(args[0])))
+import powerinfer_backend.adapters.llamacpp, powerinfer_backend.adapters.text_generation_webui
+print([f for f in opened if f.endswith((".toml", ".cfg"))])
+"""
+
+
+def test_importing_the_package_and_adapters_reads_no_project_file(tmp_path):
+    """The adapters are a subpackage like any other: importing them from a checkout
+    (PYTHONPATH, no install) opens no pyproject.toml / setup.cfg to find them."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", IMPORT_OPENS], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]"

@@ -1,7 +1,7 @@
 """The wheel ships what the source tree has: every package folder of powerinfer_backend/
-and of the top-level adapters/ (as powerinfer_backend.adapters), the compiled cffi
-extension at powerinfer_backend/_native/ (without the test hooks of native/testing/), and
-no top-level ``adapters`` package.
+(the adapters included), the compiled cffi extension at powerinfer_backend/_native/
+(without the test hooks of native/testing/), and no other top-level package (an
+``adapters`` one would clash with the unrelated distribution of that name on PyPI).
 
 Builds the wheel for real (``pip wheel . --no-deps --no-build-isolation``, so setuptools,
 wheel and cffi must be installed); the C library compiles, which takes a while."""
@@ -62,7 +62,7 @@ def wheel_names(wheel) -> list[str]:
 
 
 def test_wheel_has_every_source_package(wheel_names):
-    expected = _package_files(ROOT / P, P) | _package_files(ROOT / "adapters", f"{P}/adapters")
+    expected = _package_files(ROOT / P, P)
     missing = sorted(expected - set(wheel_names))
     assert not missing, "source modules missing from the wheel:\n" + "\n".join(missing)
 
@@ -70,7 +70,7 @@ def test_wheel_has_every_source_package(wheel_names):
 def test_wheel_has_no_module_the_source_lacks(wheel_names):
     # bdist_wheel packs all of build/lib, so a module deleted or moved since an earlier
     # build in this checkout would ship too; `rm -rf build` clears it
-    expected = _package_files(ROOT / P, P) | _package_files(ROOT / "adapters", f"{P}/adapters")
+    expected = _package_files(ROOT / P, P)
     stale = sorted(n for n in wheel_names if n.endswith(".py") and n not in expected)
     assert not stale, "modules in the wheel but not in the source tree (stale build/?):\n" + "\n".join(stale)
 

@@ -58,7 +58,11 @@ _IGNORED_VALUE = [("--ubatch-size", "-ub"), ("--flash-attn", "-fa"),
                   ("--tensor-split", "-ts"), ("--numa",), ("--mmproj",), ("--model-draft",), ("--draft-max",),
                   ("--draft-min",), ("--ctx-size-draft",), ("--gpu-layers-draft",), ("--device-draft",),
                   ("--spec-type",), ("--spec-ngram-size-n",), ("--spec-ngram-size-m",), ("--spec-ngram-min-hits",),
-                  ("--cache-reuse",), ("--rpc",)]
+                  ("--cache-reuse",), ("--rpc",), ("--spec-draft-n-max",), ("--spec-ngram-mod-n-match",),
+                  ("--spec-ngram-mod-n-min",)]
+# llama-server's per-kind n-gram speculation flags (textgen passes those of the kind chosen)
+_IGNORED_VALUE += [(f"--spec-{kind}-{what}",) for kind in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+                   for what in ("size-n", "size-m", "min-hits")]
 _IGNORED_SWITCH = [("--no-webui",), ("--no-mmap",), ("--mlock",), ("--cpu-moe",), ("--no-kv-offload",),
                    ("--swa-full",), ("--jinja",), ("--cont-batching",), ("--metrics",)]
 

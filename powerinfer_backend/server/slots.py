@@ -144,6 +144,16 @@ class SlotBackend:
         return getattr(self.backend, name)
 
 
+# What a slot takes from the served Llama, by reference: settings, the tokenizer and
+# vocabulary, chat handlers, the timing report. The rest of a Llama's state is per
+# sequence and the slot's own (its backend view, sequence, context length, prompt cache).
+# tests/server/test_slots.py checks the two lists cover every attribute a Llama has.
+SHARED = ("model_path", "_init_kwargs", "verbose", "vram_budget", "sparse", "_logits_all", "_embedding",
+          "last_n_tokens_size", "spm_infill", "draft_model", "backend", "_tok", "n_batch", "n_threads", "_n_vocab",
+          "tokenizer_", "chat_format", "chat_handler", "chat_handlers", "perf")
+OWN = ("_backend", "_seq", "_n_ctx", "cache", "_announced", "seq", "job")
+
+
 class SlotLlama(Llama):
     """One slot's view of a served :class:`Llama` (see the module docstring).
 
@@ -157,7 +167,8 @@ class SlotLlama(Llama):
     """
 
     def __init__(self, base: Llama, seq: int, n_ctx: int, decode: Callable):  # noqa: D107 - no Llama.__init__
-        self.__dict__.update(base.__dict__)  # the shared parts; the per-sequence state is replaced below
+        for name in SHARED:
+            setattr(self, name, getattr(base, name))
         self._announced = False  # the model_loaded / unloaded hooks belong to the base
         self.seq = int(seq)
         self.job = None  # the request running in this slot (its cancel flag)

@@ -145,3 +145,20 @@ def test_a_step_waits_for_a_slot_busy_in_python(tiny_path):
                 len(llm.prompt_tokens(p)) for p in PROMPTS[:2]) + 2 * 5
         finally:
             worker.stop()
+
+
+def test_a_slot_shares_the_named_parts_and_owns_its_sequence(tiny_path):
+    """A slot names each attribute of a Llama as shared (the same object) or its own: an
+    attribute added to Llama fails here until it is sorted into one of the two lists."""
+    from powerinfer_backend.server.slots import OWN, SHARED, SlotLlama
+
+    with Llama(tiny_path, n_ctx=128, n_seq_max=2, n_threads=1, verbose=False) as base:
+        slot = SlotLlama(base, 1, 32, decode=None)
+        try:
+            assert set(vars(base)) - {"_announced"} <= set(SHARED) | set(OWN)
+            assert set(vars(slot)) == set(SHARED) | set(OWN)
+            assert all(getattr(slot, n) is getattr(base, n) for n in SHARED)
+            assert slot._seq is not base._seq and slot._backend is not base._backend
+            assert slot.n_ctx() == 32 and slot.sequence.seq_id == 1 and base.n_ctx() != 32
+        finally:
+            slot.close()

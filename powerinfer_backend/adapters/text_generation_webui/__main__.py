@@ -12,12 +12,12 @@ import sys
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--tgw-dir", default=os.environ.get("TGW_DIR"),
-                   help="text-generation-webui checkout (default: $TGW_DIR)")
+                   help="textgen (text-generation-webui) checkout (default: $TGW_DIR)")
     p.add_argument("--vram-budget", type=float, default=None, help="default vram_budget in GiB")
     ours, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     if not ours.tgw_dir or not os.path.isfile(os.path.join(ours.tgw_dir, "server.py")):
-        print("powerinfer tgw launcher: --tgw-dir (or TGW_DIR) must point at a text-generation-webui checkout",
-              file=sys.stderr)
+        print("powerinfer tgw launcher: --tgw-dir (or TGW_DIR) must point at a textgen (text-generation-webui) "
+              "checkout, the folder with server.py", file=sys.stderr)
         return 2
     if ours.vram_budget is not None:
         os.environ["POWERINFER_VRAM_BUDGET"] = str(ours.vram_budget)

@@ -1,4 +1,4 @@
-"""text-generation-webui (tgw) loader "PowerInfer".
+"""textgen's (formerly text-generation-webui, "tgw") loader "PowerInfer".
 
 tgw has no plugin registry: its loader tables live in ``modules/loaders.py`` and its
 dispatch in ``modules/models.py``; its llama.cpp loader (``modules/llama_cpp_server.py``)

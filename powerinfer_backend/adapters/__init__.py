@@ -1,8 +1,4 @@
-"""Framework adapters for powerinfer_backend, one subpackage per framework.
-
-This folder sits at the repository's top level and is installed as
-``powerinfer_backend.adapters`` (``package_dir`` in setup.py), so it never collides
-with the unrelated ``adapters`` distribution on PyPI:
+"""Framework adapters for powerinfer_backend, one subpackage per framework:
 
 * ``powerinfer_backend.adapters.llamacpp`` — ``install()`` makes ``llama_cpp.Llama`` ours,
   so llama-cpp-python's own server and libraries built on it run unmodified
@@ -10,7 +6,7 @@ with the unrelated ``adapters`` distribution on PyPI:
 * ``powerinfer_backend.adapters.langchain`` — LangChain's ``LlamaCpp`` / ``ChatLlamaCpp``
   on our ``Llama`` with ``vram_budget`` (docs/adapters/langchain.md);
 * ``powerinfer_backend.adapters.text_generation_webui`` — the "PowerInfer" loader for
-  text-generation-webui (docs/adapters/text-generation-webui.md).
+  textgen, formerly text-generation-webui (docs/adapters/text-generation-webui.md).
 
 Nothing here is imported by ``import powerinfer_backend``; each subpackage imports its
 framework only when used.
