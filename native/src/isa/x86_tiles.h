@@ -311,8 +311,9 @@ PI_TILE_INLINE void q4_1_tile(const int R, const int T, int64_t n, float *y, int
         PI_UNROLL for (int r = 0; r < R; r++) {
             const pi_block_q4_1 *b = (const pi_block_q4_1 *)(wp + r * wrow) + i;
             q[r] = unpack_nibbles(b->qs);
-            tile_halves(pd[r], _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), dx));
-            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b->m)), sx, accm[r]);
+            const __m128 hw = load_halfs(b); /* [d, m, junk...]: one conversion for both */
+            tile_halves(pd[r], _mm256_mul_ps(_mm256_broadcastss_ps(hw), dx));
+            accm[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(hw)), sx, accm[r]);
         }
         PI_UNROLL for (int t = 0; t < T; t++) {
             const __m256i yq = _mm256_loadu_si256((const __m256i *)PI_TILE_X(pi_block_q8_1, t, i)->qs);
