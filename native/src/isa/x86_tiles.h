@@ -13,8 +13,8 @@
  * horizontal sums), so a token's result is the same float in a batch as in decode.
  *
  * A row's 8 products d_w * d_x reach the FMAs by an in-lane shuffle of its low or high
- * half (tile_halves): storing them and broadcasting from memory measured ~30% slower
- * (the loads wait on store forwarding). The integer sums of the K-quants are kept in
+ * half (tile_halves): storing them and broadcasting from memory measured 10-20%
+ * slower on Q4_1 / Q8_0. The integer sums of the K-quants are kept in
  * source order (PI_REG_BARRIER), else the compiler's reassociated trees spill.
  *
  * Each kernel is an always-inline template over its tile size (R, T constants) that
