@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from relu_decode import decode_time  # noqa: E402
 
@@ -42,7 +42,8 @@ def main() -> None:
             llm.stats(reset=True)
             best[m] = min(best[m], decode_time(llm, args.tokens, clock))
     base = best[next(iter(llms))]
-    print(f"{Path(model).name}, {args.threads} threads, {args.tokens} tokens, {'CPU time' if args.cpu_time else 'wall'}")
+    print(f"{Path(model).name}, {args.threads} threads, {args.tokens} tokens, "
+          f"{'CPU time' if args.cpu_time else 'wall'}")
     for m, llm in llms.items():
         st = llm.stats()
         extra = ""

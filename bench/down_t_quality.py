@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down  # noqa: E402
 from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
@@ -25,6 +25,16 @@ from powerinfer_backend.sparsity.perplexity import perplexity  # noqa: E402
 from powerinfer_backend.text.tokenizer import LlamaCppTokenizer  # noqa: E402
 
 TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+def _recording_eval(ctx, rows: list):
+    """perplexity's chunk evaluator over ``ctx`` that also keeps every chunk's logits in ``rows``."""
+    def chunk(c):
+        ctx.truncate(0)
+        out = ctx.eval(c, logits_all=True)
+        rows.append(out.copy())
+        return out
+    return chunk
 
 
 def main() -> None:
@@ -48,15 +58,8 @@ def main() -> None:
         if kind != "dense":
             for layer in range(g.hparams.n_layer):
                 ctx.set_ffn_sparsity(layer, transposed_down(g, layer, dtype=kind), 0.0)
-        rows = []
-
-        def chunk(c):
-            ctx.truncate(0)
-            out = ctx.eval(c, logits_all=True)
-            rows.append(out.copy())
-            return out
-
-        ppl = perplexity(toks, chunk, a.ctx, a.chunks)["ppl"]
+        rows: list = []
+        ppl = perplexity(toks, _recording_eval(ctx, rows), a.ctx, a.chunks)["ppl"]
         logits = np.concatenate(rows)
         if base is None:
             base, ref = ppl, logits

@@ -18,9 +18,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from powerinfer_backend import Llama  # noqa: E402
-from powerinfer_backend.cli.bench import _measure, _prompt_tokens  # noqa: E402
-from powerinfer_backend.loader.models import default_model_path  # noqa: E402
+from powerinfer_backend import Llama
+from powerinfer_backend.cli.bench import _engine_calls, _measure, _prompt_tokens
+from powerinfer_backend.loader.models import default_model_path
 
 
 def main(argv=None) -> int:
@@ -51,9 +51,7 @@ def main(argv=None) -> int:
     load = [os.getloadavg()[0]]
     for _ in range(a.runs):
         for name, llm in engines.items():
-            be = llm.engine
-            t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, prompt[:8],
-                                    a.n_decode, 1)
+            t_pre, t_dec = _measure(*_engine_calls(llm.engine), prompt, prompt[:8], a.n_decode, 1)
             runs[name].append((a.n_prefill / t_pre, a.n_decode / t_dec))
         load.append(os.getloadavg()[0])
     out = {"model": path, "threads": a.threads, "device_threads": a.device_threads, "n_prefill": a.n_prefill,

@@ -42,8 +42,10 @@ tar -C "$tmp" -cJf "$out/llama_cpp_python.tar.xz" "llama_cpp_python-$ver"
 # What the image lacks: cffi/pycparser (our C library's binding), gguf, diskcache (llama_cpp
 # imports it), scikit-build-core (llama-cpp-python's build backend, for a build without
 # isolation) with pathspec; numpy, pyyaml, tqdm, pluggy, jinja2, packaging are there.
+old=()  # what scikit-build-core needs before Python 3.11
+case "$pyver" in 3.8 | 3.9 | 3.10) old=(tomli exceptiongroup) ;; esac
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp "${plat[@]}" \
-    -d "$out/wheels" cffi pycparser "gguf>=0.19" diskcache "scikit-build-core>=0.9.2" pathspec
+    -d "$out/wheels" cffi pycparser "gguf>=0.19" diskcache "scikit-build-core>=0.9.2" pathspec "${old[@]}"
 echo "gpu_pack: llama-cpp-python $ver, Python $pyver wheels: $(du -sh "$out" | cut -f1) in $out/"
 ls -l "$out" "$out/wheels"

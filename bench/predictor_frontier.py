@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.loader.artifacts import artifact_dir  # noqa: E402
 from powerinfer_backend.sparsity.sidecar_run import split_text_tokens  # noqa: E402
@@ -34,8 +34,9 @@ from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 from powerinfer_backend.sparsity.perplexity import perplexity, read_text  # noqa: E402
 from powerinfer_backend.sparsity.predictors import PredictorSet, apply, scores  # noqa: E402
 from powerinfer_backend.sparsity.sidecar import read_sidecar  # noqa: E402
-from powerinfer_backend.sparsity.train import (LAYER_DENSITIES, _dequant, allocate_densities,  # noqa: E402
-                                                error_curve, layer_h, threshold_for_recall)
+from powerinfer_backend.sparsity.train import (LAYER_DENSITIES, allocate_densities, error_curve,  # noqa: E402
+                                                layer_h, threshold_for_recall)
+from powerinfer_backend.sparsity.train.capture import _dequant  # noqa: E402
 
 
 def main() -> None:

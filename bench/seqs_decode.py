@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT)]  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.engine.native import NativeContext, NativeModel  # noqa: E402
 from powerinfer_backend.loader import load_gguf  # noqa: E402
@@ -57,8 +57,8 @@ def main() -> None:
         step, passes = run(m, n, args)
         tps = n / step
         base = base or tps
-        print(f"N={n}: best step {step * 1e3:.1f} ms, aggregate {tps:.1f} tok/s, x{tps / base:.2f} vs N={args.seqs[0]}, "
-              f"{passes} weight passes/step; load average {os.getloadavg()[0]:.2f}")
+        print(f"N={n}: best step {step * 1e3:.1f} ms, aggregate {tps:.1f} tok/s, x{tps / base:.2f} "
+              f"vs N={args.seqs[0]}, {passes} weight passes/step; load average {os.getloadavg()[0]:.2f}")
     m.close()
 
 

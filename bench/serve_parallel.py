@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's code first; the imports below follow it (noqa: E402)
 
 from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 

@@ -17,6 +17,14 @@ from powerinfer_backend.text.tokenizer import LlamaCppTokenizer
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
 
+def _chunk_eval(ctx):
+    """perplexity's chunk evaluator over ``ctx`` (every row's logits)."""
+    def eval_chunk(chunk):
+        ctx.truncate(0)
+        return ctx.eval(chunk, logits_all=True)
+    return eval_chunk
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, default=4)
@@ -33,21 +41,16 @@ def main():
     g = load_gguf(path, verbose=False)
     model = NativeModel(g)
     hp = g.hparams
-    down_t = [np.ascontiguousarray(g.tensors[f"blk.{l}.ffn_down.weight"].to_float32().reshape(hp.n_embd, hp.n_ff).T)
-              for l in range(hp.n_layer)]
+    down_t = [np.ascontiguousarray(g.tensors[f"blk.{i}.ffn_down.weight"].to_float32().reshape(hp.n_embd, hp.n_ff).T)
+              for i in range(hp.n_layer)]
     print(f"{'threshold':>9} {'ffn sparsity':>12} {'ppl':>9} {'vs dense':>9} {'decode tok/s':>12}")
     base = None
     for t in [float(x) for x in args.thresholds.split(",")]:
         ctx = NativeContext(model, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
         if base is not None:  # the first row is the dense baseline
-            for l in range(hp.n_layer):
-                ctx.set_ffn_sparsity(l, down_t[l], t)
-
-        def eval_chunk(chunk):
-            ctx.truncate(0)
-            return ctx.eval(chunk, logits_all=True)
-
-        r = perplexity(tokens, eval_chunk, args.ctx, args.chunks)
+            for i in range(hp.n_layer):
+                ctx.set_ffn_sparsity(i, down_t[i], t)
+        r = perplexity(tokens, _chunk_eval(ctx), args.ctx, args.chunks)
         used, total = ctx.ffn_stats(reset=True)
         ctx.truncate(0)
         logits = ctx.eval(tokens[:8])
@@ -58,7 +61,8 @@ def main():
         sparsity = 1 - used / total if total else 0.0
         if base is None:
             base = r["ppl"]
-        print(f"{'dense' if total == 0 else t:>9} {sparsity:>12.3f} {r['ppl']:>9.3f} {r['ppl'] / base - 1:>+9.2%} {tps:>12.1f}")
+        print(f"{'dense' if total == 0 else t:>9} {sparsity:>12.3f} {r['ppl']:>9.3f} {r['ppl'] / base - 1:>+9.2%} "
+              f"{tps:>12.1f}")
         ctx.close()
 
 

@@ -399,7 +399,7 @@ class Llama:
     def create_completion(self, prompt: Union[str, List[int]], suffix: Optional[str] = None,
                           max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
                           min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None,
-                          echo: bool = False, stop: Optional[Union[str, List[str]]] = [],
+                          echo: bool = False, stop: Optional[Union[str, List[str]]] = [],  # noqa: B006 - llama_cpp's default; never mutated
                           frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                           repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False,
                           seed: Optional[int] = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
@@ -452,7 +452,7 @@ class Llama:
         return chat.as_openai_v1(lambda: self.create_chat_completion(*args, **kwargs), kwargs.get("stream", False))
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: Optional[str], additional_files: Optional[List] = None,
+    def from_pretrained(cls, repo_id: str, filename: str, additional_files: Optional[List] = None,
                         local_dir=None, local_dir_use_symlinks="auto", cache_dir=None, **kwargs) -> "Llama":
         """Download ``filename`` (a glob) of the Hugging Face repository ``repo_id`` and load it
         (:func:`powerinfer_backend.loader.hub.from_pretrained`; needs huggingface-hub)."""

@@ -21,6 +21,7 @@ c. an import cycle among the modules (the package root ``__init__`` left out).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 NATIVE_API = ("enums", "check", "last_error", "set_isa", "isa_name", "supported_isas")
@@ -80,7 +81,8 @@ def sccs(graph: dict[str, dict[str, str]]) -> list[list[str]]:
 
     def visit(v):
         index[v] = low[v] = len(index)
-        stack.append(v); on.add(v)
+        stack.append(v)
+        on.add(v)
         return v, iter(sorted(graph[v]))
 
     for start in sorted(graph):
@@ -127,6 +129,10 @@ def _cycle_through(comp: list[str], graph: dict[str, dict[str, str]]) -> list[st
     return comp  # unreachable for a real component
 
 
+def _report(found: list, rel: str, line: int, msg: str) -> None:
+    found.append((rel, line, f"{rel}:{line}: {msg}"))
+
+
 def check_package(root_dir: Path, package: str, layers: list[tuple[str, list[str]]], *,
                   lib_allowed: list[str],
                   native: str = "_native", native_api: tuple[str, ...] = NATIVE_API) -> list[str]:
@@ -136,13 +142,18 @@ def check_package(root_dir: Path, package: str, layers: list[tuple[str, list[str
     root_dir = Path(root_dir)
     known = _modules(root_dir / package.replace(".", "/"), package)
     nat = f"{package}.{native}"
-    raw = lambda m: m.startswith(nat + ".") and m[len(nat) + 1:].split(".")[0] not in native_api
-    allowed = lambda m: any(m == p or m.startswith(p + ".") for p in lib_allowed)
+
+    def raw(m):
+        return m.startswith(nat + ".") and m[len(nat) + 1:].split(".")[0] not in native_api
+
+    def allowed(m):
+        return any(m == p or m.startswith(p + ".") for p in lib_allowed)
+
     where = f"outside {', '.join(lib_allowed)}"
     found, graph = [], {m: {} for m in known if m != package}  # the root is no cycle node
     for mod, path in known.items():
         rel = path.relative_to(root_dir)
-        say = lambda line, msg: found.append((str(rel), line, f"{rel}:{line}: {msg}"))
+        say = functools.partial(_report, found, str(rel))
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         me = _layer_of(mod, package, layers)
         if me is None:

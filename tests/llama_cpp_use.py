@@ -96,7 +96,8 @@ class _Checker:
                     if any(_is_private(p) for p in a.name.split(".")):
                         self.out.append((node.lineno, f"imports the private module {a.name}"))
                     self.bound[a.asname or "llama_cpp"] = a.name if a.asname else "llama_cpp"
-            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "llama_cpp":
+            elif (isinstance(node, ast.ImportFrom) and not node.level
+                  and (node.module or "").split(".")[0] == "llama_cpp"):
                 mod = node.module
                 if any(_is_private(p) for p in mod.split(".")):
                     self.out.append((node.lineno, f"imports from the private module {mod}"))
@@ -154,7 +155,8 @@ class _Checker:
                                           f"its code would run on a self that is not a llama_cpp.Llama"))
         elif _is_private(attr) and src:
             self.out.append((node.lineno, f"reads the private {attr} of {src} (llama_cpp)"))
-        elif _is_private(attr) and attr in self.private and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls")):
+        elif (_is_private(attr) and attr in self.private
+              and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls"))):
             self.out.append((node.lineno, f"reads {attr}, a private attribute of llama-cpp-python's classes"))
 
 

@@ -78,7 +78,8 @@ def test_planted_call_cycle_is_reported(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "model.c").write_text('int pi_run(int x) {\n    return pi_placed_step(x) + 1; /* calls dev */\n}\n')
     (tmp_path / "dev" / "placed.c").write_text('static int helper(int x) { return x; }\n'
-                                              'int pi_placed_step(int x) {\n    return helper(x) ? pi_run(x - 1) : 0;\n}\n')
+                                              'int pi_placed_step(int x) {\n'
+                                              '    return helper(x) ? pi_run(x - 1) : 0;\n}\n')
     (tmp_path / "ops.c").write_text("int pi_op(void) {\n    return 0;\n}\n")
     graph = call_graph(tmp_path)
     assert graph == {"dev/placed.c": {"model.c": "pi_run"}, "model.c": {"dev/placed.c": "pi_placed_step"}, "ops.c": {}}

@@ -482,7 +482,7 @@ int pi_gdev_get_info(const pi_gdev *d, pi_gdev_info *out);
 int64_t pi_gdev_tensor_bytes(const pi_gdev *d, int32_t ggml_type, int64_t ne0, int64_t ne1);
 int64_t pi_gdev_alignment(const pi_gdev *d);
 
-/* compute buffer bytes a context reserves on d for its worst case (n_batch tokens, n_ctx cells, attention +
+/* compute buffer bytes a context reserves on d for its worst case (n_batch tokens over one slot's cells, attention +
  * an FFN with n_hot = n_ff + the output block): a constant of (model, n_ctx, n_batch, device) */
 int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out);
 /* place the plan on d (copies now; the context owns the placement, d must outlive the context); refuses with
@@ -494,7 +494,9 @@ int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out)
  * partial sum, continued by the cold neurons in id order): reruns give identical bits. The device computes
  * its hot neurons densely (the threshold applies to the cold ones; pi_context_ffn_stats counts every hot
  * neuron as used). Layers with hot
- * neurons must be gated without a predictor; a fused attn_qkv (Falcon) cannot be placed. */
+ * neurons must be gated without a predictor; a fused attn_qkv (Falcon) cannot be placed. With n_seq_max > 1
+ * the device's KV holds every slot (n_cells rows) and each device step runs one graph per sequence of the
+ * batch, so a sequence gets the bits it gets alone in a context of n_ctx_seq with the same placement. */
 int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placement *layers,
                                int32_t output_on_device, int64_t budget_bytes);
 int pi_context_ggml_buffers(const pi_context *c, pi_gdev_buffers *out); /* the sizes ggml allocated */

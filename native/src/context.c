@@ -12,6 +12,7 @@ void pi_context_free(pi_context *c) {
     free(c->seq_used);
     free(c->tok_pos);
     free(c->tok_cell0);
+    free(c->grp_off);
     free(c->v_cache);
     float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->attn, c->g, c->u, c->attn_scratch, c->logits1, c->logits_rows,
                      c->embd, c->rope_cs, c->rope_cs_swa, c->x_par};
@@ -72,6 +73,7 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->seq_used = calloc((size_t)n_seq, sizeof *c->seq_used);
     c->tok_pos = malloc((size_t)B * sizeof *c->tok_pos);
     c->tok_cell0 = malloc((size_t)B * sizeof *c->tok_cell0);
+    c->grp_off = malloc((size_t)(B + 1) * sizeof *c->grp_off);
     const size_t kv_bytes = (size_t)hp->n_layer * (size_t)c->n_cells * (size_t)c->kv_row * c->kv_esz;
     c->k_cache = calloc(1, kv_bytes);
     c->v_cache = calloc(1, kv_bytes); /* zeroed: V dot products read whole padded blocks */
@@ -90,7 +92,7 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->rope_cs = pi_alloc_f(B * hp->n_rot);
     c->rope_cs_swa = hp->n_swa > 0 ? pi_alloc_f(B * hp->n_rot) : NULL;
     c->x_par = hp->parallel_residual ? pi_alloc_f(B * E) : NULL;
-    if (!c->k_cache || !c->v_cache || !c->seq_used || !c->tok_pos || !c->tok_cell0 || !c->x || !c->xn || !c->q ||
+    if (!c->k_cache || !c->v_cache || !c->seq_used || !c->tok_pos || !c->tok_cell0 || !c->grp_off || !c->x || !c->xn || !c->q ||
         !c->k || !c->v || !c->attn || !c->g || !c->u || !c->embd || !c->act_scratch || !c->attn_scratch ||
         !c->logits1 || !c->rope_cs ||
         (hp->n_swa > 0 && c->rope_cs_swa == NULL) || (hp->parallel_residual && c->x_par == NULL)) {

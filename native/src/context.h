@@ -36,6 +36,8 @@ struct pi_context {
     int64_t n_cells;                      /* n_seq * seq_cells; sequence s owns [s * seq_cells, (s+1) * seq_cells) */
     char *k_cache, *v_cache;              /* per layer: [n_cells][kv_row] and [kv_row][n_cells] */
     int32_t *tok_pos, *tok_cell0;         /* n_batch: pi_eval_seqs' per-token position and first cell of its slot */
+    int32_t n_grp;                        /* the step's rows by sequence: group g is rows [grp_off[g], grp_off[g+1]) */
+    int64_t *grp_off;                     /* n_batch + 1 (device/device.h: a device runs each group alone) */
     int64_t matmul_calls;                 /* weight-matrix passes (pi_context_matmul_calls) */
     float *x, *xn, *q, *k, *v, *attn, *g, *u; /* n_batch rows each */
     float *x_par;                         /* parallel residual: the layer input the FFN reads */

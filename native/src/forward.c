@@ -13,10 +13,8 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, const int32_
     const int64_t E = hp->n_embd;
     pi_dev *dev = c->dev;
 
-    /* attention block and the FFN's input norm: x += attn(norm(x)); xn = ffn_norm(x)
-     * (a device serves one sequence: pi_context_set_ggml_device refuses n_seq_max > 1) */
-    if (dev != NULL && dev->iface.submit_attn(dev, c, l, pos, n_tok)) {
-        dev->iface.wait(dev, c);
+    /* attention block and the FFN's input norm: x += attn(norm(x)); xn = ffn_norm(x) */
+    if (dev != NULL && dev->iface.attn(dev, c, l, pos, cell0, n_tok)) {
         pi_prof_lap(c, PI_PROF_DEVICE);
     } else {
         const size_t kv_off = (size_t)l * c->n_cells * c->kv_row * c->kv_esz;
@@ -30,9 +28,7 @@ static void forward_layer(pi_context *c, int l, const int32_t *pos, const int32_
      * split with the device when placed */
     if (c->ffn_capture)
         memcpy(c->ffn_capture + (size_t)l * c->cp.n_batch * E, c->xn, (size_t)(n_tok * E) * sizeof(float));
-    if (dev != NULL && dev->iface.submit_ffn(dev, c, l, n_tok)) {
-        dev->iface.wait(dev, c);
-        pi_ffn_sparse_done(c, l, n_tok);
+    if (dev != NULL && pi_ffn_split_layer(c, l, n_tok)) {
         pi_prof_lap(c, PI_PROF_DEVICE);
     } else if (c->down_t != NULL && c->down_t[l].data != NULL) {
         pi_ffn_sparse_layer(c, l, n_tok);
@@ -71,6 +67,15 @@ static int reserve_rows(pi_context *c, int64_t n) {
     return PI_OK;
 }
 
+/* c's row groups for a device step over n_rows rows: runs of equal key[t] (NULL: one group),
+ * or each row alone (key ignored) */
+static void set_groups(pi_context *c, const int32_t *key, int64_t n_rows, int each_row) {
+    c->n_grp = 0;
+    c->grp_off[0] = 0;
+    for (int64_t t = 1; t <= n_rows; t++)
+        if (t == n_rows || each_row || (key != NULL && key[t] != key[t - 1])) c->grp_off[++c->n_grp] = t;
+}
+
 /* Embeddings, then every layer, over n_tokens rows at positions pos (token t in the slot
  * starting at cell0[t]; NULL: sequence 0). Returns the device's error, if any. */
 static int forward_rows(pi_context *c, const int32_t *tokens, const int32_t *pos, const int32_t *cell0,
@@ -80,6 +85,7 @@ static int forward_rows(pi_context *c, const int32_t *tokens, const int32_t *pos
     const pi_mat *te = &c->m->tok_embd;
     const int64_t te_row = pi_row_size(te->type, E);
     pi_prof_start(c);
+    set_groups(c, cell0, n_tokens, 0); /* a device's steps run per sequence */
     for (int32_t t = 0; t < n_tokens; t++)
         pi_dequantize_row(te->type, (const char *)te->data + tokens[t] * te_row, c->x + t * E, E);
     if (hp->embd_scale > 0.0f)
@@ -111,8 +117,7 @@ static int forward_rows(pi_context *c, const int32_t *tokens, const int32_t *pos
 static void output_rows(pi_context *c, const float *xo, int64_t n_out) {
     const pi_model_params *hp = &c->m->hp;
     c->n_out = (int32_t)n_out;
-    if (c->dev != NULL && c->dev->iface.submit_output(c->dev, c, xo, n_out, c->logits)) {
-        c->dev->iface.wait(c->dev, c);
+    if (c->dev != NULL && c->dev->iface.output(c->dev, c, xo, n_out, c->logits)) {
         pi_prof_lap(c, PI_PROF_DEVICE);
     } else {
         const int64_t passes0 = pi_weight_passes;
@@ -152,6 +157,7 @@ int pi_eval(pi_context *c, const int32_t *tokens, const int32_t *pos, int32_t n_
     c->n_out = (int32_t)n_out;
     if (n_out == 0) return PI_OK;
     c->logits = logits_all > 0 ? c->logits_rows : c->logits1;
+    set_groups(c, NULL, n_out, 0);
     output_rows(c, c->x + (n_tokens - n_out) * c->m->hp.n_embd, n_out);
     return PI_OK;
 }
@@ -201,6 +207,7 @@ int pi_eval_seqs(pi_context *c, const int32_t *tokens, const int32_t *seq, const
         if (logits_all <= 0) memcpy(c->xn + i * E, c->x + (int64_t)(end - 1) * E, (size_t)E * sizeof(float));
     }
     c->logits = c->logits_rows;
+    if (logits_all <= 0) set_groups(c, NULL, n_items, 1); /* one row per item; else the items' rows as forward_rows */
     output_rows(c, logits_all > 0 ? c->x : c->xn, logits_all > 0 ? n_tokens : n_items);
     return PI_OK;
 }

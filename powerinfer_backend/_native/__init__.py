@@ -1,6 +1,7 @@
 """The bottom layer, ``_native``: the raw binding. Owns the cffi build (``_build``),
-loading the extension (``ffi``, ``lib``), C status codes turned into Python exceptions (:func:`check`), the C header's enums as
-Python enums (``enums``), the kernel-path choice (:func:`set_isa`) and the F16 dot
+loading the extension (``ffi``, ``lib``), C status codes turned into Python exceptions
+(:func:`check`), the C header's enums as Python enums (``enums``), the kernel-path
+choice (:func:`set_isa`) and the F16 dot
 order (:func:`set_f16_order`). Only ``engine`` above it may touch ``lib`` / ``ffi``;
 everything else goes through :func:`check` and ``enums``."""
 
@@ -35,7 +36,7 @@ def _extension():
 _ext = _extension()
 ffi, lib = _ext.ffi, _ext.lib
 
-from .enums import IsaBit, Status  # after the extension: it imports it by name
+from .enums import IsaBit, Status  # noqa: E402 - after the extension is loaded: enums imports it by name
 
 __all__ = ["ffi", "lib", "check", "last_error", "set_isa", "isa_name", "supported_isas", "set_f16_order",
            "f16_order_name"]

@@ -6,13 +6,14 @@ is copied by hand. Member names drop the C prefix: ``Act.SILU`` is ``PI_ACT_SILU
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from ._pi_native import ffi
 
 __all__ = ["Status", "Type", "RopeType", "Act", "LayerSlot", "FfnThresholdOn", "FfnForm", "IsaBit", "ProfOp"]
 
 
-def _from_c(name: str, c_enum: str, prefix: str) -> type[enum.IntEnum]:
+def _from_c(name: str, c_enum: str, prefix: str) -> Any:  # an IntEnum class: its members are known at import only
     members = {k[len(prefix):]: v for k, v in ffi.typeof(f"enum {c_enum}").relements.items()
                if k.startswith(prefix)}
     return enum.IntEnum(name, sorted(members.items(), key=lambda kv: kv[1]), module=__name__)

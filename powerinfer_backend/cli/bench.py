@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -47,49 +48,37 @@ def _measure(eval_tokens, reset, prompt, short, n_decode, repeats):
     return _best(prefill, repeats), _best(decode, repeats)
 
 
-def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256,
-              repeats: int = 3, include_llama_cpp: bool = True, sparse="auto") -> dict:
-    """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
-    Python overhead as a percentage of decode time. Ours runs dense first; then,
-    unless ``sparse`` resolves to dense (``Llama(sparse=...)``), sparse too, with
-    its measured FFN sparsity and its ratios to our dense and to llama.cpp.
+def _engine_calls(be) -> tuple[Callable, Callable]:
+    """``_measure``'s (eval -> the last logits row, reset) for one of our engines."""
+    return (lambda t: be.eval(t)[-1]), (lambda: be.truncate(0))
 
-    Raises:
-        ValueError: n_threads not an integer >= 1 (for 0 or -1 each engine would fall back
-            to its own default count, and the ratios would compare different thread counts).
-    """
-    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
-        raise ValueError(f"n_threads must be an integer >= 1, got {n_threads!r}")
-    from .._native import isa_name
-    from ..llama import Llama
 
-    n_ctx = n_prefill + n_decode + 32
-    result = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
-
-    if sparse not in ("off", None, False):
-        llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False,
-                    sparse=sparse)
+def _ours_sparse(llm, n_prefill: int, n_decode: int, repeats: int) -> dict:
+    """The ``ours_sparse`` entry (or ``sparse_auto``'s reason for staying dense); closes ``llm``."""
+    out: dict = {}
+    try:
         if llm.stats().get("mode", "dense") != "dense":
             prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
-            be = llm.engine
-            t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, prompt[:8],
-                                    n_decode, repeats)
+            t_pre, t_dec = _measure(*_engine_calls(llm.engine), prompt, prompt[:8], n_decode, repeats)
             st = llm.stats()
-            result["ours_sparse"] = {"engine": f"powerinfer_backend sparse ({st['mode']})",
-                                     "prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
-                                     "ffn_sparsity": st["ffn_sparsity"], "sidecar": st.get("sidecar")}
+            out["ours_sparse"] = {"engine": f"powerinfer_backend sparse ({st['mode']})",
+                                  "prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
+                                  "ffn_sparsity": st["ffn_sparsity"], "sidecar": st.get("sidecar")}
         elif llm.stats().get("reason"):  # "auto" kept dense (calibration measured sparse slower): say so
-            result["sparse_auto"] = llm.stats()["reason"]
+            out["sparse_auto"] = llm.stats()["reason"]
+    finally:
         llm.close()
-        del llm
-        gc.collect()
+    return out
 
-    llm = Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False,
-                sparse="off")
+
+def _ours_dense(llm, n_prefill: int, n_decode: int, repeats: int):
+    """(the ``ours`` entry, prompt, short prompt, prefill s, decode s) of the dense engine; closes ``llm``."""
+    from .._native import isa_name
+
     prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
     short = prompt[:8]
     be = llm.engine
-    t_pre, t_dec = _measure(lambda t: be.eval(t)[-1], lambda: be.truncate(0), prompt, short, n_decode, repeats)
+    t_pre, t_dec = _measure(*_engine_calls(be), prompt, short, n_decode, repeats)
 
     engine_time = [0.0]
     raw_eval = be.eval
@@ -114,12 +103,43 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
         total = time.perf_counter() - t
         return total, (total - engine_time[0]) / total
 
-    t_full, overhead = min(full_loop() for _ in range(max(1, repeats)))
-    result["ours"] = {"engine": f"powerinfer_backend ({isa_name()})", "prefill_tok_s": n_prefill / t_pre,
-                      "decode_tok_s": n_decode / t_dec, "llama_decode_tok_s": n_decode / t_full,
-                      "python_overhead_pct": 100.0 * overhead}
-    llm.close()
-    del llm, be
+    try:
+        t_full, overhead = min(full_loop() for _ in range(max(1, repeats)))
+    finally:
+        llm.close()
+    ours = {"engine": f"powerinfer_backend ({isa_name()})", "prefill_tok_s": n_prefill / t_pre,
+            "decode_tok_s": n_decode / t_dec, "llama_decode_tok_s": n_decode / t_full,
+            "python_overhead_pct": 100.0 * overhead}
+    return ours, prompt, short, t_pre, t_dec
+
+
+def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256,
+              repeats: int = 3, include_llama_cpp: bool = True, sparse="auto") -> dict:
+    """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
+    Python overhead as a percentage of decode time. Ours runs dense first; then,
+    unless ``sparse`` resolves to dense (``Llama(sparse=...)``), sparse too, with
+    its measured FFN sparsity and its ratios to our dense and to llama.cpp.
+
+    Raises:
+        ValueError: n_threads not an integer >= 1 (for 0 or -1 each engine would fall back
+            to its own default count, and the ratios would compare different thread counts).
+    """
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+        raise ValueError(f"n_threads must be an integer >= 1, got {n_threads!r}")
+    from ..llama import Llama
+
+    n_ctx = n_prefill + n_decode + 32
+    result: dict[str, Any] = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
+
+    if sparse not in ("off", None, False):
+        result.update(_ours_sparse(Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,
+                                         verbose=False, sparse=sparse), n_prefill, n_decode, repeats))
+        gc.collect()  # the sparse engine's memory is free before the dense one loads
+
+    ours, prompt, short, t_pre, t_dec = _ours_dense(Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32),
+                                                          n_threads=n_threads, verbose=False, sparse="off"),
+                                                    n_prefill, n_decode, repeats)
+    result["ours"] = ours
     gc.collect()
 
     if include_llama_cpp:

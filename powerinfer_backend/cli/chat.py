@@ -89,7 +89,7 @@ def run_chat(llm, *, system: Optional[str] = None, out: TextIO = sys.stdout, err
     until ``/exit``, end of input or Ctrl-C at the prompt. Answers go to ``out``; the
     commands' replies, the stop notes and errors to ``err``. Returns the exit status (0)."""
     try:
-        import readline  # noqa: F401  (line editing and history for input() on a terminal)
+        import readline  # noqa: F401 - line editing and history for input() on a terminal
     except ImportError:  # pragma: no cover - not on every platform
         pass
     history: List[dict] = [{"role": "system", "content": system}] if system else []

@@ -172,8 +172,8 @@ def cmd_perplexity(args) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of {args.ctx}),"
-              f" FFN sparsity {result['ffn_sparsity']:.1%}")
+        print(f"perplexity {result['ppl']:.4f} over {result['tokens']} tokens ({result['chunks']} chunks of "
+              f"{args.ctx}), FFN sparsity {result['ffn_sparsity']:.1%}")
     return 0
 
 
@@ -184,7 +184,7 @@ def cmd_plan(args) -> int:
     from ..loader import load_gguf
 
     model = _model_path(args.model)
-    budget = parse_vram_budget(args.vram_budget)
+    budget = parse_vram_budget(args.vram_budget) or 0  # never None: --vram-budget is required
     if args.predict and args.device_bandwidth is None:
         raise ValueError("plan --predict needs --device-bandwidth GB/s")
     placement = args.placement or ("layers" if args.layer_split else "auto" if args.device_bandwidth else "neurons")
@@ -204,7 +204,7 @@ def cmd_plan(args) -> int:
                 plan.path = out
                 atomic_write_json(plan.path, plan.to_json())
             else:
-                auto = {}
+                auto: dict = {}
                 if placement == "auto":
                     from .predict import model_inputs
 
@@ -221,7 +221,7 @@ def cmd_plan(args) -> int:
         g.close()
     png = None
     if not args.no_plot:
-        png = args.png or str(plan.path.with_suffix(".png"))
+        png = args.png or str(out.with_suffix(".png"))  # out: where the plan was written
         try:
             write_plot(plan, png, force=args.force)
         except ImportError:

@@ -75,6 +75,7 @@ def decode_reads(model_path: str) -> dict:
                 macs += t.ne[0] * _rows(t.ne)
     g = model.global_tensors()
     head = g["output"] if g["output"] is not None else g["tok_embd"]
+    assert head is not None  # the loader requires tok_embd
     output_bytes = sum(read(g[s]) for s in ("output_norm", "output_norm_b", "rope_freqs")) + read(head)
     # one row of the embedding (a different read from the tied head's: it comes first in the step)
     emb_row = read(g["tok_embd"], one_row=True) + read(g["pos_embd"], one_row=True)

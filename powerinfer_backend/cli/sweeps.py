@@ -13,6 +13,7 @@ percentile reported (robust against other load on the machine).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +87,14 @@ def _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities) ->
     y = np.empty((1, n_embd), np.float32)
     n_used = np.empty(1, np.int64)
     result = {"n_embd": n_embd, "n_ff": n_ff, "threads": n_threads, "isa": _native.isa_name(), "configs": []}
+
+    def dense(calls):
+        gate, up, down = calls
+        gate()
+        up()
+        np.multiply(g / (1 + np.exp(-g)), u, out=h)
+        down()
+
     for gtype, dtype, dts in CONFIGS:
         per_layer = _Layer(np.random.default_rng(1), n_embd, n_ff, gtype, dtype, dts).nbytes()
         n_layers = max(1, -(-mib * 2**20 // per_layer))
@@ -105,23 +114,13 @@ def _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities) ->
                                           TYPE_ID[dt], L.down_t[dt], x, *act_sets[d][i], 0.0, y, n_used)
               for i, L in enumerate(layers) for dt in dts for d in densities}
 
-        def dense(i):
-            gate, up, down = mm[i]
-            gate()
-            up()
-            np.multiply(g / (1 + np.exp(-g)), u, out=h)
-            down()
-
-        def sparse(i, dt, d):
-            sp[i, dt, d]()
-
-        variants = [("dense", None, None)] + [(dt, dt, d) for dt in dts for d in densities]
-        times = {v: [] for v in variants}
+        variants: list[tuple[Any, Any, Any]] = [("dense", None, None)] + [(dt, dt, d) for dt in dts for d in densities]
+        times: dict[tuple, list[float]] = {v: [] for v in variants}
         for r in range(rounds + 1):
             for i in range(n_layers):  # the variants interleaved call by call
                 for v in variants:
                     t0 = clock()
-                    dense(i) if v[1] is None else sparse(i, v[1], v[2])
+                    dense(mm[i]) if v[1] is None else sp[i, v[1], v[2]]()
                     if r:  # round 0 warms up
                         times[v].append(clock() - t0)
         stat = {v: float(np.percentile(ts, pct)) for v, ts in times.items()}

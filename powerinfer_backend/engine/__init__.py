@@ -10,4 +10,6 @@ operators the FFN density sweep times (``kernels``), the host's measured roofs
 (``tensors``), the close-once helper they share (``closing``) and the C library's test hooks
 (``testing``: only in a ``POWERINFER_TESTING=1`` build)."""
 
-from .native import FFN_HIST_BINS, FFN_HIST_MIN_EXP, NativeContext, NativeModel, default_threads  # noqa: F401
+from .native import FFN_HIST_BINS, FFN_HIST_MIN_EXP, NativeContext, NativeModel, default_threads
+
+__all__ = ["FFN_HIST_BINS", "FFN_HIST_MIN_EXP", "NativeContext", "NativeModel", "default_threads"]

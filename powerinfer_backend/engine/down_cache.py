@@ -40,7 +40,7 @@ from .. import _native
 from ..loader.artifacts import (FINGERPRINT_KEY, artifact_dir, artifact_metadata, atomic_write,
                         atomic_write_json, metadata_path, model_fingerprint,
                         read_metadata)
-from ..loader import GGUFModel, load_gguf
+from ..loader import GGUFModel, TensorView, load_gguf
 
 __all__ = ["transposed_down", "build_down_cache", "load_down_cache", "down_cache_path", "down_t_dtype",
            "down_t_row_bytes", "dense_down_cheaper", "QuantizedDownT"]
@@ -82,7 +82,7 @@ def down_t_dtype(model: GGUFModel, *, split: bool = False) -> str:
       fewer bytes than F16 at every density; the source was already quantized, and
       the re-quantization error is measured in docs/sparsity.md.
     """
-    types = {model.layer_tensor(i, "ffn_down").type_name for i in range(model.hparams.n_layer)}
+    types = {_ffn_down(model, i).type_name for i in range(model.hparams.n_layer)}
     if types == {"F32"}:
         return "f32"
     n_embd = model.hparams.n_embd
@@ -97,7 +97,7 @@ def dense_down_cheaper(model: GGUFModel, layer: int, dtype: Any, density: float)
     rows of a ``dtype`` down_t: e.g. a Q4_0 file with a Q8_0 down_t at density > 0.53
     (2304 against 4352 B per neuron at n_embd 4096)."""
     hp = model.hparams
-    return density * hp.n_ff * down_t_row_bytes(dtype, hp.n_embd) > model.layer_tensor(layer, "ffn_down").nbytes
+    return density * hp.n_ff * down_t_row_bytes(dtype, hp.n_embd) > _ffn_down(model, layer).nbytes
 
 
 class QuantizedDownT:
@@ -220,9 +220,16 @@ def load_down_cache(model_path: str | os.PathLike, dtype: Any = "f16",
     return None if arr is None else _wrap(arr, name, n_embd)
 
 
+def _ffn_down(model: GGUFModel, layer: int) -> TensorView:
+    t = model.layer_tensor(layer, "ffn_down")
+    if t is None:  # not for a file that loaded: every architecture's FFN has a down projection
+        raise ValueError(f"{model.path}: layer {layer} has no ffn_down tensor")
+    return t
+
+
 def _transpose_layer(model: GGUFModel, layer: int, name: str) -> np.ndarray:
     hp = model.hparams
-    tv = model.layer_tensor(layer, "ffn_down")
+    tv = _ffn_down(model, layer)
     if tuple(tv.ne[:2]) != (hp.n_ff, hp.n_embd) or any(d != 1 for d in tv.ne[2:]):
         raise ValueError(f"{model.path}: {tv.name} has ne {tv.ne}, expected "
                          f"({hp.n_ff}, {hp.n_embd})")
@@ -283,7 +290,7 @@ def _build(model: GGUFModel, model_path: str | os.PathLike, npy: Path, name: str
                    disable=(None if progress is None else not progress), leave=False)
         try:
             for i in bar:
-                src_types.append(model.layer_tensor(i, "ffn_down").type_name)
+                src_types.append(_ffn_down(model, i).type_name)
                 f.write(_transpose_layer(model, i, name).tobytes())
         finally:
             bar.close()

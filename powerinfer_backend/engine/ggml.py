@@ -121,7 +121,8 @@ class GgmlDevice(Closing):
         self._ptr = out[0]
         self.name = str(name)
         self.n_threads = int(n_threads)
-        self._contexts = weakref.WeakSet()  # contexts placed here point into the device: it must outlive them
+        # contexts placed here point into the device: it must outlive them
+        self._contexts: weakref.WeakSet = weakref.WeakSet()
         self._close_requested = False
 
     @property

@@ -7,6 +7,7 @@ import contextlib
 import os
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class NativeModel:
         out = ffi.new("pi_model **")
         check(lib.pi_model_create(p, out), f"{gguf.path}")
         self._ptr = out[0]
-        self._contexts = weakref.WeakSet()  # contexts point into the C model: it must outlive them
+        self._contexts: weakref.WeakSet = weakref.WeakSet()  # contexts point into the C model: it must outlive them
         self._close_requested = False
 
     @property
@@ -117,7 +118,8 @@ class NativeContext:
             raise ValueError("NativeContext: the model is closed")
         self.model = model
         self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
-        if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, (int, np.integer)) or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx):
+        if (isinstance(n_seq_max, bool) or not isinstance(n_seq_max, (int, np.integer))
+                or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx)):
             raise ValueError(f"n_seq_max must be an int in [1, min({lib.PI_SEQ_MAX}, n_ctx {self.n_ctx})], "
                              f"got {n_seq_max!r}")
         self.n_vocab = model.gguf.hparams.n_vocab
@@ -132,12 +134,12 @@ class NativeContext:
         #: positions each sequence holds: n_ctx // n_seq_max
         self.n_ctx_seq = int(lib.pi_n_ctx_seq(self._ptr))
         self._busy = threading.Lock()
-        self._down_t = {}  # layer -> transposed down array the C context points into
-        self._ffn_thr = {}  # layer -> the threshold set with it
-        self._down_dense = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
-        self._hist = None  # the calibration histogram the C context writes into
-        self._pred = {}  # layer -> predictor arrays the C context points into
-        self._device = None  # the device the C context computes on, kept alive with it
+        self._down_t: dict[int, Any] = {}  # layer -> transposed down array the C context points into
+        self._ffn_thr: dict[int, Any] = {}  # layer -> the threshold set with it
+        self._down_dense: set[int] = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
+        self._hist: np.ndarray | None = None  # the calibration histogram the C context writes into
+        self._pred: dict[int, Any] = {}  # layer -> predictor arrays the C context points into
+        self._device: Any = None  # the device the C context computes on, kept alive with it
         model._contexts.add(self)
         # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
         self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
@@ -207,7 +209,8 @@ class NativeContext:
         items = list(items)
         if not items:
             raise ValueError("eval_seqs: items must hold at least one (seq, tokens) pair")
-        seqs, counts, chunks, seen = [], [], [], {}
+        seqs, counts, chunks = [], [], []
+        seen: dict[int, int] = {}
         for i, item in enumerate(items):
             try:
                 seq, tokens = item
@@ -405,9 +408,9 @@ class NativeContext:
 
     def ggml_compute_bytes(self, dev) -> int:
         """Bytes of the compute buffer a placement on ``dev`` (a :class:`~powerinfer_backend.engine.ggml.GgmlDevice`)
-        reserves: ggml-alloc's size of the worst-case graphs (n_batch tokens over n_ctx cells, every layer's
-        attention and an FFN with all n_ff neurons hot, the output block); a constant of (model, n_ctx,
-        n_batch, device)."""
+        reserves: ggml-alloc's size of the worst-case graphs (n_batch tokens over one slot's cells, every
+        layer's attention and an FFN with all n_ff neurons hot, the output block); a constant of (model,
+        n_ctx, n_batch, n_seq_max, device)."""
         out = ffi.new("int64_t *")
         check(lib.pi_context_ggml_compute_bytes(self._ptr, dev._live(), out), "ggml compute buffer")
         return int(out[0])
@@ -423,12 +426,12 @@ class NativeContext:
         Raises:
             MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
                 counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
-            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv), or a
-                context of n_seq_max > 1 (the device's KV cache holds one sequence).
+            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
+
+        With ``n_seq_max`` > 1 the device's KV holds every slot and each device step runs once per
+        sequence of the batch: a sequence gets the bits it gets alone (a context of n_ctx_seq with
+        the same placement, device and threads).
         """
-        if self.n_seq_max > 1:
-            raise NotImplementedError(f"a ggml device placement serves one sequence: n_seq_max is {self.n_seq_max}; "
-                                      "use n_seq_max=1 with a placement, or no placement (vram_budget / device)")
         arr, _keep = _layer_array(layers)
         if len(layers) != self.model.gguf.hparams.n_layer:
             raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")

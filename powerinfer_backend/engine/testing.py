@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from .._native import check, ffi, lib
 
-__all__ = ["AVAILABLE", "MISSING", "TRACE_KINDS", "require", "stall", "chunk_counts", "zero_rows", "trace", "trace_read"]
+__all__ = ["AVAILABLE", "MISSING", "TRACE_KINDS", "require", "stall", "chunk_counts", "zero_rows", "trace",
+           "trace_read"]
 
 #: whether the loaded extension was built with the test hooks
 AVAILABLE = hasattr(lib, "pi_test_pool_stall")

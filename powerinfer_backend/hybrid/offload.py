@@ -89,12 +89,13 @@ class Offload:
         bufs = self.ctx.ggml_buffers()
         used = sum(bufs.values())
         self._high_water = max(self._high_water, used)
-        info = self.device.info
+        info, plan = self.device.info, self.plan
+        assert plan is not None  # a device is placed with its plan
         return {"kind": self.device_kind, "name": info.name, "type": info.type,
-                "budget_bytes": int(self.plan.budget_bytes), "reserved": self.plan.device_bytes,
+                "budget_bytes": int(plan.budget_bytes), "reserved": plan.device_bytes,
                 "used": used, "high_water": self._high_water, "buffers": dict(bufs),
                 "free_bytes": info.free_bytes, "total_bytes": info.total_bytes,
-                **({"placement": dict(self.plan.choice)} if self.plan.choice else {})}
+                **({"placement": dict(plan.choice)} if plan.choice else {})}
 
     def close(self) -> None:
         """Free the device (after the context that uses it is closed; idempotent)."""
@@ -226,7 +227,8 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
     if placement == "layers":
         plan = P.plan_layer_split(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:
-        auto, src, info = {}, "", dev.info
+        auto: dict[str, Any] = {}
+        src, info = "", dev.info
         shared = info.type == "cpu" and device_bandwidth is None
         if placement == "auto" and dec.bytes > 0 and not shared:
             bd, src = P.device_bandwidth(info.name, info.description, info.type, override=device_bandwidth,

@@ -12,13 +12,16 @@ checked before a file reaches llama.cpp (``vocab``: ``check_vocab``, over ``gguf
 (``pwri``), the per-model artifact folders (``artifacts``) and the embedded default
 model's location (``models``). Imports nothing above itself."""
 
-from .arch import ArchSpec, TensorSpec, layer_tensor_names  # noqa: F401
-from .hparams import HParams  # noqa: F401
-from .load import PWRI_LAYER_TENSORS, GGUFModel, load_gguf  # noqa: F401
-from .types import GGUF_MAGIC, KERNEL_TYPES, PWRI_MAGIC, TensorView, UnsupportedTensorTypeWarning  # noqa: F401
-from .vocab import check_vocab  # noqa: F401
+from .arch import ArchSpec, TensorSpec, layer_tensor_names
+from .hparams import HParams
+from .load import PWRI_LAYER_TENSORS, GGUFModel, load_gguf
+from .types import GGUF_MAGIC, KERNEL_TYPES, PWRI_MAGIC, TensorView, UnsupportedTensorTypeWarning
+from .vocab import check_vocab
 
 __all__ = [
+    "GGUF_MAGIC",
+    "PWRI_MAGIC",
+    "PWRI_LAYER_TENSORS",
     "ArchSpec",
     "GGUFModel",
     "HParams",

@@ -239,7 +239,7 @@ _LLAMA_GLOBALS = (
     TensorSpec("pos_embd", "", (), required=False),
 )
 
-_LLAMA_LAYERS = (
+_LLAMA_LAYERS: tuple[TensorSpec, ...] = (
     TensorSpec("attn_norm", "blk.{i}.attn_norm.weight", ("n_embd",), KIND_F32),
     TensorSpec("attn_q", "blk.{i}.attn_q.weight", ("n_embd", "n_embd_q")),
     TensorSpec("attn_k", "blk.{i}.attn_k.weight", ("n_embd", "n_embd_kv")),
@@ -414,7 +414,7 @@ def get_arch(name: str) -> ArchSpec:
     return ARCHITECTURES[name]
 
 
-def layer_tensor_names(arch: str, i: int) -> list[str]:
+def layer_tensor_names(arch: str, i: int) -> list[str | None]:
     """GGUF tensor names of layer ``i`` of architecture ``arch``, in
     enum pi_layer_slot order (None for the slots ``arch`` does not have).
 

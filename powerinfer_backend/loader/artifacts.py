@@ -71,7 +71,7 @@ _CHUNK = 4 << 20  # bytes per read while hashing
 _SETTLED_NS = 2_000_000_000
 
 _fp_lock = threading.Lock()
-_fp_cache: dict[tuple[str, int, int], str] = {}
+_fp_cache: dict[tuple[str, int, int, int, int, int], str] = {}
 
 
 # ---- fingerprint -------------------------------------------------------------------

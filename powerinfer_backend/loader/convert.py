@@ -101,7 +101,7 @@ def _untranspose(name: str, dt: TensorView) -> TensorView:
     """ffn_down [n_ff, n_embd] from a transposed ffn_down_t [n_embd, n_ff]: F32 when
     ffn_down_t is F32, else F16 (exact for F16; rounds quantized values to F16)."""
     n_embd, n_ff = dt.ne
-    vals = _quants.dequantize(dt.data, dt.type).reshape(n_ff, n_embd)
+    vals = _quants.dequantize(dt.data, _T(dt.type)).reshape(n_ff, n_embd)
     dst = _T.F32 if dt.type == _T.F32 else _T.F16
     arr = np.ascontiguousarray(vals.T.astype(np.float32 if dst == _T.F32 else np.float16))
     raw = arr.reshape(-1).view(np.uint8)

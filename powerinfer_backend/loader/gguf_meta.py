@@ -36,10 +36,10 @@ MAX_ARRAY_ELEMS = 1 << 21
 _U32 = struct.Struct("<I").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
 # value type -> numpy dtype of its scalars / array elements (little-endian)
-_NP = {int(_V.UINT8): "<u1", int(_V.INT8): "<i1", int(_V.UINT16): "<u2", int(_V.INT16): "<i2",
-       int(_V.UINT32): "<u4", int(_V.INT32): "<i4", int(_V.FLOAT32): "<f4", int(_V.BOOL): "<u1",
-       int(_V.UINT64): "<u8", int(_V.INT64): "<i8", int(_V.FLOAT64): "<f8"}
-_NP = {k: np.dtype(v) for k, v in _NP.items()}
+_NP: dict[int, np.dtype] = {k: np.dtype(v) for k, v in {
+    int(_V.UINT8): "<u1", int(_V.INT8): "<i1", int(_V.UINT16): "<u2", int(_V.INT16): "<i2",
+    int(_V.UINT32): "<u4", int(_V.INT32): "<i4", int(_V.FLOAT32): "<f4", int(_V.BOOL): "<u1",
+    int(_V.UINT64): "<u8", int(_V.INT64): "<i8", int(_V.FLOAT64): "<f8"}.items()}
 _STRING, _ARRAY, _BOOL, _UINT32 = int(_V.STRING), int(_V.ARRAY), int(_V.BOOL), int(_V.UINT32)
 _MIN_TENSOR_ENTRY = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (no name, no dims)
 
@@ -165,7 +165,7 @@ def scan_metadata(path: str) -> dict[str, MetaValue]:
         if h is not None and last[0] == _stamp(path):
             return h.kv
     _mm, data = _map(path)
-    kv, _pos, _version, _n_tensors = _parse_kv(path, data, memoryview(data), GGUF_MAGIC)
+    kv, _pos, _version, _n_tensors = _parse_kv(path, data, data.data, GGUF_MAGIC)
     return kv
 
 
@@ -188,7 +188,7 @@ def parse_header(path: str, *, pwri: bool = False) -> Header:
     """
     stamp = _stamp(path)  # before the map: a file changed meanwhile gets a stale stamp, never a stale header
     mm, data = _map(path)
-    mv = memoryview(data)
+    mv = data.data  # memoryview(data)
     kv, pos, version, n_tensors = _parse_kv(path, data, mv, PWRI_MAGIC if pwri else GGUF_MAGIC)
     size = len(data)
     raw = []

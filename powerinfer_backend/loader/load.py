@@ -266,11 +266,11 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         for stem in PWRI_LAYER_TENSORS:
             name = f"blk.{i}.{stem}.weight"
             if name in infos:
-                info = infos[name]
-                if len(info.ne) != 2:
-                    raise ValueError(f"{path_str}: layer {i}: tensor '{name}' has shape {list(info.ne)}, "
+                pinfo = infos[name]
+                if len(pinfo.ne) != 2:
+                    raise ValueError(f"{path_str}: layer {i}: tensor '{name}' has shape {list(pinfo.ne)}, "
                                      f"expected 2 dimensions")
-                extra[name] = _make_view(path_str, info, info.data, _arch.KIND_MATRIX)
+                extra[name] = _make_view(path_str, pinfo, pinfo.data, _arch.KIND_MATRIX)
     for name, ts in wanted:
         info = infos.get(name)
         dt_name = name.replace(".ffn_down.", ".ffn_down_t.")

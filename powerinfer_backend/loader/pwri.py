@@ -170,7 +170,8 @@ def read_gpuidx(path, n_layer: int, n_ff: int) -> GpuIndex:
             if n not in tensors:
                 raise ValueError(f"{path}: layer {layer}: tensor '{n}' missing")
             if tensors[n].type != _T.I32:
-                raise ValueError(f"{path}: layer {layer}: tensor '{n}' must be int32, got {_type_name(tensors[n].type)}")
+                raise ValueError(f"{path}: layer {layer}: tensor '{n}' must be int32, "
+                                 f"got {_type_name(tensors[n].type)}")
         idx = tensor_array(h, tensors[ni]).reshape(-1)
         bucket = tensor_array(h, tensors[nb]).reshape(-1)
         if idx.size != n_ff:

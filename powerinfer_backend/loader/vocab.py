@@ -189,16 +189,16 @@ class _Vocab:
         # ignores an entry without one; no format makes it fail, so there is nothing to check
 
     def check_charsmap(self) -> None:
-        v = self.kv.get(CHARSMAP)
+        v = self.array(CHARSMAP, (int(_V.UINT8), int(_V.INT8)))
         if v is None:
             return
-        v = self.array(CHARSMAP, (int(_V.UINT8), int(_V.INT8)))
         problem = charsmap_problem(np.asarray(v.value).view(np.uint8))
         if problem:
             raise self.fail(CHARSMAP, problem)
 
     def check_tokens(self) -> None:
         tok = self.array(TOKENS, (int(_V.STRING),), required="llama.cpp cannot load a vocabulary without it")
+        assert tok is not None  # required: array() raised
         if tok.count == 0:
             raise self.fail(TOKENS, "empty vocabulary (0 tokens)")
         self.texts = texts = LlamaTexts(tok.value)
@@ -308,8 +308,8 @@ class _Vocab:
     def check_name_rules(self) -> None:
         # llama.cpp sets attributes on named tokens for some models; a missing one throws
         pre = self.raw_pre or ""
-        arch = self.kv.get("general.architecture")
-        arch = arch.value if arch is not None and isinstance(arch.value, bytes) else b""
+        arch_v = self.kv.get("general.architecture")
+        arch = arch_v.value if arch_v is not None and isinstance(arch_v.value, bytes) else b""
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
                 any(s in arch for s in (b"nomic-bert-moe", b"jina-bert-v3")):
             return
@@ -346,7 +346,7 @@ def _rwkv_unescape(s: bytes) -> bytes:
 
 
 def _type(v: MetaValue) -> str:
-    if v.vtype == int(_V.ARRAY):
+    if v.vtype == int(_V.ARRAY) and v.etype is not None:  # an array always has its element type
         return f"array of {_vtype_name(v.etype)}"
     return _vtype_name(v.vtype)
 

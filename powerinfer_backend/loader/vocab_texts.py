@@ -48,12 +48,12 @@ class LlamaTexts:
         # NUL bytes inside the strings: all NUL bytes minus those of the 8-byte lengths
         n_nul = sa.buf.size - np.count_nonzero(sa.buf)
         n_nul -= 8 * lens.size - np.count_nonzero(lens.astype("<u8").view(np.uint8))
-        cut = np.empty(0, np.int64)
+        cut: np.ndarray = np.empty(0, np.int64)
         if n_nul:
             nul = np.concatenate(([0], np.cumsum(sa.buf == 0)))
             cut = np.flatnonzero(nul[sa.starts + sa.lens] != nul[sa.starts])
             for i in cut:
-                lens[i] = self._raw(i).index(0)  # llama.cpp reads token i up to its first NUL
+                lens[i] = self._raw(int(i)).index(0)  # llama.cpp reads token i up to its first NUL
         self.lens = lens
         self._renamed = {int(i): b"[EMPTY_%d]" % i for i in np.flatnonzero(lens == 0)}
         alt = np.sort(np.concatenate((cut, np.fromiter(self._renamed, np.int64, len(self._renamed)))))
@@ -81,7 +81,7 @@ class LlamaTexts:
         """:func:`_hash` of every string, a word column at a time over all of them."""
         lens = self.lens
         buf = np.concatenate((self._buf, np.zeros(8, np.uint8)))
-        words = np.ndarray((buf.size - 7,), "<u8", buf, 0, (1,))  # the 8 bytes at every offset
+        words: np.ndarray = np.ndarray((buf.size - 7,), "<u8", buf, 0, (1,))  # the 8 bytes at every offset
         h = np.zeros(len(self), np.uint64)
         idx = np.flatnonzero((lens > 0) & (lens <= _SHORT))
         st, left = self._starts[idx], lens[idx]

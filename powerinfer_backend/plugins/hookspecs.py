@@ -30,6 +30,7 @@ def powerinfer_backend_register() -> dict:
     ``Llama.stats()`` returns it), ``n_ctx_seq`` (sequence 0's window when ``n_ctx`` is a
     total over several sequences), ``native_context`` (``Llama.native_context``).
     """
+    raise NotImplementedError  # a specification: pluggy calls the plugins' implementations
 
 
 @hookspec(firstresult=True)

@@ -125,10 +125,10 @@ def extra_buffer_types_work(n_threads: int = 2, *, timeout: float = PROBE_TIMEOU
     key = _cache_key()
     if key in _verdicts:
         return {**_verdicts[key], "cached": "process"}
-    v = _read_disk(key)
-    if v is not None:
-        _verdicts[key] = v
-        return {**v, "cached": "disk"}
+    disk = _read_disk(key)
+    if disk is not None:
+        _verdicts[key] = disk
+        return {**disk, "cached": "disk"}
     v = _run_probe(n_threads, timeout)
     transient = v.pop("transient", False)  # a hang may be a loaded host: kept for this process only
     _verdicts[key] = v

@@ -32,23 +32,23 @@ import os
 from typing import Optional
 
 try:  # the [server] extra, checked before the modules that need it
-    import fastapi  # noqa: F401
-    import greenlet  # noqa: F401
-    import pydantic  # noqa: F401
-    import sse_starlette  # noqa: F401
+    import fastapi  # noqa: F401 - installed?
+    import greenlet  # noqa: F401 - installed?
+    import pydantic  # noqa: F401 - installed?
+    import sse_starlette  # noqa: F401 - installed?
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("the server needs FastAPI, uvicorn, sse-starlette and greenlet: "
                       "pip install 'powerinfer_backend[server]' "
                       "(from a clone: pip install -e '.[server]')") from e
 
-from fastapi import Depends, FastAPI, Request  # noqa: E402
+from fastapi import Depends, FastAPI, Request
 
-from .. import __version__  # noqa: E402
-from .body import DEFAULT_MAX_BODY_BYTES, CheckedBodyRoute  # noqa: E402
-from .compat import register_llama_server  # noqa: E402
-from .errors import APIError, add_error_handlers  # noqa: E402
-from .routes import register_openai  # noqa: E402
-from .state import ServerState  # noqa: E402
+from .. import __version__
+from .body import DEFAULT_MAX_BODY_BYTES, CheckedBodyRoute
+from .compat import register_llama_server
+from .errors import APIError, add_error_handlers
+from .routes import register_openai
+from .state import ServerState
 
 
 def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, api_key: Optional[str] = None,

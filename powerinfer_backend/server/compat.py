@@ -34,8 +34,10 @@ def register_llama_server(app, state: ServerState) -> None:
         llm = state.llm
         bos = eos = ""
         try:
-            bos = llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace") if llm.token_bos() >= 0 else ""
-            eos = llm.detokenize([llm.token_eos()], special=True).decode("utf-8", "replace") if llm.token_eos() >= 0 else ""
+            bos = (llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace")
+                   if llm.token_bos() >= 0 else "")
+            eos = (llm.detokenize([llm.token_eos()], special=True).decode("utf-8", "replace")
+                   if llm.token_eos() >= 0 else "")
         except Exception:
             pass
         return {

@@ -96,9 +96,8 @@ def deployment(model: Optional[str] = None, *, num_replicas: int = 2, num_cpus: 
         return app
 
     ingress = serve.ingress(build_app)()
-    return serve.deployment(ingress, name=name, num_replicas=int(num_replicas),
-                            ray_actor_options={"num_cpus": float(num_cpus)},
-                            max_ongoing_requests=max(1, parallel + max_queue)).bind()
+    return serve.deployment(name=name, num_replicas=int(num_replicas), ray_actor_options={"num_cpus": float(num_cpus)},
+                            max_ongoing_requests=max(1, parallel + max_queue))(ingress).bind()
 
 
 def app_builder(args: Dict[str, Any]):

@@ -1,7 +1,7 @@
 """The OpenAI-compatible endpoints: ``/v1/models``, ``/v1/completions``,
 ``/v1/chat/completions`` (streaming or not) and ``/v1/embeddings``, each also without
-the ``/v1`` prefix. Completions are ``Llama.create_completion``'s (llama-cpp-python's shapes), run in a slot of the worker
-(:mod:`.worker`); embeddings on the served Llama between batches."""
+the ``/v1`` prefix. Completions are ``Llama.create_completion``'s (llama-cpp-python's
+shapes), run in a slot of the worker (:mod:`.worker`); embeddings on the served Llama between batches."""
 
 from __future__ import annotations
 

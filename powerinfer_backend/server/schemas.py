@@ -21,13 +21,11 @@ from .errors import APIError
 
 
 
-def int32(minimum: int = -(2 ** 31)):
-    """An integer llama.cpp's C API takes (int32_t there), at least ``minimum``. (A bound
-    set again by the field's own ``Field(ge=...)`` would not override this one.)"""
-    return Annotated[int, Field(ge=minimum, le=2 ** 31 - 1)]
-
-
-Int32 = int32()
+# Integers llama.cpp's C API takes (int32_t there), with their lower bounds. (A bound set
+# again by a field's own ``Field(ge=...)`` would not override these.)
+Int32 = Annotated[int, Field(ge=-(2 ** 31), le=2 ** 31 - 1)]
+NonNegativeInt32 = Annotated[int, Field(ge=0, le=2 ** 31 - 1)]
+NPredict = Annotated[int, Field(ge=-2, le=2 ** 31 - 1)]  # -1: no limit, -2: until the context is full
 Seed = Annotated[int, Field(ge=-(2 ** 63), le=2 ** 63 - 1)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
@@ -206,7 +204,7 @@ class _SamplingBody(_Body):
 class CompletionBody(_SamplingBody):
     prompt: Union[str, Annotated[List[Int32], Field(min_length=1)], Annotated[List[str], Field(min_length=1)]] = ""
     suffix: Optional[str] = None
-    max_tokens: Optional[int32(0)] = 16  # 0 or null: no limit but EOS, a stop, the context (llama-cpp-python's)
+    max_tokens: Optional[NonNegativeInt32] = 16  # 0 or null: no limit but EOS, a stop, the context (llama-cpp-python's)
     temperature: float = Field(default=0.8, ge=0, le=2)
     logprobs: Optional[int] = Field(default=None, ge=0, le=5)
     echo: bool = False
@@ -220,8 +218,8 @@ class ChatBody(_SamplingBody):
     functions: Optional[List[FunctionDef]] = None
     function_call: Optional[Union[Literal["none", "auto"], FunctionName]] = None
     response_format: Optional[ResponseFormat] = None
-    max_tokens: Optional[int32(0)] = None  # as CompletionBody's; default: no limit
-    max_completion_tokens: Optional[int32(0)] = None
+    max_tokens: Optional[NonNegativeInt32] = None  # as CompletionBody's; default: no limit
+    max_completion_tokens: Optional[NonNegativeInt32] = None
     temperature: float = Field(default=0.2, ge=0, le=2)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
@@ -261,7 +259,7 @@ Bias = Union[float, Literal[False]]
 class LlamaCompletionBody(_Body):
     """llama-server's ``/completion``."""
     prompt: Union[str, List[Union[Int32, str]], LlamaPrompt] = ""
-    n_predict: int32(-2) = -1  # -1: no limit, -2: until the context is full
+    n_predict: NPredict = -1
     temperature: float = 0.8
     top_k: Int32 = 40
     top_p: float = 0.95
@@ -278,7 +276,7 @@ class LlamaCompletionBody(_Body):
     seed: Optional[Seed] = None
     ignore_eos: bool = False
     stop: Optional[Union[str, List[str]]] = None
-    n_probs: int32(0) = 0
+    n_probs: NonNegativeInt32 = 0
     post_sampling_probs: bool = False
     # [[token id or text, bias], ...] or {"token id or text": bias}; a pair arrives as a JSON
     # array, which only a lax tuple accepts (its items stay strict)

@@ -15,7 +15,7 @@ native engine's parallel sequences (``eval_seqs``) or, for one slot, any backend
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -166,12 +166,12 @@ class SlotLlama(Llama):
             :class:`Cancelled` when the slot's client left.
     """
 
-    def __init__(self, base: Llama, seq: int, n_ctx: int, decode: Callable):  # noqa: D107 - no Llama.__init__
+    def __init__(self, base: Llama, seq: int, n_ctx: int, decode: Callable):  # no Llama.__init__ to call
         for name in SHARED:
             setattr(self, name, getattr(base, name))
         self._announced = False  # the model_loaded / unloaded hooks belong to the base
         self.seq = int(seq)
-        self.job = None  # the request running in this slot (its cancel flag)
+        self.job: Any = None  # the worker's Job running in this slot (its cancel flag)
         self._backend = SlotBackend(base.engine, self, decode)
         self._n_ctx = int(n_ctx)
         self.cache = None

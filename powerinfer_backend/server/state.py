@@ -45,7 +45,7 @@ class ServerState:
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         job.cancel.set()
-                        raise APIError(499, "client closed the request")
+                        raise APIError(499, "client closed the request") from None
                     continue
                 if kind == "item":
                     return value

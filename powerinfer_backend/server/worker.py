@@ -26,7 +26,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from greenlet import greenlet
@@ -162,8 +162,8 @@ class ModelWorker:
             if len(self._queue) >= self.max_queue + free:
                 self.rejected += 1
                 waiting = len(self._queue) - free
-                raise APIError(503, f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting for a "
-                                    f"slot (--max-queue {self.max_queue}); retry later", "server_busy")
+                raise APIError(503, f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting "
+                                    f"for a slot (--max-queue {self.max_queue}); retry later", "server_busy")
             self._queue.append(job)
             self._cv.notify_all()
         return job
@@ -214,6 +214,7 @@ class ModelWorker:
         if slot.leaving or self._stopping or (slot.job is not None and slot.job.cancel.is_set()):
             raise Cancelled()
         req = slot.request = _Request(n_past, list(tokens))
+        assert slot.run is not None  # this runs in it
         slot.run.parent.switch()  # back to the scheduler; it switches here when req is done
         if req.error is not None:
             raise req.error
@@ -252,7 +253,7 @@ class ModelWorker:
         for s in self._slots:
             if s.job is not None and (s.request is None or s.request.done):
                 self._resume(s)
-        asking = [s for s in self._slots if s.request is not None and not s.request.done]
+        asking = [(s, s.request) for s in self._slots if s.request is not None and not s.request.done]
         items = self._batch(asking)
         if items:
             self._eval(items)
@@ -262,6 +263,7 @@ class ModelWorker:
         until it asks for logits or ends; an ended job frees the slot."""
         if slot.run is None:
             job, llama = slot.job, slot.llama
+            assert job is not None  # only a slot with a job is resumed
             slot.run = greenlet(lambda: self._execute(job, llama))
             llama.job = job  # its cancel flag, checked per token
             llama.sequence.prompt_evaluated = 0
@@ -274,6 +276,7 @@ class ModelWorker:
         """The slot's job ended: a cancelled one forgets its tokens (the KV cells were
         cleared); then its last ``messages`` go to the client."""
         job = slot.job
+        assert job is not None  # only a slot with a job is released
         slot.prompt_evaluated = slot.llama.sequence.prompt_evaluated
         if slot.leaving or job.cancel.is_set():
             slot.llama.forget()
@@ -323,6 +326,7 @@ class ModelWorker:
 
     def _leave(self, slot: _Slot) -> None:
         """A cancelled slot leaves the batch now: its KV cells are cleared and its job ends."""
+        assert slot.job is not None  # only a slot with a job leaves
         slot.leaving = True
         self.access.truncate(slot.seq, 0)
         self._record_cancel(slot.job)
@@ -338,18 +342,18 @@ class ModelWorker:
 
     def _finish(self, slot: _Slot, error: Optional[BaseException] = None) -> None:
         req = slot.request
+        assert req is not None  # only a waiting slot is answered
         req.error = error
         req.done = True
 
-    def _batch(self, asking: List[_Slot]) -> list:
+    def _batch(self, asking: List[Tuple[_Slot, _Request]]) -> list:
         """The items of one step: a token of every decoding slot, then prompt chunks in
         arrival order while ``n_batch`` has room. Requests that cannot run are answered
         with their error here."""
         budget = self.access.n_batch
         items = []
         # decode tokens first (latency of the running slots), then the joining prompts
-        for s in sorted(asking, key=lambda s: len(s.request.rest) > 1):
-            req = s.request
+        for s, req in sorted(asking, key=lambda sr: len(sr[1].rest) > 1):
             if not req.started:
                 err = self._check(s.seq, req)
                 if err is not None:
@@ -386,15 +390,17 @@ class ModelWorker:
         try:
             outs = self.access.eval(items, self._logits_all)
         except BaseException as e:  # answered to the slots of this step
-            error, outs = e, [None] * len(items)
+            error, outs = e, []
         self.eval_s += time.perf_counter() - t0
         self.steps += 1
+        if error is not None:
+            for seq, _ in items:
+                self._finish(self._slots[seq], error)
+            return
         for (seq, toks), out in zip(items, outs):
             slot = self._slots[seq]
             req = slot.request
-            if error is not None:
-                self._finish(slot, error)
-                continue
+            assert req is not None  # it asked for these tokens
             self.tokens_decoded += len(toks)
             req.rest = req.rest[len(toks):]
             if self._logits_all or not req.rest:  # else a prompt chunk's logits are not needed
@@ -404,7 +410,8 @@ class ModelWorker:
 
     def _run_exclusive(self) -> None:
         job = self._exclusive
-        messages = [("error", RuntimeError("the worker stopped"))]
+        assert job is not None  # the loop runs it once admitted
+        messages: list = [("error", RuntimeError("the worker stopped"))]
         try:
             messages = self._execute(job, self.llm)
         finally:

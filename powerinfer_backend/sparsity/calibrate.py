@@ -34,6 +34,7 @@ The result is written as the sparsity sidecar (:mod:`powerinfer_backend.sparsity
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -153,7 +154,7 @@ def greedy_path(kl: np.ndarray, levels: Sequence[float], step: float = STEP) -> 
     grid = np.arange(0.0, xs[-1] + 1e-9, step)
     cost = np.stack([np.interp(grid, xs, np.concatenate([[0.0], kl[i]])) for i in range(n_layer)])
     idx = np.zeros(n_layer, dtype=np.int64)
-    rows = [np.zeros(n_layer, np.float32)]
+    rows: list[np.ndarray] = [np.zeros(n_layer, np.float32)]
     last = len(grid) - 1
     for _ in range(n_layer * last):
         open_ = idx < last
@@ -226,7 +227,8 @@ def _global_candidates(hist_layers: np.ndarray, max_mean: float, n: int = 160):
     """One threshold for every layer, on a geometric grid, while the expected mean
     sparsity stays <= max_mean (row 0: dense). Each layer's sparsity is then its own
     fraction below the shared threshold."""
-    rows_t, rows_a = [np.zeros(len(hist_layers), np.float32)], [np.zeros(len(hist_layers), np.float32)]
+    rows_t: list[np.ndarray] = [np.zeros(len(hist_layers), np.float32)]
+    rows_a: list[np.ndarray] = [np.zeros(len(hist_layers), np.float32)]
     for t in np.geomspace(1e-4, 16.0, n):
         alloc = (1.0 - fraction_at_or_above(hist_layers, float(t))).astype(np.float32)
         if alloc.mean() > max_mean:
@@ -304,6 +306,9 @@ def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.
                       f"{measured[name, i][0] / ppl_dense - 1:+.2%}", file=sys.stderr)
         return measured[name, i]
 
+    def increase(name: str) -> Callable[[int], float]:
+        return lambda k: measure(name, k)[0] / ppl_dense - 1.0
+
     choices = []  # (mean expected sparsity, name, index)
     for name, (_, alloc_rows) in paths.items():
         means = alloc_rows.mean(axis=1)
@@ -313,7 +318,8 @@ def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.
             measure(name, i)
             choices.append((-abs(means[i] - target), name, i))
             continue
-        i, _ = search_budget(means, lambda k: measure(name, k)[0] / ppl_dense - 1.0, goal)
+        assert goal is not None  # without a target the search has a perplexity goal
+        i, _ = search_budget(means, increase(name), goal)
         choices.append((float(means[i]), name, i))
     _, name, i = max(choices)
     ppl, held_sparsity = measure(name, i)
@@ -395,7 +401,7 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
 
     t0, c0 = time.perf_counter(), time.process_time()
     down_t = run.down_t(progress)
-    goal = None if target_sparsity is not None else margin * max_ppl_increase
+    goal = None if target_sparsity is not None or max_ppl_increase is None else margin * max_ppl_increase
     gated = gguf.layer_tensor(0, "ffn_gate") is not None  # an ungated FFN (Falcon, OPT) has no gate form
     forms = (("product", "gate") if gated else ("product",)) if threshold_on == "auto" else (threshold_on,)
     shape = (hp.n_layer, hp.n_ff)
@@ -428,7 +434,8 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         if speed_check:
             for r in results:
                 if r.alloc.mean() > 0:
-                    r.speed = run.speed(ctx, lambda: setup.apply(None), lambda r=r: setup.apply(r.thresholds, r.form),
+                    r.speed = run.speed(ctx, lambda: setup.apply(None),
+                                        functools.partial(setup.apply, r.thresholds, r.form),
                                         steps=speed_steps, repeats=speed_repeats)
             t = lap("speed check", t)
         # the fastest form within the budget (without timings: the first, the better quality per sparsity)

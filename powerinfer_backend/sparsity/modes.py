@@ -32,9 +32,12 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .predictors import PredictorSet
 
 __all__ = ["MODES", "SparseState", "configure"]
 
@@ -61,7 +64,7 @@ class SparseState:
     sidecar: Optional[str] = None
     expected_sparsity: Optional[float] = None
     info: dict = field(default_factory=dict)
-    predictors: Optional[object] = None  # predictor.PredictorSet in predictor mode
+    predictors: Optional[PredictorSet] = None  # in predictor mode
     reason: Optional[str] = None
     decode_speedup: Optional[float] = None
 

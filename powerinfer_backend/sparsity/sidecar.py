@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -142,13 +142,14 @@ def write_sidecar(path: str | os.PathLike, prof: SparsityProfile) -> Path:
 
     def write(tmp: Path) -> None:
         w = gguf.GGUFWriter(tmp, _ARCH)
+        add: dict[str, Callable[[str, Any], None]] = {"str": w.add_string, "u64": w.add_uint64,
+                                                      "u32": w.add_uint32, "f64": w.add_float64}
         w.add_uint32(_S + "version", FORMAT_VERSION)
         for name, (key, kind) in _INFO_KEYS.items():
             v = prof.info.get(name)
             if v is None:
                 continue
-            {"str": w.add_string, "u64": w.add_uint64, "u32": w.add_uint32,
-             "f64": w.add_float64}[kind](key, str(v) if kind == "str" else (float(v) if kind == "f64" else int(v)))
+            add[kind](key, str(v) if kind == "str" else (float(v) if kind == "f64" else int(v)))
         w.add_string("powerinfer.ffn_act", prof.ffn_act)
         w.add_array(_C + "thresholds", [float(x) for x in prof.thresholds])
         w.add_array(_C + "layer_sparsity", [float(x) for x in prof.layer_sparsity])

@@ -60,7 +60,8 @@ def measure_speedup(ctx, set_dense: Callable[[], None], set_sparse: Callable[[],
     if len(tokens) < prompt_tokens + steps:
         raise ValueError(f"speed check needs {prompt_tokens + steps} tokens, got {len(tokens)}")
     prompt, run = list(tokens[:prompt_tokens]), list(tokens[prompt_tokens:prompt_tokens + steps])
-    dense, sparse = [], []
+    dense: list[float] = []
+    sparse: list[float] = []
     for r in range(repeats + 1):
         # alternate which runs first, so a trend in the host's load does not favour one side
         order = ((set_dense, dense), (set_sparse, sparse)) if r % 2 else ((set_sparse, sparse), (set_dense, dense))

@@ -51,7 +51,8 @@ def chat_handler_for(llm) -> Any:
 
 
 #: llama-cpp-python's ``create_chat_completion`` keywords and their defaults
-CHAT_DEFAULTS = dict(functions=None, function_call=None, tools=None, tool_choice=None, temperature=0.2, top_p=0.95,
+CHAT_DEFAULTS: dict[str, Any] = dict(
+                     functions=None, function_call=None, tools=None, tool_choice=None, temperature=0.2, top_p=0.95,
                      top_k=40, min_p=0.05, typical_p=1.0, logprobs=None, top_logprobs=None, stream=False, stop=[],
                      seed=None, response_format=None, max_tokens=None, presence_penalty=0.0, frequency_penalty=0.0,
                      repeat_penalty=1.0, tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0, mirostat_eta=0.1, model=None,

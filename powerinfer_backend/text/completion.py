@@ -41,7 +41,7 @@ def prompt_tokens(tok, prompt: Union[str, List[int]], suffix: Optional[str],
     tail = [] if (as_list and suffix is None) or (not tok.add_eos and sep == -1) else \
         [sep if sep != -1 else tok.token_eos]
     fim = suffix is not None
-    if as_list:
+    if isinstance(prompt, list):
         body = list(prompt)
     else:
         body = tok.tokenize(prompt.encode("utf-8"), add_bos=False, special=not fim) if prompt != "" else []
@@ -95,7 +95,7 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
     model = o.model if o.model is not None else llm.model_path
     if prompt_toks[:2] == [tok.token_bos] * 2:
         warnings.warn(f'Detected duplicate leading "{tok.token_text(tok.token_bos)}" in prompt, this will likely '
-                      f'reduce response quality, consider removing it...', RuntimeWarning)
+                      f'reduce response quality, consider removing it...', RuntimeWarning, stacklevel=1)
     if o.logit_bias is not None:
         procs = list(params.logits_processor or ()) + [logit_bias_processor(o.logit_bias)]
         params = SamplingParams(**{**params.__dict__, "logits_processor": procs})
@@ -131,6 +131,7 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
                      "total_tokens": ev.prompt_tokens + ev.completion_tokens}
         elif isinstance(ev, Error):
             raise ev.error
+    assert stop is not None  # run() ends with a Stop unless it raised
     if o.stream:
         yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": stop.reason}]}
         _to_cache(llm, prompt_toks + text.tokens)
@@ -138,7 +139,8 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
     _to_cache(llm, prompt_toks + text.tokens)
     out = stop.text.decode("utf-8", "ignore")
     if o.echo:
-        out = o.prompt + out
+        echoed: Any = o.prompt  # a token-list prompt raises TypeError here, as in llama-cpp-python
+        out = echoed + out
     lp = _logprobs(tok, seq, o, prompt_toks, text.tokens) if o.logprobs is not None else None
     yield {**head, "choices": [{"text": out, "index": 0, "logprobs": lp, "finish_reason": stop.reason}],
            "usage": usage}
@@ -181,7 +183,7 @@ def _stream_logprobs(tok, seq: Sequence, o: Options, n_prompt: int, text: PieceT
     tok_str = tok.detokenize([ev.token]).decode("utf-8", "ignore")
     vals = row.tolist()
     return {"tokens": [tok_str], "text_offset": [offset], "token_logprobs": [vals[ev.token]],
-            "top_logprobs": [_top(tok, row, o.logprobs, ev.token, tok_str, True)]}
+            "top_logprobs": [_top(tok, row, o.logprobs or 0, ev.token, tok_str, True)]}
 
 
 def _logprobs(tok, seq: Sequence, o: Options, prompt_toks: List[int], completion: List[int]) -> dict:
@@ -209,7 +211,7 @@ def _logprobs(tok, seq: Sequence, o: Options, prompt_toks: List[int], completion
         offsets.append(text_offset + len(joined.text().decode("utf-8", "ignore")))
         strs.append(s)
         token_lps.append(row[t])
-        tops.append(_top(tok, row, o.logprobs, t, s, False))
+        tops.append(_top(tok, row, o.logprobs or 0, t, s, False))
     if o.echo and toks:
         token_lps[0] = tops[0] = None
     return {"tokens": strs, "text_offset": offsets, "token_logprobs": token_lps, "top_logprobs": tops}

@@ -64,7 +64,8 @@ class PerfContext:
         r = self.report()
 
         def per(n, ms):
-            return f"({ms / n if n else 0.0:8.2f} ms per token, {1e3 * n / ms if ms > 0 else 0.0:8.2f} tokens per second)"
+            return (f"({ms / n if n else 0.0:8.2f} ms per token, "
+                    f"{1e3 * n / ms if ms > 0 else 0.0:8.2f} tokens per second)")
         return "\n".join([
             f"{_TAG}:        load time = {r['load_ms']:10.2f} ms",
             f"{_TAG}: prompt eval time = {r['prompt_eval_ms']:10.2f} ms / {r['n_prompt']:5d} tokens "

@@ -152,7 +152,7 @@ def run(seq: Sequence, req: Request) -> Iterator[Event]:
     :class:`Usage`, or with :class:`Error` when sampling or evaluation failed."""
     try:
         yield from _run(seq, req)
-    except Exception as e:  # noqa: BLE001 - handed to the renderer, which raises it
+    except Exception as e:  # handed to the renderer, which raises it
         yield Error(e)
 
 

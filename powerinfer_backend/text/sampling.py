@@ -151,7 +151,8 @@ class TokenDataBuffer:
         self._ids = np.arange(self.n_vocab, dtype=np.int32)
         self.id_col, self.logit_col, self.p_col = self.data["id"], self.data["logit"], self.data["p"]
         self._addr = self.data.ctypes.data
-        self._ptr = ctypes.cast(self._addr, llama_cpp.llama_token_data_p)
+        # Any: llama_cpp annotates the struct's data field as an array; the C field is a pointer
+        self._ptr: Any = ctypes.cast(self._addr, llama_cpp.llama_token_data_p)
         self.array = llama_cpp.llama_token_data_array(data=self._ptr, size=self.n_vocab, selected=-1, sorted=False)
         self.ref = ctypes.byref(self.array)
         self._ids_intact = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Iterator, List, Optional, Sequence as Seq
+from typing import Callable, Generator, List, Optional, Sequence as Seq
 
 import numpy as np
 
@@ -139,7 +139,7 @@ class Sequence:
         self.n_tokens = n_past + len(tokens)
         self.requires_eval = False
 
-    def restore(self, tokens: Seq[int], scores: np.ndarray) -> None:
+    def restore(self, tokens: Seq[int] | np.ndarray, scores: np.ndarray) -> None:
         """Make the sequence ``tokens`` with logits rows ``scores`` (all rows with
         logits_all, else at least the last one), re-evaluating only what the KV cells do
         not share with ``tokens``; the logits are not live afterwards (:attr:`requires_eval`).
@@ -147,16 +147,16 @@ class Sequence:
         Raises:
             ValueError: more tokens than n_ctx.
         """
-        tokens = np.asarray(tokens, dtype=np.intc)
-        n = len(tokens)
+        toks = np.asarray(tokens, dtype=np.intc)
+        n = len(toks)
         if n > self.n_ctx:
             raise ValueError(f"Requested tokens ({n}) exceed context window of {self.n_ctx}")
         ev = self.evaluator
-        keep = min(common_prefix(self.input_ids[: min(self.n_tokens, ev.n_past)].tolist(), tokens.tolist()), n)
+        keep = min(common_prefix(self.input_ids[: min(self.n_tokens, ev.n_past)].tolist(), toks.tolist()), n)
         ev.truncate(keep)
         if keep < n:
-            ev.eval(tokens[keep:].tolist(), logits_all=False)
-        self.input_ids[:n] = tokens
+            ev.eval(toks[keep:].tolist(), logits_all=False)
+        self.input_ids[:n] = toks
         self.n_tokens = n
         scores = np.asarray(scores, dtype=np.single)
         if self.logits_all:
@@ -180,7 +180,7 @@ class Sequence:
         logits = self.logits_at(idx)
         sampler = self.sampler
         one_off = sampler is None
-        if one_off:
+        if sampler is None:
             sampler = self.new_sampler(params)
         try:
             return sampler.sample(logits, self.tokens)
@@ -211,7 +211,7 @@ class Sequence:
         return tokens[keep:]
 
     def generate(self, tokens: Seq[int], params: SamplingParams, *, reset: bool = True,
-                 stopping_criteria: Optional[Callable] = None) -> Iterator[int]:
+                 stopping_criteria: Optional[Callable] = None) -> Generator[int, Optional[list], None]:
         """Yield sampled tokens after ``tokens``, endlessly (the caller stops); a list sent
         to the generator is appended after the yielded token. With ``reset``, the cached
         prefix shared with ``tokens`` is kept and only the rest evaluated.
@@ -223,7 +223,7 @@ class Sequence:
             RuntimeError: empty ``tokens`` with nothing cached (no logits to sample from).
         """
         self.close_sampler()
-        self.sampler = self.new_sampler(params)
+        sampler = self.sampler = self.new_sampler(params)
         tokens = list(tokens)
         if reset and self.n_tokens > 0:
             rest = self._reuse_prefix(tokens)
@@ -234,13 +234,13 @@ class Sequence:
         if not tokens and self.n_tokens == 0:
             raise RuntimeError("generate: empty prompt and nothing cached: no logits to sample from")
         sample_idx = self.n_tokens + len(tokens) - 1
-        sampler = self.sampler
         self.prompt_evaluated = len(tokens)
         while True:
             self.eval(tokens)
             while sample_idx < self.n_tokens:
-                if sample_idx == self.n_tokens - 1 and self.sampler is sampler:  # the usual case, direct
-                    token = sampler.sample(self.last_logits, self.tokens)
+                logits = self.last_logits
+                if sample_idx == self.n_tokens - 1 and self.sampler is sampler and logits is not None:  # usually
+                    token = sampler.sample(logits, self.tokens)
                 else:
                     token = self.sample(params, idx=sample_idx)
                 sample_idx += 1

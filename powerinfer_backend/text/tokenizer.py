@@ -66,10 +66,11 @@ class LlamaCppTokenizer:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.add_eos = bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
         self._eog: dict = {}
-        self._pieces = ({}, {})  # special=False / True: token -> bytes
+        self._pieces: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})  # special=False / True: token -> bytes
         self._buf = ctypes.create_string_buffer(64)
         self._buf_lock = threading.Lock()  # the server's slot threads detokenize at once
-        self._last = ([], b"", False)  # the last long detokenize: (tokens, joined pieces, special)
+        # the last long detokenize: (tokens, joined pieces, special)
+        self._last: tuple[list[int], bytes, bool] = ([], b"", False)
 
     @property
     def llama(self):

@@ -236,7 +236,8 @@ def test_matmul_matches_reference(isa, pool1, tname, n_rows, n_cols, n_tok):
     y = native_matmul(pool1, tname, wq, n_rows, n_cols, x)
     assert np.isfinite(y).all()
     err = np.abs(y - y_exact)
-    assert (err <= RTOL_EXACT * scale + 1e-30).all(), f"{isa} {tname}: max err/scale {np.max(err / (scale + 1e-30)):.3g}"
+    assert (err <= RTOL_EXACT * scale + 1e-30).all(), \
+        f"{isa} {tname}: max err/scale {np.max(err / (scale + 1e-30)):.3g}"
     # against the unquantized product: quantization error only
     y_true = x.astype(np.float64) @ w.astype(np.float64).T
     bound = TOL_LOOSE[tname] * np.linalg.norm(x.astype(np.float64), axis=1)[:, None] * \

@@ -77,7 +77,9 @@ def test_layernorm(isa, n, affine):
     w = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32) if affine else None
     b = (0.5 * rng.standard_normal(n)).astype(np.float32) if affine else None
     y = np.full_like(x, np.nan)
-    nul = lambda a: fbuf(a) if a is not None else ffi.NULL  # noqa: E731
+    def nul(a):
+        return fbuf(a) if a is not None else ffi.NULL
+
     _native.check(lib.pi_op_layernorm(fbuf(x), nul(w), nul(b), n, n_rows, 1e-5, fbuf(y)), "layernorm")
     x64 = x.astype(np.float64)
     mu = x64.mean(axis=-1, keepdims=True)
@@ -186,7 +188,8 @@ ROPE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: f"h{c[0]}d{c[1]}r{c[2]}s{c[4]}{'ff' if c[5] else ''}-{'neox' if c[6] else 'norm'}")
+@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: (f"h{c[0]}d{c[1]}r{c[2]}s{c[4]}{'ff' if c[5] else ''}-"
+                                                              f"{'neox' if c[6] else 'norm'}"))
 def test_rope(isa, case):
     n_head, head_dim, n_rot, base, scale, use_ff, mode = case
     pos = np.array([0, 1, 2, 7, 100, 1023, 5000], np.int32)

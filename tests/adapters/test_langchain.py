@@ -4,7 +4,6 @@ adapter's subclasses and the unmodified classes through the llama-cpp drop-in), 
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import pytest
@@ -14,9 +13,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     pytest.importorskip("langchain_community")
 
-from pydantic import BaseModel  # noqa: E402
+from pydantic import BaseModel
 
-from powerinfer_backend import Llama  # noqa: E402
+from powerinfer_backend import Llama
 
 PROMPT = "The capital of France is"
 

@@ -13,7 +13,7 @@ import pytest
 from tests.fixtures import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import gpu_validate as gv  # noqa: E402
+import gpu_validate as gv
 
 HAVE_GGML = importlib.util.find_spec("powerinfer_backend.engine.ggml") is not None
 
@@ -31,7 +31,8 @@ def test_missing_device_is_a_clear_message(capsys):
 def test_small_smoke_on_ggml_cpu(tmp_path):
     out = tmp_path / "v.json"
     rc = gv.main(["--device", "ggml-cpu", "--small", "--models", "relu", "--threads", "2",
-                  "--dir", str(tmp_path / "m"), "--out", str(out), "--device-bandwidth", "10", "--host-bandwidth", "10"])
+                  "--dir", str(tmp_path / "m"), "--out", str(out), "--device-bandwidth", "10",
+                  "--host-bandwidth", "10"])
     res = json.loads(out.read_text())
     assert rc == (0 if res["ok"] else 1) and res["device"]["type"] == "cpu"
     assert [m["kind"] for m in res["models"]] == ["relu"]  # the SwiGLU path is the same code (time)

@@ -73,4 +73,5 @@ def test_bench_busy_json():
     for c in ("defaults", "equal"):
         assert r[c]["ours"]["decode_tok_s"] > 0 and r[c]["llama_cpp"]["decode_tok_s"] > 0
         assert r[c]["ratio"] == pytest.approx(r[c]["ours"]["decode_tok_s"] / r[c]["llama_cpp"]["decode_tok_s"])
-        assert isinstance(r[c]["llama_cpp"]["extra_buffer_types"], bool)  # which llama.cpp ran: on unless its probe failed
+        # which llama.cpp ran: on unless its probe failed
+        assert isinstance(r[c]["llama_cpp"]["extra_buffer_types"], bool)

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
+from powerinfer_backend import Llama
+
 from tests.fixtures import ROOT
 
 pexpect = pytest.importorskip("pexpect")
-
-from powerinfer_backend import Llama  # noqa: E402
 
 ARGS = ["--temp", "0", "--threads", "2", "--ctx", "512"]
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")  # readline's terminal controls, if any

@@ -201,7 +201,8 @@ def test_unknown_chat_format_is_one_clear_line_at_load():
     (generate, chat) or made every chat request a 500 (serve); now the load refuses it."""
     from powerinfer_backend import Llama
 
-    with pytest.raises(ValueError, match=r"unknown chat_format 'bogus' \(this model's templates: chat_template.default"):
+    with pytest.raises(ValueError,
+                       match=r"unknown chat_format 'bogus' \(this model's templates: chat_template.default"):
         Llama(default_model_path(), n_ctx=64, chat_format="bogus", verbose=False)
     with Llama(default_model_path(), n_ctx=64, chat_format="chatml", verbose=False) as llm:  # registered names load
         assert llm.chat_format == "chatml"

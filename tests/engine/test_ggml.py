@@ -71,12 +71,14 @@ def test_tensor_bytes_refuses_bad_shapes():
 
 
 def test_wrong_version_range_names_both_versions():
-    with pytest.raises(RuntimeError, match=r"ggml 0\.\d+\.\d+ in .*lib is outside the supported range \[9\.0\.0, 10\.0\.0\)"):
+    with pytest.raises(RuntimeError,
+                       match=r"ggml 0\.\d+\.\d+ in .*lib is outside the supported range \[9\.0\.0, 10\.0\.0\)"):
         ggml.bind(version_range=(">=9.0.0", "<10.0.0"))
 
 
 def test_missing_lib_folder_names_files_and_folder(tmp_path):
-    with pytest.raises(RuntimeError, match=f"libggml-base.so.0 not found .*libggml.so.0, libggml-cpu.so.0 in {tmp_path}"):
+    with pytest.raises(RuntimeError,
+                       match=f"libggml-base.so.0 not found .*libggml.so.0, libggml-cpu.so.0 in {tmp_path}"):
         ggml.bind(folder=tmp_path)
 
 

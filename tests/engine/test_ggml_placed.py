@@ -68,7 +68,8 @@ def plan_buffers(dev, g, layers, output_on: bool, n_cells: int) -> dict[str, int
     for i, L in enumerate(layers):
         ts = dict(zip(LAYER_SLOTS, g.layer_tensors(i)))
         if L.attn_on_device:
-            w += sum(slot(t.type, t.ne[0], int(np.prod(t.ne[1:]))) for s, t in ts.items() if t is not None and s not in rows)
+            w += sum(slot(t.type, t.ne[0], int(np.prod(t.ne[1:])))
+                     for s, t in ts.items() if t is not None and s not in rows)
             kv += 2 * slot(F16, hp.n_head_kv * hp.n_embd_head, n_cells)
         n_hot = len(L.hot_ids)
         if n_hot:

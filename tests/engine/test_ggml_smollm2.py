@@ -76,11 +76,11 @@ def test_device_thread_overlaps_the_cold_neurons(smol):
             testing.trace(ctx, 4096)
             ctx.eval([253 + step])
             ev = testing.trace_read(ctx)
-            dev_iv = {l: (a, b) for k, l, a, b in ev if k == "ffn"}
-            cold = {l: (a, b) for k, l, a, b in ev if k == "cold"}
+            dev_iv = {il: (a, b) for k, il, a, b in ev if k == "ffn"}
+            cold = {il: (a, b) for k, il, a, b in ev if k == "cold"}
             assert sorted(dev_iv) == sorted(cold) == list(range(hp.n_layer))
             assert all(k in testing.TRACE_KINDS for k, *_ in ev) and sum(k == "attn" for k, *_ in ev) == hp.n_layer
-            both = [l for l in dev_iv if max(dev_iv[l][0], cold[l][0]) < min(dev_iv[l][1], cold[l][1])]
+            both = [il for il in dev_iv if max(dev_iv[il][0], cold[il][0]) < min(dev_iv[il][1], cold[il][1])]
             fractions.append(len(both) / hp.n_layer)
             if fractions[-1] > 0.5:
                 break

@@ -343,7 +343,8 @@ def _tampered(model: GGUFModel, name: str, **changes) -> GGUFModel:
     ("blk.1.attn_norm.weight", dict(type=int(T.F16)), NotImplementedError, r"blk\.1\.attn_norm\.weight.*F32"),
     ("blk.0.attn_q.weight", dict(type=int(T.Q8_1)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
     ("blk.0.attn_v.weight", dict(type=int(T.Q3_K)), NotImplementedError, r"blk\.0\.attn_v\.weight: unsupported"),
-    ("blk.0.attn_v.weight", dict(type=int(T.Q4_K)), ValueError, r"blk\.0\.attn_v\.weight: row length 64 is not a multiple"),
+    ("blk.0.attn_v.weight", dict(type=int(T.Q4_K)), ValueError,
+     r"blk\.0\.attn_v\.weight: row length 64 is not a multiple"),
     ("blk.0.attn_q.weight", dict(type=int(T.Q8_K)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
 ])
 def test_model_create_validates_tensors(models, name, changes, exc, match):
@@ -437,8 +438,8 @@ def test_sparse_ffn_threshold_zero_equals_dense(models):
     dense = NativeContext(m, n_ctx=16, n_batch=8, n_threads=2, kv_f16=False)
     expected = dense.eval(toks, logits_all=True)
     sparse = NativeContext(m, n_ctx=16, n_batch=8, n_threads=2, kv_f16=False)
-    for l in range(m.gguf.hparams.n_layer):
-        sparse.set_ffn_sparsity(l, _down_t(m, l), 0.0)
+    for il in range(m.gguf.hparams.n_layer):
+        sparse.set_ffn_sparsity(il, _down_t(m, il), 0.0)
     got = sparse.eval(toks, logits_all=True)
     np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
     used, total = sparse.ffn_stats()
@@ -451,8 +452,8 @@ def test_sparse_ffn_threshold_skips_neurons_and_is_deterministic(models):
     runs = []
     for threads in (1, 2):
         ctx = NativeContext(m, n_ctx=16, n_batch=8, n_threads=threads, kv_f16=False)
-        for l in range(m.gguf.hparams.n_layer):
-            ctx.set_ffn_sparsity(l, _down_t(m, l), 0.05)
+        for il in range(m.gguf.hparams.n_layer):
+            ctx.set_ffn_sparsity(il, _down_t(m, il), 0.05)
         runs.append(ctx.eval(toks, logits_all=True))
         used, total = ctx.ffn_stats(reset=True)
         assert 0 < used < total

@@ -254,7 +254,9 @@ def test_bad_items_raise_naming_the_parameter(smol):
     with pytest.raises(ValueError, match="n_keep must be >= 0"):
         ctx.seq_truncate(1, -1)
     # the C library checks the same itself (for other callers of the header)
-    i32 = lambda v: ffi.new("int32_t[]", v)  # noqa: E731
+    def i32(v):
+        return ffi.new("int32_t[]", v)
+
     assert lib.pi_eval_seqs(ctx._ptr, i32([1, 2]), i32([3, 3]), i32([1, 1]), 2, 0) == lib.PI_ERR_INVALID
     assert "seq 3 appears in items 0 and 1" in ffi.string(lib.pi_last_error()).decode()
     assert lib.pi_eval_seqs(ctx._ptr, i32([1]), i32([1]), i32([N_CTX_SEQ]), 1, 0) == lib.PI_ERR_CONTEXT_FULL

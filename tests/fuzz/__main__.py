@@ -25,7 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--start", type=int, default=0, help="first input index")
     p.add_argument("--out", default="/tmp/powerinfer-fuzz")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=None, help="seconds per tiny input (default 10, ASan 30; real-model inputs: at least 60, ASan 180)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds per tiny input (default 10, ASan 30; real-model inputs: at least 60, ASan 180)")
     p.add_argument("--mem-mb", type=int, default=1024)
     p.add_argument("--real-every", type=int, default=50,
                    help="every N-th input mutates the real SmolLM2 header (0: tiny seeds only)")

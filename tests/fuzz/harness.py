@@ -113,7 +113,7 @@ class _Worker:
             raise RuntimeError("the fuzz worker did not start (python -m tests.fuzz.worker)")
 
     def run(self, req: dict) -> dict:
-        for attempt in (0, 1):
+        for _attempt in (0, 1):
             try:
                 self.proc.stdin.write(json.dumps(req) + "\n")
                 self.proc.stdin.flush()
@@ -196,7 +196,7 @@ def run(n_inputs: int, run_seed: int, out: str | os.PathLike, *, jobs: int = 2, 
     def loop(j: int) -> None:
         try:
             _loop(j)
-        except BaseException as e:  # noqa: BLE001 - re-raised by run() after the join
+        except BaseException as e:  # re-raised by run() after the join
             errors.append(e)
 
     def _loop(j: int) -> None:

@@ -22,7 +22,7 @@ from tests.fixtures.freq_profile import load_profile
 from tests.fixtures.tiny_gguf import write_tiny_llama
 
 sys.path.insert(0, str(ROOT / "bench"))
-from predict_paper import Q4_0, SHAPES, paper_sizes, power_law_freq  # noqa: E402
+from predict_paper import Q4_0, SHAPES, paper_sizes, power_law_freq
 
 HOST = 17.7  # GB/s, the 2-core VM's measured bandwidth (docs/placement.md)
 BANDWIDTHS = (100, 1008, 3350)

@@ -237,11 +237,11 @@ def _check(case: Case, frac: float, placement: str):
 def _compare(placed, ref, need):
     """(max |delta logprob|, top-1 flips where the reference's margin >= need, positions checked)."""
     worst, flips, checked = 0.0, [], 0
-    for k, ((t, _, l), (top1, margin, lp)) in enumerate(zip(placed, ref)):
+    for k, ((t, _, lq), (top1, margin, lp)) in enumerate(zip(placed, ref)):
         sure = margin >= need
         checked += int(sure.sum())
         flips += [(k, int(i), round(float(margin[i]), 3)) for i in np.flatnonzero(sure & (t != top1))]
-        worst = max(worst, float(np.abs(l - lp).max()))
+        worst = max(worst, float(np.abs(lq - lp).max()))
     return worst, flips, checked
 
 

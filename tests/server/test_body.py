@@ -8,10 +8,10 @@ import json
 import pytest
 
 pytest.importorskip("fastapi")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from powerinfer_backend.server.body import MAX_DEPTH, json_depth  # noqa: E402
+from powerinfer_backend.server.body import MAX_DEPTH, json_depth
 
 
 def _depth(v) -> int:

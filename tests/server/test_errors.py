@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from powerinfer_backend.server.errors import APIError, error_from_exception  # noqa: E402
+from powerinfer_backend.server.errors import APIError, error_from_exception
 
 
 def _raise(exc):

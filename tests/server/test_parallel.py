@@ -14,14 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from powerinfer_backend import Llama
+
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 
-from tests.fixtures.server import ServerProcess  # noqa: E402
-
-from powerinfer_backend import Llama  # noqa: E402
+from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packages checked above
 
 N_TOKENS = 12
 COMPLETIONS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",

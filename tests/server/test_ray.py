@@ -9,14 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from powerinfer_backend import Llama
+
+from tests.fixtures import ROOT
+
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
-from tests.fixtures import ROOT  # noqa: E402
-from tests.fixtures.server import free_port  # noqa: E402
-
-from powerinfer_backend import Llama  # noqa: E402
+from tests.fixtures.server import free_port  # noqa: E402 - needs the packages checked above
 
 PROMPTS = ["The capital of France is", "Once upon a time", "Water boils at", "def fibonacci(n):"]
 

@@ -9,14 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from powerinfer_backend import Llama
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 
-from tests.fixtures.server import ServerProcess  # noqa: E402
-from tests.server.test_parallel import _request  # noqa: E402
-
-from powerinfer_backend import Llama  # noqa: E402
+from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packages checked above
+from tests.server.test_parallel import _request  # noqa: E402 - needs the packages checked above
 
 N_TOKENS = 8
 SLOT_CTX = 256  # 2048 / 8
@@ -82,8 +82,10 @@ def _completion(url: str, prompt, **kw) -> dict:
 
 def test_a_returning_prompt_evaluates_only_what_its_slot_lacks(server):
     url = server.url
-    tok = lambda text, special: httpx.post(url + "/tokenize", json={"content": text, "add_special": special}).json()[
-        "tokens"]
+
+    def tok(text, special):
+        return httpx.post(url + "/tokenize", json={"content": text, "add_special": special}).json()["tokens"]
+
     p = tok("Tell me about the moons of Jupiter.", True)
     first = _completion(url, p, n_predict=N_TOKENS, ignore_eos=True)
     assert first["timings"]["prompt_n"] == len(p) and first["stop_type"] == "limit"

@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("jsonschema")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings
 
-from powerinfer_backend.server.body import MAX_DEPTH  # noqa: E402
-from tests.fixtures.schema_strategies import request_cases  # noqa: E402
+from powerinfer_backend.server.body import MAX_DEPTH
+from tests.fixtures.schema_strategies import request_cases
 
 #: every POST endpoint, its paths
 ENDPOINTS = {"completions": ["/v1/completions", "/completions"],

@@ -13,12 +13,13 @@ import time
 
 import pytest
 
+from tests.fixtures import ROOT
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 
-from tests.fixtures import ROOT  # noqa: E402
-from tests.fixtures.server import ServerProcess  # noqa: E402
+from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packages checked above
 
 
 def _serve(*args, env=None, timeout=120):

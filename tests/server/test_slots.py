@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
 
-from powerinfer_backend import Llama  # noqa: E402
+from powerinfer_backend import Llama
 
 PROMPTS = ["the cat sat on", "hello there", "a b c d e f g", "once upon"]
 

@@ -151,6 +151,14 @@ def test_swiglu_auto_is_dense_without_sidecar_and_threshold_needs_one(tmp_path):
         Llama(path, n_ctx=32, verbose=False, sparse="sometimes")
 
 
+def _chunk_eval(be):
+    """perplexity's chunk evaluator over a backend (every row's logits)."""
+    def chunk(c):
+        be.truncate(0)
+        return be.eval(c, logits_all=True)
+    return chunk
+
+
 def _calibrate_tiny(tmp_path, path, **kw):
     # no speed check by default: a 64-wide model's timings would decide whether "auto" runs sparse
     args = dict(tokens=256, heldout_tokens=64, n_ctx=64, sens_tokens=32, levels=(0.3, 0.6), n_threads=2,
@@ -305,13 +313,7 @@ def test_smollm2_budget_on_unseen_tail(model_path, tmp_path):
     for mode in ("off", out):
         with Llama(model_path, n_ctx=512, n_batch=512, n_threads=2, verbose=False, sparse=mode) as llm:
             toks = llm.tokenize(text.encode())
-            be = llm._backend
-
-            def chunk(c):
-                be.truncate(0)
-                return be.eval(c, logits_all=True)
-
-            res[mode] = (perplexity(toks, chunk, 512, 2)["ppl"], llm.stats()["ffn_sparsity"])
+            res[mode] = (perplexity(toks, _chunk_eval(llm._backend), 512, 2)["ppl"], llm.stats()["ffn_sparsity"])
     (ppl_d, _), (ppl_s, sparsity) = res["off"], res[out]
     assert sparsity >= 0.30, res
     assert ppl_s <= ppl_d * 1.02, res

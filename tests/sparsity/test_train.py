@@ -4,7 +4,6 @@ are in docs/predictors.md), the numpy and torch fits, and C scores vs the torch 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest

@@ -4,10 +4,15 @@ another thread, e.g. "river" over "return" giving "rivern", was returned and cac
 
 from __future__ import annotations
 
+import functools
 import random
 from concurrent.futures import ThreadPoolExecutor
 
 from powerinfer_backend.text.tokenizer import LlamaCppTokenizer
+
+
+def _pieces(tok, order):
+    return {t: tok.piece(t) for t in order}
 
 
 def test_pieces_from_many_threads_are_each_tokens_own(model_path):
@@ -19,7 +24,7 @@ def test_pieces_from_many_threads_are_each_tokens_own(model_path):
         tok = LlamaCppTokenizer(model_path)  # empty piece cache: every call reaches llama.cpp
         orders = [random.Random(round_ * 8 + i).sample(ids, len(ids)) for i in range(8)]
         with ThreadPoolExecutor(8) as ex:
-            got = list(ex.map(lambda order: {t: tok.piece(t) for t in order}, orders))
+            got = list(ex.map(functools.partial(_pieces, tok), orders))
         tok.close()
         for g in got:
             assert g == expected

@@ -1,5 +1,6 @@
 /* The blocks of a decoder layer: the layer below the forward pass (forward.c) and the
- * devices (device/), which both call them and which they never call back. */
+ * devices (device/), which both call them; the blocks reach a device only through its
+ * table (device/device.h), for the split FFN. */
 #ifndef PI_BLOCKS_H
 #define PI_BLOCKS_H
 
@@ -32,6 +33,11 @@ void pi_norm_rows(const pi_model_params *hp, const float *x, const pi_tensor *w,
 /* ---- blocks/ffn.c: each reads the normed rows c->xn and adds its output to c->x ---- */
 void pi_ffn_dense(pi_context *c, int l, int64_t n_tok);
 void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok); /* layer l has a down_t */
+/* layer l's FFN split with the context's device when it holds hot rows of it (returns 1;
+ * else 0, nothing done): the device's half started, the cold rows here, the device's
+ * partial sum continued by them in id order - one CPU sum over the hot ids, then the cold
+ * ids (bit for bit the unsplit run when the hot ids are the layer's lowest: docs/placement.md) */
+int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok);
 /* after a sparse or split FFN wrote c->ffn_y and c->ffn_used_tok: the layer's counts,
  * then x += post_ffn_norm(ffn_y + down bias) */
 void pi_ffn_sparse_done(pi_context *c, int l, int64_t n_tok);

@@ -1,5 +1,7 @@
-/* The FFN forms of a layer: dense, sparse (down_t rows), and the residual after a sparse or split FFN. */
+/* The FFN forms of a layer: dense, sparse (down_t rows), split with a device (its hot rows
+ * started, the cold rows here, then its partial sum continued), and the residual after them. */
 #include "blocks.h"
+#include "device/device.h"
 
 typedef struct {
     int32_t act;
@@ -134,4 +136,35 @@ void pi_ffn_sparse_done(pi_context *c, int l, int64_t n_tok) {
     for (int64_t t = 0; t < n_tok; t++) c->ffn_used[l] += c->ffn_used_tok[t];
     c->ffn_total[l] += n_tok * c->m->hp.n_ff;
     ffn_out(c, l, c->ffn_y, n_tok);
+}
+
+/* the CPU half of a split: the sparse FFN over the cold neurons only (base->active ignored);
+ * phase 1 their h (and the per-token counts), phase 2 y continued by their sum in id order */
+static void ffn_cold(pi_context *c, const pi_ffn_sparse_args *base, const pi_dev_cold *cold, int32_t phase) {
+    const int64_t n_tok = base->n_tok, n = cold->n;
+    if (n == 0) {
+        if (phase == 1 && base->n_used) memset(base->n_used, 0, (size_t)n_tok * sizeof *base->n_used);
+        return;
+    }
+    for (int64_t t = 0; t <= n_tok; t++) { /* every token's candidates: the cold ids */
+        cold->off_buf[t] = t * n;
+        if (t < n_tok && phase == 1) memcpy(cold->ids_buf + t * n, cold->ids, (size_t)n * sizeof *cold->ids);
+    }
+    pi_ffn_sparse_args a = *base;
+    a.phase = phase;
+    a.active = cold->ids_buf;
+    a.active_off = cold->off_buf;
+    pi_ffn_sparse(c->pool, &a, c->ffn_scratch);
+}
+
+int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
+    pi_dev *d = c->dev;
+    pi_dev_cold cold;
+    if (d == NULL || !d->iface.ffn_start(d, c, l, n_tok, &cold)) return 0;
+    const pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
+    ffn_cold(c, &a, &cold, 1); /* the cold rows' h while the device computes the hot rows */
+    /* y = the device's partial sum, continued by the cold rows (a failure fails the eval: error()) */
+    if (d->iface.ffn_finish(d, c, l, n_tok, a.y, a.n_used) == PI_OK) ffn_cold(c, &a, &cold, 2);
+    pi_ffn_sparse_done(c, l, n_tok);
+    return 1;
 }

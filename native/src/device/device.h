@@ -1,4 +1,4 @@
-/* The device interface: the function table (ggml_backend_i style) through which the
+/* The device interface: the one function table (ggml_backend_i style) through which the
  * forward pass hands placed steps to a device, shaped for an asynchronous one. */
 #ifndef PI_DEVICE_H
 #define PI_DEVICE_H
@@ -7,20 +7,37 @@
 
 typedef struct pi_dev pi_dev;
 
-/* Each submit_* starts a step and returns 1, or returns 0 when the step is not placed on
- * the device (the CPU runs it); after a 1 the caller calls wait before the next step. */
+/* pi_device_i.kind: which implementation a device is (its impl's type) */
+enum { PI_DEV_GGML = 1 };
+
+/* What the CPU half of a split FFN needs from the device's start: the layer's cold neurons
+ * (increasing ids) and scratch for their per-token candidate lists. */
+typedef struct pi_dev_cold {
+    const int32_t *ids;
+    int64_t n;
+    int32_t *ids_buf; /* n_batch x n ids */
+    int64_t *off_buf; /* n_batch + 1 offsets */
+} pi_dev_cold;
+
+/* The batch's rows by sequence (c->n_grp groups, c->grp_off): a device runs each group as
+ * its own graph, so a sequence gets the bits it gets alone whatever else is in the batch
+ * (ggml picks its kernels by row count). attn and output return 1 when they ran the step
+ * (its results are in the context), 0 when it is not placed (the CPU runs it). */
 typedef struct pi_device_i {
+    int32_t kind; /* PI_DEV_* */
     const char *name;
-    /* layer l's attention block and FFN input norm: c->x and the batch's RoPE tables in,
-     * c->x and c->xn out */
-    int (*submit_attn)(pi_dev *d, pi_context *c, int l, const int32_t *pos, int64_t n_tok);
-    /* the device half (hot rows) of layer l's split FFN on c->xn; the CPU half (cold rows)
-     * runs inside wait, while the device works; c->ffn_y and c->ffn_used_tok out */
-    int (*submit_ffn)(pi_dev *d, pi_context *c, int l, int64_t n_tok);
+    /* layer l's attention block and FFN input norm: c->x and the batch's positions in,
+     * c->x and c->xn out; token t in the slot starting at cell cell0[t] (NULL: sequence 0) */
+    int (*attn)(pi_dev *d, pi_context *c, int l, const int32_t *pos, const int32_t *cell0, int64_t n_tok);
+    /* start the device's half (hot rows) of layer l's split FFN on c->xn and return 1 with
+     * *cold filled, or return 0 when layer l has no hot rows (the CPU runs the whole FFN).
+     * After a 1 the caller computes the cold rows (blocks/ffn.c), then calls ffn_finish. */
+    int (*ffn_start)(pi_dev *d, pi_context *c, int l, int64_t n_tok, pi_dev_cold *cold);
+    /* wait for the hot half: y = its partial sum (n_tok rows of n_embd), n_used[t] = the hot
+     * rows it kept for token t; PI_OK or the half's failure */
+    int (*ffn_finish)(pi_dev *d, pi_context *c, int l, int64_t n_tok, float *y, int64_t *n_used);
     /* output norm and matmul of n_out rows x: logits and c->embd out */
-    int (*submit_output)(pi_dev *d, pi_context *c, const float *x, int64_t n_out, float *logits);
-    /* until the submitted step's results are in the context */
-    void (*wait)(pi_dev *d, pi_context *c);
+    int (*output)(pi_dev *d, pi_context *c, const float *x, int64_t n_out, float *logits);
     /* the first failure since the last call (then cleared), PI_OK when none: a failed
      * step leaves its outputs undefined and fails pi_eval */
     int (*error)(pi_dev *d);
@@ -31,5 +48,10 @@ struct pi_dev {
     pi_device_i iface;
     void *impl; /* the implementation's state */
 };
+
+/* PI_OK when hot_ids is strictly increasing in [0, n_ff); fn names the caller (hot_ids.c) */
+int pi_ffn_check_hot_ids(const char *fn, const int32_t *hot_ids, int64_t n_hot, int64_t n_ff);
+/* the n_ff - n_hot ids not in hot_ids (increasing) into cold */
+void pi_ffn_cold_ids(const int32_t *hot_ids, int64_t n_hot, int64_t n_ff, int32_t *cold);
 
 #endif

@@ -28,9 +28,9 @@ _saved: Optional[dict] = None  # {(module, attribute): original}
 
 
 def _dropin_class(defaults: dict):
-    from powerinfer_backend.llama import Llama
+    from powerinfer_backend.llama import Llama as _Ours
 
-    class Llama(Llama):  # noqa: F811 - same name as llama_cpp's, as code printing it expects
+    class Llama(_Ours):  # the name llama_cpp's class has, as code printing it expects
         """powerinfer_backend's ``Llama`` standing in for ``llama_cpp.Llama``
         (installed by ``powerinfer_backend.adapters.llamacpp.install``)."""
 
@@ -58,11 +58,12 @@ def install(*, also: Iterable[Any] = (), **defaults: Any):
         if _saved is None:
             _saved = {}
         cls = _dropin_class(defaults)
+        name = "Llama"  # the key holds the name: uninstall sets back by it
         for mod in (llama_cpp, *also):
-            key = (mod, "Llama")
+            key = (mod, name)
             if key not in _saved:
-                _saved[key] = getattr(mod, "Llama")
-            setattr(mod, "Llama", cls)
+                _saved[key] = getattr(mod, name)
+            setattr(mod, name, cls)
     return cls
 
 

@@ -112,7 +112,7 @@ def apply() -> None:
     for modname in ("modules.api.models", "modules.ui_model_menu", "server"):  # modules that imported the name
         mod = sys.modules.get(modname)
         if mod is not None and getattr(mod, "load_model", None) is original_load_model:
-            mod.load_model = load_model
+            vars(mod)["load_model"] = load_model
 
     try:  # the model menu widget (only when the web UI is built)
         from modules import ui_model_menu

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from ..placement.sizes import kv_cells
+
 __all__ = ["BACKENDS", "CPU_DEVICE_NAME", "DeviceChoice", "DeviceSizer", "resolve_device", "open_device",
            "ggml_lib_dir", "describe_devices", "planning_sizer"]
 
@@ -128,8 +130,9 @@ def open_device(choice: DeviceChoice, n_threads: int = 1):
 class DeviceSizer:
     """The byte rule of an open ggml device (a :class:`~powerinfer_backend.hybrid.placement.Sizer`):
     each tensor's bytes from its buffer type (``ggml_backend_buft_get_alloc_size``), its
-    alignment, and the compute buffer ``ctx`` reserves there
-    (``NativeContext.ggml_compute_bytes``, a constant of model, n_ctx, n_batch and device).
+    alignment, the compute buffer ``ctx`` reserves there
+    (``NativeContext.ggml_compute_bytes``, a constant of model, n_ctx, n_batch, n_seq_max and
+    device) and the KV cells of ``ctx`` (``n_seq_max`` slots).
 
     Args:
         dev: a :class:`powerinfer_backend.engine.ggml.GgmlDevice`.
@@ -138,7 +141,7 @@ class DeviceSizer:
 
     exact = True
 
-    def __init__(self, dev, ctx):
+    def __init__(self, dev, ctx) -> None:
         self._dev, self._ctx = dev, ctx
         self.name = dev.info.name
         self.alignment = int(dev.alignment)
@@ -150,6 +153,18 @@ class DeviceSizer:
         if key not in self._sizes:  # the knapsack asks for the same shapes many times
             self._sizes[key] = int(self._dev.tensor_bytes(*key))
         return self._sizes[key]
+
+    def kv_cells(self, n_ctx: int) -> int:
+        """The context's KV cells (:func:`~powerinfer_backend.hybrid.placement.sizes.kv_cells` of its
+        n_ctx and n_seq_max).
+
+        Raises:
+            ValueError: asked for another n_ctx than the context's.
+        """
+        if int(n_ctx) != self._ctx.n_ctx:
+            raise ValueError(f"the device's KV cache is counted for the context's n_ctx {self._ctx.n_ctx}; "
+                             f"asked for n_ctx {n_ctx}")
+        return kv_cells(self._ctx.n_ctx, self._ctx.n_seq_max)
 
     def compute_bytes(self, sizes, n_ctx: int, n_batch: int) -> int:
         """The compute buffer bytes (once per sizer).

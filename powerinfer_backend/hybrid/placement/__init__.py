@@ -44,29 +44,30 @@ reaches them all.
 
 from __future__ import annotations
 
-from .budget import _BUDGET_RE, _UNITS, DEFAULT_FREE_MARGIN, BudgetDecision, parse_vram_budget, resolve_budget
+from .auto import POLICIES, plan_auto, plan_throughput
+from .bandwidth import GPU_BANDWIDTH_GBPS, UNKNOWN_GPU_GBPS, device_bandwidth, gpu_bandwidth, host_bandwidth
+from .budget import DEFAULT_FREE_MARGIN, BudgetDecision, parse_vram_budget, resolve_budget
 from .cache import PLAN_NAME, load_plan, neuron_frequencies, plan_for_model, plan_path
 from .plan import FORMAT_VERSION, LayerPlan, Plan
-from .planners import _check_freq, _check_int, plan_layer_split, plan_placement, why_nothing_placed
+from .planners import plan_layer_split, plan_placement, why_nothing_placed
+from .plot import write_plot
 from .predict import (MODES, ROW_READS, LayerTime, Prediction, attn_weight_bytes, default_mode, ffn_row_bytes,
                       format_predictions, llama_cpp_offload, measure_host_bandwidth, predict_layer_split,
                       predict_ours)
-from .auto import POLICIES, plan_auto, plan_throughput
-from .bandwidth import GPU_BANDWIDTH_GBPS, UNKNOWN_GPU_GBPS, device_bandwidth, gpu_bandwidth, host_bandwidth
-from .plot import _PLOT_MARK, _human, _layer_rows, write_plot
-from .sizes import (_F16, _F32, _FFN_ROW_SLOTS, _T, ACT_BYTES, CPU_ALIGN, CPU_BUFT, KV_ELEM_BYTES, KV_PAD, KV_TYPE,
-                    NEURON_GROUP, BufferRule, GiB, KiB, MiB, ModelSizes, Sizer, TensorSize, TiB, _n_cells, align_up,
-                    attn_block_bytes, compute_bytes, dense_weight_bytes, full_device_bytes, hot_bytes,
-                    kv_bytes_per_layer, layer_bytes, neuron_bytes, output_block_bytes, row_bytes, scratch_bytes,
-                    tensor_device_bytes)
+from .sizes import (ACT_BYTES, CPU_ALIGN, CPU_BUFT, KV_ELEM_BYTES, KV_PAD, KV_TYPE, NEURON_GROUP, BufferRule, GiB, KiB,
+                    MiB, ModelSizes, Sizer, TensorSize, TiB, align_up, attn_block_bytes, compute_bytes,
+                    dense_weight_bytes, full_device_bytes, hot_bytes, kv_bytes_per_layer, layer_bytes, neuron_bytes,
+                    output_block_bytes, row_bytes, scratch_bytes, tensor_device_bytes)
 
 __all__ = [
-    "GiB", "MiB", "CPU_ALIGN", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "DEFAULT_FREE_MARGIN", "PLAN_NAME",
-    "FORMAT_VERSION", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "LayerPlan", "Plan",
-    "BudgetDecision", "row_bytes", "align_up", "tensor_device_bytes", "compute_bytes", "kv_bytes_per_layer",
-    "dense_weight_bytes", "attn_block_bytes", "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes",
-    "layer_bytes", "plan_placement", "plan_layer_split", "why_nothing_placed", "neuron_frequencies", "parse_vram_budget", "resolve_budget",
-    "plan_path", "plan_for_model", "load_plan", "Prediction", "LayerTime", "predict_ours", "predict_layer_split",
-    "llama_cpp_offload", "measure_host_bandwidth", "format_predictions", "default_mode", "POLICIES", "plan_auto",
-    "plan_throughput", "GPU_BANDWIDTH_GBPS", "UNKNOWN_GPU_GBPS", "device_bandwidth", "gpu_bandwidth", "host_bandwidth",
+    "KiB", "MiB", "GiB", "TiB", "CPU_ALIGN", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "KV_ELEM_BYTES", "ACT_BYTES",
+    "DEFAULT_FREE_MARGIN", "PLAN_NAME", "FORMAT_VERSION", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize",
+    "ModelSizes", "LayerPlan", "Plan", "BudgetDecision", "row_bytes", "align_up", "tensor_device_bytes",
+    "compute_bytes", "kv_bytes_per_layer", "scratch_bytes", "dense_weight_bytes", "attn_block_bytes",
+    "output_block_bytes", "hot_bytes", "neuron_bytes", "full_device_bytes", "layer_bytes", "plan_placement",
+    "plan_layer_split", "why_nothing_placed", "neuron_frequencies", "parse_vram_budget", "resolve_budget",
+    "plan_path", "plan_for_model", "load_plan", "write_plot", "MODES", "ROW_READS", "Prediction", "LayerTime",
+    "attn_weight_bytes", "ffn_row_bytes", "predict_ours", "predict_layer_split", "llama_cpp_offload",
+    "measure_host_bandwidth", "format_predictions", "default_mode", "POLICIES", "plan_auto", "plan_throughput",
+    "GPU_BANDWIDTH_GBPS", "UNKNOWN_GPU_GBPS", "device_bandwidth", "gpu_bandwidth", "host_bandwidth",
 ]

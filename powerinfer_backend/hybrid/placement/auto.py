@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def plan_throughput(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budg
     order = [np.lexsort((np.arange(nff), -freq[i])) for i in range(nl)]  # as plan_placement ranks
     compute = compute_bytes(sizes, n_ctx, n_batch, sizer)
     cur = [0] * (nl + 1)  # per layer the index of its choice (0: CPU only); the last: the output block
-    choices = []
+    choices: list[tuple] = []
     if compute <= budget:
         lb = [LayerBytes.of(sizes, i, n_past) for i in range(nl)]
 
@@ -137,7 +138,7 @@ def plan_throughput(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budg
                         np.asarray([out / bh, out / bd]), None, None))
         left = budget - compute
         version = [0] * (nl + 1)
-        heap = []
+        heap: list[tuple] = []
 
         def push(x):
             m = _best_move(choices[x][0], choices[x][1], cur[x], left)
@@ -208,8 +209,8 @@ def plan_auto(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: in
     Raises:
         ValueError: as :func:`plan_throughput`.
     """
-    kw = dict(device_gbps=device_gbps, host_gbps=host_gbps, mode=mode, device_skips=device_skips, n_past=n_past,
-              predictor_bytes=predictor_bytes, sync_s=sync_s)
+    kw: dict[str, Any] = dict(device_gbps=device_gbps, host_gbps=host_gbps, mode=mode, device_skips=device_skips,
+                              n_past=n_past, predictor_bytes=predictor_bytes, sync_s=sync_s)
     if disable_gpu_index:
         plans = {"neurons": plan_placement(sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch,
                                            disable_gpu_index=True, sizer=sizer)}

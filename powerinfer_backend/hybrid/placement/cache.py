@@ -17,7 +17,7 @@ from ...loader.artifacts import (artifact_dir, artifact_metadata, atomic_write_j
                                  model_fingerprint, read_metadata)
 from .plan import FORMAT_VERSION, Plan
 from .planners import _check_int, plan_placement
-from .sizes import CPU_BUFT, KV_TYPE, NEURON_GROUP, ModelSizes, Sizer, compute_bytes
+from .sizes import CPU_BUFT, KV_TYPE, NEURON_GROUP, ModelSizes, Sizer, _n_cells, _sizer_cells, compute_bytes
 
 __all__ = ["PLAN_NAME", "plan_path", "load_plan", "neuron_frequencies", "plan_for_model"]
 
@@ -142,6 +142,9 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
               "device": sizer.name, "align": int(sizer.alignment),
               "compute_bytes": compute_bytes(sizes, n_ctx, n_batch, sizer), "group": NEURON_GROUP,
               "kv_type": KV_TYPE}
+    cells = _sizer_cells(n_ctx, sizer)
+    if cells != _n_cells(n_ctx):  # parallel sequences: their slots' KV cells (n_seq_max)
+        inputs["kv_cells"] = cells
     if placement == "auto":
         if device_gbps is None or host_gbps is None:
             raise ValueError("placement='auto' needs device_gbps and host_gbps")
@@ -163,6 +166,7 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
     if placement == "auto":
         from .auto import plan_auto
 
+        assert device_gbps is not None and host_gbps is not None  # checked with the inputs above
         plan = plan_auto(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch, device_gbps=device_gbps,
                          host_gbps=host_gbps, mode=mode, sizer=sizer, disable_gpu_index=disable_gpu_index)
     else:

@@ -144,7 +144,9 @@ class Plan:
 
     def format_table(self) -> str:
         """Human-readable per-layer table and byte totals."""
-        mib = lambda b: f"{b / MiB:9.2f}"  # noqa: E731
+        def mib(b):
+            return f"{b / MiB:9.2f}"
+
         lines = [f"vram budget {self.budget_bytes} B ({self.budget_bytes / GiB:.3f} GiB), plan uses "
                  f"{self.device_bytes} B ({self.device_bytes / GiB:.3f} GiB); n_ctx {self.n_ctx}, "
                  f"n_batch {self.n_batch}; KV cache: {self.kv_location}; output: "

@@ -387,6 +387,7 @@ def format_predictions(ours: Prediction, split: Prediction) -> str:
                 f"host {p.host_bytes_read / 1e6:10.2f} MB/token   ({where})")
 
     lines = [f"predicted decode (device {ours.device_gbps:g} GB/s, host {ours.host_gbps:g} GB/s; memory-bound model, "
-             f"docs/placement.md):", line(ours), line(split), f"ratio ours / layer split: {ours.tok_s / split.tok_s:.2f}"]
+             f"docs/placement.md):", line(ours), line(split),
+             f"ratio ours / layer split: {ours.tok_s / split.tok_s:.2f}"]
     lines += [f"note: {n}" for n in ours.notes]
     return "\n".join(lines)

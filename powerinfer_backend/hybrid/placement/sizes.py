@@ -14,7 +14,9 @@ The device memory layout counted here is the one the ggml device allocates
   whole layer, ffn_down [n_ff, n_embd] in its GGUF type); with the output block,
   output_norm and the output matrix (tok_embd when tied);
 * ``kv``: per layer with its attention block on the device, K and V caches of
-  [n_embd_kv, n_cells] F16 (n_cells = n_ctx rounded up to :data:`KV_PAD`);
+  [n_embd_kv, n_cells] F16 (n_cells = n_ctx rounded up to :data:`KV_PAD`; with
+  ``n_seq_max`` > 1 sequences, n_seq_max slots of n_ctx // n_seq_max cells each rounded up,
+  :func:`kv_cells`, as the sizer of a context says);
 * ``compute``: the context's compute buffer (graph scratch) on that device.
 
 Each tensor takes ``align_up(sizer.tensor_bytes(type, ne0, rows), sizer.alignment)``.
@@ -32,7 +34,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 __all__ = ["KiB", "MiB", "GiB", "TiB", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "KV_ELEM_BYTES", "ACT_BYTES",
            "CPU_ALIGN", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "align_up", "row_bytes",
            "tensor_device_bytes", "compute_bytes", "scratch_bytes", "kv_bytes_per_layer", "dense_weight_bytes",
-           "attn_block_bytes", "output_block_bytes", "neuron_bytes", "hot_bytes", "layer_bytes", "full_device_bytes"]
+           "attn_block_bytes", "output_block_bytes", "neuron_bytes", "hot_bytes", "layer_bytes", "full_device_bytes",
+           "kv_cells"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -90,9 +93,15 @@ class Sizer(Protocol):
         exact: the compute bytes are the device's own count (False: an estimate).
     """
 
-    name: str
-    alignment: int
-    exact: bool
+    # read-only properties, so a frozen dataclass (BufferRule) is a Sizer too
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def alignment(self) -> int: ...
+
+    @property
+    def exact(self) -> bool: ...
 
     def tensor_bytes(self, ggml_type: int, ne0: int, ne1: int = 1) -> int:
         """Bytes the buffer type allocates for a [ne0, ne1] tensor (before alignment)."""
@@ -233,10 +242,24 @@ def compute_bytes(s: ModelSizes, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BU
 scratch_bytes = compute_bytes
 
 
+def kv_cells(n_ctx: int, n_seq_max: int = 1) -> int:
+    """Cells of a context's KV cache: ``n_seq_max`` slots of ``n_ctx // n_seq_max`` positions,
+    each rounded up to :data:`KV_PAD` (one sequence: n_ctx rounded up)."""
+    return int(n_seq_max) * _n_cells(int(n_ctx) // int(n_seq_max))
+
+
+def _sizer_cells(n_ctx: int, sizer) -> int:
+    """The KV cells a sizer counts for ``n_ctx``: its own ``kv_cells`` (a device sizer knows its
+    context's sequences), else one sequence's."""
+    own = getattr(sizer, "kv_cells", None)
+    return int(own(n_ctx)) if own is not None else _n_cells(n_ctx)
+
+
 def kv_bytes_per_layer(s: ModelSizes, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
-    """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] F16 (n_cells =
-    n_ctx rounded up to :data:`KV_PAD`), each aligned."""
-    return 2 * align_up(sizer.tensor_bytes(KV_TYPE, s.n_embd_kv, _n_cells(n_ctx)), sizer.alignment)
+    """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] F16 (n_cells:
+    :func:`kv_cells`, of one sequence unless ``sizer`` has a ``kv_cells(n_ctx)`` of its
+    own), each aligned."""
+    return 2 * align_up(sizer.tensor_bytes(KV_TYPE, s.n_embd_kv, _sizer_cells(n_ctx, sizer)), sizer.alignment)
 
 
 def dense_weight_bytes(s: ModelSizes, i: int, sizer: Sizer = CPU_BUFT) -> int:

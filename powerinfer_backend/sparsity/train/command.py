@@ -66,7 +66,7 @@ class _Measure:
     """Perplexity of the training context with a predictor set installed (None: dense),
     every layer's transposed down from the down cache."""
 
-    def __init__(self, ctx, gguf, down_t: dict, n_ctx: int):
+    def __init__(self, ctx, gguf, down_t: np.ndarray, n_ctx: int):
         self.ctx, self.gguf, self.down_t, self.n_ctx = ctx, gguf, down_t, n_ctx
 
     def _eval_chunk(self, toks):
@@ -239,6 +239,7 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
             # the lowest recall / mean density within the budget
             grid = sorted(float(x) for x in (recall_grid if select == "recall" else density_grid))
             what = "recall" if select == "recall" else "mean density"
+            assert max_ppl_increase is not None  # _check_options: needed without recall or density
             goal = margin * max_ppl_increase
             measured = {}
 

@@ -17,7 +17,7 @@ __all__ = ["have_torch", "fit_layer"]
 
 def have_torch() -> bool:
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401 - installed?
         return True
     except ImportError:
         return False

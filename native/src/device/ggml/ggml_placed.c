@@ -13,7 +13,7 @@ static const pi_device_i gg_i;
 
 pi_gplaced *pi_gg_of(const pi_context *c, const char *fn) {
     if (c == NULL) return pi_set_error(PI_ERR_INVALID, "%s: NULL context", fn), NULL;
-    if (c->dev == NULL || c->dev->iface.name != gg_i.name)
+    if (c->dev == NULL || c->dev->iface.kind != PI_DEV_GGML)
         return pi_set_error(PI_ERR_INVALID, "%s: the context is not placed on a ggml device", fn), NULL;
     return c->dev->impl;
 }
@@ -89,7 +89,7 @@ static void gg_free(pi_gplaced *p) {
     if (p == NULL) return;
     pi_gg_worker_stop(p);
     const pi_ggml_api *g = p->g;
-    for (int l = 0; p->ffn != NULL && l < p->c->m->hp.n_layer; l++) pi_device_ffn_free(p->ffn[l]);
+    for (int l = 0; p->cold != NULL && l < p->c->m->hp.n_layer; l++) free(p->cold[l]);
     if (p->ga != NULL) g->gallocr_free(p->ga);
     if (p->wbuf != NULL) g->backend_buffer_free(p->wbuf);
     if (p->kvbuf != NULL) g->backend_buffer_free(p->kvbuf);
@@ -97,8 +97,7 @@ static void gg_free(pi_gplaced *p) {
     if (p->kvctx != NULL) g->free(p->kvctx);
     free(p->L);
     free(p->H);
-    free(p->ffn);
-    free(p->used_dev);
+    free(p->cold);
     free(p->cold_ids);
     free(p->cold_off);
     free(p->mask);
@@ -117,9 +116,8 @@ static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold) {
     p->c = c;
     p->d = d;
     p->g = d->g;
-    p->ffn_l = -1;
     if (!(p->L = calloc(nl, sizeof *p->L)) || !(p->H = calloc(nl, sizeof *p->H)) ||
-        !(p->ffn = calloc(nl, sizeof *p->ffn)) || !(p->used_dev = calloc(B, sizeof *p->used_dev)) ||
+        !(p->cold = calloc(nl, sizeof *p->cold)) ||
         !(p->cold_ids = malloc((B * (size_t)max_cold + 1) * sizeof *p->cold_ids)) ||
         !(p->cold_off = malloc((B + 1) * sizeof *p->cold_off)) ||
         !(p->mask = malloc(B * (size_t)c->n_cells * sizeof *p->mask)) || !(p->kv_idx = malloc(B * sizeof *p->kv_idx)) ||
@@ -150,6 +148,15 @@ static gctx *meta_ctx(const pi_ggml_api *g, int64_t n_tensors) {
     return g->init((pi_ggml_init_params){g->tensor_overhead() * (size_t)(n_tensors + 1), NULL, true});
 }
 
+/* layer l's cold ids: the CPU half's neurons */
+static int cold_list(pi_gplaced *p, int l, const int32_t *hot_ids, int64_t n_hot) {
+    const int64_t F = p->c->m->hp.n_ff;
+    if ((p->cold[l] = malloc((size_t)(F - n_hot + 1) * sizeof *p->cold[l])) == NULL)
+        return pi_set_error(PI_ERR_NOMEM, "blk.%d: out of memory for the cold neuron list", l);
+    pi_ffn_cold_ids(hot_ids, n_hot, F, p->cold[l]);
+    return PI_OK;
+}
+
 /* allocate and fill p's buffers for the plan (sizes checked by the caller) */
 static int place(pi_gplaced *p, const pi_layer_placement *layers, int32_t output_on, int64_t wbytes, int64_t kvbytes,
                  int64_t compute) {
@@ -166,7 +173,7 @@ static int place(pi_gplaced *p, const pi_layer_placement *layers, int32_t output
     if (rc == PI_OK && p->kvbuf != NULL) g->backend_buffer_clear(p->kvbuf, 0); /* masked cells must be finite */
     for (int l = 0; l < nl && rc == PI_OK; l++) {
         rc = pi_gg_upload_layer(p, l, layers[l].hot_ids);
-        if (rc == PI_OK && layers[l].n_hot > 0) rc = pi_gg_ffn_half(p, l, layers[l].hot_ids, layers[l].n_hot, &p->ffn[l]);
+        if (rc == PI_OK && layers[l].n_hot > 0) rc = cold_list(p, l, layers[l].hot_ids, layers[l].n_hot);
     }
     p->out_on = output_on != 0;
     if (rc == PI_OK && output_on) pi_gg_upload_output(p);
@@ -188,9 +195,6 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
     if (c == NULL || d == NULL || layers == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: NULL argument");
     if (c->dev != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: the context already has a device");
-    if (c->n_seq > 1) /* the device's attention graphs and KV cache hold one sequence */
-        return pi_set_error(PI_ERR_UNSUPPORTED, "a ggml device placement serves one sequence; n_seq_max is %d "
-                            "(use n_seq_max=1 with a placement, or no placement)", c->n_seq);
     const pi_model_params *hp = &c->m->hp;
     int any = output_on_device != 0, rc = PI_OK;
     int64_t max_cold = 0;
@@ -243,39 +247,42 @@ static void note(pi_gplaced *p, int rc) {
     if (rc && !p->error) p->error = rc; /* pi_eval reports it; the message is set on this thread */
 }
 
-static int gg_submit_attn(pi_dev *dv, pi_context *c, int l, const int32_t *pos, int64_t n_tok) {
+static int gg_attn(pi_dev *dv, pi_context *c, int l, const int32_t *pos, const int32_t *cell0, int64_t n_tok) {
     pi_gplaced *p = dv->impl;
     (void)c;
+    (void)n_tok; /* the rows of c's groups */
     if (p->L[l].k == NULL) return 0;
-    note(p, pi_gg_run_attn(p, l, pos, n_tok));
+    note(p, pi_gg_run_attn(p, l, pos, cell0));
     return 1;
 }
 
-static int gg_submit_ffn(pi_dev *dv, pi_context *c, int l, int64_t n_tok) {
+static int gg_ffn_start(pi_dev *dv, pi_context *c, int l, int64_t n_tok, pi_dev_cold *cold) {
     pi_gplaced *p = dv->impl;
-    if (p->ffn[l] == NULL) return 0;
-    p->ffn_l = l;
-    p->ffn_args = pi_ffn_sparse_base(c, l, n_tok);
+    if (p->cold[l] == NULL) return 0;
+    *cold = (pi_dev_cold){p->cold[l], c->m->hp.n_ff - p->H[l].n_hot, p->cold_ids, p->cold_off};
     p->ev_t0 = pi_now_ns(); /* the CPU half starts as the device's is posted */
-    p->ffn_rc = pi_ffn_split_start(p->ffn[l], &p->ffn_args, p->used_dev);
+    (void)n_tok; /* the rows of c's groups */
+    pi_gg_ffn_post(p, l, c->xn);
     return 1;
 }
 
-static int gg_submit_output(pi_dev *dv, pi_context *c, const float *x, int64_t n_out, float *logits) {
+static int gg_ffn_finish(pi_dev *dv, pi_context *c, int l, int64_t n_tok, float *y, int64_t *n_used) {
+    pi_gplaced *p = dv->impl;
+    (void)c;
+    pi_gg_trace_add(p, PI_GG_EV_COLD, l, p->ev_t0, pi_now_ns()); /* the CPU half's activations */
+    const int rc = pi_gg_ffn_wait(p, n_tok, y);
+    note(p, rc);
+    if (rc == PI_OK && n_used != NULL) /* the device sums its hot rows densely */
+        for (int64_t t = 0; t < n_tok; t++) n_used[t] += p->H[l].n_hot;
+    return rc;
+}
+
+static int gg_output(pi_dev *dv, pi_context *c, const float *x, int64_t n_out, float *logits) {
     pi_gplaced *p = dv->impl;
     if (!p->out_on) return 0;
-    note(p, pi_gg_run_output(p, x, n_out, logits, c->embd));
+    (void)n_out; /* the rows of c's groups */
+    note(p, pi_gg_run_output(p, x, logits, c->embd));
     return 1;
-}
-
-static void gg_wait(pi_dev *dv, pi_context *c) {
-    pi_gplaced *p = dv->impl;
-    if (p->ffn_l < 0) return; /* attention and output ran in their submit */
-    const int rc = p->ffn_rc ? p->ffn_rc
-                             : pi_ffn_split_finish(c->pool, p->ffn[p->ffn_l], &p->ffn_args, c->ffn_scratch, p->cold_ids,
-                                                   p->cold_off, p->used_dev, NULL);
-    note(p, rc);
-    p->ffn_l = -1;
 }
 
 static int gg_error(pi_dev *dv) {
@@ -288,11 +295,12 @@ static int gg_error(pi_dev *dv) {
 static void gg_dev_free(pi_dev *dv) { gg_free(dv->impl); }
 
 static const pi_device_i gg_i = {
+    .kind = PI_DEV_GGML,
     .name = "ggml",
-    .submit_attn = gg_submit_attn,
-    .submit_ffn = gg_submit_ffn,
-    .submit_output = gg_submit_output,
-    .wait = gg_wait,
+    .attn = gg_attn,
+    .ffn_start = gg_ffn_start,
+    .ffn_finish = gg_ffn_finish,
+    .output = gg_output,
     .error = gg_error,
     .free = gg_dev_free,
 };

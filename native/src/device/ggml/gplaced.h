@@ -1,5 +1,5 @@
 /* A context's placement on a ggml device (ggml_placed.c): its buffers and device tensors, the
- * steps run as graphs (steps.c), the device thread and FFN halves (worker.c), the copies
+ * steps run as graphs (steps.c), the device thread and the hot FFN halves (worker.c), the copies
  * (upload.c); the test hooks (native/testing/ggml_hooks.c) reach it too. */
 #ifndef PI_GGML_GPLACED_H
 #define PI_GGML_GPLACED_H
@@ -8,7 +8,6 @@
 #include <stdatomic.h>
 
 #include "device/device.h"
-#include "device/ffn_half.h"
 #include "device/ggml/backend.h"
 #include "device/ggml/layout.h"
 
@@ -34,9 +33,8 @@ typedef struct pi_gplaced {
     pi_gg_hot *H;            /* per layer (n_hot 0 when none) */
     pi_gg_output O;
     int out_on;
-    pi_device_ffn **ffn; /* per layer: the FFN half over H[l], NULL without hot neurons */
-    int64_t *used_dev;   /* n_batch counts of the device's kept rows */
-    int32_t *cold_ids;   /* the CPU half's candidate lists */
+    int32_t **cold;      /* per layer: the ids not in H[l] (increasing), NULL without hot neurons */
+    int32_t *cold_ids;   /* the CPU half's candidate lists (pi_dev_cold) */
     int64_t *cold_off;
     float *mask;          /* host staging: n_batch x n_cells mask rows */
     int64_t *kv_idx;      /* n_batch cell indices */
@@ -54,29 +52,27 @@ typedef struct pi_gplaced {
     int64_t spin_ns;                         /* how long either spins before sleeping (0: never) */
     int job_l;
     const float *job_x;
-    int64_t job_tok;
     int job_rc;
     char job_msg[512];
-    /* the step in flight on the calling thread's side */
-    int ffn_l;           /* -1: none */
-    pi_ffn_sparse_args ffn_args;
-    int ffn_rc;
     /* the test hooks' trace (pi_test_ggml_trace_*), off (NULL) unless a test turns it on */
     pi_gg_event *ev;
     int32_t ev_cap, ev_n;
     int64_t ev_t0; /* when the CPU half of the FFN in flight started (its device half posted) */
 } pi_gplaced;
 
-/* steps.c: one step as a graph on the device (any host thread; one at a time) */
-int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, int64_t n_tok);
-int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, int64_t n_tok, float *y);
-int pi_gg_run_output(pi_gplaced *p, const float *x, int64_t n_out, float *logits, float *embd);
+/* steps.c: one step over the context's row groups (c->grp_off), a graph per group, on the device
+ * (any host thread; one at a time); row t of x / y / logits / embd is the step's row t */
+int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, const int32_t *cell0);
+int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, float *y);
+int pi_gg_run_output(pi_gplaced *p, const float *x, float *logits, float *embd);
 void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1);
 
-/* worker.c: the device thread, and layer l's FFN half (ffn_half.h) run on it */
+/* worker.c: the device thread, and layer l's hot FFN half run on it: post starts it on the rows
+ * x of c's groups, wait returns when y (n_tok rows) holds its partial sum (PI_OK or its failure) */
 int pi_gg_worker_start(pi_gplaced *p);
 void pi_gg_worker_stop(pi_gplaced *p);
-int pi_gg_ffn_half(pi_gplaced *p, int l, const int32_t *hot_ids, int64_t n_hot, pi_device_ffn **out);
+void pi_gg_ffn_post(pi_gplaced *p, int l, const float *x);
+int pi_gg_ffn_wait(pi_gplaced *p, int64_t n_tok, float *y);
 
 /* upload.c: copy layer l's placed tensors (attention slots, hot rows and columns) and the output block */
 int pi_gg_upload_layer(pi_gplaced *p, int l, const int32_t *hot_ids);

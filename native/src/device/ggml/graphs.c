@@ -42,14 +42,14 @@ static gt *head_norm(const pi_ggml_api *g, gctx *ctx, float eps, gt *x, gt *w) {
     return w != NULL ? g->mul(ctx, g->rms_norm(ctx, x, eps), w) : x;
 }
 
-/* the attention of q [H, n_head, n_tok] over the first n_kv cells of the layer's cache -> [H * n_head, n_tok] */
+/* the attention of q [H, n_head, n_tok] over the n_kv cells from cell0 of the layer's cache -> [H * n_head, n_tok] */
 static gt *attend(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_layer *L, gt *q, gt *mask,
-                  int64_t n_tok, int64_t n_kv, float scale, int flash) {
+                  int64_t n_tok, int64_t cell0, int64_t n_kv, float scale, int flash) {
     const pi_model_params *hp = &c->m->hp;
     const int64_t H = hp->n_embd_head, esz = (int64_t)c->kv_esz, row = c->kv_row * esz;
     /* [H, n_kv, n_head_kv] views of the caches (one row per cell) */
-    gt *k = g->view_3d(ctx, L->k, H, n_kv, hp->n_head_kv, (size_t)row, (size_t)(H * esz), 0);
-    gt *v = g->view_3d(ctx, L->v, H, n_kv, hp->n_head_kv, (size_t)row, (size_t)(H * esz), 0);
+    gt *k = g->view_3d(ctx, L->k, H, n_kv, hp->n_head_kv, (size_t)row, (size_t)(H * esz), (size_t)(cell0 * row));
+    gt *v = g->view_3d(ctx, L->v, H, n_kv, hp->n_head_kv, (size_t)row, (size_t)(H * esz), (size_t)(cell0 * row));
     q = g->permute(ctx, q, 0, 2, 1, 3); /* [H, n_tok, n_head] */
     gt *o;
     if (flash) {
@@ -65,7 +65,7 @@ static gt *attend(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi
 }
 
 int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, const pi_gg_layer *L, int64_t n_tok,
-               int64_t n_kv, int flash, pi_gg_io *io) {
+               int64_t cell0, int64_t n_kv, int flash, pi_gg_io *io) {
     const pi_model_params *hp = &c->m->hp;
     const int64_t E = hp->n_embd, H = hp->n_embd_head, R = c->kv_row;
     gt *const *w = L->w;
@@ -98,7 +98,7 @@ int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, cons
     /* this batch's K and V rows into cells pos[t], before the attention reads the cache */
     g->build_forward_expand(io->gf, g->set_rows(ctx, L->k, g->reshape_2d(ctx, k, R, n_tok), io->kv_idx));
     g->build_forward_expand(io->gf, g->set_rows(ctx, L->v, v, io->kv_idx));
-    gt *a = attend(g, ctx, c, L, q, io->mask, n_tok, n_kv, scale, flash);
+    gt *a = attend(g, ctx, c, L, q, io->mask, n_tok, cell0, n_kv, scale, flash);
     gt *o = add_opt(g, ctx, g->mul_mat(ctx, w[PI_L_ATTN_OUT], a), w[PI_L_ATTN_OUT_BIAS]);
     if (w[PI_L_ATTN_POST_NORM] != NULL) o = g->mul(ctx, g->rms_norm(ctx, o, hp->rms_eps), w[PI_L_ATTN_POST_NORM]);
     gt *x = g->add(ctx, io->x, o);

@@ -37,10 +37,11 @@ typedef struct {
 
 /* 1: layer l is a sliding-window layer (pi_model_params.swa_pattern) */
 int pi_gg_is_swa(const pi_model_params *hp, int l);
-/* the attention graph of layer l for n_tok rows attending to n_kv cells (flash: ggml_flash_attn_ext,
- * else mul_mat + soft_max_ext); ctx: a no_alloc metadata context */
+/* the attention graph of layer l for n_tok rows of one sequence attending to the n_kv cells from
+ * cell0 (its slot's first; kv_idx: absolute cells) (flash: ggml_flash_attn_ext, else mul_mat +
+ * soft_max_ext); ctx: a no_alloc metadata context */
 int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, const pi_gg_layer *L, int64_t n_tok,
-               int64_t n_kv, int flash, pi_gg_io *io);
+               int64_t cell0, int64_t n_kv, int flash, pi_gg_io *io);
 /* y = down . act(gate x) * (up x) over the hot neurons, act an enum pi_act */
 int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *H, int64_t n_tok, pi_gg_io *io);
 /* embd = output_norm(x), logits = output . embd for n_out rows */

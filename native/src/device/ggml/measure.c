@@ -30,7 +30,7 @@ int pi_gg_flash_supported(const pi_gdev *d, const pi_context *c) {
     if (g->tensor_overhead() * 6 > sizeof meta) return 0;
     gctx *ctx = g->init((pi_ggml_init_params){sizeof meta, meta, true});
     if (ctx == NULL) return 0;
-    const int64_t H = hp->n_embd_head, B = c->cp.n_batch, N = c->n_cells;
+    const int64_t H = hp->n_embd_head, B = c->cp.n_batch, N = c->seq_cells;
     gt *q = g->new_tensor_3d(ctx, PI_G_TYPE_F32, H, B, hp->n_head);
     gt *k = g->new_tensor_3d(ctx, c->cp.kv_type, H, N, hp->n_head_kv);
     gt *v = g->new_tensor_3d(ctx, c->cp.kv_type, H, N, hp->n_head_kv);
@@ -100,7 +100,8 @@ static int measure_with(const pi_gdev *d, const pi_context *c, int flash, struct
         }
         rc = place_standins(g, &s, block, block_bytes);
         if (rc == PI_OK && l < hp->n_layer) {
-            rc = pi_gg_attn(g, gc, c, l, &L, c->cp.n_batch, c->n_cells, flash, &io);
+            /* a step's graphs are per sequence (device.h): at most n_batch rows over one slot's cells */
+            rc = pi_gg_attn(g, gc, c, l, &L, c->cp.n_batch, 0, c->seq_cells, flash, &io);
             if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, out);
             g->free(gc);
             gc = pi_gg_meta(g, graph_meta);

@@ -1,5 +1,6 @@
-/* The device steps: build the step's graph, place it in the compute buffer, copy the
- * activations in, compute on the device's backend, copy the results out. */
+/* The device steps: per row group (one sequence's rows: device.h) build the step's graph, place
+ * it in the compute buffer, copy the activations in, compute on the device's backend, copy the
+ * results out. */
 #include "device/ggml/gplaced.h"
 
 void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1) {
@@ -23,73 +24,103 @@ static int compute(pi_gplaced *p, const pi_gg_io *io) {
                                                     p->d->name, st);
 }
 
-int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, int64_t n_tok) {
+/* one sequence's rows [a, a + n) of layer l's attention step: its own graph over its slot */
+static int attn_group(pi_gplaced *p, int l, const int32_t *pos, int64_t cell0, int64_t a, int64_t n) {
     const pi_ggml_api *g = p->g;
     pi_context *c = p->c;
     const pi_model_params *hp = &c->m->hp;
-    const int64_t E = hp->n_embd, last = pos[n_tok - 1] + 1;
-    /* cells [0, n_kv): every cached position and this batch, padded (cells past them are masked) */
-    const int64_t n_kv = pi_align_up(last, PI_KV_PAD) < c->n_cells ? pi_align_up(last, PI_KV_PAD) : c->n_cells;
-    const int64_t t0 = pi_now_ns();
+    const int64_t E = hp->n_embd, last = pos[n - 1] + 1;
+    /* cells [0, n_kv) of the slot: every cached position and these rows, padded (cells past them are
+     * masked), as many as the sequence alone in a context of n_ctx_seq */
+    const int64_t n_kv = pi_align_up(last, PI_KV_PAD) < c->seq_cells ? pi_align_up(last, PI_KV_PAD) : c->seq_cells;
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
-    int rc = pi_gg_attn(g, ctx, c, l, &p->L[l], n_tok, n_kv, p->flash, &io);
+    int rc = pi_gg_attn(g, ctx, c, l, &p->L[l], n, cell0, n_kv, p->flash, &io);
     if (rc == PI_OK) rc = alloc(p, &io);
     if (rc == PI_OK) {
-        for (int64_t t = 0; t < n_tok; t++) p->kv_idx[t] = pos[t];
-        pi_gg_fill_mask(c, l, pos, n_tok, n_kv, p->mask);
-        g->backend_tensor_set(io.x, c->x, 0, (size_t)(n_tok * E) * sizeof(float));
-        g->backend_tensor_set(io.kv_idx, p->kv_idx, 0, (size_t)n_tok * sizeof(int64_t));
-        g->backend_tensor_set(io.mask, p->mask, 0, (size_t)(n_tok * n_kv) * sizeof(float));
-        if (io.pos != NULL) g->backend_tensor_set(io.pos, pos, 0, (size_t)n_tok * sizeof(int32_t));
+        for (int64_t t = 0; t < n; t++) p->kv_idx[t] = cell0 + pos[t];
+        pi_gg_fill_mask(c, l, pos, n, n_kv, p->mask);
+        g->backend_tensor_set(io.x, c->x + a * E, 0, (size_t)(n * E) * sizeof(float));
+        g->backend_tensor_set(io.kv_idx, p->kv_idx, 0, (size_t)n * sizeof(int64_t));
+        g->backend_tensor_set(io.mask, p->mask, 0, (size_t)(n * n_kv) * sizeof(float));
+        if (io.pos != NULL) g->backend_tensor_set(io.pos, pos, 0, (size_t)n * sizeof(int32_t));
         if (io.freqs != NULL)
             g->backend_tensor_set(io.freqs, hp->rope_freqs.data, 0, (size_t)(hp->n_rot / 2) * sizeof(float));
         rc = compute(p, &io);
     }
     if (rc == PI_OK) { /* device to host */
-        g->backend_tensor_get(io.out0, c->x, 0, (size_t)(n_tok * E) * sizeof(float));
-        g->backend_tensor_get(io.out1, c->xn, 0, (size_t)(n_tok * E) * sizeof(float));
+        g->backend_tensor_get(io.out0, c->x + a * E, 0, (size_t)(n * E) * sizeof(float));
+        g->backend_tensor_get(io.out1, c->xn + a * E, 0, (size_t)(n * E) * sizeof(float));
     }
     g->free(ctx);
+    return rc;
+}
+
+int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, const int32_t *cell0) {
+    const pi_context *c = p->c;
+    const int64_t t0 = pi_now_ns();
+    int rc = PI_OK;
+    for (int32_t i = 0; i < c->n_grp && rc == PI_OK; i++) {
+        const int64_t a = c->grp_off[i];
+        rc = attn_group(p, l, pos + a, cell0 != NULL ? cell0[a] : 0, a, c->grp_off[i + 1] - a);
+    }
     pi_gg_trace_add(p, PI_GG_EV_ATTN, l, t0, pi_now_ns());
     return rc;
 }
 
-int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, int64_t n_tok, float *y) {
+/* rows [a, a + n) of layer l's hot FFN: y = their partial sum */
+static int ffn_group(pi_gplaced *p, int l, const float *x, int64_t a, int64_t n, float *y) {
     const pi_ggml_api *g = p->g;
     const int64_t E = p->c->m->hp.n_embd;
-    const int64_t t0 = pi_now_ns();
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
-    int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n_tok, &io);
+    int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n, &io);
     if (rc == PI_OK) rc = alloc(p, &io);
     if (rc == PI_OK) {
-        g->backend_tensor_set(io.x, x, 0, (size_t)(n_tok * E) * sizeof(float));
+        g->backend_tensor_set(io.x, x + a * E, 0, (size_t)(n * E) * sizeof(float));
         rc = compute(p, &io);
     }
-    if (rc == PI_OK) g->backend_tensor_get(io.out0, y, 0, (size_t)(n_tok * E) * sizeof(float));
+    if (rc == PI_OK) g->backend_tensor_get(io.out0, y + a * E, 0, (size_t)(n * E) * sizeof(float));
     g->free(ctx);
+    return rc;
+}
+
+int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, float *y) {
+    const pi_context *c = p->c;
+    const int64_t t0 = pi_now_ns();
+    int rc = PI_OK;
+    for (int32_t i = 0; i < c->n_grp && rc == PI_OK; i++)
+        rc = ffn_group(p, l, x, c->grp_off[i], c->grp_off[i + 1] - c->grp_off[i], y);
     pi_gg_trace_add(p, PI_GG_EV_FFN, l, t0, pi_now_ns());
     return rc;
 }
 
-int pi_gg_run_output(pi_gplaced *p, const float *x, int64_t n_out, float *logits, float *embd) {
+/* output rows [a, a + n): embd and logits */
+static int output_group(pi_gplaced *p, const float *x, int64_t a, int64_t n, float *logits, float *embd) {
     const pi_ggml_api *g = p->g;
     const pi_model_params *hp = &p->c->m->hp;
-    const int64_t t0 = pi_now_ns();
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
-    int rc = pi_gg_output_graph(g, ctx, p->c, &p->O, n_out, &io);
+    int rc = pi_gg_output_graph(g, ctx, p->c, &p->O, n, &io);
     if (rc == PI_OK) rc = alloc(p, &io);
     if (rc == PI_OK) {
-        g->backend_tensor_set(io.x, x, 0, (size_t)(n_out * hp->n_embd) * sizeof(float));
+        g->backend_tensor_set(io.x, x + a * hp->n_embd, 0, (size_t)(n * hp->n_embd) * sizeof(float));
         rc = compute(p, &io);
     }
     if (rc == PI_OK) {
-        g->backend_tensor_get(io.out0, embd, 0, (size_t)(n_out * hp->n_embd) * sizeof(float));
-        g->backend_tensor_get(io.out1, logits, 0, (size_t)(n_out * hp->n_vocab) * sizeof(float));
+        g->backend_tensor_get(io.out0, embd + a * hp->n_embd, 0, (size_t)(n * hp->n_embd) * sizeof(float));
+        g->backend_tensor_get(io.out1, logits + a * hp->n_vocab, 0, (size_t)(n * hp->n_vocab) * sizeof(float));
     }
     g->free(ctx);
-    pi_gg_trace_add(p, PI_GG_EV_OUTPUT, hp->n_layer, t0, pi_now_ns());
+    return rc;
+}
+
+int pi_gg_run_output(pi_gplaced *p, const float *x, float *logits, float *embd) {
+    const pi_context *c = p->c;
+    const int64_t t0 = pi_now_ns();
+    int rc = PI_OK;
+    for (int32_t i = 0; i < c->n_grp && rc == PI_OK; i++)
+        rc = output_group(p, x, c->grp_off[i], c->grp_off[i + 1] - c->grp_off[i], logits, embd);
+    pi_gg_trace_add(p, PI_GG_EV_OUTPUT, c->m->hp.n_layer, t0, pi_now_ns());
     return rc;
 }

@@ -1,6 +1,7 @@
 /* The device thread: runs one hot-FFN graph at a time while the calling thread computes the
  * cold neurons (ggml's CPU backend computes synchronously on the thread that calls it, so
- * without a thread of ours the CPU half could not overlap). Its FFN halves (ffn_half.h).
+ * without a thread of ours the CPU half could not overlap); blocks/ffn.c computes the cold rows
+ * between post and wait.
  * Handoffs spin briefly before sleeping, as the pool's workers (threads.c): a condition
  * variable's wakeup alone lets the woken thread take the caller's core, serializing the halves. */
 #define _GNU_SOURCE /* sched_getaffinity */
@@ -13,12 +14,6 @@
 #define PI_GG_WAIT_SPIN_NS 500000LL /* the caller waiting for the device: sleeping there would let the device
                                       * thread's wakeup pull it onto the device thread's core */
 
-typedef struct {
-    pi_device_ffn base; /* first: ffn_split.c sees this */
-    pi_gplaced *p;
-    int l;
-} gg_half;
-
 /* the job posted (seq) goes to whoever claims it first: the device thread, or the caller once its CPU
  * half is done (the device thread was not scheduled in time on a loaded host: no waiting for it) */
 static int claim(pi_gplaced *p) {
@@ -27,7 +22,7 @@ static int claim(pi_gplaced *p) {
 }
 
 static void run_job(pi_gplaced *p, uint_fast64_t seq) {
-    const int rc = pi_gg_run_ffn(p, p->job_l, p->job_x, p->job_tok, p->y_dev);
+    const int rc = pi_gg_run_ffn(p, p->job_l, p->job_x, p->y_dev);
     if (rc) snprintf(p->job_msg, sizeof p->job_msg, "%s", pi_last_error()); /* the message of this thread */
     p->job_rc = rc;
     atomic_store(&p->done_seq, seq);
@@ -108,49 +103,23 @@ void pi_gg_worker_stop(pi_gplaced *p) {
     p->thread_on = 0;
 }
 
-/* the device sums its hot neurons densely (PowerInfer's dense hot part): the threshold applies
- * to the cold neurons on the CPU */
-static int half_start(pi_device_ffn *f, int32_t act, const float *x, int64_t n_tok, float threshold, int64_t *n_used) {
-    gg_half *h = (gg_half *)f;
-    pi_gplaced *p = h->p;
-    (void)act;
-    (void)threshold;
-    (void)n_used;
-    p->job_l = h->l;
+void pi_gg_ffn_post(pi_gplaced *p, int l, const float *x) {
+    p->job_l = l;
     p->job_x = x;
-    p->job_tok = n_tok;
     atomic_store(&p->job_state, JOB_POSTED);
     const uint_fast64_t seq = atomic_fetch_add(&p->job_seq, 1) + 1; /* publishes the job's fields */
-    if (f->n_hot == f->n_ff && claim(p)) { /* no cold neurons to overlap: no handoff */
+    if (p->H[l].n_hot == p->c->m->hp.n_ff && claim(p)) { /* no cold neurons to overlap: no handoff */
         run_job(p, seq);
-        return PI_OK;
+        return;
     }
     wake(p, &p->sleeping);
-    return PI_OK;
 }
 
-static int half_finish(pi_device_ffn *f, int64_t n_tok, float *y, int64_t *n_used) {
-    gg_half *h = (gg_half *)f;
-    pi_gplaced *p = h->p;
-    pi_gg_trace_add(p, PI_GG_EV_COLD, h->l, p->ev_t0, pi_now_ns()); /* the CPU half's activations */
+int pi_gg_ffn_wait(pi_gplaced *p, int64_t n_tok, float *y) {
     const uint_fast64_t job = atomic_load(&p->job_seq);
     if (claim(p)) run_job(p, job); /* not started yet: the caller computes it now */
     if (spin_until_not(p, &p->done_seq, job - 1, PI_GG_WAIT_SPIN_NS) != job) sleep_until_not(p, &p->waiting, &p->done_seq, job - 1);
     if (p->job_rc) return pi_set_error(p->job_rc, "%s", p->job_msg);
-    memcpy(y, p->y_dev, (size_t)(n_tok * f->n_embd) * sizeof(float));
-    if (n_used != NULL)
-        for (int64_t t = 0; t < n_tok; t++) n_used[t] = f->n_hot;
-    return PI_OK;
-}
-
-static const pi_ffn_half_i gg_half_i = {half_start, half_finish};
-
-int pi_gg_ffn_half(pi_gplaced *p, int l, const int32_t *hot_ids, int64_t n_hot, pi_device_ffn **out) {
-    const pi_model_params *hp = &p->c->m->hp;
-    gg_half *h = (gg_half *)pi_ffn_half_new(sizeof(gg_half), &gg_half_i, hot_ids, n_hot, hp->n_embd, hp->n_ff);
-    if (h == NULL) return pi_set_error(PI_ERR_NOMEM, "blk.%d: out of memory for the FFN half", l);
-    h->p = p;
-    h->l = l;
-    *out = &h->base;
+    memcpy(y, p->y_dev, (size_t)(n_tok * p->c->m->hp.n_embd) * sizeof(float));
     return PI_OK;
 }
