@@ -86,7 +86,7 @@ int pi_context_create(pi_model *m, const pi_context_params *cp, pi_context **out
     c->g = pi_alloc_f(B * hp->n_ff);
     c->u = pi_alloc_f(B * hp->n_ff);
     c->embd = pi_alloc_f(B * E);
-    c->act_scratch = malloc((size_t)(m->max_act_row * B));
+    c->act_scratch = malloc((size_t)(m->max_act_row * B + m->max_act_fixed));
     c->attn_scratch = pi_alloc_f(pi_attention_scratch_floats(c->n_cells, hp->n_embd_head) * cp->n_threads);
     c->logits1 = pi_alloc_f(hp->n_vocab);
     c->rope_cs = pi_alloc_f(B * hp->n_rot);

@@ -20,6 +20,7 @@ struct pi_model {
     pi_mat tok_embd, output;
     pi_mat *mats;         /* n_layer * PI_L_COUNT, matrix view of each slot */
     int64_t max_act_row;  /* largest activation row in bytes, over all matrices */
+    int64_t max_act_fixed; /* and the largest per-call part of a product's scratch (pi_matmul_scratch_fixed) */
 };
 
 struct pi_context {

@@ -119,11 +119,14 @@ int pi_model_create(const pi_model_params *params, pi_model **out) {
     m->hp.layers = m->layers;
     m->tok_embd = pi_mat_of(&params->tok_embd);
     m->output = pi_mat_of(params->output.data != NULL ? &params->output : &params->tok_embd);
-    m->max_act_row = pi_matmul_scratch_size(m->output.type, m->output.n_cols, 1);
+    m->max_act_fixed = pi_matmul_scratch_fixed(m->output.type, m->output.n_cols);
+    m->max_act_row = pi_matmul_scratch_size(m->output.type, m->output.n_cols, 1) - m->max_act_fixed;
     for (size_t i = 0; i < n; i++) {
         m->mats[i] = pi_mat_of(&m->layers[i]);
-        const int64_t s = pi_matmul_scratch_size(m->mats[i].type, m->mats[i].n_cols, 1);
+        const int64_t f = pi_matmul_scratch_fixed(m->mats[i].type, m->mats[i].n_cols);
+        const int64_t s = pi_matmul_scratch_size(m->mats[i].type, m->mats[i].n_cols, 1) - f;
         if (s > m->max_act_row) m->max_act_row = s;
+        if (f > m->max_act_fixed) m->max_act_fixed = f;
     }
     for (int l = 0; l < params->n_layer; l++) { /* a fused qkv tensor: q, k, v are row ranges of it */
         pi_mat *lm = &m->mats[l * PI_L_COUNT];

@@ -143,12 +143,28 @@ typedef void (*pi_down_tiles_fn)(int32_t type, int64_t n_tiles, float *y, const 
 
 #define PI_TYPE_SLOTS 31 /* indexable by enum pi_type */
 
+/* The activation of a batched product: n_tok rows of the weight type's vec_dot_type
+ * (x, xrow bytes apart) and, beside them, what the tiled kernels would otherwise redo
+ * for every weight row (pi_matmul_multi fills it once per call). Entry [i * ld + t] is
+ * block i of token t, so the 8 tokens of a tile are adjacent (ld >= n_tok + 7: eight
+ * floats load from any token; entries past n_tok are zero). */
+typedef struct {
+    const char *x;
+    int64_t xrow;
+    int64_t ld;
+    const float *d;     /* each block's d as float (Q8_0, Q8_1, Q8_K) */
+    const float *s;     /* Q8_1: each block's s as float */
+    const int16_t *aux; /* Q8_0: 16 int16 per entry, 8 * (y[2k] + y[2k+1]) (Q4_0's offset term,
+                           only when a Q4_0 / Q5_0 weight shares the call); Q8_K: 8 int16 per
+                           entry, the 32-element chunk sums bsums[2j] + bsums[2j + 1] */
+} pi_tile_act;
+
 /* The batched product of a weight type (prefill): y[t * ldy + r] = dot(w row r, x row t)
- * for r < n_rows, t < n_tok, weight rows wrow bytes apart and activation rows (the type's
- * vec_dot_type) xrow bytes apart; every y value has the bits of vec_dot on that row and
- * token, so batch and decode agree. Rows and tokens are any ranges (callers split them). */
+ * for r < n_rows, t < n_tok, weight rows wrow bytes apart; every y value has
+ * the bits of vec_dot on that row and token, so batch and decode agree. Rows are any
+ * range (callers split them). */
 typedef void (*pi_matmul_tiles_fn)(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,
-                                   const void *w, int64_t wrow, const void *x, int64_t xrow);
+                                   const void *w, int64_t wrow, const pi_tile_act *a);
 
 typedef struct pi_isa {
     const char *name;
@@ -224,6 +240,9 @@ typedef struct {
 
 /* Bytes pi_matmul_multi needs in `scratch` for n_tok rows of n_cols inputs */
 int64_t pi_matmul_scratch_size(int32_t type, int64_t n_cols, int64_t n_tok);
+/* The part of pi_matmul_scratch_size that does not grow with n_tok: sizes for any n_tok
+ * are n_tok * (size(1) - fixed) + fixed */
+int64_t pi_matmul_scratch_fixed(int32_t type, int64_t n_cols);
 /* Several products sharing one input (e.g. Q/K/V, gate/up) in one pool job: the
  * input is converted once to the weights' activation type (all weights must share
  * n_cols and activation type), then the rows of all outputs are split across threads. */

@@ -4,8 +4,10 @@ against the row dot of decode: a batch of
 tokens must give every token the same float bits as that token alone (pi_op_matmul with
 one token runs the row dot), on every instruction-set path this CPU has, for shapes
 whose rows, tokens and n_cols are not multiples of the tile (rows x tokens: scalar 1 x 4,
-AVX2 1 x 8, AVX-512 2 x 8; a pool thread's rows come in runs of 16). An ISA this CPU
-lacks is skipped."""
+AVX2 1 x 8, AVX-512 2 x 8; a pool thread's rows come in runs of 16). The AVX kernels
+also read each token's block scales (and Q4_0 / Q5_0 offset sums, Q8_K chunk sums) from
+the side arrays pi_matmul_multi lays out beside the activation rows, so a wrong entry
+there shows up here as a differing token. An ISA this CPU lacks is skipped."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 BLOCK32 = ("Q4_0", "Q4_1", "Q8_0", "Q5_0")  # blocks of 32, scales d (and Q4_1's m) as F16
 # (n_rows, n_cols, n_tok): n_cols in super-blocks of 256 (K-quants) or blocks of 32; the
 # 32-block shapes add 4 tokens (serve --parallel 4) and 17 (two full AVX tiles and one)
-# and SmolLM2's n_embd, 576
-SHAPES = {"K": [(1, 256, 2), (5, 768, 3), (37, 512, 9), (18, 1280, 6)],
-          "32": [(1, 32, 2), (7, 96, 5), (37, 640, 9), (18, 288, 4), (20, 576, 17)]}
+# and SmolLM2's n_embd, 576. Every token count below a full tile of 8 has its own AVX
+# kernel: together the shapes end on 1 to 7 tokens after the full tiles.
+SHAPES = {"K": [(1, 256, 2), (5, 768, 3), (37, 512, 9), (18, 1280, 6), (3, 256, 15)],
+          "32": [(1, 32, 2), (7, 96, 5), (37, 640, 9), (18, 288, 4), (20, 576, 17), (3, 64, 7), (2, 96, 14)]}
 
 
 def block32_weights(tname: str, n_rows: int, n_cols: int, real: bool) -> np.ndarray:

@@ -9,13 +9,13 @@
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
-/* Tile shapes, rows x tokens (16 ymm registers), measured: 1 x 8 beat 2 x 4 by 8-30% on
- * the K-quants and ~10-20% on Q5_0 and Q8_0 (two registers per row); 2 x 4 beat 1 x 8 by
- * ~12% on Q4_0 and Q4_1 (their per-token scale work shared by two rows) */
-#define PI_TILE_R 2 /* array bounds */
+/* Tile shapes, rows x tokens (16 ymm registers): one row by 8 tokens, its accumulators
+ * 8 registers; each token's block scales come pre-converted (pi_tile_act), so a second
+ * row per tile shares nothing but costs registers */
+#define PI_TILE_R 1 /* array bounds */
 #define PI_TILE_T 8
 #define PI_TILES_WIDE 1, 8 /* K-quants, Q5_0, Q8_0 */
-#define PI_TILES_NIBBLE 2, 4 /* Q4_0, Q4_1 */
+#define PI_TILES_NIBBLE 1, 8 /* Q4_0, Q4_1 */
 #include "x86_tiles.h"
 #include "table.h"
 

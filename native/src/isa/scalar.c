@@ -320,11 +320,11 @@ static void dots_q6_K(int64_t n, int nt, float *s, int64_t lds, const void *vw, 
         dots_##T(n, 1, s, 0, vw, vx, 0);                                                            \
     }                                                                                               \
     static void matmul_tiles_##T(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,  \
-                                 const void *vw, int64_t wrow, const void *vx, int64_t xrow) {      \
+                                 const void *vw, int64_t wrow, const pi_tile_act *a) {              \
         for (int64_t t = 0; t < n_tok; t += TOK)                                                    \
             for (int64_t r = 0; r < n_rows; r++)                                                    \
                 dots_##T(n, n_tok - t < TOK ? (int)(n_tok - t) : TOK, y + t * ldy + r, ldy,          \
-                         (const char *)vw + r * wrow, (const char *)vx + t * xrow, xrow);           \
+                         (const char *)vw + r * wrow, a->x + t * a->xrow, a->xrow);                 \
     }
 DEFINE_DOTS(q4_0)
 DEFINE_DOTS(q4_1)

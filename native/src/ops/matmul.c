@@ -1,16 +1,43 @@
 /* Matrix products for every weight type: the activation is converted once to the
  * weight type's vec_dot type (as llama.cpp does), then each thread takes a
  * contiguous range of output rows and runs the ISA's dot kernel over all tokens, or
- * for several tokens its tiled kernel where the type has one (same bits). */
+ * for several tokens its tiled kernel where the type has one (same bits), which also
+ * reads the activation's block scales (and offset / chunk sums) that the conversion
+ * laid out beside the rows once per call (pi_tile_act). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "pi_internal.h"
 
 #define ROW_TILE 16 /* rows per tile: a tile of weights stays in L1 across tokens */
+/* activations of at most this many floats are converted on the calling thread: a few
+ * microseconds, less than a pool job's wake-up and join (N sequences decoding together
+ * pay that once per product, ~120 times a step on SmolLM2) */
+#define QUANTIZE_INLINE 16384
+
+/* pi_tile_act's side data: bytes per (block, token) entry for an activation type */
+static int64_t side_entry(int32_t vdt) {
+    switch (vdt) {
+    case PI_TYPE_Q8_0: return 32 + 4; /* aux (16 int16) + d */
+    case PI_TYPE_Q8_1: return 4 + 4;  /* d + s */
+    case PI_TYPE_Q8_K: return 16 + 4; /* aux (8 int16) + d */
+    default: return 0;
+    }
+}
+
+/* side arrays of n_tok tokens: blocks x (n_tok + 8) entries, and 64 bytes to align them */
+static int64_t side_size(int32_t vdt, int64_t n_cols, int64_t n_tok) {
+    const int64_t e = side_entry(vdt);
+    return e == 0 ? 0 : n_cols / pi_type_get(vdt)->block_size * (n_tok + 8) * e + 64;
+}
 
 int64_t pi_matmul_scratch_size(int32_t type, int64_t n_cols, int64_t n_tok) {
     const pi_type_traits *t = pi_type_get(type);
-    return pi_row_size(t->vec_dot_type, n_cols) * n_tok;
+    return pi_row_size(t->vec_dot_type, n_cols) * n_tok + side_size(t->vec_dot_type, n_cols, n_tok);
+}
+
+int64_t pi_matmul_scratch_fixed(int32_t type, int64_t n_cols) {
+    return side_size(pi_type_get(type)->vec_dot_type, n_cols, 0); /* side_size is affine in n_tok */
 }
 
 _Thread_local int64_t pi_weight_passes;
@@ -20,8 +47,7 @@ typedef struct {
     int n_outs;
     int64_t total_rows;
     int64_t n_tok;
-    const void *xq;
-    int64_t xq_row;
+    pi_tile_act act;
     const pi_isa *isa;
 } matmul_job;
 
@@ -45,11 +71,11 @@ static void matmul_task(void *varg, int ith, int nth) {
         for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
             const int64_t re = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;
             if (tiles != NULL) { /* the same bits as the loop below, several rows x tokens at a time */
-                tiles(w->n_cols, re - rt, j->n_tok, y + rt, ldy, wd + rt * wrow, wrow, j->xq, j->xq_row);
+                tiles(w->n_cols, re - rt, j->n_tok, y + rt, ldy, wd + rt * wrow, wrow, &j->act);
                 continue;
             }
             for (int64_t t = 0; t < j->n_tok; t++) {
-                const void *xt = (const char *)j->xq + t * j->xq_row;
+                const void *xt = j->act.x + t * j->act.xrow;
                 for (int64_t r = rt; r < re; r++) dot(w->n_cols, &y[t * ldy + r], wd + r * wrow, xt);
             }
         }
@@ -60,16 +86,75 @@ typedef struct {
     pi_from_float_fn cvt;
     const float *x;
     int64_t n;
-    void *dst;
-    int64_t dst_row;
     int64_t n_tok;
+    int32_t vdt;
+    int side;         /* fill act's side arrays (a tiled kernel will run) */
+    pi_tile_act *act; /* x, xrow: the destination rows */
 } quantize_job;
+
+/* token t's entries of the side arrays (pi_tile_act), from its converted row */
+static void fill_side(const quantize_job *q, int64_t t) {
+    pi_tile_act *a = q->act;
+    const char *row = a->x + t * a->xrow;
+    float *d = (float *)a->d, *s = (float *)a->s;
+    int16_t *aux = (int16_t *)a->aux;
+    if (q->vdt == PI_TYPE_Q8_K) {
+        const pi_block_q8_K *b = (const pi_block_q8_K *)row;
+        for (int64_t i = 0; i < q->n / PI_QK_K; i++) {
+            d[i * a->ld + t] = b[i].d;
+            int16_t *c = aux + (i * a->ld + t) * 8;
+            for (int j = 0; j < 8; j++) c[j] = (int16_t)(b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
+    } else if (q->vdt == PI_TYPE_Q8_1) {
+        const pi_block_q8_1 *b = (const pi_block_q8_1 *)row;
+        for (int64_t i = 0; i < q->n / PI_QK; i++) {
+            d[i * a->ld + t] = pi_fp16_to_fp32(b[i].d);
+            s[i * a->ld + t] = pi_fp16_to_fp32(b[i].s);
+        }
+    } else { /* Q8_0 */
+        const pi_block_q8_0 *b = (const pi_block_q8_0 *)row;
+        for (int64_t i = 0; i < q->n / PI_QK; i++) {
+            d[i * a->ld + t] = pi_fp16_to_fp32(b[i].d);
+            if (aux == NULL) continue;
+            int16_t *o = aux + (i * a->ld + t) * 16;
+            for (int k = 0; k < 16; k++) o[k] = (int16_t)(8 * (b[i].qs[2 * k] + b[i].qs[2 * k + 1]));
+        }
+    }
+}
 
 static void quantize_task(void *varg, int ith, int nth) {
     const quantize_job *q = varg;
     int64_t lo, hi;
     pi_split(q->n_tok, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) q->cvt(q->x + t * q->n, (char *)q->dst + t * q->dst_row, q->n);
+    for (int64_t t = lo; t < hi; t++) {
+        q->cvt(q->x + t * q->n, (char *)q->act->x + t * q->act->xrow, q->n);
+        if (q->side) fill_side(q, t);
+    }
+}
+
+/* Lays out act's side arrays in scratch after the n_tok rows (zeroing the padding
+ * entries); returns whether the call has a tiled kernel that reads them. */
+static int side_layout(const pi_isa *isa, const pi_matmul_out *outs, int n_outs, int32_t vdt, int64_t n,
+                       int64_t n_tok, char *scratch, pi_tile_act *a) {
+    int tiles = 0, offset = 0;
+    for (int o = 0; o < n_outs; o++) {
+        tiles |= isa->matmul_tiles[outs[o].w->type] != NULL;
+        offset |= outs[o].w->type == PI_TYPE_Q4_0 || outs[o].w->type == PI_TYPE_Q5_0;
+    }
+    if (n_tok < 2 || !tiles || side_entry(vdt) == 0) return 0;
+    const int64_t nb = n / pi_type_get(vdt)->block_size, ld = n_tok + 8, entries = nb * ld;
+    char *p = (char *)pi_align_up((int64_t)(uintptr_t)(scratch + a->xrow * n_tok), 64);
+    const int64_t aux_size = vdt == PI_TYPE_Q8_K ? 16 : vdt == PI_TYPE_Q8_0 ? 32 : 0;
+    a->ld = ld;
+    a->aux = aux_size > 0 && (vdt == PI_TYPE_Q8_K || offset) ? (const int16_t *)p : NULL;
+    a->d = (const float *)(p + entries * aux_size);
+    a->s = vdt == PI_TYPE_Q8_1 ? a->d + entries : NULL;
+    for (int64_t i = 0; i < nb; i++) {
+        memset((float *)a->d + i * ld + n_tok, 0, 8 * sizeof(float));
+        if (a->s) memset((float *)a->s + i * ld + n_tok, 0, 8 * sizeof(float));
+        if (a->aux) memset((char *)p + (i * ld + n_tok) * aux_size, 0, (size_t)(8 * aux_size));
+    }
+    return 1;
 }
 
 void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const float *x,
@@ -83,18 +168,17 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
             return;
         }
     const int64_t n = w0->n_cols;
-    const int64_t xq_row = pi_row_size(vdt, n);
-    const void *xq = x;
+    matmul_job j = {outs, n_outs, 0, n_tok, {(const char *)x, pi_row_size(vdt, n), 0, NULL, NULL, NULL}, isa};
     if (vdt != PI_TYPE_F32) {
-        quantize_job q = {isa->from_float[vdt], x, n, scratch, xq_row, n_tok};
-        if (n_tok == 1)
-            quantize_task(&q, 0, 1); /* decode: not worth waking the workers */
+        j.act.x = scratch;
+        quantize_job q = {isa->from_float[vdt], x, n, n_tok, vdt, 0, &j.act};
+        q.side = side_layout(isa, outs, n_outs, vdt, n, n_tok, scratch, &j.act);
+        if (n_tok * n <= QUANTIZE_INLINE)
+            quantize_task(&q, 0, 1); /* decode, a few sequences: not worth waking the workers */
         else
             pi_pool_run(pool, quantize_task, &q);
-        xq = scratch;
     }
     pi_weight_passes += n_outs;
-    matmul_job j = {outs, n_outs, 0, n_tok, xq, xq_row, isa};
     for (int o = 0; o < n_outs; o++) j.total_rows += outs[o].w->n_rows;
     pi_pool_run(pool, matmul_task, &j);
 }
