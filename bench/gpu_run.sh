@@ -14,14 +14,16 @@
 #   PI_GPU_CUDA_OBJECTS=3 bash bench/gpu_run.sh   # configure with CUDA, compile 3 ggml-cuda files, stop
 #   PI_GPU_FLASH_ATTN=ON bash bench/gpu_run.sh    # also compile ggml-cuda's flash attention (+~3 min)
 #
-# Exit status: gpu_validate.py's (0 passed, 1 a check failed, 2 no device), else the failing step's.
+# gpu_validate.py's arguments are checked first (before minutes of build). Exit status:
+# gpu_validate.py's (0 every check passed, 1 one failed, 2 no device or bad arguments), else
+# 5 .gpu/ missing or packed for another Python, 3 the llama.cpp build failed, 4 ours failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 carry="${PI_GPU_CARRY:-$root/.gpu}"
 backend="${PI_GPU_BACKEND:-cuda}"
 site="${PI_GPU_SITE:-/tmp/pi-site}"
-out="${OUT:-$root/gpu-out}"
+out="${OUT:-$root/gpu-out}"  # ignored by git
 py="${PYTHON:-python3}"
 jobs=$(nproc)
 mkdir -p "$out"
@@ -29,19 +31,25 @@ exec > >(tee -a "$out/gpu_run.log") 2>&1
 t0=$SECONDS
 say() { echo "gpu_run: [$((SECONDS - t0)) s, load $(cut -d' ' -f1 /proc/loadavg)] $*"; }
 
-[ -f "$carry/llama_cpp_python.tar.xz" ] || { echo "gpu_run: $carry/llama_cpp_python.tar.xz missing: run bench/gpu_pack.sh here first and carry .gpu" >&2; exit 2; }
+[ -f "$carry/llama_cpp_python.tar.xz" ] || { echo "gpu_run: $carry/llama_cpp_python.tar.xz missing: run bench/gpu_pack.sh here first and carry .gpu" >&2; exit 5; }
+want=$(cat "$carry/python-version" 2>/dev/null || echo "?")
+have=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+[ "$want" = "$have" ] || { echo "gpu_run: $carry was packed for Python $want, $py is $have: bash bench/gpu_pack.sh --python-version $have" >&2; exit 5; }
 say "$($py --version), $jobs cores, backend $backend"
+"$py" bench/gpu_validate.py "$@" --check-args || exit 2  # a usage error now, not after the build
+case " $* " in *" -h "* | *" --help "*) exit 0 ;; esac
 
-# 1. the Python packages the image lacks, and our checkout, on the path
+# 1. the Python packages the image lacks (into $site, emptied first), our checkout, on the path
 rm -rf "$site"
 "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$carry"/wheels/*.whl
 export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 # 2. llama.cpp as llama-cpp-python builds it, plus CUDA
-src=$(mktemp -d)
-tar -C "$src" -xJf "$carry/llama_cpp_python.tar.xz"
-src=$(echo "$src"/llama_cpp_python-*)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tar -C "$tmp" -xJf "$carry/llama_cpp_python.tar.xz" || { echo "gpu_run: $carry/llama_cpp_python.tar.xz is unreadable: pack it again" >&2; exit 5; }
+src=$(echo "$tmp"/llama_cpp_python-*)
 cmake_args=(-DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF)
 libdirs=""
 if [ "$backend" = cuda ]; then
@@ -84,7 +92,7 @@ EOF
 fi
 
 if [ -n "${PI_GPU_CUDA_OBJECTS:-}" ]; then  # rehearsal: configure as below, compile a few CUDA files
-    bdir=$(mktemp -d)
+    bdir="$tmp/build"
     cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}" > "$out/cmake_configure.log"
     mapfile -t objs < <(ninja -C "$bdir" -t targets all | grep -o '^[^:]*ggml-cuda[^:]*\.cu\.o' | head -n "$PI_GPU_CUDA_OBJECTS")
     say "configured; compiling ${objs[*]##*/}"

@@ -365,12 +365,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/tmp/powerinfer-gpu-validate", help="where the model files are made (once)")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--models", nargs="+", choices=("relu", "swiglu"), default=("relu", "swiglu"))
+    ap.add_argument("--check-args", action="store_true",
+                    help="check the arguments and exit 0 (bench/gpu_run.sh does, before its build)")
     a = ap.parse_args(argv)
     for k, v in _DEFAULTS[a.small].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if not 0 < a.budget_fraction <= 1 or not all(0 < f <= 1 for f in a.fractions):
         ap.error("--budget-fraction and --fractions must be in (0, 1]")
+    if a.check_args:
+        return 0
     a.n_prefill = min(a.n_prefill, a.batch)
     t0 = time.perf_counter()
     try:

@@ -102,10 +102,17 @@ def serve(args) -> int:
     from .placement_args import env_budget
 
     budget = env_budget(args)
-    check_slot_size(args.ctx_size, args.parallel)
+    if args.ctx_size:  # 0: the model's context, known once loaded
+        check_slot_size(args.ctx_size, args.parallel)
     sock = bind_socket(args.host, args.port)
     try:
         llm = load_llama(args, budget)
+        if not args.ctx_size:
+            try:
+                check_slot_size(llm.n_ctx(), args.parallel)
+            except ValueError:
+                llm.close()
+                raise
     except BaseException:
         sock.close()
         raise
@@ -134,11 +141,13 @@ MIN_SLOT_CTX = 16
 
 
 def check_slot_size(ctx_size: int, parallel: int) -> None:
-    """ValueError naming both flags when ``--ctx-size`` split over ``--parallel`` slots
-    leaves fewer than :data:`MIN_SLOT_CTX` tokens per slot."""
+    """ValueError naming both flags when ``--ctx-size`` (tokens; the model's context when
+    the flag was 0) split over ``--parallel`` slots leaves fewer than :data:`MIN_SLOT_CTX`
+    tokens per slot."""
     if parallel > 1 and ctx_size // parallel < MIN_SLOT_CTX:
+        n = ctx_size // parallel
         raise ValueError(f"--ctx-size {ctx_size} split over --parallel {parallel} slots leaves "
-                         f"{ctx_size // parallel} tokens per slot (at least {MIN_SLOT_CTX}): raise --ctx-size "
+                         f"{n} token{'s' if n != 1 else ''} per slot (at least {MIN_SLOT_CTX}): raise --ctx-size "
                          f"or lower --parallel")
 
 

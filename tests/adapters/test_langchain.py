@@ -51,9 +51,9 @@ def test_llm_invoke_and_stream(model_path, ref):
     from powerinfer_backend.adapters.langchain import LlamaCpp
 
     llm = LlamaCpp(model_path=model_path, n_ctx=512, n_threads=1, temperature=0, max_tokens=8, repeat_penalty=1.0,
-                   verbose=False, vram_budget=2)
+                   verbose=False, vram_budget="2GiB")  # a size, as serve and Llama take it
     try:
-        assert isinstance(llm.client, Llama) and llm.client.vram_budget == 2
+        assert isinstance(llm.client, Llama) and llm.client.vram_budget == "2GiB"
         want = ref(PROMPT, max_tokens=8, temperature=0)["choices"][0]["text"]
         assert llm.invoke(PROMPT) == want
         chunks = list(llm.stream(PROMPT))

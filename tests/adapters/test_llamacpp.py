@@ -68,7 +68,7 @@ def test_llama_cpp_python_server_runs_on_our_llama(model_path, tmp_path):
     log = open(tmp_path / "server.log", "w")  # a file, not a pipe: a full pipe would block the server
     proc = subprocess.Popen([sys.executable, "-m", "powerinfer_backend.adapters.llamacpp.server", "--model",
                              model_path, "--n_ctx", "512", "--n_threads", "1", "--port", str(port), "--vram_budget",
-                             "1", "--verbose", "true"],
+                             "1GiB", "--verbose", "true"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     try:

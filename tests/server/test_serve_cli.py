@@ -48,6 +48,17 @@ def test_bad_budget_variable_is_one_clear_line(model_path):
                                      "is not a size: use GiB as a number or a string like '8GiB', '512MiB', '1.5GB'"]
 
 
+def test_ctx_size_zero_is_the_models_context_split_over_the_slots(model_path):
+    """``--ctx-size 0`` means the model's context (SmolLM2: 8192) also with ``--parallel``:
+    the slot size is checked once that is known, not against the 0 as written."""
+    s = ServerProcess("--model", model_path, "--ctx-size", "0", "--parallel", "2")
+    try:
+        props = httpx.get(s.url + "/props", timeout=60).json()
+    finally:
+        s.close()
+    assert props["n_ctx"] == 8192 and props["n_ctx_slot"] == 4096 and props["total_slots"] == 2
+
+
 def test_serve_takes_a_size_budget_device_placement_and_says_what_ngl_does(model_path, monkeypatch):
     """The budget from the environment as a size, the whole model on ggml's CPU backend as
     the device by layers; -ngl beside a budget is ignored, and says so on one line."""

@@ -29,7 +29,7 @@ point ``langchain_openai.ChatOpenAI(base_url="http://HOST:PORT/v1")`` at
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 try:  # the [langchain] extra
     with warnings.catch_warnings():  # langchain-community announces its sunset on import
@@ -83,7 +83,7 @@ def _grammar(grammar, grammar_path):
 class LlamaCpp(_LlamaCpp):
     """``langchain_community.llms.LlamaCpp`` running on powerinfer_backend's ``Llama``."""
 
-    vram_budget: Optional[float] = None
+    vram_budget: Optional[Union[float, str]] = None  # GiB, or a size: "512MiB"
     """GPU memory for hot neurons and dense blocks, in GiB (None = CPU only)."""
     sparse: Any = "auto"
     """Sparse FFN mode: "auto", "off", "threshold", "predictor" or a sidecar path."""
@@ -104,7 +104,7 @@ class ChatLlamaCpp(_ChatLlamaCpp):
     """``langchain_community.chat_models.ChatLlamaCpp`` running on powerinfer_backend's
     ``Llama`` (``invoke``, ``stream``, ``bind_tools``, ``with_structured_output``)."""
 
-    vram_budget: Optional[float] = None
+    vram_budget: Optional[Union[float, str]] = None  # GiB, or a size: "512MiB"
     """GPU memory for hot neurons and dense blocks, in GiB (None = CPU only)."""
     sparse: Any = "auto"
     """Sparse FFN mode: "auto", "off", "threshold", "predictor" or a sidecar path."""

@@ -55,6 +55,20 @@ def launcher_path() -> str:
     return path
 
 
+def _budget_gib(value) -> float:
+    """``vram_budget`` as tgw holds it (GiB, a float for its number field) from GiB or a
+    size string (``512MiB``, from the API or ``--vram-budget``).
+
+    Raises:
+        ValueError: not a size, negative, NaN or infinite (the message names vram_budget).
+    """
+    from ...hybrid.placement import parse_vram_budget
+
+    if isinstance(value, str):
+        value = value.strip()
+    return (parse_vram_budget(value) or 0) / 2**30
+
+
 def apply() -> None:
     """Register the "PowerInfer" loader in the imported tgw ``modules`` (idempotent)."""
     global _applied
@@ -73,7 +87,7 @@ def apply() -> None:
         return elements + [e for e in NEW_ELEMENTS if e not in elements]
 
     loaders.list_model_elements = list_model_elements
-    default_budget = float(os.environ.get("POWERINFER_VRAM_BUDGET", "0") or 0)
+    default_budget = _budget_gib(os.environ.get("POWERINFER_VRAM_BUDGET", "0") or 0)
     for ns in (shared.args, getattr(shared, "original_args", None)):
         if ns is not None and not hasattr(ns, "vram_budget"):
             ns.vram_budget = default_budget
@@ -93,9 +107,11 @@ def apply() -> None:
             def __init__(self, model_path, server_path_=None):
                 super().__init__(model_path, server_path=server_path)
 
-        budget = getattr(shared.args, "vram_budget", 0) or 0
+        # checked before the server starts: a bad budget fails the load with its message
+        # (the server's exit would leave tgw holding a model that answers nothing)
+        budget = _budget_gib(getattr(shared.args, "vram_budget", 0) or 0)
         old_env = os.environ.get("POWERINFER_VRAM_BUDGET")
-        os.environ["POWERINFER_VRAM_BUDGET"] = str(float(budget))
+        os.environ["POWERINFER_VRAM_BUDGET"] = repr(budget)
         llama_cpp_server.LlamaServer = LlamaServer
         try:
             out = original_load_model(model_name, "llama.cpp")
