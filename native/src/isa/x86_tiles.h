@@ -93,12 +93,23 @@
 #define PI_TILE_SIDE(arr, i) _mm256_loadu_ps((arr) + (i) * ald)
 
 /* lane t of v in all 8 lanes, from h[2] = v's low half and high half in both halves:
- * one in-lane shuffle per token (a store and broadcast loads wait on store forwarding) */
+ * one in-lane shuffle per token (a store and broadcast loads wait on store forwarding).
+ * The switch gives each shuffle a literal immediate: where the token loop is unrolled (-O3)
+ * it folds away; the sanitizer build (-O1) does not unroll, and takes the branch */
 PI_TILE_INLINE void tile_halves(__m256 h[2], __m256 v) {
     h[0] = _mm256_permute2f128_ps(v, v, 0x00);
     h[1] = _mm256_permute2f128_ps(v, v, 0x11);
 }
-#define PI_TILE_LANE(h, t) _mm256_shuffle_ps((h)[(t) / 4], (h)[(t) / 4], ((t) % 4) * 0x55)
+PI_TILE_INLINE __m256 tile_lane(const __m256 h[2], int t) {
+    const __m256 v = h[t / 4];
+    switch (t % 4) {
+    case 0: return _mm256_shuffle_ps(v, v, 0x00);
+    case 1: return _mm256_shuffle_ps(v, v, 0x55);
+    case 2: return _mm256_shuffle_ps(v, v, 0xAA);
+    default: return _mm256_shuffle_ps(v, v, 0xFF);
+    }
+}
+#define PI_TILE_LANE(h, t) tile_lane((h), (t))
 
 /* ---- Q4_K / Q5_K -------------------------------------------------------------------- */
 
