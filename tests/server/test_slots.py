@@ -112,7 +112,7 @@ def test_slots_too_small_for_a_request_are_refused_naming_both_flags(model_path,
 
     assert main(["serve", "--model", model_path, "--parallel", "64", "--ctx-size", "64", "--port", "0"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "powerinfer-backend: error: --ctx-size 64 split over --parallel 64 slots leaves 1 tokens per slot "
+        "powerinfer-backend: error: --ctx-size 64 split over --parallel 64 slots leaves 1 token per slot "
         "(at least 16): raise --ctx-size or lower --parallel"]
 
 
