@@ -24,6 +24,8 @@ class build_py_fresh(build_py):
 
 # Every folder with an __init__.py under powerinfer_backend/ (the adapters included), so
 # a new subpackage cannot be missed.
-setup(packages=find_packages(include=["powerinfer_backend", "powerinfer_backend.*"]),
-      cffi_modules=["powerinfer_backend/_native/_build.py:ffibuilder"],
-      cmdclass={"build_py": build_py_fresh})
+setup(
+    packages=find_packages(include=["powerinfer_backend", "powerinfer_backend.*"]),
+    cffi_modules=["powerinfer_backend/_native/_build.py:ffibuilder"],
+    cmdclass={"build_py": build_py_fresh},
+)

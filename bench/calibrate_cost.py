@@ -60,14 +60,28 @@ def main():
     text = read_text(str(TEXT), offset_bytes=cut)
     ppl_d, _, _ = tail_ppl(model, text, "off", args.threads, args.chunks)
     ppl_s, sp, mode = tail_ppl(model, text, out, args.threads, args.chunks)
-    print(json.dumps({"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_before": load0, "load_after": load1,
-                      "expected_sparsity": round(float(prof.layer_sparsity.mean()), 4),
-                      "heldout_ppl_change": round(prof.info["ppl_sparse"] / prof.info["ppl_dense"] - 1, 5),
-                      "unseen_ppl_dense": round(ppl_d, 4), "unseen_ppl_sparse": round(ppl_s, 4),
-                      "unseen_ppl_change": round(ppl_s / ppl_d - 1, 5), "unseen_sparsity": round(sp, 4),
-                      "mode": mode, "method": prof.info.get("method"),
-                      "speed": {k: v for k, v in prof.info.items() if k.startswith("speed")},
-                      "reduced": args.reduced, "threads": args.threads, "sidecar": out}))
+    print(
+        json.dumps(
+            {
+                "wall_s": round(wall, 1),
+                "cpu_s": round(cpu, 1),
+                "load_before": load0,
+                "load_after": load1,
+                "expected_sparsity": round(float(prof.layer_sparsity.mean()), 4),
+                "heldout_ppl_change": round(prof.info["ppl_sparse"] / prof.info["ppl_dense"] - 1, 5),
+                "unseen_ppl_dense": round(ppl_d, 4),
+                "unseen_ppl_sparse": round(ppl_s, 4),
+                "unseen_ppl_change": round(ppl_s / ppl_d - 1, 5),
+                "unseen_sparsity": round(sp, 4),
+                "mode": mode,
+                "method": prof.info.get("method"),
+                "speed": {k: v for k, v in prof.info.items() if k.startswith("speed")},
+                "reduced": args.reduced,
+                "threads": args.threads,
+                "sidecar": out,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

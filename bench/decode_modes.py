@@ -42,16 +42,21 @@ def main() -> None:
             llm.stats(reset=True)
             best[m] = min(best[m], decode_time(llm, args.tokens, clock))
     base = best[next(iter(llms))]
-    print(f"{Path(model).name}, {args.threads} threads, {args.tokens} tokens, "
-          f"{'CPU time' if args.cpu_time else 'wall'}")
+    print(
+        f"{Path(model).name}, {args.threads} threads, {args.tokens} tokens, {'CPU time' if args.cpu_time else 'wall'}"
+    )
     for m, llm in llms.items():
         st = llm.stats()
         extra = ""
         if st["mode"] == "predictor":
-            extra = (f", predicted density {np.mean(st['predicted_density']):.3f}, predictor "
-                     f"{st['predictor_share_of_ffn']:.1%} of the sparse FFN time")
-        print(f"  {m:<10} {args.tokens / best[m]:7.1f} tok/s  {base / best[m]:.3f}x  "
-              f"FFN sparsity {st['ffn_sparsity']:.3f}{extra}")
+            extra = (
+                f", predicted density {np.mean(st['predicted_density']):.3f}, predictor "
+                f"{st['predictor_share_of_ffn']:.1%} of the sparse FFN time"
+            )
+        print(
+            f"  {m:<10} {args.tokens / best[m]:7.1f} tok/s  {base / best[m]:.3f}x  "
+            f"FFN sparsity {st['ffn_sparsity']:.3f}{extra}"
+        )
 
 
 if __name__ == "__main__":

@@ -29,11 +29,13 @@ TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 def _recording_eval(ctx, rows: list):
     """perplexity's chunk evaluator over ``ctx`` that also keeps every chunk's logits in ``rows``."""
+
     def chunk(c):
         ctx.truncate(0)
         out = ctx.eval(c, logits_all=True)
         rows.append(out.copy())
         return out
+
     return chunk
 
 
@@ -47,7 +49,7 @@ def main() -> None:
     a = ap.parse_args()
     path = a.model or default_model_path()
     data = TEXT.read_bytes()
-    toks = LlamaCppTokenizer(path).tokenize(data[int(len(data) * 0.9):])
+    toks = LlamaCppTokenizer(path).tokenize(data[int(len(data) * 0.9) :])
     g = load_gguf(path, verbose=False)
     m = NativeModel(g)
     print(f"{Path(path).name}: automatic down_t {down_t_dtype(g)}; {a.chunks} x {a.ctx} tokens of the last 10%")

@@ -54,8 +54,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 #: user device name -> the prefix of the ggml device names of that backend
 _BACKEND_PREFIX = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "hip": "ROCm", "ggml-cpu": "CPU"}
 #: option defaults without / with --small
-_DEFAULTS = {False: dict(ctx=512, batch=128, n_check=32, n_decode=32, n_prefill=128, repeats=2),
-             True: dict(ctx=128, batch=32, n_check=16, n_decode=8, n_prefill=32, repeats=1)}
+_DEFAULTS = {
+    False: dict(ctx=512, batch=128, n_check=32, n_decode=32, n_prefill=128, repeats=2),
+    True: dict(ctx=128, batch=32, n_check=16, n_decode=8, n_prefill=32, repeats=1),
+}
 #: top-2 margin (logits) above which the device must pick the CPU's top-1 token
 MARGIN = 0.1
 
@@ -70,8 +72,10 @@ def resolve_device(name: str):
     try:
         from powerinfer_backend.engine import ggml as G
     except ImportError as e:
-        raise SystemExit(f"gpu_validate: this checkout has no ggml device (powerinfer_backend.engine.ggml: {e}); "
-                         f"it comes with issue 14 (branches ggmldev + ggmlpy)") from None
+        raise SystemExit(
+            f"gpu_validate: this checkout has no ggml device (powerinfer_backend.engine.ggml: {e}); "
+            f"it comes with issue 14 (branches ggmldev + ggmlpy)"
+        ) from None
     try:
         version = G.bind()
     except RuntimeError as e:
@@ -83,9 +87,11 @@ def resolve_device(name: str):
         found = [d for d in found if d.type == "cpu"]
     if not found:
         have = ", ".join(f"{d.name} ({d.type}, {d.description})" for d in devs) or "none"
-        raise SystemExit(f"gpu_validate: no ggml device for {name!r} (looked for "
-                         f"{prefix + '*' if prefix else name!r}); ggml {version} found: {have}. A GPU needs a GPU "
-                         f"build of llama-cpp-python (docs/building.md); `powerinfer-backend devices` lists them")
+        raise SystemExit(
+            f"gpu_validate: no ggml device for {name!r} (looked for "
+            f"{prefix + '*' if prefix else name!r}); ggml {version} found: {have}. A GPU needs a GPU "
+            f"build of llama-cpp-python (docs/building.md); `powerinfer-backend devices` lists them"
+        )
     return G, found[0]
 
 
@@ -121,9 +127,15 @@ def build_model(dir_: Path, kind: str, shape: dict, quant: str) -> Path:
     dir_.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     f16 = dir_ / f"{kind}-{tag}.F16.gguf"
-    write_tiny_llama(f16, **shape, n_head_kv=shape["n_head"], n_ctx_train=4096, seed=7,
-                     types={"matrix": T.F16, "token_embd": T.F16},
-                     extra_kv={"powerinfer.ffn_act": "relu"} if kind == "relu" else None)
+    write_tiny_llama(
+        f16,
+        **shape,
+        n_head_kv=shape["n_head"],
+        n_ctx_train=4096,
+        seed=7,
+        types={"matrix": T.F16, "token_embd": T.F16},
+        extra_kv={"powerinfer.ffn_act": "relu"} if kind == "relu" else None,
+    )
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = {"Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}[quant]
     params.nthread = os.cpu_count() or 1
@@ -157,8 +169,12 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
     top2 = np.sort(ref, axis=1)[:, -2:]
     sure = (top2[:, 1] - top2[:, 0]) >= MARGIN
     agree = ref.argmax(1) == got.argmax(1)
-    return {"max_abs_diff": float(np.abs(ref - got).max()), "top1_agree": float(agree.mean()),
-            "top1_agree_margin": float(agree[sure].mean()) if sure.any() else 1.0, "n_margin": int(sure.sum())}
+    return {
+        "max_abs_diff": float(np.abs(ref - got).max()),
+        "top1_agree": float(agree.mean()),
+        "top1_agree_margin": float(agree[sure].mean()) if sure.any() else 1.0,
+        "n_margin": int(sure.sum()),
+    }
 
 
 def open_llm(path: Path, a, **kw):
@@ -181,8 +197,15 @@ def check_budget(path: Path, a, G, dev, budget: int, ref: np.ndarray, tokens: li
         llm.close()
         del llm
         gc.collect()
-    r.update(budget=budget, reserved=st.get("reserved"), used=st.get("used"), high_water=st.get("high_water"),
-             free_before=free0, free_after=free1, allocated=free0 - free1)
+    r.update(
+        budget=budget,
+        reserved=st.get("reserved"),
+        used=st.get("used"),
+        high_water=st.get("high_water"),
+        free_before=free0,
+        free_after=free1,
+        allocated=free0 - free1,
+    )
     stats_ok = all(isinstance(st.get(k), int) and st[k] <= budget for k in ("reserved", "used", "high_water"))
     # a GPU's free memory is ours to measure; on the CPU device it is the host's (noise)
     mem_ok = dev.type == "cpu" or free0 - free1 <= budget + a.mem_slack
@@ -193,7 +216,7 @@ def check_budget(path: Path, a, G, dev, budget: int, ref: np.ndarray, tokens: li
 def measure_speed(eval_tokens, reset, a, tokens: list[int]) -> dict:
     from powerinfer_backend.cli.bench import _measure
 
-    t_pre, t_dec = _measure(eval_tokens, reset, tokens[:a.n_prefill], tokens[:8], a.n_decode, a.repeats)
+    t_pre, t_dec = _measure(eval_tokens, reset, tokens[: a.n_prefill], tokens[:8], a.n_decode, a.repeats)
     return {"prefill_tok_s": a.n_prefill / t_pre, "decode_tok_s": a.n_decode / t_dec}
 
 
@@ -233,8 +256,9 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
     n_gpu, _ = llama_cpp_offload(sizes, budget, n_ctx=a.ctx, n_batch=a.batch)
     for key, ngl in (("llama_cpp_layers", n_gpu), ("llama_cpp_cpu", 0)):
         free0 = device_free(G, dev.name)
-        ref = load_reference(str(path), n_ctx=a.ctx, n_batch=a.batch, n_threads=a.threads,
-                             n_threads_batch=a.threads, n_gpu_layers=ngl)
+        ref = load_reference(
+            str(path), n_ctx=a.ctx, n_batch=a.batch, n_threads=a.threads, n_threads_batch=a.threads, n_gpu_layers=ngl
+        )
         free1 = device_free(G, dev.name)
 
         def ref_eval(t, ref=ref):
@@ -242,8 +266,11 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, token
             return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         out[key] = measure_speed(ref_eval, ref.reset, a, tokens)
-        out[key].update(n_gpu_layers=ngl, allocated=free0 - free1,  # llama.cpp's own device bytes (a GPU's)
-                        extra_buffer_types=reference_mode(ref)["extra_buffer_types"])
+        out[key].update(
+            n_gpu_layers=ngl,
+            allocated=free0 - free1,  # llama.cpp's own device bytes (a GPU's)
+            extra_buffer_types=reference_mode(ref)["extra_buffer_types"],
+        )
         ref.close()
         del ref
         gc.collect()
@@ -258,20 +285,31 @@ def predicted(path: Path, a, sizes, budget: int, freq) -> dict:
 
     host = a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
     mode = "relu" if freq is not None else "dense"
-    plan = plan_auto(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, device_gbps=a.device_bandwidth, host_gbps=host,
-                     mode=mode)  # placement="auto", the default
+    plan = plan_auto(
+        sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, device_gbps=a.device_bandwidth, host_gbps=host, mode=mode
+    )  # placement="auto", the default
     ours = pr.predict_ours(sizes, plan, freq, device_gbps=a.device_bandwidth, host_gbps=host, mode=mode)
-    split = pr.predict_layer_split(sizes, budget, device_gbps=a.device_bandwidth, host_gbps=host, n_ctx=a.ctx,
-                                   n_batch=a.batch)
-    return {"ours_tok_s": ours.tok_s, "layer_split_tok_s": split.tok_s, "ratio": ours.tok_s / split.tok_s,
-            "host_gbps": host, "device_gbps": a.device_bandwidth, "policy": plan.choice["policy"]}
+    split = pr.predict_layer_split(
+        sizes, budget, device_gbps=a.device_bandwidth, host_gbps=host, n_ctx=a.ctx, n_batch=a.batch
+    )
+    return {
+        "ours_tok_s": ours.tok_s,
+        "layer_split_tok_s": split.tok_s,
+        "ratio": ours.tok_s / split.tok_s,
+        "host_gbps": host,
+        "device_gbps": a.device_bandwidth,
+        "policy": plan.choice["policy"],
+    }
 
 
 def run_model(kind: str, a, G, dev) -> dict:
     from powerinfer_backend.hybrid.placement import full_device_bytes
 
-    shape = (dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_vocab=512) if a.small else
-             dict(n_layer=a.layers, n_embd=4096, n_ff=11008, n_head=32, n_vocab=32000))
+    shape = (
+        dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_vocab=512)
+        if a.small
+        else dict(n_layer=a.layers, n_embd=4096, n_ff=11008, n_head=32, n_vocab=32000)
+    )
     path = build_model(Path(a.dir), kind, shape, a.quant)
     sizes = sizes_of(path)
     full = full_device_bytes(sizes, a.ctx, a.batch)
@@ -287,67 +325,100 @@ def run_model(kind: str, a, G, dev) -> dict:
         freq = read_sidecar(sidecar, model_path=path).neuron_freq
     r: dict = {"model": str(path), "kind": kind, "quant": a.quant, **shape, "full_device_bytes": full}
     cpu = open_llm(path, a, device="cpu", sparse="exact")
-    ref = logits_of(cpu, tokens[:a.n_check])
+    ref = logits_of(cpu, tokens[: a.n_check])
     cpu.close()
     del cpu
     gc.collect()
     r["budgets"] = []
     for f in a.fractions:
         log(f"{kind}: logits and memory at {f:.0%} of {full} B")
-        r["budgets"].append({"fraction": f, **check_budget(path, a, G, dev, int(f * full), ref, tokens[:a.n_check])})
+        r["budgets"].append({"fraction": f, **check_budget(path, a, G, dev, int(f * full), ref, tokens[: a.n_check])})
     budget = int(a.budget_fraction * full)
     log(f"{kind}: speed at {a.budget_fraction:.0%} ({budget} B)")
-    r["speed"] = {"fraction": a.budget_fraction, "budget": budget,
-                  **speed(path, a, G, dev, sizes, budget, sidecar, tokens)}
+    r["speed"] = {
+        "fraction": a.budget_fraction,
+        "budget": budget,
+        **speed(path, a, G, dev, sizes, budget, sidecar, tokens),
+    }
     if a.device_bandwidth:
         r["predicted"] = predicted(path, a, sizes, budget, freq)
     return r
 
 
 def format_table(res: dict) -> str:
-    lines = [f"device {res['device']['name']} ({res['device']['description']}), ggml {res['ggml_version']}",
-             f"{'model':8s} {'budget':>7s} {'max|dlogit|':>11s} {'top1':>6s} {'top1@m':>7s} {'reserved MiB':>12s} "
-             f"{'alloc MiB':>10s}  ok"]
+    lines = [
+        f"device {res['device']['name']} ({res['device']['description']}), ggml {res['ggml_version']}",
+        f"{'model':8s} {'budget':>7s} {'max|dlogit|':>11s} {'top1':>6s} {'top1@m':>7s} {'reserved MiB':>12s} "
+        f"{'alloc MiB':>10s}  ok",
+    ]
     for m in res["models"]:
         for b in m["budgets"]:
+
             def mib(x):
                 return f"{x / 2**20:.1f}" if isinstance(x, (int, float)) else "?"
 
-            lines.append(f"{m['kind']:8s} {b['fraction']:6.0%} {b['max_abs_diff']:11.4f} {b['top1_agree']:6.3f} "
-                         f"{b['top1_agree_margin']:7.3f} {mib(b['reserved']):>12s} {mib(b['allocated']):>10s}  "
-                         f"{'yes' if b['ok'] else 'NO'}")
+            lines.append(
+                f"{m['kind']:8s} {b['fraction']:6.0%} {b['max_abs_diff']:11.4f} {b['top1_agree']:6.3f} "
+                f"{b['top1_agree_margin']:7.3f} {mib(b['reserved']):>12s} {mib(b['allocated']):>10s}  "
+                f"{'yes' if b['ok'] else 'NO'}"
+            )
     lines.append(f"{'model':8s} {'engine':24s} {'decode tok/s':>12s} {'prefill tok/s':>13s}")
     for m in res["models"]:
         s = m["speed"]
-        for k, label in (("ours", f"ours on {res['device']['name']} {s['fraction']:.0%}"),
-                         ("llama_cpp_layers", f"llama.cpp -ngl {s['llama_cpp_layers']['n_gpu_layers']}" + (
-                             f" {s['llama_cpp_layers']['allocated'] / 2**20:.0f}MiB" if res['device']['type'] != "cpu"
-                             else "")),
-                         ("ours_cpu", "ours CPU"), ("llama_cpp_cpu", "llama.cpp CPU")):
+        for k, label in (
+            ("ours", f"ours on {res['device']['name']} {s['fraction']:.0%}"),
+            (
+                "llama_cpp_layers",
+                f"llama.cpp -ngl {s['llama_cpp_layers']['n_gpu_layers']}"
+                + (f" {s['llama_cpp_layers']['allocated'] / 2**20:.0f}MiB" if res["device"]["type"] != "cpu" else ""),
+            ),
+            ("ours_cpu", "ours CPU"),
+            ("llama_cpp_cpu", "llama.cpp CPU"),
+        ):
             lines.append(f"{m['kind']:8s} {label:24s} {s[k]['decode_tok_s']:12.2f} {s[k]['prefill_tok_s']:13.2f}")
-        lines.append(f"{m['kind']:8s} ours / layer split: decode {s['decode_ratio']:.2f}x, prefill "
-                     f"{s['prefill_ratio']:.2f}x" + (f"; predicted decode {m['predicted']['ratio']:.2f}x"
-                                                      if "predicted" in m else ""))
-    lines.append(f"goal (ReLU decode >= {res['goal']['min_ratio']}x at {res['goal']['fraction']:.0%}): "
-                 f"{'met' if res['goal']['met'] else 'NOT met'}; all checks {'passed' if res['ok'] else 'FAILED'}")
+        lines.append(
+            f"{m['kind']:8s} ours / layer split: decode {s['decode_ratio']:.2f}x, prefill "
+            f"{s['prefill_ratio']:.2f}x"
+            + (f"; predicted decode {m['predicted']['ratio']:.2f}x" if "predicted" in m else "")
+        )
+    lines.append(
+        f"goal (ReLU decode >= {res['goal']['min_ratio']}x at {res['goal']['fraction']:.0%}): "
+        f"{'met' if res['goal']['met'] else 'NOT met'}; all checks {'passed' if res['ok'] else 'FAILED'}"
+    )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda", help="Llama(device=...) name: cuda, metal, vulkan, hip, a ggml "
-                                                     "device name (CUDA0), or ggml-cpu (default cuda)")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        help="Llama(device=...) name: cuda, metal, vulkan, hip, a ggml device name (CUDA0), or ggml-cpu (default cuda)",
+    )
     ap.add_argument("--small", action="store_true", help="tiny shapes (2 layers, n_embd 256): a smoke check")
     ap.add_argument("--layers", type=int, default=8, help="layers of the 7B-shaped models (default 8)")
     ap.add_argument("--quant", choices=("Q4_0", "Q4_K_M"), default="Q4_0")
-    ap.add_argument("--budget-fraction", type=float, default=0.25,
-                    help="budget of the speed comparison, a fraction of the model's full device bytes")
-    ap.add_argument("--fractions", type=float, nargs=3, default=(0.1, 0.25, 0.5),
-                    help="the three budgets of the logits and memory checks (default 0.1 0.25 0.5)")
+    ap.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=0.25,
+        help="budget of the speed comparison, a fraction of the model's full device bytes",
+    )
+    ap.add_argument(
+        "--fractions",
+        type=float,
+        nargs=3,
+        default=(0.1, 0.25, 0.5),
+        help="the three budgets of the logits and memory checks (default 0.1 0.25 0.5)",
+    )
     ap.add_argument("--sparsity", type=float, default=0.9, help="ReLU model: fraction of neurons skipped")
-    ap.add_argument("--threshold-on", choices=("product", "gate"), default="product",
-                    help="ReLU model's thresholds: on |h| (default; what the device split takes) or on the gate "
-                         "(CATS; refused with a device today, then the run falls back to exact)")
+    ap.add_argument(
+        "--threshold-on",
+        choices=("product", "gate"),
+        default="product",
+        help="ReLU model's thresholds: on |h| (default; what the device split takes) or on the gate "
+        "(CATS; refused with a device today, then the run falls back to exact)",
+    )
     # defaults (full / --small): see _DEFAULTS
     ap.add_argument("--ctx", type=int, default=None, help="n_ctx (default 512 / 128)")
     ap.add_argument("--batch", type=int, default=None, help="n_batch, the prefill batch (default 128 / 32)")
@@ -357,16 +428,28 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="runs per speed measurement, best kept (2 / 1)")
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1), help="CPU threads (both engines)")
     ap.add_argument("--device-threads", type=int, default=1, help="ggml-cpu: the device's threads")
-    ap.add_argument("--mem-slack", type=int, default=64 << 20,
-                    help="bytes a GPU's free memory may drop beyond the budget (runtime workspaces; default 64 MiB)")
-    ap.add_argument("--device-bandwidth", type=float, default=None, metavar="GB/s",
-                    help="also print plan --predict's ratio with this device bandwidth")
+    ap.add_argument(
+        "--mem-slack",
+        type=int,
+        default=64 << 20,
+        help="bytes a GPU's free memory may drop beyond the budget (runtime workspaces; default 64 MiB)",
+    )
+    ap.add_argument(
+        "--device-bandwidth",
+        type=float,
+        default=None,
+        metavar="GB/s",
+        help="also print plan --predict's ratio with this device bandwidth",
+    )
     ap.add_argument("--host-bandwidth", type=float, default=None, metavar="GB/s")
     ap.add_argument("--dir", default="/tmp/powerinfer-gpu-validate", help="where the model files are made (once)")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--models", nargs="+", choices=("relu", "swiglu"), default=("relu", "swiglu"))
-    ap.add_argument("--check-args", action="store_true",
-                    help="check the arguments and exit 0 (bench/gpu_run.sh does, before its build)")
+    ap.add_argument(
+        "--check-args",
+        action="store_true",
+        help="check the arguments and exit 0 (bench/gpu_run.sh does, before its build)",
+    )
     a = ap.parse_args(argv)
     for k, v in _DEFAULTS[a.small].items():
         if getattr(a, k) is None:
@@ -385,14 +468,20 @@ def main(argv=None) -> int:
     # the device's runtime (a CUDA context, streams) is created now, so that the free-memory
     # differences below count our buffers only
     keep = G.GgmlDevice(dev.name, a.device_threads)
-    res = {"device": {"name": dev.name, "description": dev.description, "type": dev.type,
-                      "total_bytes": dev.total_bytes}, "ggml_version": G.bind(), "args": vars(a).copy(),
-           "models": []}
+    res = {
+        "device": {"name": dev.name, "description": dev.description, "type": dev.type, "total_bytes": dev.total_bytes},
+        "ggml_version": G.bind(),
+        "args": vars(a).copy(),
+        "models": [],
+    }
     for kind in a.models:
         res["models"].append(run_model(kind, a, G, dev))
     relu = [m for m in res["models"] if m["kind"] == "relu"]
-    res["goal"] = {"min_ratio": 3.0, "fraction": a.budget_fraction,
-                   "met": bool(relu) and relu[0]["speed"]["decode_ratio"] >= 3.0}
+    res["goal"] = {
+        "min_ratio": 3.0,
+        "fraction": a.budget_fraction,
+        "met": bool(relu) and relu[0]["speed"]["decode_ratio"] >= 3.0,
+    }
     res["ok"] = all(b["ok"] for m in res["models"] for b in m["budgets"])
     res["seconds"] = time.perf_counter() - t0
     keep.close()

@@ -27,8 +27,16 @@ from powerinfer_backend.cli.bench import format_table, run_bench  # noqa: E402
 
 def build(dir_: Path, layers: int, n_embd: int, n_ff: int) -> Path:
     """The Q4_K_M file (made once): F16 synthetic llama, then llama.cpp's quantizer."""
-    return synthetic_llama(dir_, f"kq-{layers}x{n_embd}x{n_ff}", ["Q4_K_M"], n_embd=n_embd, n_ff=n_ff,
-                           n_layer=layers, n_head=n_embd // 64, n_head_kv=n_embd // 256)["Q4_K_M"]
+    return synthetic_llama(
+        dir_,
+        f"kq-{layers}x{n_embd}x{n_ff}",
+        ["Q4_K_M"],
+        n_embd=n_embd,
+        n_ff=n_ff,
+        n_layer=layers,
+        n_head=n_embd // 64,
+        n_head_kv=n_embd // 256,
+    )["Q4_K_M"]
 
 
 def main() -> None:

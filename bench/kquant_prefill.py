@@ -50,8 +50,10 @@ def _gops(pool, type_id: int, wq, x, y, repeats: int):
 
     def run(tokens_per_call):
         for t in range(0, n_tok, tokens_per_call):
-            _native.check(lib.pi_op_matmul(pool, type_id, wp, n_rows, n_cols, xp + t * n_cols,
-                                           tokens_per_call, yp + t * n_rows), "pi_op_matmul")
+            _native.check(
+                lib.pi_op_matmul(pool, type_id, wp, n_rows, n_cols, xp + t * n_cols, tokens_per_call, yp + t * n_rows),
+                "pi_op_matmul",
+            )
 
     def gops(tokens_per_call):
         best = float("inf")
@@ -83,8 +85,14 @@ def kernels(n_rows: int = 1024, n_tok: int = 64, repeats: int = 7) -> list:
             x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
             y = np.zeros((n_tok, n_rows), np.float32)
             gops = _gops(pp[0], int(GT[tname]), wq, x, y, repeats)
-            out.append({"type": tname, "shape": f"{n_rows}x{n_cols}x{n_tok}", "tiled_gops": gops(n_tok),
-                        "row_dot_gops": gops(1)})
+            out.append(
+                {
+                    "type": tname,
+                    "shape": f"{n_rows}x{n_cols}x{n_tok}",
+                    "tiled_gops": gops(n_tok),
+                    "row_dot_gops": gops(1),
+                }
+            )
     finally:
         lib.pi_pool_free(pp[0])
     return out
@@ -106,25 +114,34 @@ def main() -> None:
             k["load_avg"] = os.getloadavg()
         if not a.json:
             for k in ks:
-                print(f"{k['type']} {k['shape']}: tiled {k['tiled_gops']:.1f} GOPS, row dots {k['row_dot_gops']:.1f} "
-                      f"GOPS ({k['tiled_gops'] / k['row_dot_gops']:.2f}x), 1 thread, load "
-                      f"{' '.join(f'{v:.2f}' for v in k['load_avg'])}")
+                print(
+                    f"{k['type']} {k['shape']}: tiled {k['tiled_gops']:.1f} GOPS, row dots {k['row_dot_gops']:.1f} "
+                    f"GOPS ({k['tiled_gops'] / k['row_dot_gops']:.2f}x), 1 thread, load "
+                    f"{' '.join(f'{v:.2f}' for v in k['load_avg'])}"
+                )
     rows = []
     for name, path in ({} if a.no_models else models(Path(a.dir))).items():
-        r = run_bench(path, n_threads=a.threads, n_decode=8, n_prefill=a.n_prefill, repeats=a.repeats,
-                      sparse="off")
-        rows.append({"model": name, "ours_prefill_tok_s": r["ours"]["prefill_tok_s"],
-                     "llama_cpp_prefill_tok_s": r["llama_cpp"]["prefill_tok_s"],
-                     "prefill_ratio": r["ratio"]["prefill"], "load_avg": os.getloadavg()})
+        r = run_bench(path, n_threads=a.threads, n_decode=8, n_prefill=a.n_prefill, repeats=a.repeats, sparse="off")
+        rows.append(
+            {
+                "model": name,
+                "ours_prefill_tok_s": r["ours"]["prefill_tok_s"],
+                "llama_cpp_prefill_tok_s": r["llama_cpp"]["prefill_tok_s"],
+                "prefill_ratio": r["ratio"]["prefill"],
+                "load_avg": os.getloadavg(),
+            }
+        )
     if a.json:
         print(json.dumps({"kernels": ks if a.kernels else None, "prefill": rows}))
         return
     if rows:
         print(f"threads {a.threads}, {a.n_prefill}-token prefill, best of {a.repeats}")
     for r in rows:
-        print(f"{r['model']:<42} ours {r['ours_prefill_tok_s']:8.1f} tok/s  llama.cpp "
-              f"{r['llama_cpp_prefill_tok_s']:8.1f} tok/s  ratio {r['prefill_ratio']:.2f}  "
-              f"load {' '.join(f'{v:.2f}' for v in r['load_avg'])}")
+        print(
+            f"{r['model']:<42} ours {r['ours_prefill_tok_s']:8.1f} tok/s  llama.cpp "
+            f"{r['llama_cpp_prefill_tok_s']:8.1f} tok/s  ratio {r['prefill_ratio']:.2f}  "
+            f"load {' '.join(f'{v:.2f}' for v in r['load_avg'])}"
+        )
 
 
 if __name__ == "__main__":

@@ -67,15 +67,35 @@ def _env() -> dict:
 
 
 def _load_s(path: str, n_ctx: int, who: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _LOAD, path, str(n_ctx), who], check=True, capture_output=True,
-                         text=True, env=_env(), cwd=ROOT).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD, path, str(n_ctx), who],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])["s"]
 
 
 def _cli_s(path: str, n_ctx: int, who: str) -> float:
     if who == "ours":
-        cmd = [sys.executable, "-m", "powerinfer_backend.cli", "generate", "--model", path, "-n", "1",
-               "--temp", "0", "--ctx", str(n_ctx), "--threads", "1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "powerinfer_backend.cli",
+            "generate",
+            "--model",
+            path,
+            "-n",
+            "1",
+            "--temp",
+            "0",
+            "--ctx",
+            str(n_ctx),
+            "--threads",
+            "1",
+        ]
     else:
         cmd = [sys.executable, "-c", _LLAMA_CPP_GENERATE, path, str(n_ctx)]
     t = time.perf_counter()
@@ -106,10 +126,13 @@ def main(argv=None) -> int:
         for run in range(a.runs):
             for k in kinds:
                 fn = _load_s if k == "load" else _cli_s
-                for w in (("ours", "llama.cpp") if run % 2 == 0 else ("llama.cpp", "ours")):
+                for w in ("ours", "llama.cpp") if run % 2 == 0 else ("llama.cpp", "ours"):
                     times[k, w].append(fn(path, a.ctx, w))
-            print(f"{Path(path).name} run {run + 1}: " + ", ".join(
-                f"{k} {w} {v[-1]:.3f} s" for (k, w), v in times.items()), flush=True)
+            print(
+                f"{Path(path).name} run {run + 1}: "
+                + ", ".join(f"{k} {w} {v[-1]:.3f} s" for (k, w), v in times.items()),
+                flush=True,
+            )
         row = {"model": Path(path).name, "n_ctx": a.ctx, "runs": a.runs, "loadavg": os.getloadavg()}
         for k in kinds:
             ours, ref = statistics.median(times[k, "ours"]), statistics.median(times[k, "llama.cpp"])
@@ -117,10 +140,12 @@ def main(argv=None) -> int:
         results.append(row)
     for row in results:
         la = ", ".join(f"{x:.2f}" for x in row["loadavg"])
-        parts = [f"{k}: ours {row[k]['ours_s']:.3f} s / llama.cpp {row[k]['llama_cpp_s']:.3f} s = "
-                 f"{row[k]['ratio']:.2f}x" for k in ("load", "cli") if k in row]
-        print(f"{row['model']} (n_ctx {row['n_ctx']}, median of {row['runs']}, load average {la}): "
-              + "; ".join(parts))
+        parts = [
+            f"{k}: ours {row[k]['ours_s']:.3f} s / llama.cpp {row[k]['llama_cpp_s']:.3f} s = {row[k]['ratio']:.2f}x"
+            for k in ("load", "cli")
+            if k in row
+        ]
+        print(f"{row['model']} (n_ctx {row['n_ctx']}, median of {row['runs']}, load average {la}): " + "; ".join(parts))
     print(json.dumps(results))
     return 0
 

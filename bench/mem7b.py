@@ -46,13 +46,22 @@ DENSE_TYPES = ("Q4_0", "Q8_0", "Q4_K_M")
 
 def build(workdir: Path, layers: int) -> dict[str, Path]:
     """{"Q4_0", "Q8_0", "Q4_K_M", "relu-Q4_0"} -> the (cached) model files."""
+
     def log(s):
         print(s, file=sys.stderr, flush=True)
 
     stem = f"llama7b-{layers}L"
     files = synthetic_llama(workdir, stem + "-swiglu", DENSE_TYPES, n_layer=layers, seed=7, log=log, **SHAPE)
-    relu = synthetic_llama(workdir, stem + "-relu", ["Q4_0"], n_layer=layers, seed=7, log=log,
-                           extra_kv={"powerinfer.ffn_act": "relu"}, **SHAPE)
+    relu = synthetic_llama(
+        workdir,
+        stem + "-relu",
+        ["Q4_0"],
+        n_layer=layers,
+        seed=7,
+        log=log,
+        extra_kv={"powerinfer.ffn_act": "relu"},
+        **SHAPE,
+    )
     return files | {"relu-Q4_0": relu["Q4_0"]}
 
 
@@ -96,9 +105,15 @@ def dense_vs_llama_cpp(path: Path, threads: int, tokens: int, runs: int) -> dict
     ref.close()
     ctx.close()
     m.close()
-    return {"file": path.name, "bytes": path.stat().st_size, "tensor_types": tensor_types(path),
-            "ours_tok_s": ours, "llama_cpp_tok_s": theirs, "llama_cpp_extra_buffer_types": extra_bufts,
-            "ratio": statistics.median(a / b for a, b in zip(ours, theirs))}
+    return {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "tensor_types": tensor_types(path),
+        "ours_tok_s": ours,
+        "llama_cpp_tok_s": theirs,
+        "llama_cpp_extra_buffer_types": extra_bufts,
+        "ratio": statistics.median(a / b for a, b in zip(ours, theirs)),
+    }
 
 
 def swiglu_gate_form(path: Path, sparsity: float, threads: int, tokens: int, runs: int, workdir: Path) -> dict:
@@ -110,8 +125,12 @@ def swiglu_gate_form(path: Path, sparsity: float, threads: int, tokens: int, run
     side = workdir / f"{path.stem}.gate-{sparsity:g}.sparsity.gguf"
     if not side.exists():
         make_sidecar(path, side, sparsity, threads, threshold_on="gate")
-    return _dense_vs(lambda sparse: Llama(str(path), n_ctx=tokens + 8, n_batch=8, n_threads=threads, verbose=False,
-                                          sparse=sparse), str(side), tokens, runs)
+    return _dense_vs(
+        lambda sparse: Llama(str(path), n_ctx=tokens + 8, n_batch=8, n_threads=threads, verbose=False, sparse=sparse),
+        str(side),
+        tokens,
+        runs,
+    )
 
 
 def _dense_vs(make, sparse, tokens, runs) -> dict:
@@ -120,14 +139,20 @@ def _dense_vs(make, sparse, tokens, runs) -> dict:
     for _ in range(runs):
         for k, llm in llms.items():
             be = llm._backend
-            rate[k].append(tokens / greedy_decode(lambda t, be=be: be.eval(t)[-1], lambda be=be: be.truncate(0),
-                                                  tokens))
+            rate[k].append(
+                tokens / greedy_decode(lambda t, be=be: be.eval(t)[-1], lambda be=be: be.truncate(0), tokens)
+            )
     st = llms["sparse"].stats()
     for llm in llms.values():
         llm.close()
-    return {"dense_tok_s": rate["dense"], "sparse_tok_s": rate["sparse"], "ffn_sparsity": st["ffn_sparsity"],
-            "down_t_type": st.get("down_t_type"), "down_dense_layers": st.get("down_dense_layers", []),
-            "ratio": statistics.median(s / d for s, d in zip(rate["sparse"], rate["dense"]))}
+    return {
+        "dense_tok_s": rate["dense"],
+        "sparse_tok_s": rate["sparse"],
+        "ffn_sparsity": st["ffn_sparsity"],
+        "down_t_type": st.get("down_t_type"),
+        "down_dense_layers": st.get("down_dense_layers", []),
+        "ratio": statistics.median(s / d for s, d in zip(rate["sparse"], rate["dense"])),
+    }
 
 
 def relu_predictors(path: Path, density: float, threads: int, tokens: int, runs: int) -> dict:
@@ -140,8 +165,7 @@ def relu_predictors(path: Path, density: float, threads: int, tokens: int, runs:
     g = load_gguf(str(path), verbose=False)
     m = NativeModel(g)
     dense = NativeContext(m, n_ctx=tokens + 8, n_batch=32, n_threads=threads)
-    pred, info = predictor_context(m, g, density=density, rank=256, pred_type="q8_0", threads=threads,
-                                   n_ctx=tokens + 8)
+    pred, info = predictor_context(m, g, density=density, rank=256, pred_type="q8_0", threads=threads, n_ctx=tokens + 8)
     rate = {"dense": [], "predictor": []}
     for _ in range(runs):
         rate["dense"].append(tokens / greedy_decode(*_ctx_engine(dense), tokens))
@@ -152,9 +176,12 @@ def relu_predictors(path: Path, density: float, threads: int, tokens: int, runs:
     pred.close()
     dense.close()
     m.close()
-    return info | {"dense_tok_s": rate["dense"], "predictor_tok_s": rate["predictor"],
-                   "ffn_sparsity": 1.0 - used / max(1, total),
-                   "ratio": statistics.median(p / d for p, d in zip(rate["predictor"], rate["dense"]))}
+    return info | {
+        "dense_tok_s": rate["dense"],
+        "predictor_tok_s": rate["predictor"],
+        "ffn_sparsity": 1.0 - used / max(1, total),
+        "ratio": statistics.median(p / d for p, d in zip(rate["predictor"], rate["dense"])),
+    }
 
 
 def _fmt(xs) -> str:
@@ -170,44 +197,57 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--swiglu-sparsity", type=float, default=0.4)
     ap.add_argument("--relu-density", type=float, default=0.1)
-    ap.add_argument("--only", choices=("dense", "gate", "predictor"), action="append",
-                    help="run only these parts (repeatable; default all)")
+    ap.add_argument(
+        "--only",
+        choices=("dense", "gate", "predictor"),
+        action="append",
+        help="run only these parts (repeatable; default all)",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     parts = set(a.only or ("dense", "gate", "predictor"))
     files = build(a.workdir, a.layers)
-    r = {"threads": a.threads, "tokens": a.tokens, "runs": a.runs, "layers": a.layers,
-         "loadavg_start": os.getloadavg()}
+    r = {"threads": a.threads, "tokens": a.tokens, "runs": a.runs, "layers": a.layers, "loadavg_start": os.getloadavg()}
     if "dense" in parts:
         r["dense"] = {t: dense_vs_llama_cpp(files[t], a.threads, a.tokens, a.runs) for t in DENSE_TYPES}
     if "gate" in parts:
-        r["swiglu_gate"] = swiglu_gate_form(files["Q4_0"], a.swiglu_sparsity, a.threads, a.tokens, a.runs,
-                                            a.workdir)
+        r["swiglu_gate"] = swiglu_gate_form(files["Q4_0"], a.swiglu_sparsity, a.threads, a.tokens, a.runs, a.workdir)
     if "predictor" in parts:
         r["relu_predictor"] = relu_predictors(files["relu-Q4_0"], a.relu_density, a.threads, a.tokens, a.runs)
     r["loadavg_end"] = os.getloadavg()
     if a.json:
         print(json.dumps(r))
         return
-    print(f"7B-shaped llama (n_embd 4096, n_ff 11008, 32 heads), {a.layers} layers, {a.threads} threads, "
-          f"{a.tokens} decoded tokens, {a.runs} runs; load average {r['loadavg_start'][0]:.2f} at the start, "
-          f"{r['loadavg_end'][0]:.2f} at the end")
+    print(
+        f"7B-shaped llama (n_embd 4096, n_ff 11008, 32 heads), {a.layers} layers, {a.threads} threads, "
+        f"{a.tokens} decoded tokens, {a.runs} runs; load average {r['loadavg_start'][0]:.2f} at the start, "
+        f"{r['loadavg_end'][0]:.2f} at the end"
+    )
     for t, d in r.get("dense", {}).items():
-        print(f"  dense {t:<7} ({d['bytes'] / 2**30:.2f} GiB, {'/'.join(d['tensor_types'])}): "
-              f"ours {_fmt(d['ours_tok_s'])} tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])} (extra buffer types "
-              f"{'on' if d['llama_cpp_extra_buffer_types'] else 'off'}); ours / llama.cpp {d['ratio']:.2f}x")
+        print(
+            f"  dense {t:<7} ({d['bytes'] / 2**30:.2f} GiB, {'/'.join(d['tensor_types'])}): "
+            f"ours {_fmt(d['ours_tok_s'])} tok/s, llama.cpp {_fmt(d['llama_cpp_tok_s'])} (extra buffer types "
+            f"{'on' if d['llama_cpp_extra_buffer_types'] else 'off'}); ours / llama.cpp {d['ratio']:.2f}x"
+        )
     if "swiglu_gate" in r:
         s = r["swiglu_gate"]
-        down = (f"down over ffn_down on {len(s['down_dense_layers'])} layers" if s["down_dense_layers"]
-                else f"down_t {s['down_t_type']}")
-        print(f"  SwiGLU Q4_0 gate form, FFN sparsity {s['ffn_sparsity']:.1%} ({down}): "
-              f"dense {_fmt(s['dense_tok_s'])}, sparse {_fmt(s['sparse_tok_s'])} tok/s; "
-              f"sparse / dense {s['ratio']:.2f}x")
+        down = (
+            f"down over ffn_down on {len(s['down_dense_layers'])} layers"
+            if s["down_dense_layers"]
+            else f"down_t {s['down_t_type']}"
+        )
+        print(
+            f"  SwiGLU Q4_0 gate form, FFN sparsity {s['ffn_sparsity']:.1%} ({down}): "
+            f"dense {_fmt(s['dense_tok_s'])}, sparse {_fmt(s['sparse_tok_s'])} tok/s; "
+            f"sparse / dense {s['ratio']:.2f}x"
+        )
     if "relu_predictor" in r:
         s = r["relu_predictor"]
-        print(f"  ReLU Q4_0 predictors (rank 256 Q8_0), FFN sparsity {s['ffn_sparsity']:.1%} "
-              f"(down_t {s['down_t_type']}): dense {_fmt(s['dense_tok_s'])}, predictor {_fmt(s['predictor_tok_s'])}"
-              f" tok/s; predictor / dense {s['ratio']:.2f}x")
+        print(
+            f"  ReLU Q4_0 predictors (rank 256 Q8_0), FFN sparsity {s['ffn_sparsity']:.1%} "
+            f"(down_t {s['down_t_type']}): dense {_fmt(s['dense_tok_s'])}, predictor {_fmt(s['predictor_tok_s'])}"
+            f" tok/s; predictor / dense {s['ratio']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -50,9 +50,19 @@ def main() -> None:
                 best = float("inf")
                 for _ in range(3 if n_rows > 10000 else 8):
                     t0 = time.thread_time()
-                    _native.check(lib.pi_op_matmul(pp[0], int(t.tensor_type), ffi.from_buffer(w), n_rows, n_cols,
-                                                   ffi.cast("float *", ffi.from_buffer(x)), n_tok,
-                                                   ffi.cast("float *", ffi.from_buffer(y))), "pi_op_matmul")
+                    _native.check(
+                        lib.pi_op_matmul(
+                            pp[0],
+                            int(t.tensor_type),
+                            ffi.from_buffer(w),
+                            n_rows,
+                            n_cols,
+                            ffi.cast("float *", ffi.from_buffer(x)),
+                            n_tok,
+                            ffi.cast("float *", ffi.from_buffer(y)),
+                        ),
+                        "pi_op_matmul",
+                    )
                     best = min(best, time.thread_time() - t0)
                 tot[kind + (n_tok,)] += best
     finally:
@@ -60,11 +70,19 @@ def main() -> None:
     n0 = a.tokens[0]
     for kind in sorted({k[:2] for k in tot}):
         ms = [tot[kind + (n,)] * 1e3 for n in a.tokens]
-        print(f"{kind[0]:<18} {kind[1]:<5} ms per step at {a.tokens} tokens: "
-              + " ".join(f"{v:.2f}" for v in ms) + "  (" + ", ".join(f"x{v / ms[0]:.2f}" for v in ms[1:]) + ")")
+        print(
+            f"{kind[0]:<18} {kind[1]:<5} ms per step at {a.tokens} tokens: "
+            + " ".join(f"{v:.2f}" for v in ms)
+            + "  ("
+            + ", ".join(f"x{v / ms[0]:.2f}" for v in ms[1:])
+            + ")"
+        )
     ms = [sum(v for k, v in tot.items() if k[2] == n) * 1e3 for n in a.tokens]
-    print(f"all matmuls: {' '.join(f'{v:.2f}' for v in ms)} ms (" + ", ".join(f"x{v / ms[0]:.2f}" for v in ms[1:])
-          + f" vs {n0} token); load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(
+        f"all matmuls: {' '.join(f'{v:.2f}' for v in ms)} ms ("
+        + ", ".join(f"x{v / ms[0]:.2f}" for v in ms[1:])
+        + f" vs {n0} token); load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
 
 
 if __name__ == "__main__":

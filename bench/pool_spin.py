@@ -67,8 +67,11 @@ def main() -> int:
                     os.environ["POWERINFER_POOL_SPIN_US"], os.environ["POWERINFER_POOL_CHUNKS"] = spin, chunks
                     res[(spin, chunks)].append(one(model, a.threads, a.n_decode))
             for (spin, chunks), v in res.items():
-                print(f"{n_busy:>4} {load:>5.1f} {chunks:>6} {spin:>7} {statistics.median(x[0] for x in v):>7.1f} "
-                      f"{1e3 * statistics.median(x[1] for x in v):>10.2f}", flush=True)
+                print(
+                    f"{n_busy:>4} {load:>5.1f} {chunks:>6} {spin:>7} {statistics.median(x[0] for x in v):>7.1f} "
+                    f"{1e3 * statistics.median(x[1] for x in v):>10.2f}",
+                    flush=True,
+                )
     return 0
 
 

@@ -73,29 +73,42 @@ def main() -> None:
     for _ in range(a.rounds):
         bw = pr.measure_host_bandwidth(n_threads=a.threads)
         p_ours = pr.predict_ours(sizes, plan, None, device_gbps=bw, host_gbps=bw, mode="dense", n_past=n_past)
-        p_ref = pr.predict_layer_split(sizes, 0, device_gbps=bw, host_gbps=bw, n_ctx=n_ctx, n_batch=8,
-                                       n_past=n_past)
+        p_ref = pr.predict_layer_split(sizes, 0, device_gbps=bw, host_gbps=bw, n_ctx=n_ctx, n_batch=8, n_past=n_past)
         be.truncate(0)
         m_ours = a.n_decode / decode_s(ours_eval, a.n_decode)
         ref.reset()
         m_ref = a.n_decode / decode_s(ref_eval, a.n_decode)
-        rows.append({"host_gbps": bw, "ours_predicted": p_ours.tok_s, "ours_measured": m_ours,
-                     "llama_cpp_predicted": p_ref.tok_s, "llama_cpp_measured": m_ref,
-                     "ours_ratio": m_ours / p_ours.tok_s, "llama_cpp_ratio": m_ref / p_ref.tok_s})
+        rows.append(
+            {
+                "host_gbps": bw,
+                "ours_predicted": p_ours.tok_s,
+                "ours_measured": m_ours,
+                "llama_cpp_predicted": p_ref.tok_s,
+                "llama_cpp_measured": m_ref,
+                "ours_ratio": m_ours / p_ours.tok_s,
+                "llama_cpp_ratio": m_ref / p_ref.tok_s,
+            }
+        )
     ours.close()
     ref.close()
     med = {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
     if a.json:
         print(json.dumps({"model": path, "threads": a.threads, "rounds": rows, "median": med}, indent=2))
         return
-    print(f"{path}, {a.threads} threads, {a.n_decode} decoded tokens per round; bytes read per token: "
-          f"{p_ours.host_bytes_read / 1e6:.1f} MB (ours), {p_ref.host_bytes_read / 1e6:.1f} MB (llama.cpp)")
-    print(f"{'round':>5s} {'host GB/s':>9s} {'ours pred':>9s} {'ours meas':>9s} {'meas/pred':>9s} "
-          f"{'l.cpp pred':>10s} {'l.cpp meas':>10s} {'meas/pred':>9s}")
+    print(
+        f"{path}, {a.threads} threads, {a.n_decode} decoded tokens per round; bytes read per token: "
+        f"{p_ours.host_bytes_read / 1e6:.1f} MB (ours), {p_ref.host_bytes_read / 1e6:.1f} MB (llama.cpp)"
+    )
+    print(
+        f"{'round':>5s} {'host GB/s':>9s} {'ours pred':>9s} {'ours meas':>9s} {'meas/pred':>9s} "
+        f"{'l.cpp pred':>10s} {'l.cpp meas':>10s} {'meas/pred':>9s}"
+    )
     for i, r in enumerate(rows + [med]):
-        print(f"{'median' if i == len(rows) else i:>5} {r['host_gbps']:9.2f} {r['ours_predicted']:9.1f} "
-              f"{r['ours_measured']:9.1f} {r['ours_ratio']:9.2f} {r['llama_cpp_predicted']:10.1f} "
-              f"{r['llama_cpp_measured']:10.1f} {r['llama_cpp_ratio']:9.2f}")
+        print(
+            f"{'median' if i == len(rows) else i:>5} {r['host_gbps']:9.2f} {r['ours_predicted']:9.1f} "
+            f"{r['ours_measured']:9.1f} {r['ours_ratio']:9.2f} {r['llama_cpp_predicted']:10.1f} "
+            f"{r['llama_cpp_measured']:10.1f} {r['llama_cpp_ratio']:9.2f}"
+        )
 
 
 if __name__ == "__main__":

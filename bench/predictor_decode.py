@@ -32,12 +32,14 @@ from powerinfer_backend.sparsity.predictors import scores  # noqa: E402
 def q8_view(name, arr):
     from gguf import GGMLQuantizationType as T
     from gguf import quants
+
     raw = np.ascontiguousarray(quants.quantize(arr.astype(np.float32), T.Q8_0)).reshape(-1).view(np.uint8)
     return TensorView(name, int(T.Q8_0), (arr.shape[1], arr.shape[0]), raw, int(raw.nbytes))
 
 
-def predictor_context(m, g, *, density: float, rank: int, pred_type: str, threads: int, n_ctx: int = 256,
-                      seed: int = 0):
+def predictor_context(
+    m, g, *, density: float, rank: int, pred_type: str, threads: int, n_ctx: int = 256, seed: int = 0
+):
     """A NativeContext of ``m`` (model ``g``) in predictor mode: every layer's transposed down
     (the automatic type, ``down_t_dtype``) and random rank-``rank`` predictors (``pred_type``
     "f16" or "q8_0") with thresholds at the ``density`` quantile of their scores on the FFN
@@ -86,8 +88,9 @@ def main() -> None:
     g = load_gguf(str(path), verbose=False)
     m = NativeModel(g)
     dense = NativeContext(m, n_ctx=256, n_batch=32, n_threads=args.threads)
-    pred, info = predictor_context(m, g, density=args.density, rank=args.rank, pred_type=args.pred_type,
-                                   threads=args.threads)
+    pred, info = predictor_context(
+        m, g, density=args.density, rank=args.rank, pred_type=args.pred_type, threads=args.threads
+    )
     prompt, pred_bytes = info["prompt"], info["pred_bytes"]
 
     def decode(ctx):
@@ -107,14 +110,18 @@ def main() -> None:
     st = pred.predictor_stats()
     _, total = pred.ffn_stats(per_layer=True)
     dens = st["predicted"].sum() / max(1, total.sum())
-    print(f"7B-shaped ReLU llama, {args.layers} layers, Q4_0, predictors rank {args.rank} {args.pred_type} "
-          f"({pred_bytes / 2**20:.1f} MiB), {args.threads} threads, {args.tokens} tokens, "
-          f"{'CPU time' if args.cpu_time else 'wall clock'}")
+    print(
+        f"7B-shaped ReLU llama, {args.layers} layers, Q4_0, predictors rank {args.rank} {args.pred_type} "
+        f"({pred_bytes / 2**20:.1f} MiB), {args.threads} threads, {args.tokens} tokens, "
+        f"{'CPU time' if args.cpu_time else 'wall clock'}"
+    )
     for k, v in best.items():
         print(f"  {k:<9} {args.tokens / v:7.2f} tok/s")
-    print(f"  predictor / dense decode: {best['dense'] / best['predictor']:.2f}x at predicted density {dens:.3f}; "
-          f"predictor {st['pred_ns'].sum() / 1e6:.1f} ms = {st['pred_ns'].sum() / max(1, st['ffn_ns'].sum()):.1%} "
-          f"of the sparse FFN time")
+    print(
+        f"  predictor / dense decode: {best['dense'] / best['predictor']:.2f}x at predicted density {dens:.3f}; "
+        f"predictor {st['pred_ns'].sum() / 1e6:.1f} ms = {st['pred_ns'].sum() / max(1, st['ffn_ns'].sum()):.1%} "
+        f"of the sparse FFN time"
+    )
 
 
 if __name__ == "__main__":

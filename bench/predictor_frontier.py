@@ -34,8 +34,13 @@ from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 from powerinfer_backend.sparsity.perplexity import perplexity, read_text  # noqa: E402
 from powerinfer_backend.sparsity.predictors import PredictorSet, apply, scores  # noqa: E402
 from powerinfer_backend.sparsity.sidecar import read_sidecar  # noqa: E402
-from powerinfer_backend.sparsity.train import (LAYER_DENSITIES, allocate_densities, error_curve,  # noqa: E402
-                                                layer_h, threshold_for_recall)
+from powerinfer_backend.sparsity.train import (  # noqa: E402
+    LAYER_DENSITIES,
+    allocate_densities,
+    error_curve,
+    layer_h,
+    threshold_for_recall,
+)
 from powerinfer_backend.sparsity.train.capture import _dequant  # noqa: E402
 
 
@@ -48,8 +53,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=12288)
     ap.add_argument("--heldout-tokens", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--unseen-offset", type=int, default=None,
-                    help="byte offset of the unseen text (default: --max-bytes)")
+    ap.add_argument(
+        "--unseen-offset", type=int, default=None, help="byte offset of the unseen text (default: --max-bytes)"
+    )
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--densities", default="0.95,0.9,0.85")
     ap.add_argument("--allocate", choices=("sensitivity", "error", "uniform", "recall"), default="sensitivity")
@@ -62,11 +68,22 @@ def main() -> None:
     g = load_gguf(model_path, verbose=False)
     hp = g.hparams
     ps = read_sidecar(args.sidecar).predictors
-    _, train_ids, held = split_text_tokens(model_path, args.text, offset_bytes=0, max_bytes=args.max_bytes,
-                                           n_ctx=args.ctx, tokens=args.tokens, heldout_tokens=args.heldout_tokens,
-                                           error=ValueError, purpose="the frontier")
-    caches = [p for p in artifact_dir(model_path).glob("ffn_inputs.*.npy")
-              if np.load(p, mmap_mode="r").shape == (hp.n_layer, len(train_ids), hp.n_embd)]
+    _, train_ids, held = split_text_tokens(
+        model_path,
+        args.text,
+        offset_bytes=0,
+        max_bytes=args.max_bytes,
+        n_ctx=args.ctx,
+        tokens=args.tokens,
+        heldout_tokens=args.heldout_tokens,
+        error=ValueError,
+        purpose="the frontier",
+    )
+    caches = [
+        p
+        for p in artifact_dir(model_path).glob("ffn_inputs.*.npy")
+        if np.load(p, mmap_mode="r").shape == (hp.n_layer, len(train_ids), hp.n_embd)
+    ]
     if not caches:
         raise SystemExit("no captured FFN inputs of this shape in the artifact folder: run train-predictor first")
     xs = np.load(caches[0], mmap_mode="r")
@@ -88,7 +105,7 @@ def main() -> None:
     down_t = load_down_cache(model_path, down_t_dtype(g))
     with Llama(model_path, n_ctx=args.ctx, n_threads=1, verbose=False, sparse="off") as llm:
         off = args.max_bytes if args.unseen_offset is None else args.unseen_offset
-        unseen = llm.tokenize(read_text(args.text, off, None).encode("utf-8"))[:args.ctx * args.chunks]
+        unseen = llm.tokenize(read_text(args.text, off, None).encode("utf-8"))[: args.ctx * args.chunks]
 
     def ev(toks):
         ctx.truncate(0)
@@ -122,7 +139,7 @@ def main() -> None:
         probe = list(held[:n_probe])
         extra = (n_probe - len(probe)) // args.ctx * args.ctx
         if extra > 0:
-            probe += list(train_ids[len(train_ids) - extra:])
+            probe += list(train_ids[len(train_ids) - extra :])
         install(None)
         nll0 = perplexity(probe, ev, args.ctx)["nll"]
         sens = {}
@@ -133,8 +150,9 @@ def main() -> None:
             sens[layer] = perplexity(probe, ev, args.ctx)["nll"] - nll0
             print(f"  layer {layer}: NLL rise {sens[layer]:+.5f} at density {args.probe_density}", flush=True)
         floor = max(0.1 * float(np.median(list(sens.values()))), 1e-6)
-        costs = {x: [(t, e * max(sens[x], floor) / max(curves[x][i_p][1], 1e-12)) for t, e in curves[x]]
-                 for x in curves}
+        costs = {
+            x: [(t, e * max(sens[x], floor) / max(curves[x][i_p][1], 1e-12)) for t, e in curves[x]] for x in curves
+        }
     for d in (float(v) for v in args.densities.split(",")):
         pset, dens = PredictorSet(), []
         for layer in range(hp.n_layer):
@@ -159,9 +177,11 @@ def main() -> None:
                     continue
             pset.fc1[layer], pset.fc2[layer], pset.thresholds[layer] = ps.fc1[layer], ps.fc2[layer], tau
         r = run(pset)
-        print(f"{args.allocate} {d}: held {r[0][0]:.4f} ({r[0][0] / base[0][0] - 1:+.2%}) density {r[0][1]:.3f}"
-              f" | unseen {r[1][0]:.4f} ({r[1][0] / base[1][0] - 1:+.2%}) density {r[1][1]:.3f} | layers {dens}",
-              flush=True)
+        print(
+            f"{args.allocate} {d}: held {r[0][0]:.4f} ({r[0][0] / base[0][0] - 1:+.2%}) density {r[0][1]:.3f}"
+            f" | unseen {r[1][0]:.4f} ({r[1][0] / base[1][0] - 1:+.2%}) density {r[1][1]:.3f} | layers {dens}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

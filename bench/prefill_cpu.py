@@ -39,8 +39,10 @@ def main() -> None:
         best = min(best, time.process_time() - t0)
         ctx.close()
     m.close()
-    print(f"prefill {a.tokens} tokens, 1 thread: {best * 1e3:.0f} ms CPU, {a.tokens / best:.1f} tok/s; "
-          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(
+        f"prefill {a.tokens} tokens, 1 thread: {best * 1e3:.0f} ms CPU, {a.tokens / best:.1f} tok/s; "
+        f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
 
 
 if __name__ == "__main__":

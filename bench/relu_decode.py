@@ -39,9 +39,19 @@ def build(path: Path, layers: int) -> None:
     if path.exists():
         return
     t = time.time()
-    write_tiny_llama(path, n_vocab=4096, n_embd=4096, n_ff=11008, n_layer=layers, n_head=32, n_head_kv=32,
-                     n_ctx_train=2048, types={"matrix": T.Q4_0, "token_embd": T.Q4_0}, seed=7,
-                     extra_kv={"powerinfer.ffn_act": "relu"})
+    write_tiny_llama(
+        path,
+        n_vocab=4096,
+        n_embd=4096,
+        n_ff=11008,
+        n_layer=layers,
+        n_head=32,
+        n_head_kv=32,
+        n_ctx_train=2048,
+        types={"matrix": T.Q4_0, "token_embd": T.Q4_0},
+        seed=7,
+        extra_kv={"powerinfer.ffn_act": "relu"},
+    )
     print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.time() - t:.0f} s", file=sys.stderr)
 
 
@@ -63,10 +73,15 @@ def make_sidecar(path: Path, out: Path, sparsity: float, threads: int, threshold
     layer = hist.sum(axis=1)
     thr = np.array([threshold_for_sparsity(layer[i], sparsity) for i in range(hp.n_layer)], np.float32)
     freq = np.stack([fraction_at_or_above(hist[i], float(thr[i])) for i in range(hp.n_layer)]).astype(np.float32)
-    prof = SparsityProfile(thresholds=thr, layer_sparsity=np.full(hp.n_layer, sparsity, np.float32),
-                           neuron_freq=freq, neuron_quantiles=hist_quantiles(hist, QUANTILES),
-                           layer_hist=(layer / layer.sum(axis=1, keepdims=True)).astype(np.float32),
-                           ffn_act=hp.act_name, info={"threshold_on": threshold_on, "method": "bench: fixed sparsity"})
+    prof = SparsityProfile(
+        thresholds=thr,
+        layer_sparsity=np.full(hp.n_layer, sparsity, np.float32),
+        neuron_freq=freq,
+        neuron_quantiles=hist_quantiles(hist, QUANTILES),
+        layer_hist=(layer / layer.sum(axis=1, keepdims=True)).astype(np.float32),
+        ffn_act=hp.act_name,
+        info={"threshold_on": threshold_on, "method": "bench: fixed sparsity"},
+    )
     from powerinfer_backend.loader.artifacts import model_fingerprint
 
     prof.info.update(model_sha256=model_fingerprint(path), model_file=path.name)
@@ -91,8 +106,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="with --threads 1: time by process CPU time (a loaded host's waiting excluded)")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="with --threads 1: time by process CPU time (a loaded host's waiting excluded)",
+    )
     args = ap.parse_args()
     if args.cpu_time and args.threads != 1:
         ap.error("--cpu-time needs --threads 1")
@@ -103,15 +121,19 @@ def main() -> None:
     build(model, args.layers)
     side = d / f"sparse-{args.sparsity:g}.gguf"
     make_sidecar(model, side, args.sparsity, args.threads)
-    llms = {"dense": Llama(str(model), n_ctx=256, n_threads=args.threads, verbose=False, sparse="off"),
-            "sparse": Llama(str(model), n_ctx=256, n_threads=args.threads, verbose=False, sparse=str(side))}
+    llms = {
+        "dense": Llama(str(model), n_ctx=256, n_threads=args.threads, verbose=False, sparse="off"),
+        "sparse": Llama(str(model), n_ctx=256, n_threads=args.threads, verbose=False, sparse=str(side)),
+    }
     best = {k: float("inf") for k in llms}
     for _ in range(args.repeats):
         for k, llm in llms.items():
             best[k] = min(best[k], decode_time(llm, args.tokens, clock))
     measured = llms["sparse"].stats()["ffn_sparsity"]
-    print(f"7B-shaped ReLU llama, {args.layers} layers, Q4_0, {args.threads} threads, {args.tokens} tokens, "
-          f"{'CPU time' if args.cpu_time else 'wall clock'}")
+    print(
+        f"7B-shaped ReLU llama, {args.layers} layers, Q4_0, {args.threads} threads, {args.tokens} tokens, "
+        f"{'CPU time' if args.cpu_time else 'wall clock'}"
+    )
     for k in llms:
         print(f"  {k:<7} {args.tokens / best[k]:7.2f} tok/s")
     print(f"  sparse / dense decode: {best['dense'] / best['sparse']:.2f}x at measured FFN sparsity {measured:.1%}")

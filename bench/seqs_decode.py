@@ -27,8 +27,13 @@ from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 
 def run(m, n: int, args) -> tuple[float, int]:
     """Seconds per step of n sequences after their prompts, and the weight passes of one step."""
-    ctx = NativeContext(m, n_ctx=n * (args.prompt + args.steps + 8), n_batch=max(64, n * args.prompt),
-                        n_threads=args.threads, n_seq_max=n)
+    ctx = NativeContext(
+        m,
+        n_ctx=n * (args.prompt + args.steps + 8),
+        n_batch=max(64, n * args.prompt),
+        n_threads=args.threads,
+        n_seq_max=n,
+    )
     rng = np.random.default_rng(0)
     rows = ctx.eval_seqs([(s, rng.integers(0, ctx.n_vocab, args.prompt).tolist()) for s in range(n)])
     best = float("inf")
@@ -57,8 +62,10 @@ def main() -> None:
         step, passes = run(m, n, args)
         tps = n / step
         base = base or tps
-        print(f"N={n}: best step {step * 1e3:.1f} ms, aggregate {tps:.1f} tok/s, x{tps / base:.2f} "
-              f"vs N={args.seqs[0]}, {passes} weight passes/step; load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"N={n}: best step {step * 1e3:.1f} ms, aggregate {tps:.1f} tok/s, x{tps / base:.2f} "
+            f"vs N={args.seqs[0]}, {passes} weight passes/step; load average {os.getloadavg()[0]:.2f}"
+        )
     m.close()
 
 

@@ -41,8 +41,16 @@ sys.path.insert(0, str(ROOT))  # this checkout's code first; the imports below f
 
 from powerinfer_backend.loader.models import default_model_path  # noqa: E402
 
-PROMPTS = ["Once upon a time", "The history of the Roman empire", "A recipe for bread:", "def quicksort(xs):",
-           "The weather today is", "My favourite book is", "In the year 2050,", "Dear diary,"]
+PROMPTS = [
+    "Once upon a time",
+    "The history of the Roman empire",
+    "A recipe for bread:",
+    "def quicksort(xs):",
+    "The weather today is",
+    "My favourite book is",
+    "In the year 2050,",
+    "Dear diary,",
+]
 
 
 def _port() -> int:
@@ -55,12 +63,46 @@ def start(kind: str, model: str, threads: int, n_ctx: int, parallel: int) -> tup
     """-> (process, base url) once /v1/models answers."""
     port = _port()
     if kind == "llama_cpp":
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_threads", str(threads),
-               "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx), "--port", str(port), "--host", "127.0.0.1",
-               "--verbose", "False", "--interrupt_requests", "False"]  # queue requests, not cut a stream short
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            model,
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+            "--n_ctx",
+            str(n_ctx),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--verbose",
+            "False",
+            "--interrupt_requests",
+            "False",
+        ]  # queue requests, not cut a stream short
     else:
-        cmd = [sys.executable, "-m", "powerinfer_backend", "serve", "--model", model, "--threads", str(threads),
-               "--ctx-size", str(n_ctx), "--parallel", str(parallel), "--port", str(port), "--max-queue", "64"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "powerinfer_backend",
+            "serve",
+            "--model",
+            model,
+            "--threads",
+            str(threads),
+            "--ctx-size",
+            str(n_ctx),
+            "--parallel",
+            str(parallel),
+            "--port",
+            str(port),
+            "--max-queue",
+            "64",
+        ]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -80,8 +122,13 @@ def start(kind: str, model: str, threads: int, n_ctx: int, parallel: int) -> tup
 
 
 def _body(i: int, tokens: int, ban: dict, stream: bool) -> dict:
-    return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "temperature": 0, "logit_bias": ban,
-            "stream": stream}
+    return {
+        "prompt": PROMPTS[i % len(PROMPTS)],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "logit_bias": ban,
+        "stream": stream,
+    }
 
 
 def together(url: str, clients: int, fn) -> tuple:
@@ -111,6 +158,7 @@ def together(url: str, clients: int, fn) -> tuple:
 
 def round_tps(url: str, clients: int, tokens: int, ban: dict) -> tuple:
     """One round of ``clients`` concurrent requests -> (completion tokens, wall seconds)."""
+
     def one(i, c):
         r = c.post("/v1/completions", json=_body(i, tokens, ban, False))
         r.raise_for_status()
@@ -123,6 +171,7 @@ def round_tps(url: str, clients: int, tokens: int, ban: dict) -> tuple:
 def round_ttft(url: str, clients: int, tokens: int, ban: dict) -> list:
     """One round of ``clients`` concurrent streaming requests -> each one's seconds from its
     request to its first chunk with text."""
+
     def one(i, c):
         t0 = time.perf_counter()
         first = None
@@ -195,12 +244,16 @@ def main() -> None:
     results = {}
     for name, (label, _, _) in running.items():
         r = results[name] = {"label": label, "tokens_per_s": statistics.median(tps[name]), "rounds": tps[name]}
-        print(f"{label:36s} {r['tokens_per_s']:8.1f} tok/s aggregate, median of "
-              f"{' '.join(f'{x:.1f}' for x in tps[name])} ({args.clients} clients x {args.tokens} tokens)")
+        print(
+            f"{label:36s} {r['tokens_per_s']:8.1f} tok/s aggregate, median of "
+            f"{' '.join(f'{x:.1f}' for x in tps[name])} ({args.clients} clients x {args.tokens} tokens)"
+        )
         if ttft[name]:
             r["ttft_p50_ms"], r["ttft_p95_ms"] = (percentile(ttft[name], q) * 1e3 for q in (0.5, 0.95))
-            print(f"{label:36s} time to first token p50 {r['ttft_p50_ms']:.0f} ms, p95 {r['ttft_p95_ms']:.0f} ms "
-                  f"({args.ttft_clients} concurrent streaming clients, {len(ttft[name])} requests)")
+            print(
+                f"{label:36s} time to first token p50 {r['ttft_p50_ms']:.0f} ms, p95 {r['ttft_p95_ms']:.0f} ms "
+                f"({args.ttft_clients} concurrent streaming clients, {len(ttft[name])} requests)"
+            )
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; threads {args.threads}, n_ctx {args.ctx_size}")
 

@@ -19,9 +19,11 @@ TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespear
 
 def _chunk_eval(ctx):
     """perplexity's chunk evaluator over ``ctx`` (every row's logits)."""
+
     def eval_chunk(chunk):
         ctx.truncate(0)
         return ctx.eval(chunk, logits_all=True)
+
     return eval_chunk
 
 
@@ -30,19 +32,24 @@ def main():
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--thresholds", default="0,0.005,0.01,0.02,0.03,0.05,0.08",
-                    help="comma-separated; the first row always runs dense")
+    ap.add_argument(
+        "--thresholds",
+        default="0,0.005,0.01,0.02,0.03,0.05,0.08",
+        help="comma-separated; the first row always runs dense",
+    )
     args = ap.parse_args()
     path = default_model_path()
     data = TEXT.read_bytes()
-    text = data[int(len(data) * 0.9):].decode("utf-8", "ignore")
+    text = data[int(len(data) * 0.9) :].decode("utf-8", "ignore")
     tok = LlamaCppTokenizer(path)
     tokens = tok.tokenize(text.encode())
     g = load_gguf(path, verbose=False)
     model = NativeModel(g)
     hp = g.hparams
-    down_t = [np.ascontiguousarray(g.tensors[f"blk.{i}.ffn_down.weight"].to_float32().reshape(hp.n_embd, hp.n_ff).T)
-              for i in range(hp.n_layer)]
+    down_t = [
+        np.ascontiguousarray(g.tensors[f"blk.{i}.ffn_down.weight"].to_float32().reshape(hp.n_embd, hp.n_ff).T)
+        for i in range(hp.n_layer)
+    ]
     print(f"{'threshold':>9} {'ffn sparsity':>12} {'ppl':>9} {'vs dense':>9} {'decode tok/s':>12}")
     base = None
     for t in [float(x) for x in args.thresholds.split(",")]:
@@ -61,8 +68,10 @@ def main():
         sparsity = 1 - used / total if total else 0.0
         if base is None:
             base = r["ppl"]
-        print(f"{'dense' if total == 0 else t:>9} {sparsity:>12.3f} {r['ppl']:>9.3f} {r['ppl'] / base - 1:>+9.2%} "
-              f"{tps:>12.1f}")
+        print(
+            f"{'dense' if total == 0 else t:>9} {sparsity:>12.3f} {r['ppl']:>9.3f} {r['ppl'] / base - 1:>+9.2%} "
+            f"{tps:>12.1f}"
+        )
         ctx.close()
 
 

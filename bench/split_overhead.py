@@ -83,14 +83,24 @@ def main(argv=None) -> int:
                 pickup.append((t - cold[layer][0]) / 1e3)  # posted -> the device thread starts
                 wait.append(max(0, b - cold[layer][1]) / 1e3)  # the caller done with its cold half -> device done
         testing.trace(ctx, 0)
-        trace = {"device_graphs_us_per_layer_step": float(np.median(spans)),
-                 "device_pickup_us_median": float(np.median(pickup)), "caller_wait_us_median": float(np.median(wait)),
-                 "caller_wait_us_mean": float(np.mean(wait))}
+        trace = {
+            "device_graphs_us_per_layer_step": float(np.median(spans)),
+            "device_pickup_us_median": float(np.median(pickup)),
+            "caller_wait_us_median": float(np.median(wait)),
+            "caller_wait_us_mean": float(np.mean(wait)),
+        }
     per_tok = (best["device"] - best["cpu"]) / a.seqs * 1e6
-    out = {"seqs": a.seqs, "hot": a.hot, "n_layer": hp.n_layer, "cpu_step_us": best["cpu"] * 1e6,
-           "device_step_us": best["device"] * 1e6, "overhead_us_per_token": per_tok,
-           "overhead_us_per_layer": per_tok / hp.n_layer, **trace,
-           "loadavg": open("/proc/loadavg").read().split()[:3]}
+    out = {
+        "seqs": a.seqs,
+        "hot": a.hot,
+        "n_layer": hp.n_layer,
+        "cpu_step_us": best["cpu"] * 1e6,
+        "device_step_us": best["device"] * 1e6,
+        "overhead_us_per_token": per_tok,
+        "overhead_us_per_layer": per_tok / hp.n_layer,
+        **trace,
+        "loadavg": open("/proc/loadavg").read().split()[:3],
+    }
     for ctx in ctxs.values():
         ctx.close()
     dev.close()

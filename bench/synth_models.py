@@ -21,9 +21,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 #: file type name -> llama.cpp's LLAMA_FTYPE_MOSTLY_* attribute
-FTYPES = {"Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
-          "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
-          "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K"}
+FTYPES = {
+    "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
+    "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+    "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K",
+}
 
 DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "powerinfer_backend" / "bench"
 
@@ -50,9 +55,22 @@ def quantize(src: Path, out: Path, ftype: str, n_threads: int = 0) -> None:
     tmp.replace(out)
 
 
-def synthetic_llama(dir_: Path, stem: str, ftypes, *, n_embd: int, n_ff: int, n_layer: int, n_head: int,
-                    n_head_kv: int, n_vocab: int = 256, n_ctx_train: int = 2048, seed: int = 0,
-                    extra_kv=None, log=print) -> dict[str, Path]:
+def synthetic_llama(
+    dir_: Path,
+    stem: str,
+    ftypes,
+    *,
+    n_embd: int,
+    n_ff: int,
+    n_layer: int,
+    n_head: int,
+    n_head_kv: int,
+    n_vocab: int = 256,
+    n_ctx_train: int = 2048,
+    seed: int = 0,
+    extra_kv=None,
+    log=print,
+) -> dict[str, Path]:
     """Paths ``dir_/<stem>.<ftype>.gguf`` for each of ``ftypes``, making the missing ones
     from one F16 source (written, quantized, deleted).
 
@@ -81,9 +99,19 @@ def synthetic_llama(dir_: Path, stem: str, ftypes, *, n_embd: int, n_ff: int, n_
     if not src.exists():
         t = time.time()
         tmp = src.with_name(src.name + ".part")
-        write_tiny_llama(tmp, n_vocab=n_vocab, n_embd=n_embd, n_ff=n_ff, n_layer=n_layer, n_head=n_head,
-                         n_head_kv=n_head_kv, n_ctx_train=n_ctx_train, seed=seed, extra_kv=extra_kv,
-                         types={"matrix": T.F16, "token_embd": T.F16, "output": T.F16})
+        write_tiny_llama(
+            tmp,
+            n_vocab=n_vocab,
+            n_embd=n_embd,
+            n_ff=n_ff,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            n_ctx_train=n_ctx_train,
+            seed=seed,
+            extra_kv=extra_kv,
+            types={"matrix": T.F16, "token_embd": T.F16, "output": T.F16},
+        )
         tmp.replace(src)
         log(f"wrote {src} ({src.stat().st_size / 2**30:.2f} GiB) in {time.time() - t:.0f} s")
     for f in missing:

@@ -34,7 +34,7 @@ def random_rows(tname: str, n_rows: int, n_cols: int, rng) -> np.ndarray:
     b = rng.integers(0, 256, size=(n_rows, n_cols // block, tsize), dtype=np.uint8)
     scale = rng.uniform(0.002, 0.01, size=b.shape[:2]).astype("<f2")[..., None].view(np.uint8)
     at = {"Q6_K": tsize - 2}.get(tname, 0)  # Q6_K's d is its last two bytes
-    b[..., at:at + 2] = scale
+    b[..., at : at + 2] = scale
     if tname in ("Q4_1", "Q4_K", "Q5_K"):
         b[..., 2:4] = scale
     return b.reshape(n_rows, -1)
@@ -65,9 +65,19 @@ def main() -> None:
                 best = float("inf")
                 for _ in range(a.repeats):
                     t0 = time.thread_time()
-                    _native.check(lib.pi_op_matmul(pp[0], int(GT[tname]), ffi.from_buffer(w), a.rows, a.cols,
-                                                   ffi.cast("float *", ffi.from_buffer(x)), n_tok,
-                                                   ffi.cast("float *", ffi.from_buffer(y))), "pi_op_matmul")
+                    _native.check(
+                        lib.pi_op_matmul(
+                            pp[0],
+                            int(GT[tname]),
+                            ffi.from_buffer(w),
+                            a.rows,
+                            a.cols,
+                            ffi.cast("float *", ffi.from_buffer(x)),
+                            n_tok,
+                            ffi.cast("float *", ffi.from_buffer(y)),
+                        ),
+                        "pi_op_matmul",
+                    )
                     best = min(best, time.thread_time() - t0)
                 rates.append(a.rows * a.cols * n_tok / best / 1e9)
             print(f"{tname:<5} " + " ".join(f"{r:7.1f}" for r in rates))

@@ -53,6 +53,7 @@ def main() -> None:
 
     print(f"{'model':<40} {'n_vocab':>8} {'first ms':>16} {'repeated ms':>16} {'llama.cpp load ms':>18}")
     for path in args.model or _models():
+
         def first(path=path):
             vocab._CHECKED.clear()
             vocab.check_vocab(path)
@@ -61,14 +62,17 @@ def main() -> None:
         med_r, best_r = _ms(lambda path=path: vocab.check_vocab(path), args.repeats)
         lc = "-"
         if not args.no_llama_cpp:
+
             def load(path=path):
                 llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False).close()
 
             med_l, best_l = _ms(load, max(1, args.repeats // 2))
             lc = f"{med_l:.0f} ({best_l:.0f})"
         n = len(vocab.scan_metadata(path)[vocab.TOKENS].value)
-        print(f"{os.path.basename(path)[:40]:<40} {n:>8} {med_f:>9.1f} ({best_f:.1f}) "
-              f"{med_r:>9.3f} ({best_r:.3f}) {lc:>18}")
+        print(
+            f"{os.path.basename(path)[:40]:<40} {n:>8} {med_f:>9.1f} ({best_f:.1f}) "
+            f"{med_r:>9.3f} ({best_r:.3f}) {lc:>18}"
+        )
     print(f"(median (best) of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
 

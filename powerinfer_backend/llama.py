@@ -111,12 +111,28 @@ class Llama:
         ValueError: missing or malformed model file, bad parameter.
     """
 
-    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads: Optional[int] = None,
-                 seed: int = LLAMA_DEFAULT_SEED, vram_budget: Optional[float] = None, sparse: Any = "auto",
-                 logits_all: bool = False, embedding: bool = False, last_n_tokens_size: int = 64,
-                 chat_format: Optional[str] = None, chat_handler=None, spm_infill: bool = False,
-                 rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, verbose: bool = True,
-                 backend: str = "auto", **kwargs):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_threads: Optional[int] = None,
+        seed: int = LLAMA_DEFAULT_SEED,
+        vram_budget: Optional[float] = None,
+        sparse: Any = "auto",
+        logits_all: bool = False,
+        embedding: bool = False,
+        last_n_tokens_size: int = 64,
+        chat_format: Optional[str] = None,
+        chat_handler=None,
+        spm_infill: bool = False,
+        rope_freq_base: float = 0.0,
+        rope_freq_scale: float = 0.0,
+        verbose: bool = True,
+        backend: str = "auto",
+        **kwargs,
+    ):
         t_load = time.perf_counter()
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
@@ -127,11 +143,25 @@ class Llama:
         n_threads = n_threads if n_threads is None or n_threads >= 1 else None  # -1 / 0: the default
         check_options(vram_budget, rope_freq_base, rope_freq_scale, kwargs)
         # what __getstate__ hands to __init__ again (pickling, as llama-cpp-python)
-        self._init_kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, seed=seed,
-                                 vram_budget=vram_budget, sparse=sparse, logits_all=logits_all, embedding=embedding,
-                                 last_n_tokens_size=last_n_tokens_size, chat_format=chat_format,
-                                 chat_handler=chat_handler, spm_infill=spm_infill, rope_freq_base=rope_freq_base,
-                                 rope_freq_scale=rope_freq_scale, verbose=verbose, backend=backend, **kwargs)
+        self._init_kwargs = dict(
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=n_threads,
+            seed=seed,
+            vram_budget=vram_budget,
+            sparse=sparse,
+            logits_all=logits_all,
+            embedding=embedding,
+            last_n_tokens_size=last_n_tokens_size,
+            chat_format=chat_format,
+            chat_handler=chat_handler,
+            spm_infill=spm_infill,
+            rope_freq_base=rope_freq_base,
+            rope_freq_scale=rope_freq_scale,
+            verbose=verbose,
+            backend=backend,
+            **kwargs,
+        )
         self.model_path = model_path
         self.verbose = verbose
         self.vram_budget = vram_budget
@@ -143,8 +173,15 @@ class Llama:
         self.cache = None
         self.draft_model = None
         # the backend first: it validates the GGUF with messages naming the file and tensor
-        options = backend_options(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx or n_batch), n_threads=n_threads,
-                                  vram_budget=vram_budget, verbose=verbose, sparse=sparse, kwargs=kwargs)
+        options = backend_options(
+            n_ctx=n_ctx,
+            n_batch=min(n_batch, n_ctx or n_batch),
+            n_threads=n_threads,
+            vram_budget=vram_budget,
+            verbose=verbose,
+            sparse=sparse,
+            kwargs=kwargs,
+        )
         self.backend, self._backend = select_backend(backend, model_path, options)
         for notice in getattr(self._backend, "notices", ()):
             warnings.warn(notice, UserWarning, stacklevel=2)  # at the caller's line
@@ -173,9 +210,17 @@ class Llama:
 
     def new_sequence(self, evaluator, n_ctx: int, seq_id: int = 0) -> TokenSequence:
         """A sequence of this model's vocabulary over ``evaluator`` (the backend or a server slot's view)."""
-        return TokenSequence(evaluator, n_ctx=n_ctx, n_vocab=self._n_vocab, logits_all=self._logits_all,
-                             vocab=self._tok.vocab, seq_id=seq_id, penalty_last_n=self.last_n_tokens_size,
-                             perf=self.perf, verbose=self.verbose)
+        return TokenSequence(
+            evaluator,
+            n_ctx=n_ctx,
+            n_vocab=self._n_vocab,
+            logits_all=self._logits_all,
+            vocab=self._tok.vocab,
+            seq_id=seq_id,
+            penalty_last_n=self.last_n_tokens_size,
+            perf=self.perf,
+            verbose=self.verbose,
+        )
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since load (or the last ``reset``): ``{"mode",
@@ -224,8 +269,11 @@ class Llama:
         """The backend object this Llama runs on (its name is :attr:`backend`), as its plugin's factory made it."""
         return self._backend
 
-    native_context = property(lambda self: getattr(self._backend, "native_context", None), doc="""The engine's
-        NativeContext (None without one): ``Llama(n_seq_max=N)``'s eval_seqs for the server; Llama uses sequence 0.""")
+    native_context = property(
+        lambda self: getattr(self._backend, "native_context", None),
+        doc="""The engine's
+        NativeContext (None without one): ``Llama(n_seq_max=N)``'s eval_seqs for the server; Llama uses sequence 0.""",
+    )
 
     @property
     def ctx(self):
@@ -253,8 +301,11 @@ class Llama:
         return self._seq
 
     # llama-cpp-python's per-sequence attributes, kept by the sequence
-    n_tokens = property(lambda self: self._seq.n_tokens, lambda self, n: setattr(self._seq, "n_tokens", n),
-                        doc="Tokens in the sequence (its KV cells).")
+    n_tokens = property(
+        lambda self: self._seq.n_tokens,
+        lambda self, n: setattr(self._seq, "n_tokens", n),
+        doc="Tokens in the sequence (its KV cells).",
+    )
     input_ids = property(lambda self: self._seq.input_ids, doc="int32 array of n_ctx token slots, n_tokens used.")
     scores = property(lambda self: self._seq.scores, doc="float32 logits rows by position (logits_all), else 1 row.")
     _last_logits = property(lambda self: self._seq.last_logits)
@@ -291,8 +342,9 @@ class Llama:
         BOS as the vocabulary adds it, special tokens parsed, the infill layout with a suffix."""
         return prompt_tokens(self._tok, prompt, suffix, self.spm_infill)[0]
 
-    def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
-                   special: bool = False) -> bytes:
+    def detokenize(
+        self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None, special: bool = False
+    ) -> bytes:
         """UTF-8 bytes of ``tokens``.
 
         Raises:
@@ -334,11 +386,25 @@ class Llama:
         """
         self._seq.eval(tokens)
 
-    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
-               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
-               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
-               mirostat_eta: float = 0.1, mirostat_tau: float = 5.0, penalize_nl: bool = True,
-               logits_processor=None, grammar=None, idx: Optional[int] = None) -> int:
+    def sample(
+        self,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        temp: float = 0.80,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_eta: float = 0.1,
+        mirostat_tau: float = 5.0,
+        penalize_nl: bool = True,
+        logits_processor=None,
+        grammar=None,
+        idx: Optional[int] = None,
+    ) -> int:
         """Sample a token id from the logits at position ``idx`` (default: the last),
         with llama.cpp's sampler chain (the one of the running ``generate``, else a new
         one seeded with the current seed, as llama-cpp-python).
@@ -346,19 +412,46 @@ class Llama:
         Raises:
             RuntimeError: nothing evaluated yet. ValueError: ``idx`` has no kept logits.
         """
-        params = SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
-                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                                mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
-                                logits_processor=logits_processor, grammar=grammar)
+        params = SamplingParams(
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            temp=temp,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            penalize_nl=penalize_nl,
+            logits_processor=logits_processor,
+            grammar=grammar,
+        )
         return self._seq.sample(params, idx=idx)
 
-    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
-                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
-                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-                 penalize_nl: bool = True, logits_processor=None, stopping_criteria=None,
-                 grammar=None) -> Iterator[int]:
+    def generate(
+        self,
+        tokens: Sequence[int],
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        temp: float = 0.80,
+        repeat_penalty: float = 1.0,
+        reset: bool = True,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        penalize_nl: bool = True,
+        logits_processor=None,
+        stopping_criteria=None,
+        grammar=None,
+    ) -> Iterator[int]:
         """Yield sampled tokens after ``tokens``, endlessly (the caller stops); send a
         list of tokens to the generator to append them after the yielded one.
 
@@ -366,15 +459,35 @@ class Llama:
         sequence is kept and only the rest is evaluated (prompt reuse), as
         llama-cpp-python's ``generate``.
         """
-        params = SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
-                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                                mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, penalize_nl=penalize_nl,
-                                logits_processor=logits_processor, grammar=grammar)
+        params = SamplingParams(
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            temp=temp,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            penalize_nl=penalize_nl,
+            logits_processor=logits_processor,
+            grammar=grammar,
+        )
         return self._seq.generate(tokens, params, reset=reset, stopping_criteria=stopping_criteria)
 
-    def run(self, tokens: Sequence[int], params: SamplingParams, *, max_tokens: int, stops: Sequence[str] = (),
-            stream: Optional[str] = None, stopping_criteria=None) -> Iterator[runner.Event]:
+    def run(
+        self,
+        tokens: Sequence[int],
+        params: SamplingParams,
+        *,
+        max_tokens: int,
+        stops: Sequence[str] = (),
+        stream: Optional[str] = None,
+        stopping_criteria=None,
+    ) -> Iterator[runner.Event]:
         """Generate after ``tokens`` on this model's sequence: the runner's typed events
         (:mod:`powerinfer_backend.text.runner`: ``Token`` per generated token, ``Delta``
         text pieces when ``stream`` is "chars" or "tokens", then ``Stop`` and ``Usage``, or
@@ -390,22 +503,48 @@ class Llama:
             raise ValueError(f'stream must be None, "chars" or "tokens", got {stream!r}')
         self._check_open()
         text = PieceText(self._tok.piece, self._tok.token_bos)
-        req = runner.Request(list(tokens), params, text, int(max_tokens), self._tok.is_eog,
-                             [s.encode("utf-8") for s in stops], stream=stream, stopping_criteria=stopping_criteria)
+        req = runner.Request(
+            list(tokens),
+            params,
+            text,
+            int(max_tokens),
+            self._tok.is_eog,
+            [s.encode("utf-8") for s in stops],
+            stream=stream,
+            stopping_criteria=stopping_criteria,
+        )
         return runner.run(self._seq, req)
 
     # ---- completion, chat, embeddings ---------------------------------------------------------
 
-    def create_completion(self, prompt: Union[str, List[int]], suffix: Optional[str] = None,
-                          max_tokens: Optional[int] = 16, temperature: float = 0.8, top_p: float = 0.95,
-                          min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None,
-                          echo: bool = False, stop: Optional[Union[str, List[str]]] = [],  # noqa: B006 - llama_cpp's default; never mutated
-                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                          repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False,
-                          seed: Optional[int] = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
-                          mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
-                          stopping_criteria=None, logits_processor=None, grammar=None,
-                          logit_bias: Optional[Dict[int, float]] = None):
+    def create_completion(
+        self,
+        prompt: Union[str, List[int]],
+        suffix: Optional[str] = None,
+        max_tokens: Optional[int] = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        logprobs: Optional[int] = None,
+        echo: bool = False,
+        stop: Optional[Union[str, List[str]]] = [],  # noqa: B006 - llama_cpp's default; never mutated
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        top_k: int = 40,
+        stream: bool = False,
+        seed: Optional[int] = None,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: Optional[str] = None,
+        stopping_criteria=None,
+        logits_processor=None,
+        grammar=None,
+        logit_bias: Optional[Dict[int, float]] = None,
+    ):
         """Complete ``prompt``: llama-cpp-python's result dict, or (``stream``) an iterator
         of its stream chunks (text.completion: the same stop, stream, echo, logprobs and
         seed rules). ``max_tokens`` None or <= 0: until EOS or the context end.
@@ -427,14 +566,35 @@ class Llama:
         if not math.isfinite(temperature):  # llama.cpp's chain would sample from NaN logits
             raise ValueError(f"temperature must be a finite number, got {temperature}")
         self._check_open()
-        params = SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temperature,
-                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
-                                mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-                                logits_processor=logits_processor, grammar=grammar)
-        opts = Options(prompt=prompt, suffix=suffix, max_tokens=max_tokens, logprobs=logprobs, echo=echo,
-                       stop=stop, stream=stream, seed=seed, model=model, stopping_criteria=stopping_criteria,
-                       logit_bias=logit_bias)
+        params = SamplingParams(
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            temp=temperature,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            logits_processor=logits_processor,
+            grammar=grammar,
+        )
+        opts = Options(
+            prompt=prompt,
+            suffix=suffix,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            echo=echo,
+            stop=stop,
+            stream=stream,
+            seed=seed,
+            model=model,
+            stopping_criteria=stopping_criteria,
+            logit_bias=logit_bias,
+        )
         chunks = completion(self, self._tok, self._seq, opts, params)
         return chunks if stream else next(chunks)
 
@@ -452,12 +612,26 @@ class Llama:
         return chat.as_openai_v1(lambda: self.create_chat_completion(*args, **kwargs), kwargs.get("stream", False))
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: str, additional_files: Optional[List] = None,
-                        local_dir=None, local_dir_use_symlinks="auto", cache_dir=None, **kwargs) -> "Llama":
+    def from_pretrained(
+        cls,
+        repo_id: str,
+        filename: str,
+        additional_files: Optional[List] = None,
+        local_dir=None,
+        local_dir_use_symlinks="auto",
+        cache_dir=None,
+        **kwargs,
+    ) -> "Llama":
         """Download ``filename`` (a glob) of the Hugging Face repository ``repo_id`` and load it
         (:func:`powerinfer_backend.loader.hub.from_pretrained`; needs huggingface-hub)."""
-        path = from_pretrained(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
-                               local_dir_use_symlinks=local_dir_use_symlinks, cache_dir=cache_dir)
+        path = from_pretrained(
+            repo_id,
+            filename,
+            additional_files=additional_files,
+            local_dir=local_dir,
+            local_dir_use_symlinks=local_dir_use_symlinks,
+            cache_dir=cache_dir,
+        )
         return cls(model_path=path, **kwargs)
 
     logits_to_logprobs = staticmethod(log_softmax)
@@ -468,13 +642,16 @@ class Llama:
         "data": [{"object": "embedding", "embedding", "index"}], "model", "usage"}``."""
         inputs = input if isinstance(input, list) else [input]
         embeds, total = self.embed(inputs, return_count=True)
-        return {"object": "list",
-                "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
-                "model": model if model is not None else self.model_path,
-                "usage": {"prompt_tokens": total, "total_tokens": total}}
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
+            "model": model if model is not None else self.model_path,
+            "usage": {"prompt_tokens": total, "total_tokens": total},
+        }
 
-    def embed(self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True,
-              return_count: bool = False):
+    def embed(
+        self, input: Union[str, List[str]], normalize: bool = False, truncate: bool = True, return_count: bool = False
+    ):
         """Embeddings of each input, as llama-cpp-python: per token (pooling NONE, this
         architecture's default) or pooled (MEAN / CLS / LAST by the model's pooling type).
 
@@ -514,14 +691,22 @@ class Llama:
             RuntimeError: the model is closed.
         """
         self._check_open()
-        return LlamaState(input_ids=self.input_ids.copy(), scores=self._scores.copy(), n_tokens=self.n_tokens,
-                          llama_state=_STATE_MAGIC, llama_state_size=len(_STATE_MAGIC), seed=self._seed)
+        return LlamaState(
+            input_ids=self.input_ids.copy(),
+            scores=self._scores.copy(),
+            n_tokens=self.n_tokens,
+            llama_state=_STATE_MAGIC,
+            llama_state_size=len(_STATE_MAGIC),
+            seed=self._seed,
+        )
 
     def load_state(self, state: "LlamaState") -> None:
         """Restore a state from :meth:`save_state` (tokens, logits, seed, KV cache)."""
         if bytes(state.llama_state[: len(_STATE_MAGIC)]) != _STATE_MAGIC:
-            raise ValueError("load_state: not a powerinfer_backend state (llama.cpp context states cannot be "
-                             "loaded into this engine)")
+            raise ValueError(
+                "load_state: not a powerinfer_backend state (llama.cpp context states cannot be "
+                "loaded into this engine)"
+            )
         self._seq.restore(state.input_ids[: int(state.n_tokens)], state.scores)
         self._seq.seed = state.seed
 

@@ -14,23 +14,39 @@ from .hybrid.offload import check_device_options
 from .hybrid.placement import parse_vram_budget
 
 #: device placement options, passed to the backend (powerinfer_backend.hybrid.offload.offload)
-DEVICE_PARAMS = ("n_gpu_layers", "device", "placement", "device_threads", "reset_gpu_index", "disable_gpu_index",
-                 "device_bandwidth")
+DEVICE_PARAMS = (
+    "n_gpu_layers",
+    "device",
+    "placement",
+    "device_threads",
+    "reset_gpu_index",
+    "disable_gpu_index",
+    "device_bandwidth",
+)
 #: accepted for llama_cpp.Llama compatibility; meaningless here (GPU placement is vram_budget)
 GPU_PARAMS = ("split_mode", "main_gpu", "tensor_split", "offload_kqv")
 
 #: llama_cpp.Llama parameters that would change results but are not implemented here:
 #: a warning when one is given a value other than llama-cpp-python's default
 UNSUPPORTED_DEFAULTS = {
-    "kv_overrides": None, "lora_base": None, "lora_path": None, "draft_model": None, "tokenizer": None,
-    "type_k": None, "type_v": None, "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
-    "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
-    "yarn_orig_ctx": 0, "vocab_only": False,
+    "kv_overrides": None,
+    "lora_base": None,
+    "lora_path": None,
+    "draft_model": None,
+    "tokenizer": None,
+    "type_k": None,
+    "type_v": None,
+    "rope_scaling_type": llama_cpp.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED,
+    "yarn_ext_factor": -1.0,
+    "yarn_attn_factor": 1.0,
+    "yarn_beta_fast": 32.0,
+    "yarn_beta_slow": 1.0,
+    "yarn_orig_ctx": 0,
+    "vocab_only": False,
 }
 
 
-def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: float,
-                  kwargs: Mapping[str, Any]) -> None:
+def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: float, kwargs: Mapping[str, Any]) -> None:
     """Validate ``vram_budget`` and warn (at the ``Llama(...)`` caller's line) about GPU
     parameters ignored here and parameters not supported.
 
@@ -39,12 +55,12 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
             anything loads.
     """
     parse_vram_budget(vram_budget)
-    check_device_options(kwargs.get("placement", "auto"), kwargs.get("device_threads", 1),
-                         kwargs.get("device_bandwidth"))
+    check_device_options(
+        kwargs.get("placement", "auto"), kwargs.get("device_threads", 1), kwargs.get("device_bandwidth")
+    )
     gpu = [k for k in GPU_PARAMS if k in kwargs]
     if gpu:
-        warnings.warn(f"{', '.join(gpu)} ignored: powerinfer_backend places layers by vram_budget (GiB)",
-                      stacklevel=3)
+        warnings.warn(f"{', '.join(gpu)} ignored: powerinfer_backend places layers by vram_budget (GiB)", stacklevel=3)
     unsupported = [k for k, d in UNSUPPORTED_DEFAULTS.items() if k in kwargs and kwargs[k] != d]
     unsupported += [k for k, v in (("rope_freq_base", rope_freq_base), ("rope_freq_scale", rope_freq_scale)) if v]
     if unsupported:

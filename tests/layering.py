@@ -70,8 +70,12 @@ def _owner(name: str, known: dict[str, Path]) -> str:
 def _layer_of(mod: str, package: str, layers) -> int | None:
     """Index of the layer with the longest prefix matching ``mod``; the bare package name
     matches only the root ``__init__``, not everything under it."""
-    hits = [(len(p), i) for i, (_, prefixes) in enumerate(layers) for p in prefixes
-            if mod == p or (p != package and mod.startswith(p + "."))]
+    hits = [
+        (len(p), i)
+        for i, (_, prefixes) in enumerate(layers)
+        for p in prefixes
+        if mod == p or (p != package and mod.startswith(p + "."))
+    ]
     return max(hits)[1] if hits else None
 
 
@@ -133,9 +137,15 @@ def _report(found: list, rel: str, line: int, msg: str) -> None:
     found.append((rel, line, f"{rel}:{line}: {msg}"))
 
 
-def check_package(root_dir: Path, package: str, layers: list[tuple[str, list[str]]], *,
-                  lib_allowed: list[str],
-                  native: str = "_native", native_api: tuple[str, ...] = NATIVE_API) -> list[str]:
+def check_package(
+    root_dir: Path,
+    package: str,
+    layers: list[tuple[str, list[str]]],
+    *,
+    lib_allowed: list[str],
+    native: str = "_native",
+    native_api: tuple[str, ...] = NATIVE_API,
+) -> list[str]:
     """Check ``root_dir/<package>`` against ``layers``, bottom to top: ``[(layer name, [module prefixes])]``.
     ``lib_allowed``: prefixes of the modules that may use ``<package>.<native>`` raw.
     Returns the violations, ``"file:line: message"``, sorted; empty when all is well."""
@@ -144,7 +154,7 @@ def check_package(root_dir: Path, package: str, layers: list[tuple[str, list[str
     nat = f"{package}.{native}"
 
     def raw(m):
-        return m.startswith(nat + ".") and m[len(nat) + 1:].split(".")[0] not in native_api
+        return m.startswith(nat + ".") and m[len(nat) + 1 :].split(".")[0] not in native_api
 
     def allowed(m):
         return any(m == p or m.startswith(p + ".") for p in lib_allowed)
@@ -189,7 +199,9 @@ def check_package(root_dir: Path, package: str, layers: list[tuple[str, list[str
     out = [msg for *_, msg in sorted(found)]
     for comp in sccs(graph):
         cyc = _cycle_through(comp, graph)
-        out.append(f"import cycle: {' -> '.join(cyc)} ("
-                   + ", ".join(graph[a][b] for a, b in zip(cyc, cyc[1:]))
-                   + (f"; strongly connected: {', '.join(comp)})" if len(comp) > len(cyc) - 1 else ")"))
+        out.append(
+            f"import cycle: {' -> '.join(cyc)} ("
+            + ", ".join(graph[a][b] for a, b in zip(cyc, cyc[1:]))
+            + (f"; strongly connected: {', '.join(comp)})" if len(comp) > len(cyc) - 1 else ")")
+        )
     return out

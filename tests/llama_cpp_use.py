@@ -34,8 +34,13 @@ def _private_attrs(cls) -> Set[str]:
     names = {n for n in vars(cls) if n.startswith("_") and not n.endswith("__")}
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-                and node.attr.startswith("_") and not node.attr.endswith("__")):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and node.attr.startswith("_")
+            and not node.attr.endswith("__")
+        ):
             names.add(node.attr)
     return names
 
@@ -47,15 +52,31 @@ def llama_cpp_facts() -> Tuple[Set[str], Dict[str, str]]:
     import llama_cpp
     from llama_cpp import llama_cache, llama_chat_format
 
-    classes = [llama_cpp.Llama, llama_cpp.LlamaGrammar, llama_cpp.LlamaState, llama_cpp.LlamaTokenizer,
-               llama_cache.LlamaRAMCache, llama_cache.LlamaDiskCache, llama_chat_format.Jinja2ChatFormatter]
+    classes = [
+        llama_cpp.Llama,
+        llama_cpp.LlamaGrammar,
+        llama_cpp.LlamaState,
+        llama_cpp.LlamaTokenizer,
+        llama_cache.LlamaRAMCache,
+        llama_cache.LlamaDiskCache,
+        llama_chat_format.Jinja2ChatFormatter,
+    ]
     private: Set[str] = set()
     for c in classes:
         private |= _private_attrs(c)
     kinds = {}
     for name, v in vars(llama_cpp.Llama).items():
-        kind = ("staticmethod" if isinstance(v, staticmethod) else "classmethod" if isinstance(v, classmethod)
-                else "property" if isinstance(v, property) else "function" if inspect.isfunction(v) else None)
+        kind = (
+            "staticmethod"
+            if isinstance(v, staticmethod)
+            else "classmethod"
+            if isinstance(v, classmethod)
+            else "property"
+            if isinstance(v, property)
+            else "function"
+            if inspect.isfunction(v)
+            else None
+        )
         if kind:
             kinds[name] = kind
     return private, kinds
@@ -96,8 +117,9 @@ class _Checker:
                     if any(_is_private(p) for p in a.name.split(".")):
                         self.out.append((node.lineno, f"imports the private module {a.name}"))
                     self.bound[a.asname or "llama_cpp"] = a.name if a.asname else "llama_cpp"
-            elif (isinstance(node, ast.ImportFrom) and not node.level
-                  and (node.module or "").split(".")[0] == "llama_cpp"):
+            elif (
+                isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "llama_cpp"
+            ):
                 mod = node.module
                 if any(_is_private(p) for p in mod.split(".")):
                     self.out.append((node.lineno, f"imports from the private module {mod}"))
@@ -115,10 +137,16 @@ class _Checker:
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                     src = self.origin(node.value)
                     if src:
-                        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-                            key = (t.id if isinstance(t, ast.Name) else
-                                   f"self.{t.attr}" if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                                   and t.value.id in ("self", "cls") else None)
+                        for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                            key = (
+                                t.id
+                                if isinstance(t, ast.Name)
+                                else f"self.{t.attr}"
+                                if isinstance(t, ast.Attribute)
+                                and isinstance(t.value, ast.Name)
+                                and t.value.id in ("self", "cls")
+                                else None
+                            )
                             if key:
                                 self.bound[key] = src
                 elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -136,9 +164,14 @@ class _Checker:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Attribute):
                 self.attribute(node, node.value, node.attr)
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-                  and isinstance(node.args[1].value, str)):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+            ):
                 self.attribute(node, node.args[0], node.args[1].value)
             elif isinstance(node, ast.ClassDef):
                 for b in node.bases:
@@ -151,12 +184,18 @@ class _Checker:
             return
         src = self.origin(obj)
         if src in LLAMA_CLASS and self.kinds.get(attr) in ("function", "classmethod", "property"):
-            self.out.append((node.lineno, f"takes llama_cpp.Llama.{attr} ({self.kinds[attr]}) from the class: "
-                                          f"its code would run on a self that is not a llama_cpp.Llama"))
+            self.out.append(
+                (
+                    node.lineno,
+                    f"takes llama_cpp.Llama.{attr} ({self.kinds[attr]}) from the class: "
+                    f"its code would run on a self that is not a llama_cpp.Llama",
+                )
+            )
         elif _is_private(attr) and src:
             self.out.append((node.lineno, f"reads the private {attr} of {src} (llama_cpp)"))
-        elif (_is_private(attr) and attr in self.private
-              and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls"))):
+        elif (
+            _is_private(attr) and attr in self.private and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls"))
+        ):
             self.out.append((node.lineno, f"reads {attr}, a private attribute of llama-cpp-python's classes"))
 
 

@@ -24,12 +24,19 @@ def test_install_lines_work_from_a_clone():
 
 #: how the project's own process shows through (who ran what, in which session, on which
 #: machine's paths): a user can neither see nor rerun it
-PROCESS = re.compile(r"\bthe lead\b|\blead's\b|\bhelpers? (ran|on)\b|\bthis session\b|\bsessions'|fresh-eyes|"
-                     r"\bworkplace\b|\.\./shared|shared/README|/work/|\bissues? \d+\b|\bthe brief\b", re.I)
+PROCESS = re.compile(
+    r"\bthe lead\b|\blead's\b|\bhelpers? (ran|on)\b|\bthis session\b|\bsessions'|fresh-eyes|"
+    r"\bworkplace\b|\.\./shared|shared/README|/work/|\bissues? \d+\b|\bthe brief\b",
+    re.I,
+)
 
 
 def test_docs_speak_to_users():
-    bad = [f"{path.relative_to(ROOT)}:{n}: {m.group(0)!r} in {line.strip()[:80]}"
-           for path in DOCS for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-           for m in [PROCESS.search(line)] if m]
+    bad = [
+        f"{path.relative_to(ROOT)}:{n}: {m.group(0)!r} in {line.strip()[:80]}"
+        for path in DOCS
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for m in [PROCESS.search(line)]
+        if m
+    ]
     assert bad == []

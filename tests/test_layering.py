@@ -46,8 +46,10 @@ CLEAN = {
     "pkg/low/a.py": "from .._native import check, lib\n\n\ndef f():\n    check(0, 'f')\n    return lib\n",
     "pkg/low/c.py": "import os\n\nHELPER = os.sep\n",
     "pkg/high/__init__.py": "",
-    "pkg/high/b.py": ("from ..low import c\nfrom .. import _native\nfrom .._native import check\n\n\n"
-                      "def run():\n    _native.check(0, 'run')\n    return c.HELPER\n"),
+    "pkg/high/b.py": (
+        "from ..low import c\nfrom .. import _native\nfrom .._native import check\n\n\n"
+        "def run():\n    _native.check(0, 'run')\n    return c.HELPER\n"
+    ),
 }
 SMALL_LAYERS = [("native", ["pkg._native"]), ("low", ["pkg.low"]), ("high", ["pkg", "pkg.high"])]
 WHERE = "outside pkg._native, pkg.low"
@@ -81,19 +83,24 @@ def test_checker_reports_planted_upward_import(tmp_path):
 
 
 def test_checker_counts_type_checking_imports(tmp_path):
-    out, files = _check(tmp_path, low__a="\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                         "    from ..high import b\n")
+    out, files = _check(
+        tmp_path, low__a="\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..high import b\n"
+    )
     line = _line(files["pkg/low/a.py"], "from ..high import b")
     assert out == [f"pkg/low/a.py:{line}: pkg.low.a imports pkg.high.b (layer low < high)"]
 
 
-@pytest.mark.parametrize("extra, needle, reached", [
-    ("from .._native import lib\n", "import lib", "pkg._native.lib"),
-    ("from .._native._pi_native import ffi\n", "_pi_native", "pkg._native._pi_native.ffi"),
-    ("\n\ndef poke():\n    _native.lib.foo()\n", "_native.lib.foo()", "pkg._native.lib"),
-    ("import pkg._native as nat\nX = nat.ffi.new('int *')\n", "nat.ffi", "pkg._native.ffi"),
-    ("import pkg._native\nY = pkg._native.lib\n", "pkg._native.lib", "pkg._native.lib"),
-], ids=["from-import-lib", "extension", "relative-module-attr", "alias-attr-ffi", "dotted-attr"])
+@pytest.mark.parametrize(
+    "extra, needle, reached",
+    [
+        ("from .._native import lib\n", "import lib", "pkg._native.lib"),
+        ("from .._native._pi_native import ffi\n", "_pi_native", "pkg._native._pi_native.ffi"),
+        ("\n\ndef poke():\n    _native.lib.foo()\n", "_native.lib.foo()", "pkg._native.lib"),
+        ("import pkg._native as nat\nX = nat.ffi.new('int *')\n", "nat.ffi", "pkg._native.ffi"),
+        ("import pkg._native\nY = pkg._native.lib\n", "pkg._native.lib", "pkg._native.lib"),
+    ],
+    ids=["from-import-lib", "extension", "relative-module-attr", "alias-attr-ffi", "dotted-attr"],
+)
 def test_checker_reports_lib_reach(tmp_path, extra, needle, reached):
     out, files = _check(tmp_path, high__b=extra)
     line = _line(files["pkg/high/b.py"], needle)
@@ -118,8 +125,12 @@ def test_checker_reports_import_of_missing_module(tmp_path):
     assert out == [f"pkg/high/b.py:{line}: pkg.high.b imports pkg.high.gone, which is not a module of pkg"]
 
 
-def test_no_package_module_over_600_lines():
-    """One concern per module: none of the package's modules passes 600 lines."""
-    long = {str(f.relative_to(ROOT)): n for f in (ROOT / P).rglob("*.py")
-            if (n := len(f.read_text().splitlines())) > 600}
+def test_no_package_module_over_800_lines():
+    """One concern per module: none of the package's modules passes 800 lines. In ruff
+    format's layout (one argument per line once a call passes 120 columns), which takes a
+    module about 1.3-1.5x longer than the hanging indents it replaced (cli/commands.py:
+    599 -> 887 lines, then split into commands.py and parser.py); the bound was 600 before."""
+    long = {
+        str(f.relative_to(ROOT)): n for f in (ROOT / P).rglob("*.py") if (n := len(f.read_text().splitlines())) > 800
+    }
     assert not long, long

@@ -48,8 +48,14 @@ def ref(model_path):
 SMALL_CTX = 8
 # llama_cpp.Llama parameters that mean nothing here: GPU ones warn, the others are tolerated
 GPU_KWARGS = {"n_gpu_layers": 99}
-UNKNOWN_KWARGS = {"n_parts": 1, "f16_kv": True, "rpc_servers": None, "mul_mat_q": True, "use_mmap": True,
-                  "use_mlock": False}
+UNKNOWN_KWARGS = {
+    "n_parts": 1,
+    "f16_kv": True,
+    "rpc_servers": None,
+    "mul_mat_q": True,
+    "use_mmap": True,
+    "use_mlock": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +115,17 @@ def _stream(llm, prompt, **kw):
 
 # ---- tokenizer ------------------------------------------------------------------
 
-TEXTS = ["Hello, world!", " leading space", "", "naïve café — Größe", "日本語のテキスト",
-         "emoji 🍨🚀 and 👩‍👩‍👧 family", "tabs\tand\nnewlines\r\n", "<|im_start|>user\nhi<|im_end|>\n",
-         "<|endoftext|>x"]
+TEXTS = [
+    "Hello, world!",
+    " leading space",
+    "",
+    "naïve café — Größe",
+    "日本語のテキスト",
+    "emoji 🍨🚀 and 👩‍👩‍👧 family",
+    "tabs\tand\nnewlines\r\n",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<|endoftext|>x",
+]
 
 
 @pytest.mark.parametrize("special", [False, True])
@@ -131,8 +145,9 @@ def test_tokenize_matches_llama_cpp(llm, ref, add_bos, special):
 def test_detokenize_prev_tokens_and_partial_utf8(llm, ref):
     toks = llm.tokenize("ab 🍨 cd".encode(), add_bos=False)
     for i in range(len(toks)):
-        assert llm.detokenize(toks[i:i + 1], prev_tokens=toks[:i]) == ref.detokenize(toks[i:i + 1],
-                                                                                  prev_tokens=toks[:i])
+        assert llm.detokenize(toks[i : i + 1], prev_tokens=toks[:i]) == ref.detokenize(
+            toks[i : i + 1], prev_tokens=toks[:i]
+        )
     # the emoji is split over several byte tokens: pieces concatenate to the full text
     assert b"".join(llm.detokenize([t]) for t in toks) == "ab 🍨 cd".encode()
 
@@ -155,6 +170,7 @@ def test_end_of_generation_tokens_match_llama_cpp(llm, ref):
 
 
 # ---- completion: result shape ----------------------------------------------------------
+
 
 def _shape(obj):
     """Keys and value types, recursively (what must equal llama-cpp-python's)."""
@@ -231,6 +247,7 @@ def test_prompt_longer_than_context(llm, ref):
 
 # ---- completion: sampling ----------------------------------------------------------------
 
+
 def test_greedy_deterministic_and_equal_to_generate(llm, greedy_tokens):
     expected = llm.detokenize(greedy_tokens).decode()
     llm.reset()
@@ -289,13 +306,14 @@ def test_sample_uses_the_running_generate_chain(llm):
 
 # ---- stop sequences and streaming ------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def stop_case(llm, greedy_tokens):
     """A stop string taken from the middle of the greedy text (spanning two tokens)
     and the text expected before it."""
     text = llm.detokenize(greedy_tokens).decode()
     for k in range(N_GREEDY // 2 - 1, N_GREEDY - 1):
-        stop = llm.detokenize(greedy_tokens[k:k + 2]).decode()
+        stop = llm.detokenize(greedy_tokens[k : k + 2]).decode()
         at = len(llm.detokenize(greedy_tokens[:k]).decode())
         if stop.strip() and text.find(stop) == at:
             return stop, text[:at]
@@ -340,6 +358,7 @@ def test_stream_concatenates_to_non_stream_with_multibyte(llm):
 
 # ---- prompts ----------------------------------------------------------------------
 
+
 def test_echo(llm, greedy_tokens):
     r = llm(PROMPT, max_tokens=2, temperature=0, echo=True)
     assert _text(r) == PROMPT + llm.detokenize(greedy_tokens[:2]).decode()
@@ -373,7 +392,7 @@ def test_empty_prompt(llm, ref):
 def test_prompt_reuse_evaluates_only_new_tokens(llm, eval_counter):
     p1 = llm.tokenize(PROMPT.encode(), special=True)
     p2 = llm.tokenize((PROMPT + " Paris, and the capital of Italy is").encode(), special=True)
-    assert p2[:len(p1)] == p1 and llm.prompt_tokens(PROMPT) == p1
+    assert p2[: len(p1)] == p1 and llm.prompt_tokens(PROMPT) == p1
     llm.reset()
     llm(PROMPT, max_tokens=1, temperature=0)
     assert eval_counter == [len(p1)] and llm.sequence.prompt_evaluated == len(p1)
@@ -421,6 +440,7 @@ def test_eval_and_sample(llm, greedy_tokens):
 
 # ---- construction and lifetime ---------------------------------------------------------
 
+
 def test_missing_model_path():
     path = "/nonexistent/dir/model.gguf"
     with pytest.raises(ValueError) as ours:
@@ -438,7 +458,8 @@ def test_gpu_kwargs_warn_once_and_unknown_kwargs_tolerated(small):
         pytest.skip("a discrete GPU: n_gpu_layers is used")
     assert [str(w.message) for w in small.caught] == [
         "n_gpu_layers=99 ignored: device='auto': ggml found no discrete GPU (devices: "
-        f"{', '.join(f'{d.name} ({d.type})' for d in ggml.list_devices())}); running on the CPU"]
+        f"{', '.join(f'{d.name} ({d.type})' for d in ggml.list_devices())}); running on the CPU"
+    ]
     assert small.caught[0].filename == __file__  # the warning points at the caller
     assert small.n_ctx() == SMALL_CTX
 
@@ -451,15 +472,24 @@ def test_n_ctx_zero_and_context_manager_close(model_path):
         assert m(PROMPT, max_tokens=1, temperature=0)["usage"]["completion_tokens"] == 1
         assert m._last_logits is not None
     assert m._last_logits is None  # no view of freed native memory survives
-    for call in (lambda: m("Hi", max_tokens=1), lambda: m.tokenize(b"Hi"), lambda: m.detokenize([1]),
-                 lambda: m.eval([1]), lambda: m.reset(), lambda: m.n_ctx(), lambda: m.token_eos(),
-                 lambda: m.metadata, lambda: list(m("Hi", max_tokens=1, stream=True))):
+    for call in (
+        lambda: m("Hi", max_tokens=1),
+        lambda: m.tokenize(b"Hi"),
+        lambda: m.detokenize([1]),
+        lambda: m.eval([1]),
+        lambda: m.reset(),
+        lambda: m.n_ctx(),
+        lambda: m.token_eos(),
+        lambda: m.metadata,
+        lambda: list(m("Hi", max_tokens=1, stream=True)),
+    ):
         with pytest.raises(RuntimeError, match="closed"):
             call()
     m.close()  # closing twice is harmless
 
 
 # ---- per-token Python overhead (printed, not asserted) ---------------------------------------
+
 
 def test_report_python_overhead(llm, capsys):
     """Decode time of the engine alone (the backend's eval, one token at a time, timed
@@ -491,9 +521,11 @@ def test_report_python_overhead(llm, capsys):
     engine = sum(spent)
     per_tok_us = (total - engine) / len(spent) * 1e6
     with capsys.disabled():
-        print(f"\n[overhead] {len(spent)} single-token evals, {r['usage']['completion_tokens']} tokens: "
-              f"engine {engine * 1e3:.1f} ms, create_completion {total * 1e3:.1f} ms, Python overhead "
-              f"{100 * (total - engine) / total:.2f}% ({per_tok_us:.0f} us/token)")
+        print(
+            f"\n[overhead] {len(spent)} single-token evals, {r['usage']['completion_tokens']} tokens: "
+            f"engine {engine * 1e3:.1f} ms, create_completion {total * 1e3:.1f} ms, Python overhead "
+            f"{100 * (total - engine) / total:.2f}% ({per_tok_us:.0f} us/token)"
+        )
     if r["choices"][0]["finish_reason"] == "length":  # the prompt's logits are live: n - 1 evals
         assert len(spent) + 1 == r["usage"]["completion_tokens"] == n
 

@@ -46,9 +46,15 @@ def ours(model_path):
 
 @pytest.fixture(scope="module")
 def ref(model_path):
-    r = load_reference(model_path, extra_buffer_types=False,
-                       n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, seed=SEED,
-                       logits_all=True)
+    r = load_reference(
+        model_path,
+        extra_buffer_types=False,
+        n_ctx=N_CTX,
+        n_threads=THREADS,
+        n_threads_batch=THREADS,
+        seed=SEED,
+        logits_all=True,
+    )
     yield r
     r.close()
 
@@ -102,8 +108,10 @@ def _text(r):
 
 # ---- greedy completion: equal text --------------------------------------------------------
 
-@pytest.mark.parametrize("prompt,n", [(PROMPT, 16), ("Once upon a time", 12), (CHAT.format("Say yes."), 24),
-                                      ("def fibonacci(n):", 12)])
+
+@pytest.mark.parametrize(
+    "prompt,n", [(PROMPT, 16), ("Once upon a time", 12), (CHAT.format("Say yes."), 24), ("def fibonacci(n):", 12)]
+)
 def test_greedy_text_equal(ours, ref, prompt, n):
     a, b = _both(ours, ref, "create_completion", prompt, max_tokens=n, temperature=0)
     _same(a, b)
@@ -152,8 +160,9 @@ def test_stop_spanning_tokens(ours, ref):
 def test_stop_held_back_in_stream(ours, ref):
     """A stop string whose first part appears and is then contradicted: the held
     bytes come out later, never partially before."""
-    a, b = _both(ours, ref, "create_completion", PROMPT, max_tokens=16, temperature=0, stop=[" United Kingdom"],
-                 stream=True)
+    a, b = _both(
+        ours, ref, "create_completion", PROMPT, max_tokens=16, temperature=0, stop=[" United Kingdom"], stream=True
+    )
     _same(a, b)
 
 
@@ -192,13 +201,16 @@ def test_echo_and_logprobs(ours, ref):
     batched = _batched_logprobs(ref, ids)
     for i in range(1, len(la["token_logprobs"])):
         ta, tb = la["top_logprobs"][i], lb["top_logprobs"][i]
-        tc = {ref.detokenize([int(t)]).decode("utf-8", "replace"): float(batched[i, t])
-              for t in np.argsort(batched[i])[-8:]}
+        tc = {
+            ref.detokenize([int(t)]).decode("utf-8", "replace"): float(batched[i, t])
+            for t in np.argsort(batched[i])[-8:]
+        }
         common = set(ta) & set(tb)
         assert len(common) >= 2
-        row_ok = [all(abs(ta[k] - want[k]) < 0.05 for k in common & set(want)) and
-                  abs(la["token_logprobs"][i] - lp) <= 0.05
-                  for want, lp in ((tb, lb["token_logprobs"][i]), (tc, batched[i, ids[i]]))]
+        row_ok = [
+            all(abs(ta[k] - want[k]) < 0.05 for k in common & set(want)) and abs(la["token_logprobs"][i] - lp) <= 0.05
+            for want, lp in ((tb, lb["token_logprobs"][i]), (tc, batched[i, ids[i]]))
+        ]
         assert any(row_ok), (i, ta, tb, tc)
 
 
@@ -207,8 +219,9 @@ def test_logprobs_stream(ours, ref):
     _same(a, b, exact=False)
     assert [_text(c) for c in a] == [_text(c) for c in b]
     for ca, cb in zip(a[:-1], b[:-1]):
-        np.testing.assert_allclose(ca["choices"][0]["logprobs"]["token_logprobs"],
-                                   cb["choices"][0]["logprobs"]["token_logprobs"], atol=0.05)
+        np.testing.assert_allclose(
+            ca["choices"][0]["logprobs"]["token_logprobs"], cb["choices"][0]["logprobs"]["token_logprobs"], atol=0.05
+        )
 
 
 def test_echo_logprobs_exact_on_llama_cpp_logits(model_path, ref):
@@ -218,8 +231,9 @@ def test_echo_logprobs_exact_on_llama_cpp_logits(model_path, ref):
     its own batched decode of the same sequence by up to ~0.8 in a logit on this model.)"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = Llama(model_path, n_ctx=N_CTX, n_threads=THREADS, seed=SEED, backend="llama_cpp", logits_all=True,
-                  verbose=False)
+        m = Llama(
+            model_path, n_ctx=N_CTX, n_threads=THREADS, seed=SEED, backend="llama_cpp", logits_all=True, verbose=False
+        )
     with m:
         for kw in (dict(max_tokens=4, echo=True, logprobs=3), dict(max_tokens=3, logprobs=2, stream=True)):
             a, b = _both(m, ref, "create_completion", PROMPT, temperature=0, **kw)
@@ -239,15 +253,31 @@ def test_logit_bias_and_penalties_greedy(ours, ref):
     a, b = _both(ours, ref, "create_completion", PROMPT, max_tokens=6, temperature=0, logit_bias={paris: -100.0})
     _same(a, b)
     assert not _text(a).startswith(" Paris")
-    a, b = _both(ours, ref, "create_completion", "One, two, three, four,", max_tokens=12, temperature=0,
-                 repeat_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5)
+    a, b = _both(
+        ours,
+        ref,
+        "create_completion",
+        "One, two, three, four,",
+        max_tokens=12,
+        temperature=0,
+        repeat_penalty=1.3,
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
+    )
     _same(a, b)
 
 
 def test_gbnf_grammar(ours, ref):
     gbnf = 'root ::= ("yes" | "no") "." " " [A-Z] [a-z]+'
-    a, b = _both(ours, ref, "create_completion", CHAT.format("Is the sky blue?"), max_tokens=12, temperature=0,
-                 grammar=LlamaGrammar.from_string(gbnf, verbose=False))
+    a, b = _both(
+        ours,
+        ref,
+        "create_completion",
+        CHAT.format("Is the sky blue?"),
+        max_tokens=12,
+        temperature=0,
+        grammar=LlamaGrammar.from_string(gbnf, verbose=False),
+    )
     _same(a, b)
     assert _text(a).split(".")[0] in ("yes", "no")
 
@@ -264,11 +294,21 @@ def test_stopping_criteria_and_logits_processor(ours, ref):
         scores[ref.tokenize(b" Paris", add_bos=False)[0]] = -np.inf
         return scores
 
-    a = ours(PROMPT, max_tokens=10, temperature=0, stopping_criteria=llama_cpp.StoppingCriteriaList([stop_after_3]),
-             logits_processor=llama_cpp.LogitsProcessorList([ban_paris]))
+    a = ours(
+        PROMPT,
+        max_tokens=10,
+        temperature=0,
+        stopping_criteria=llama_cpp.StoppingCriteriaList([stop_after_3]),
+        logits_processor=llama_cpp.LogitsProcessorList([ban_paris]),
+    )
     calls_ours, calls[:] = list(calls), []
-    b = ref(PROMPT, max_tokens=10, temperature=0, stopping_criteria=llama_cpp.StoppingCriteriaList([stop_after_3]),
-            logits_processor=llama_cpp.LogitsProcessorList([ban_paris]))
+    b = ref(
+        PROMPT,
+        max_tokens=10,
+        temperature=0,
+        stopping_criteria=llama_cpp.StoppingCriteriaList([stop_after_3]),
+        logits_processor=llama_cpp.LogitsProcessorList([ban_paris]),
+    )
     _same(a, b)
     assert calls_ours == calls and a["choices"][0]["finish_reason"] == "stop"
 
@@ -295,26 +335,52 @@ def test_chat_stream(ours, ref):
 
 def test_chat_json_response_format(ours, ref):
     msgs = [{"role": "user", "content": "Return JSON with the keys city and country for Paris."}]
-    a, b = _both(ours, ref, "create_chat_completion", msgs, max_tokens=40, temperature=0,
-                 response_format={"type": "json_object"})
+    a, b = _both(
+        ours, ref, "create_chat_completion", msgs, max_tokens=40, temperature=0, response_format={"type": "json_object"}
+    )
     _same(a, b)
     assert json.loads(a["choices"][0]["message"]["content"]) == {"city": "Paris", "country": "France"}
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-              "required": ["city", "country"]}
-    a, b = _both(ours, ref, "create_chat_completion", msgs, max_tokens=40, temperature=0,
-                 response_format={"type": "json_object", "schema": schema})
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+    }
+    a, b = _both(
+        ours,
+        ref,
+        "create_chat_completion",
+        msgs,
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_object", "schema": schema},
+    )
     _same(a, b)
     if a["choices"][0]["finish_reason"] == "stop":
         assert set(json.loads(a["choices"][0]["message"]["content"])) >= {"city", "country"}
 
 
 def test_chat_tool_choice(ours, ref):
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
-    a, b = _both(ours, ref, "create_chat_completion", msgs, max_tokens=24, temperature=0, tools=tools,
-                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    a, b = _both(
+        ours,
+        ref,
+        "create_chat_completion",
+        msgs,
+        max_tokens=24,
+        temperature=0,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     _same(a, b)
     assert a["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
@@ -327,10 +393,15 @@ def test_chat_openai_v1_types(ours, ref):
 
 
 def test_named_chat_format(model_path, ref):
-    with Llama(model_path, n_ctx=N_CTX, n_threads=THREADS, chat_format="chatml", sparse="off",
-               verbose=False) as m:
-        r = load_reference(model_path, extra_buffer_types=False,
-                           n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, chat_format="chatml")
+    with Llama(model_path, n_ctx=N_CTX, n_threads=THREADS, chat_format="chatml", sparse="off", verbose=False) as m:
+        r = load_reference(
+            model_path,
+            extra_buffer_types=False,
+            n_ctx=N_CTX,
+            n_threads=THREADS,
+            n_threads_batch=THREADS,
+            chat_format="chatml",
+        )
         try:
             assert m.chat_format == r.chat_format == "chatml"
             a, b = _both(m, r, "create_chat_completion", MESSAGES, max_tokens=8, temperature=0)
@@ -340,6 +411,7 @@ def test_named_chat_format(model_path, ref):
 
 
 # ---- state, prompt reuse, cache ----------------------------------------------------------------
+
 
 def test_state_round_trip(ours, ref):
     """save_state / load_state: tokens, logits and seed come back; generation after the
@@ -405,6 +477,7 @@ def test_ram_cache(ours, ref):
 
 # ---- errors -----------------------------------------------------------------------------------
 
+
 def _err(fn):
     with pytest.raises(Exception) as e:
         fn()
@@ -413,12 +486,15 @@ def _err(fn):
 
 def test_errors_equal(ours, ref):
     long_prompt = " hello" * 300
-    for call in (lambda m: m(long_prompt, max_tokens=4),
-                 lambda m: list(m(long_prompt, max_tokens=4, stream=True)),
-                 lambda m: m.create_embedding("hi"),
-                 lambda m: m.create_chat_completion(MESSAGES, tools=[], tool_choice={
-                     "type": "function", "function": {"name": "nope"}}),
-                 lambda m: m(PROMPT, suffix=5)):
+    for call in (
+        lambda m: m(long_prompt, max_tokens=4),
+        lambda m: list(m(long_prompt, max_tokens=4, stream=True)),
+        lambda m: m.create_embedding("hi"),
+        lambda m: m.create_chat_completion(
+            MESSAGES, tools=[], tool_choice={"type": "function", "function": {"name": "nope"}}
+        ),
+        lambda m: m(PROMPT, suffix=5),
+    ):
         assert _err(functools.partial(call, ours)) == _err(functools.partial(call, ref))
     assert _err(lambda: ours(long_prompt))[1].startswith("Requested tokens (")
 
@@ -455,10 +531,20 @@ def test_seeded_sampling_on_llama_cpp_logits(inj, ref, kw):
 
 def test_sampling_with_grammar_on_llama_cpp_logits(inj, ref):
     g = 'root ::= "The answer is " ("yes" | "no" | "maybe") ", because " [a-z ]+ "."'
-    a = inj(CHAT.format("Is it raining?"), max_tokens=24, temperature=1.0, seed=4,
-            grammar=LlamaGrammar.from_string(g, verbose=False))
-    b = ref(CHAT.format("Is it raining?"), max_tokens=24, temperature=1.0, seed=4,
-            grammar=LlamaGrammar.from_string(g, verbose=False))
+    a = inj(
+        CHAT.format("Is it raining?"),
+        max_tokens=24,
+        temperature=1.0,
+        seed=4,
+        grammar=LlamaGrammar.from_string(g, verbose=False),
+    )
+    b = ref(
+        CHAT.format("Is it raining?"),
+        max_tokens=24,
+        temperature=1.0,
+        seed=4,
+        grammar=LlamaGrammar.from_string(g, verbose=False),
+    )
     _same(a, b)
     assert _text(a).startswith("The answer is ")
 
@@ -498,14 +584,16 @@ def test_low_level_generate_and_sample(inj, ref):
 
 # ---- embeddings --------------------------------------------------------------------------------
 
+
 def test_embeddings_close_to_llama_cpp(model_path):
     """Per-token embeddings (pooling NONE). Inputs one at a time: llama-cpp-python 0.3.x
     misplaces the second input of a batch in pooling NONE (it advances by tokens, not
     tokens x n_embd), so lists are compared in schema and on their first entry only."""
     texts = ["Hello world", "The capital of France is Paris."]
     with Llama(model_path, n_ctx=64, n_threads=THREADS, embedding=True, sparse="off", verbose=False) as m:
-        r = load_reference(model_path, extra_buffer_types=False,
-                           n_ctx=64, n_threads=THREADS, n_threads_batch=THREADS, embedding=True)
+        r = load_reference(
+            model_path, extra_buffer_types=False, n_ctx=64, n_threads=THREADS, n_threads_batch=THREADS, embedding=True
+        )
         try:
             a, b = m.create_embedding(texts), r.create_embedding(texts)
             assert [np.shape(e["embedding"]) for e in a["data"]] == [np.shape(e["embedding"]) for e in b["data"]]

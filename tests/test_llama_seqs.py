@@ -37,8 +37,10 @@ def test_sequence_zero_completes_as_one_sequence(tiny):
 def test_placement_with_several_sequences(tiny, xdg_cache):
     # n_ctx 64 over 2 slots: 2 x 64 padded cells, twice one sequence's (the plan counts the
     # context's cells: ggml's buffers equal the plan's, checked by the placement)
-    with Llama(tiny, device="ggml-cpu", vram_budget="1GiB", n_seq_max=2, **KW) as two, \
-            Llama(tiny, device="ggml-cpu", vram_budget="1GiB", n_seq_max=1, **KW) as one:
+    with (
+        Llama(tiny, device="ggml-cpu", vram_budget="1GiB", n_seq_max=2, **KW) as two,
+        Llama(tiny, device="ggml-cpu", vram_budget="1GiB", n_seq_max=1, **KW) as one,
+    ):
         b2, b1 = two.stats()["device"]["buffers"], one.stats()["device"]["buffers"]
         assert b1["kv"] > 0 and b2["kv"] == 2 * b1["kv"] and b2["weights"] == b1["weights"]
         assert two.native_context.n_seq_max == 2

@@ -49,7 +49,8 @@ def test_no_call_cycle_between_c_files():
     graph = call_graph(SRC)
     cycles = [c for c in sccs(graph) if len(c) > 1]
     assert not cycles, "C files calling each other in a cycle: " + "; ".join(
-        " -> ".join(c) + f" ({', '.join(graph[a][b] for a in c for b in c if b in graph[a])})" for c in cycles)
+        " -> ".join(c) + f" ({', '.join(graph[a][b] for a in c for b in c if b in graph[a])})" for c in cycles
+    )
 
 
 def test_forward_pass_reaches_devices_only_through_their_table():
@@ -63,23 +64,31 @@ def test_forward_pass_reaches_devices_only_through_their_table():
 
 def test_intrinsics_only_under_isa():
     isa = re.compile(r"\b_mm\d*_\w+\s*\(|#pragma GCC target|<immintrin\.h>")
-    offenders = [str(f.relative_to(SRC)) for f in SRC.rglob("*.[ch]") if "isa" not in f.relative_to(SRC).parts
-                 and isa.search(_COMMENT.sub(" ", f.read_text()))]
+    offenders = [
+        str(f.relative_to(SRC))
+        for f in SRC.rglob("*.[ch]")
+        if "isa" not in f.relative_to(SRC).parts and isa.search(_COMMENT.sub(" ", f.read_text()))
+    ]
     assert not offenders, f"per-ISA code outside native/src/isa/: {offenders}"
 
 
 def test_no_native_source_over_600_lines():
-    long = {str(f.relative_to(ROOT)): n for f in (ROOT / "native").rglob("*.[ch]*")
-            if (n := len(f.read_text().splitlines())) > 600}
+    long = {
+        str(f.relative_to(ROOT)): n
+        for f in (ROOT / "native").rglob("*.[ch]*")
+        if (n := len(f.read_text().splitlines())) > 600
+    }
     assert not long, long
 
 
 def test_planted_call_cycle_is_reported(tmp_path):
     (tmp_path / "dev").mkdir()
-    (tmp_path / "model.c").write_text('int pi_run(int x) {\n    return pi_placed_step(x) + 1; /* calls dev */\n}\n')
-    (tmp_path / "dev" / "placed.c").write_text('static int helper(int x) { return x; }\n'
-                                              'int pi_placed_step(int x) {\n'
-                                              '    return helper(x) ? pi_run(x - 1) : 0;\n}\n')
+    (tmp_path / "model.c").write_text("int pi_run(int x) {\n    return pi_placed_step(x) + 1; /* calls dev */\n}\n")
+    (tmp_path / "dev" / "placed.c").write_text(
+        "static int helper(int x) { return x; }\n"
+        "int pi_placed_step(int x) {\n"
+        "    return helper(x) ? pi_run(x - 1) : 0;\n}\n"
+    )
     (tmp_path / "ops.c").write_text("int pi_op(void) {\n    return 0;\n}\n")
     graph = call_graph(tmp_path)
     assert graph == {"dev/placed.c": {"model.c": "pi_run"}, "model.c": {"dev/placed.c": "pi_placed_step"}, "ops.c": {}}

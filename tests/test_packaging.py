@@ -52,7 +52,8 @@ def test_importing_the_package_and_adapters_reads_no_project_file(tmp_path):
     """The adapters are a subpackage like any other: importing them from a checkout
     (PYTHONPATH, no install) opens no pyproject.toml / setup.cfg to find them."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-c", IMPORT_OPENS], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", IMPORT_OPENS], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "[]"

@@ -46,8 +46,13 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     env = {k: v for k, v in os.environ.items() if k not in ("POWERINFER_TESTING", "POWERINFER_SANITIZE")}
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
-                        "-w", str(out)], cwd=ROOT, capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-w", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     print(f"pip wheel took {time.monotonic() - start:.1f} s")
     assert r.returncode == 0, f"pip wheel failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}"
     wheels = sorted(out.glob(f"{P}-*.whl"))
@@ -78,8 +83,9 @@ def test_wheel_has_no_module_the_source_lacks(wheel_names):
 def test_wheel_has_the_extension_in_native(wheel_names):
     found = [n for n in wheel_names if EXTENSION.fullmatch(n)]
     elsewhere = [n for n in wheel_names if "_pi_native" in n and n not in found]
-    assert len(found) == 1, (f"expected one {EXTENSION.pattern} in the wheel, found {found}; "
-                             f"_pi_native elsewhere: {elsewhere}")
+    assert len(found) == 1, (
+        f"expected one {EXTENSION.pattern} in the wheel, found {found}; _pi_native elsewhere: {elsewhere}"
+    )
     assert not elsewhere, f"a second copy of the extension: {elsewhere}"
 
 
@@ -92,10 +98,18 @@ def test_wheel_extension_has_the_api_and_no_test_hooks(wheel, wheel_names, tmp_p
     """The C test hooks (native/testing/, POWERINFER_TESTING=1) stay out of a normal build."""
     with zipfile.ZipFile(wheel) as z:
         ext = z.extract(next(n for n in wheel_names if EXTENSION.fullmatch(n)), tmp_path)
-    code = ("import json; from powerinfer_backend._native import lib; "
-            "print(json.dumps([n for n in dir(lib) if n.startswith('pi_')]))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False,
-                       env={**os.environ, "POWERINFER_NATIVE_EXT": ext, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import json; from powerinfer_backend._native import lib; "
+        "print(json.dumps([n for n in dir(lib) if n.startswith('pi_')]))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "POWERINFER_NATIVE_EXT": ext, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     names = json.loads(r.stdout)
     assert "pi_model_create" in names and "pi_eval" in names

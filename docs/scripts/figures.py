@@ -31,8 +31,14 @@ def placement(out: Path, budget: str, n_ctx: int, n_batch: int, sidecar) -> Path
     from powerinfer_backend.loader.models import default_model_path
 
     with tempfile.TemporaryDirectory() as tmp:  # the plan file is not kept: only its picture
-        plan = plan_for_model(default_model_path(), parse_vram_budget(budget), n_ctx=n_ctx, n_batch=n_batch,
-                              sparsity_sidecar=sidecar or "auto", out=Path(tmp) / "placement.json")
+        plan = plan_for_model(
+            default_model_path(),
+            parse_vram_budget(budget),
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            sparsity_sidecar=sidecar or "auto",
+            out=Path(tmp) / "placement.json",
+        )
     return write_plot(plan, out, force=True)
 
 
@@ -44,11 +50,19 @@ def bench(src: Path, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     r = json.loads(src.read_text(encoding="utf-8"))
-    engines = [(k, label) for k, label in (("ours", "powerinfer_backend (dense)"),
-                                           ("ours_sparse", "powerinfer_backend (sparse)"),
-                                           ("llama_cpp", "llama.cpp (llama-cpp-python)")) if k in r]
-    metrics = [("decode_tok_s", f"decode ({r.get('n_decode', '?')} tokens)"),
-               ("prefill_tok_s", f"prefill ({r.get('n_prefill', '?')} tokens)")]
+    engines = [
+        (k, label)
+        for k, label in (
+            ("ours", "powerinfer_backend (dense)"),
+            ("ours_sparse", "powerinfer_backend (sparse)"),
+            ("llama_cpp", "llama.cpp (llama-cpp-python)"),
+        )
+        if k in r
+    ]
+    metrics = [
+        ("decode_tok_s", f"decode ({r.get('n_decode', '?')} tokens)"),
+        ("prefill_tok_s", f"prefill ({r.get('n_prefill', '?')} tokens)"),
+    ]
     fig, ax = plt.subplots(figsize=(8, 3.6))
     width = 0.8 / len(engines)
     for j, (key, label) in enumerate(engines):
@@ -61,8 +75,11 @@ def bench(src: Path, out: Path) -> Path:
     model = Path(str(r.get("model", "model"))).name
     load = f"\nload average {r['load_average']}" if "load_average" in r else ""
     ratio = r.get("ratio", {})
-    ratios = (f"; ours / llama.cpp: decode {ratio['decode']:.2f}x, prefill {ratio['prefill']:.2f}x"
-              if {"decode", "prefill"} <= set(ratio) else "")
+    ratios = (
+        f"; ours / llama.cpp: decode {ratio['decode']:.2f}x, prefill {ratio['prefill']:.2f}x"
+        if {"decode", "prefill"} <= set(ratio)
+        else ""
+    )
     ax.set_title(f"{model}, {r.get('threads', '?')} threads{ratios}{load}", fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -74,8 +91,12 @@ def bench(src: Path, out: Path) -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bench", type=Path, default=DOCS / "data" / "bench-smollm2.json",
-                   help="a `powerinfer-backend bench --json` file (default docs/data/bench-smollm2.json)")
+    p.add_argument(
+        "--bench",
+        type=Path,
+        default=DOCS / "data" / "bench-smollm2.json",
+        help="a `powerinfer-backend bench --json` file (default docs/data/bench-smollm2.json)",
+    )
     p.add_argument("--sidecar", default=None, help="calibration sidecar with firing frequencies for the plan")
     p.add_argument("--budget", default="72MiB", help="the plan's budget (default 72MiB)")
     p.add_argument("--ctx", type=int, default=512, help="the plan's n_ctx (default 512)")

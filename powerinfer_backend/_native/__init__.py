@@ -17,14 +17,16 @@ def _extension():
     path = os.environ.get("POWERINFER_NATIVE_EXT")
     if not path:
         from . import _pi_native
+
         return _pi_native
     import importlib.machinery
     import importlib.util
     import sys
 
     if not os.path.isfile(path):
-        raise ImportError(f"POWERINFER_NATIVE_EXT={path}: no such file (build it with .ci/sanitize, "
-                          "docs/reliability.md)")
+        raise ImportError(
+            f"POWERINFER_NATIVE_EXT={path}: no such file (build it with .ci/sanitize, docs/reliability.md)"
+        )
     name = __name__ + "._pi_native"
     loader = importlib.machinery.ExtensionFileLoader(name, path)
     module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path, loader=loader))
@@ -38,8 +40,18 @@ ffi, lib = _ext.ffi, _ext.lib
 
 from .enums import IsaBit, Status  # noqa: E402 - after the extension is loaded: enums imports it by name
 
-__all__ = ["ffi", "lib", "check", "last_error", "set_isa", "isa_name", "supported_isas", "set_f16_order",
-           "f16_order_name"]
+__all__ = [
+    "ffi",
+    "lib",
+    "check",
+    "last_error",
+    "set_isa",
+    "isa_name",
+    "supported_isas",
+    "set_f16_order",
+    "f16_order_name",
+]
+
 
 def last_error() -> str:
     """The native library's message for the last failure on this thread."""

@@ -14,8 +14,7 @@ __all__ = ["Status", "Type", "RopeType", "Act", "LayerSlot", "FfnThresholdOn", "
 
 
 def _from_c(name: str, c_enum: str, prefix: str) -> Any:  # an IntEnum class: its members are known at import only
-    members = {k[len(prefix):]: v for k, v in ffi.typeof(f"enum {c_enum}").relements.items()
-               if k.startswith(prefix)}
+    members = {k[len(prefix) :]: v for k, v in ffi.typeof(f"enum {c_enum}").relements.items() if k.startswith(prefix)}
     return enum.IntEnum(name, sorted(members.items(), key=lambda kv: kv[1]), module=__name__)
 
 

@@ -1,4 +1,4 @@
-"""``python -m powerinfer_backend.cli``, as the old flat ``cli`` module ran."""
+"""``python -m powerinfer_backend.cli``: the ``powerinfer-backend`` command."""
 
 import sys
 

@@ -12,9 +12,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-_TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-         "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
-         "it was the season of Darkness, it was the spring of hope, it was the winter of despair. ")
+_TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+    "it was the season of Darkness, it was the spring of hope, it was the winter of despair. "
+)
 
 
 def _prompt_tokens(tokenize, n: int) -> list:
@@ -61,9 +63,13 @@ def _ours_sparse(llm, n_prefill: int, n_decode: int, repeats: int) -> dict:
             prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
             t_pre, t_dec = _measure(*_engine_calls(llm.engine), prompt, prompt[:8], n_decode, repeats)
             st = llm.stats()
-            out["ours_sparse"] = {"engine": f"powerinfer_backend sparse ({st['mode']})",
-                                  "prefill_tok_s": n_prefill / t_pre, "decode_tok_s": n_decode / t_dec,
-                                  "ffn_sparsity": st["ffn_sparsity"], "sidecar": st.get("sidecar")}
+            out["ours_sparse"] = {
+                "engine": f"powerinfer_backend sparse ({st['mode']})",
+                "prefill_tok_s": n_prefill / t_pre,
+                "decode_tok_s": n_decode / t_dec,
+                "ffn_sparsity": st["ffn_sparsity"],
+                "sidecar": st.get("sidecar"),
+            }
         elif llm.stats().get("reason"):  # "auto" kept dense (calibration measured sparse slower): say so
             out["sparse_auto"] = llm.stats()["reason"]
     finally:
@@ -107,14 +113,26 @@ def _ours_dense(llm, n_prefill: int, n_decode: int, repeats: int):
         t_full, overhead = min(full_loop() for _ in range(max(1, repeats)))
     finally:
         llm.close()
-    ours = {"engine": f"powerinfer_backend ({isa_name()})", "prefill_tok_s": n_prefill / t_pre,
-            "decode_tok_s": n_decode / t_dec, "llama_decode_tok_s": n_decode / t_full,
-            "python_overhead_pct": 100.0 * overhead}
+    ours = {
+        "engine": f"powerinfer_backend ({isa_name()})",
+        "prefill_tok_s": n_prefill / t_pre,
+        "decode_tok_s": n_decode / t_dec,
+        "llama_decode_tok_s": n_decode / t_full,
+        "python_overhead_pct": 100.0 * overhead,
+    }
     return ours, prompt, short, t_pre, t_dec
 
 
-def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256,
-              repeats: int = 3, include_llama_cpp: bool = True, sparse="auto") -> dict:
+def run_bench(
+    model_path: str,
+    *,
+    n_threads: int = 2,
+    n_decode: int = 64,
+    n_prefill: int = 256,
+    repeats: int = 3,
+    include_llama_cpp: bool = True,
+    sparse="auto",
+) -> dict:
     """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
     Python overhead as a percentage of decode time. Ours runs dense first; then,
     unless ``sparse`` resolves to dense (``Llama(sparse=...)``), sparse too, with
@@ -132,21 +150,38 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
     result: dict[str, Any] = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
 
     if sparse not in ("off", None, False):
-        result.update(_ours_sparse(Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,
-                                         verbose=False, sparse=sparse), n_prefill, n_decode, repeats))
+        result.update(
+            _ours_sparse(
+                Llama(
+                    model_path,
+                    n_ctx=n_ctx,
+                    n_batch=max(n_prefill, 32),
+                    n_threads=n_threads,
+                    verbose=False,
+                    sparse=sparse,
+                ),
+                n_prefill,
+                n_decode,
+                repeats,
+            )
+        )
         gc.collect()  # the sparse engine's memory is free before the dense one loads
 
-    ours, prompt, short, t_pre, t_dec = _ours_dense(Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32),
-                                                          n_threads=n_threads, verbose=False, sparse="off"),
-                                                    n_prefill, n_decode, repeats)
+    ours, prompt, short, t_pre, t_dec = _ours_dense(
+        Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False, sparse="off"),
+        n_prefill,
+        n_decode,
+        repeats,
+    )
     result["ours"] = ours
     gc.collect()
 
     if include_llama_cpp:
         from ..plugins.reference import load_reference, reference_mode
 
-        ref = load_reference(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads,
-                             n_threads_batch=n_threads)
+        ref = load_reference(
+            model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, n_threads_batch=n_threads
+        )
 
         import llama_cpp
 
@@ -158,47 +193,63 @@ def run_bench(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_pref
 
         r_pre, r_dec = _measure(ref_eval, ref.reset, prompt, short, n_decode, repeats)
         mode = reference_mode(ref)  # llama.cpp's defaults (extra buffer types on) unless its probe failed
-        result["llama_cpp"] = {"engine": "llama-cpp-python", "prefill_tok_s": n_prefill / r_pre,
-                               "decode_tok_s": n_decode / r_dec, "extra_buffer_types": mode["extra_buffer_types"],
-                               "reference_mode": mode["reason"]}
+        result["llama_cpp"] = {
+            "engine": "llama-cpp-python",
+            "prefill_tok_s": n_prefill / r_pre,
+            "decode_tok_s": n_decode / r_dec,
+            "extra_buffer_types": mode["extra_buffer_types"],
+            "reference_mode": mode["reason"],
+        }
         result["ratio"] = {"decode": r_dec / t_dec, "prefill": r_pre / t_pre}
         ref.close()
     if "ours_sparse" in result:
         sp, dn = result["ours_sparse"], result["ours"]
-        result["ratio_sparse"] = {"decode_vs_dense": sp["decode_tok_s"] / dn["decode_tok_s"],
-                                  "prefill_vs_dense": sp["prefill_tok_s"] / dn["prefill_tok_s"]}
+        result["ratio_sparse"] = {
+            "decode_vs_dense": sp["decode_tok_s"] / dn["decode_tok_s"],
+            "prefill_vs_dense": sp["prefill_tok_s"] / dn["prefill_tok_s"],
+        }
         if "llama_cpp" in result:
             lc = result["llama_cpp"]
-            result["ratio_sparse"].update(decode_vs_llama_cpp=sp["decode_tok_s"] / lc["decode_tok_s"],
-                                          prefill_vs_llama_cpp=sp["prefill_tok_s"] / lc["prefill_tok_s"])
+            result["ratio_sparse"].update(
+                decode_vs_llama_cpp=sp["decode_tok_s"] / lc["decode_tok_s"],
+                prefill_vs_llama_cpp=sp["prefill_tok_s"] / lc["prefill_tok_s"],
+            )
     return result
 
 
 def format_table(r: dict) -> str:
     """Human-readable table of a run_bench result (with its roofline section when present)."""
-    lines = [f"model {r['model']}  threads {r['threads']}",
-             f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}"]
+    lines = [
+        f"model {r['model']}  threads {r['threads']}",
+        f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}",
+    ]
     for key in ("ours", "ours_sparse", "llama_cpp"):
         if key in r:
             e = r[key]
             lines.append(f"{e['engine']:<40} {e['prefill_tok_s']:>14.1f} {e['decode_tok_s']:>13.1f}")
     if "llama_cpp" in r:
         on = r["llama_cpp"].get("extra_buffer_types")
-        lines.append(f"llama.cpp extra buffer types (repacked weights): {'on' if on else 'off'}"
-                     f" ({r['llama_cpp'].get('reference_mode')})")
+        lines.append(
+            f"llama.cpp extra buffer types (repacked weights): {'on' if on else 'off'}"
+            f" ({r['llama_cpp'].get('reference_mode')})"
+        )
     if "ratio" in r:
         lines.append(f"{'ratio ours / llama.cpp':<40} {r['ratio']['prefill']:>14.2f} {r['ratio']['decode']:>13.2f}")
     if "ratio_sparse" in r:
         rs = r["ratio_sparse"]
         lines.append(f"{'ratio sparse / our dense':<40} {rs['prefill_vs_dense']:>14.2f} {rs['decode_vs_dense']:>13.2f}")
         if "decode_vs_llama_cpp" in rs:
-            lines.append(f"{'ratio sparse / llama.cpp':<40} {rs['prefill_vs_llama_cpp']:>14.2f} "
-                         f"{rs['decode_vs_llama_cpp']:>13.2f}")
+            lines.append(
+                f"{'ratio sparse / llama.cpp':<40} {rs['prefill_vs_llama_cpp']:>14.2f} "
+                f"{rs['decode_vs_llama_cpp']:>13.2f}"
+            )
         lines.append(f"measured FFN sparsity (sparse run): {r['ours_sparse']['ffn_sparsity']:.1%}")
     if "sparse_auto" in r:
         lines.append(f"sparse='auto' runs dense: {r['sparse_auto']}")
-    lines.append(f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
-                 f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)")
+    lines.append(
+        f"Python overhead in our Llama decode loop: {r['ours']['python_overhead_pct']:.1f}%"
+        f" ({r['ours']['llama_decode_tok_s']:.1f} tok/s through create_completion)"
+    )
     if "roofline" in r:  # bench --roofline
         from .roofline import format_roofline
 

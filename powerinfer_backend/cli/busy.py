@@ -20,11 +20,7 @@ from .bench import _prompt_tokens
 
 # Spins in a tight loop; every ~10^6 iterations checks that its parent is still the one
 # that started it, so that a killed benchmark cannot leave it running.
-_SPIN = ("import os\n"
-         "parent = os.getppid()\n"
-         "while os.getppid() == parent:\n"
-         "    for _ in range(1000000):\n"
-         "        pass\n")
+_SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(1000000):\n        pass\n"
 
 
 @contextlib.contextmanager
@@ -39,8 +35,14 @@ def busy_processes(n: int):
     procs = []
     try:
         for _ in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _SPIN],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         yield [p.pid for p in procs]
     finally:
         for p in procs:
@@ -92,15 +94,17 @@ def _llama_cpp(model_path: str, n_ctx: int, n_threads, short_of, n_decode: int, 
             return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
         rate = _decode_tok_s(eval_last, ref.reset, short, n_decode, repeats)
-        return {"threads": int(ref.n_threads), "decode_tok_s": rate,
-                "extra_buffer_types": reference_mode(ref)["extra_buffer_types"]}
+        return {
+            "threads": int(ref.n_threads),
+            "decode_tok_s": rate,
+            "extra_buffer_types": reference_mode(ref)["extra_buffer_types"],
+        }
     finally:
         ref.close()
         gc.collect()
 
 
-def run_busy_bench(model_path: str, *, n_busy: int, n_threads: int = 2, n_decode: int = 64,
-                   repeats: int = 3) -> dict:
+def run_busy_bench(model_path: str, *, n_busy: int, n_threads: int = 2, n_decode: int = 64, repeats: int = 3) -> dict:
     """Decode tokens/s of both engines beside ``n_busy`` busy processes.
 
     Two configurations, each measured ours then llama.cpp: ``defaults`` (both
@@ -119,8 +123,13 @@ def run_busy_bench(model_path: str, *, n_busy: int, n_threads: int = 2, n_decode
     def short_of(tokenize):
         return _prompt_tokens(tokenize, 8)
 
-    result = {"model": model_path, "n_busy": n_busy, "n_decode": n_decode, "repeats": repeats,
-              "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    result = {
+        "model": model_path,
+        "n_busy": n_busy,
+        "n_decode": n_decode,
+        "repeats": repeats,
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
     with busy_processes(n_busy) as pids:
         result["busy_pids"] = pids
         time.sleep(0.2 if n_busy else 0.0)  # let the spinners reach the run queue
@@ -135,13 +144,17 @@ def run_busy_bench(model_path: str, *, n_busy: int, n_threads: int = 2, n_decode
 
 def format_busy(r: dict) -> str:
     """Human-readable table of a run_busy_bench result."""
-    lines = [f"model {r['model']}  {r['n_busy']} busy process(es) on {r['cpus']} CPUs  "
-             f"load average {r['loadavg_before']:.1f} -> {r['loadavg_after']:.1f}",
-             f"{'config':<10} {'ours thr':>8} {'ours tok/s':>11} {'llama thr':>9} {'llama tok/s':>12} {'ratio':>6}"]
+    lines = [
+        f"model {r['model']}  {r['n_busy']} busy process(es) on {r['cpus']} CPUs  "
+        f"load average {r['loadavg_before']:.1f} -> {r['loadavg_after']:.1f}",
+        f"{'config':<10} {'ours thr':>8} {'ours tok/s':>11} {'llama thr':>9} {'llama tok/s':>12} {'ratio':>6}",
+    ]
     for name in ("defaults", "equal"):
         c = r[name]
-        lines.append(f"{name:<10} {c['ours']['threads']:>8} {c['ours']['decode_tok_s']:>11.1f} "
-                     f"{c['llama_cpp']['threads']:>9} {c['llama_cpp']['decode_tok_s']:>12.1f} {c['ratio']:>6.2f}")
+        lines.append(
+            f"{name:<10} {c['ours']['threads']:>8} {c['ours']['decode_tok_s']:>11.1f} "
+            f"{c['llama_cpp']['threads']:>9} {c['llama_cpp']['decode_tok_s']:>12.1f} {c['ratio']:>6.2f}"
+        )
     on = r["equal"]["llama_cpp"].get("extra_buffer_types")
     lines.append(f"llama.cpp extra buffer types (repacked weights): {'on' if on else 'off'}")
     return "\n".join(lines)

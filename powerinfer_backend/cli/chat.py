@@ -21,9 +21,11 @@ from .stream import held_stderr, stop_note, write_pieces
 
 PROMPT = "> "
 #: the chat's commands and what they do (/help prints them)
-COMMANDS = {"/help": "list these commands",
-            "/clear": "forget the history (a --system message stays)",
-            "/exit": "end the chat (as Ctrl-D, or Ctrl-C at the prompt)"}
+COMMANDS = {
+    "/help": "list these commands",
+    "/clear": "forget the history (a --system message stays)",
+    "/exit": "end the chat (as Ctrl-D, or Ctrl-C at the prompt)",
+}
 KEYS = "Ctrl-C while an answer streams stops it"
 _COMMAND = re.compile(r"/\w+")  # a first word such as /help; "/usr/bin ..." is a message
 
@@ -83,8 +85,9 @@ def help_text() -> str:
     return "\n".join([f"  {name:<7} {what}" for name, what in COMMANDS.items()] + [f"  {KEYS}"])
 
 
-def run_chat(llm, *, system: Optional[str] = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-             **sampling) -> int:
+def run_chat(
+    llm, *, system: Optional[str] = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr, **sampling
+) -> int:
     """The interactive loop: read a line after :data:`PROMPT`, answer it with the history,
     until ``/exit``, end of input or Ctrl-C at the prompt. Answers go to ``out``; the
     commands' replies, the stop notes and errors to ``err``. Returns the exit status (0)."""
@@ -115,8 +118,11 @@ def run_chat(llm, *, system: Optional[str] = None, out: TextIO = sys.stdout, err
             elif word == "/help":
                 print(help_text(), file=err, flush=True)
             else:
-                print(f"powerinfer-backend: error: unknown command {word} (/help lists the commands)", file=err,
-                      flush=True)
+                print(
+                    f"powerinfer-backend: error: unknown command {word} (/help lists the commands)",
+                    file=err,
+                    flush=True,
+                )
             continue
         history.append({"role": "user", "content": line})
         with held_stderr():

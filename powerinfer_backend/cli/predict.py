@@ -39,12 +39,22 @@ def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
         from ..sparsity.sidecar import read_sidecar, sidecar_path
 
         prof = read_sidecar(args.sidecar or sidecar_path(model_path), model_path=model_path)
-    mode = args.mode if args.mode != "auto" else pr.default_mode(act, has_sidecar=prof is not None,
-                                                                   has_predictors=_predictor_bytes(prof) > 0)
+    mode = (
+        args.mode
+        if args.mode != "auto"
+        else pr.default_mode(act, has_sidecar=prof is not None, has_predictors=_predictor_bytes(prof) > 0)
+    )
     measured = args.host_bandwidth is None
     host = pr.measure_host_bandwidth(n_threads=max(1, args.threads)) if measured else args.host_bandwidth
-    return {"sizes": sizes, "freq": freq, "source": source, "mode": mode, "predictor_bytes": _predictor_bytes(prof),
-            "host_gbps": host, "host_measured": measured}
+    return {
+        "sizes": sizes,
+        "freq": freq,
+        "source": source,
+        "mode": mode,
+        "predictor_bytes": _predictor_bytes(prof),
+        "host_gbps": host,
+        "host_measured": measured,
+    }
 
 
 def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -58,18 +68,43 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
 
     mi = inputs or model_inputs(model_path, args)
     sizes, freq, source, host = mi["sizes"], mi["freq"], mi["source"], mi["host_gbps"]
-    ours = pr.predict_ours(sizes, plan, freq, device_gbps=args.device_bandwidth, host_gbps=host, mode=mi["mode"],
-                           device_skips=args.device_skips, n_past=args.n_past,
-                           predictor_bytes=mi["predictor_bytes"], sync_s=args.sync_us * 1e-6)
-    split = pr.predict_layer_split(sizes, plan.budget_bytes, device_gbps=args.device_bandwidth, host_gbps=host,
-                                   n_ctx=plan.n_ctx, n_batch=plan.n_batch, n_past=args.n_past)
+    ours = pr.predict_ours(
+        sizes,
+        plan,
+        freq,
+        device_gbps=args.device_bandwidth,
+        host_gbps=host,
+        mode=mi["mode"],
+        device_skips=args.device_skips,
+        n_past=args.n_past,
+        predictor_bytes=mi["predictor_bytes"],
+        sync_s=args.sync_us * 1e-6,
+    )
+    split = pr.predict_layer_split(
+        sizes,
+        plan.budget_bytes,
+        device_gbps=args.device_bandwidth,
+        host_gbps=host,
+        n_ctx=plan.n_ctx,
+        n_batch=plan.n_batch,
+        n_past=args.n_past,
+    )
     ours.notes.append(f"frequencies: {source}; host bandwidth {'measured' if mi['host_measured'] else 'given'}")
     if source.startswith("gpuidx:"):
         ours.notes.append("gpuidx ranking: its cold neurons count as never firing (optimistic)")
     text = pr.format_predictions(ours, split)
     if plan.choice:
         c = plan.choice
-        text += (f"\nplacement auto chose {c['policy']} (predicted tok/s: "
-                 + ", ".join(f"{k} {c['tok_s'][k]:.2f}" for k in POLICIES if k in c["tok_s"]) + ")")
-    return {"ours": ours.to_json(), "layer_split": split.to_json(), "ratio": ours.tok_s / split.tok_s,
-            "host_bandwidth_measured": mi["host_measured"], "choice": plan.choice or None, "text": text}
+        text += (
+            f"\nplacement auto chose {c['policy']} (predicted tok/s: "
+            + ", ".join(f"{k} {c['tok_s'][k]:.2f}" for k in POLICIES if k in c["tok_s"])
+            + ")"
+        )
+    return {
+        "ours": ours.to_json(),
+        "layer_split": split.to_json(),
+        "ratio": ours.tok_s / split.tok_s,
+        "host_bandwidth_measured": mi["host_measured"],
+        "choice": plan.choice or None,
+        "text": text,
+    }

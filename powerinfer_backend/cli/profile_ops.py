@@ -18,8 +18,9 @@ def _per_token(prof: dict, n: int, wall_s: float) -> dict:
     return {"tokens": n, "wall_ms_per_token": 1e3 * wall_s / n, "timed_ms_per_token": timed, "ops": ops}
 
 
-def run_profile_ops(model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256,
-                    sparse="off") -> dict:
+def run_profile_ops(
+    model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256, sparse="off"
+) -> dict:
     """Time each op kind of our engine over one ``n_prefill``-token prompt and ``n_decode``
     greedy decode steps (after an 8-token prompt), ``n_threads`` threads. Returns
     ``{"model", "threads", "mode", "decode": {...}, "prefill": {...}}``, each phase with
@@ -31,8 +32,14 @@ def run_profile_ops(model_path: str, *, n_threads: int = 2, n_decode: int = 64, 
     """
     from ..llama import Llama
 
-    llm = Llama(model_path, n_ctx=n_prefill + n_decode + 32, n_batch=max(n_prefill, 32), n_threads=n_threads,
-                verbose=False, sparse=sparse)
+    llm = Llama(
+        model_path,
+        n_ctx=n_prefill + n_decode + 32,
+        n_batch=max(n_prefill, 32),
+        n_threads=n_threads,
+        verbose=False,
+        sparse=sparse,
+    )
     try:
         be = llm.engine
         ctx = be.ctx
@@ -51,8 +58,13 @@ def run_profile_ops(model_path: str, *, n_threads: int = 2, n_decode: int = 64, 
             logits = be.eval([int(np.argmax(logits))])[-1]
         decode = _per_token(ctx.profile(reset=True), n_decode, time.perf_counter() - t)
         ctx.set_profile(False)
-        return {"model": model_path, "threads": n_threads, "mode": llm.stats().get("mode", "dense"),
-                "decode": decode, "prefill": prefill}
+        return {
+            "model": model_path,
+            "threads": n_threads,
+            "mode": llm.stats().get("mode", "dense"),
+            "decode": decode,
+            "prefill": prefill,
+        }
     finally:
         llm.close()
 
@@ -60,23 +72,30 @@ def run_profile_ops(model_path: str, *, n_threads: int = 2, n_decode: int = 64, 
 def format_profile(r: dict) -> str:
     """Human-readable table of :func:`run_profile_ops`'s result."""
     d, p = r["decode"], r["prefill"]
-    lines = [f"model {r['model']}  threads {r['threads']}  {r['mode']}",
-             f"{'op':<14} {'decode ms/tok':>14} {'share':>6} {'calls/tok':>9} {'prefill ms/tok':>15} {'share':>6}"]
+    lines = [
+        f"model {r['model']}  threads {r['threads']}  {r['mode']}",
+        f"{'op':<14} {'decode ms/tok':>14} {'share':>6} {'calls/tok':>9} {'prefill ms/tok':>15} {'share':>6}",
+    ]
     for op in sorted(set(d["ops"]) | set(p["ops"]), key=lambda o: -d["ops"].get(o, {}).get("ms_per_token", 0.0)):
         do, po = d["ops"].get(op), p["ops"].get(op)
-        lines.append(f"{op:<14} {do['ms_per_token'] if do else 0:>14.4f} "
-                     f"{100 * do['ms_per_token'] / d['wall_ms_per_token'] if do else 0:>5.1f}% "
-                     f"{do['calls_per_token'] if do else 0:>9.1f} {po['ms_per_token'] if po else 0:>15.4f} "
-                     f"{100 * po['ms_per_token'] / p['wall_ms_per_token'] if po else 0:>5.1f}%")
-    lines.append(f"{'timed / wall':<14} {d['timed_ms_per_token']:>7.3f} / {d['wall_ms_per_token']:.3f} ms"
-                 f"{'':>13} {p['timed_ms_per_token']:>8.3f} / {p['wall_ms_per_token']:.3f} ms")
+        lines.append(
+            f"{op:<14} {do['ms_per_token'] if do else 0:>14.4f} "
+            f"{100 * do['ms_per_token'] / d['wall_ms_per_token'] if do else 0:>5.1f}% "
+            f"{do['calls_per_token'] if do else 0:>9.1f} {po['ms_per_token'] if po else 0:>15.4f} "
+            f"{100 * po['ms_per_token'] / p['wall_ms_per_token'] if po else 0:>5.1f}%"
+        )
+    lines.append(
+        f"{'timed / wall':<14} {d['timed_ms_per_token']:>7.3f} / {d['wall_ms_per_token']:.3f} ms"
+        f"{'':>13} {p['timed_ms_per_token']:>8.3f} / {p['wall_ms_per_token']:.3f} ms"
+    )
     return "\n".join(lines)
 
 
 def profile_ops_command(args, model_path: str) -> int:
     """``bench --profile-ops``: run :func:`run_profile_ops` with the bench options and print
     its JSON (``--json``) or table; returns the exit status."""
-    r = run_profile_ops(model_path, n_threads=args.threads, n_decode=args.n_decode, n_prefill=args.n_prefill,
-                        sparse=args.sparse)
+    r = run_profile_ops(
+        model_path, n_threads=args.threads, n_decode=args.n_decode, n_prefill=args.n_prefill, sparse=args.sparse
+    )
     print(json.dumps(r, indent=2) if args.json else format_profile(r))
     return 0

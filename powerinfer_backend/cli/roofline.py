@@ -10,6 +10,7 @@ checked tensor by tensor against the file's directory.
 
 from __future__ import annotations
 
+
 def decode_reads(model_path: str) -> dict:
     """What one dense decode step reads from the weights, in bytes, from the slots the
     forward pass uses (every layer's tensors, the output norm and head — the token
@@ -79,11 +80,18 @@ def decode_reads(model_path: str) -> dict:
     output_bytes = sum(read(g[s]) for s in ("output_norm", "output_norm_b", "rope_freqs")) + read(head)
     # one row of the embedding (a different read from the tied head's: it comes first in the step)
     emb_row = read(g["tok_embd"], one_row=True) + read(g["pos_embd"], one_row=True)
-    return {"bytes_per_token": totals["engine"], "file_bytes_per_token": totals["file"],
-            "layer_bytes": layer_bytes, "output_bytes": output_bytes, "embedding_row_bytes": emb_row,
-            "n_tensors": len(seen), "converted_tensors": n_conv, "matmul_macs_per_token": macs,
-            "head_macs": head.ne[0] * _rows(head.ne),
-            "kv_bytes_per_position": 2 * 2 * hp.n_layer * hp.n_head_kv * hp.n_embd_head}
+    return {
+        "bytes_per_token": totals["engine"],
+        "file_bytes_per_token": totals["file"],
+        "layer_bytes": layer_bytes,
+        "output_bytes": output_bytes,
+        "embedding_row_bytes": emb_row,
+        "n_tensors": len(seen),
+        "converted_tensors": n_conv,
+        "matmul_macs_per_token": macs,
+        "head_macs": head.ne[0] * _rows(head.ne),
+        "kv_bytes_per_position": 2 * 2 * hp.n_layer * hp.n_head_kv * hp.n_embd_head,
+    }
 
 
 def _rows(ne) -> int:
@@ -93,8 +101,14 @@ def _rows(ne) -> int:
     return n
 
 
-def measure_roofs(n_threads: int, *, bandwidth_mib: int = 1024, bandwidth_repeats: int = 5,
-                  peak_iters: int = 2_000_000, peak_repeats: int = 3) -> dict:
+def measure_roofs(
+    n_threads: int,
+    *,
+    bandwidth_mib: int = 1024,
+    bandwidth_repeats: int = 5,
+    peak_iters: int = 2_000_000,
+    peak_repeats: int = 3,
+) -> dict:
     """The host's read bandwidth (bytes/s, best pass over ``bandwidth_mib`` MiB) and int8
     multiply-add peak (ops/s) for ``n_threads`` threads, and the microkernels' ISA path.
 
@@ -103,9 +117,13 @@ def measure_roofs(n_threads: int, *, bandwidth_mib: int = 1024, bandwidth_repeat
     """
     from ..engine.roofline import int8_peak, microkernel_isa, read_bandwidth
 
-    return {"threads": n_threads, "isa": microkernel_isa(), "bandwidth_mib": bandwidth_mib,
-            "read_bytes_per_s": read_bandwidth(n_threads, bandwidth_mib << 20, bandwidth_repeats),
-            "int8_ops_per_s": int8_peak(n_threads, peak_iters, peak_repeats)}
+    return {
+        "threads": n_threads,
+        "isa": microkernel_isa(),
+        "bandwidth_mib": bandwidth_mib,
+        "read_bytes_per_s": read_bandwidth(n_threads, bandwidth_mib << 20, bandwidth_repeats),
+        "int8_ops_per_s": int8_peak(n_threads, peak_iters, peak_repeats),
+    }
 
 
 def roofline(bench: dict, reads: dict, roofs: dict) -> dict:
@@ -121,30 +139,41 @@ def roofline(bench: dict, reads: dict, roofs: dict) -> dict:
     prefill_ops = 2.0 * (reads["matmul_macs_per_token"] + reads["head_macs"] / n_prefill)
     decode_roof = roofs["read_bytes_per_s"] / reads["bytes_per_token"]
     prefill_roof = roofs["int8_ops_per_s"] / prefill_ops
-    out = {**roofs, **reads, "prefill_ops_per_token": prefill_ops,
-           "decode_roof_tok_s": decode_roof, "prefill_roof_tok_s": prefill_roof}
+    out = {
+        **roofs,
+        **reads,
+        "prefill_ops_per_token": prefill_ops,
+        "decode_roof_tok_s": decode_roof,
+        "prefill_roof_tok_s": prefill_roof,
+    }
     for key in ("ours", "ours_sparse", "llama_cpp"):
         if key in bench:
             e = bench[key]
-            out[key] = {"decode_pct_of_roof": 100.0 * e["decode_tok_s"] / decode_roof,
-                        "prefill_pct_of_roof": 100.0 * e["prefill_tok_s"] / prefill_roof}
+            out[key] = {
+                "decode_pct_of_roof": 100.0 * e["decode_tok_s"] / decode_roof,
+                "prefill_pct_of_roof": 100.0 * e["prefill_tok_s"] / prefill_roof,
+            }
     return out
 
 
 def format_roofline(r: dict) -> str:
     """Human-readable lines for the section :func:`add_roofline` puts into a bench result."""
-    lines = [f"roofline ({r['threads']} threads, {r['isa']} microkernels, load average {r['loadavg_1m']:.2f}):",
-             f"  read bandwidth {r['read_bytes_per_s'] / 1e9:.1f} GB/s (best pass over {r['bandwidth_mib']} MiB); "
-             f"{r['bytes_per_token'] / 1e6:.1f} MB read per decoded token -> decode roof "
-             f"{r['decode_roof_tok_s']:.1f} tok/s",
-             f"  int8 multiply-add peak {r['int8_ops_per_s'] / 1e9:.1f} Gop/s; "
-             f"{r['prefill_ops_per_token'] / 1e6:.1f} Mop per prompt token -> prefill roof "
-             f"{r['prefill_roof_tok_s']:.1f} tok/s"]
+    lines = [
+        f"roofline ({r['threads']} threads, {r['isa']} microkernels, load average {r['loadavg_1m']:.2f}):",
+        f"  read bandwidth {r['read_bytes_per_s'] / 1e9:.1f} GB/s (best pass over {r['bandwidth_mib']} MiB); "
+        f"{r['bytes_per_token'] / 1e6:.1f} MB read per decoded token -> decode roof "
+        f"{r['decode_roof_tok_s']:.1f} tok/s",
+        f"  int8 multiply-add peak {r['int8_ops_per_s'] / 1e9:.1f} Gop/s; "
+        f"{r['prefill_ops_per_token'] / 1e6:.1f} Mop per prompt token -> prefill roof "
+        f"{r['prefill_roof_tok_s']:.1f} tok/s",
+    ]
     names = {"ours": "ours (dense)", "ours_sparse": "ours (sparse; vs the dense roof)", "llama_cpp": "llama.cpp"}
     for key, name in names.items():
         if key in r:
-            lines.append(f"  {name:<34} decode {r[key]['decode_pct_of_roof']:5.1f}% of roof, "
-                         f"prefill {r[key]['prefill_pct_of_roof']:5.1f}% of roof")
+            lines.append(
+                f"  {name:<34} decode {r[key]['decode_pct_of_roof']:5.1f}% of roof, "
+                f"prefill {r[key]['prefill_pct_of_roof']:5.1f}% of roof"
+            )
     return "\n".join(lines)
 
 

@@ -53,8 +53,17 @@ class _Layer:
 CONFIGS = (("Q4_0", "Q4_0", ("F16", "Q8_0", "Q4_0")), ("F16", "F16", ("F16",)))
 
 
-def run_sweep(*, n_embd: int = 4096, n_ff: int = 11008, n_threads: int = 2, mib: int = 1200, rounds: int = 15,
-              pct: float = 10.0, densities=DENSITIES, cpu_time: bool = False) -> dict:
+def run_sweep(
+    *,
+    n_embd: int = 4096,
+    n_ff: int = 11008,
+    n_threads: int = 2,
+    mib: int = 1200,
+    rounds: int = 15,
+    pct: float = 10.0,
+    densities=DENSITIES,
+    cpu_time: bool = False,
+) -> dict:
     """Time the dense FFN and the sparse operator at each density.
 
     Args:
@@ -100,9 +109,14 @@ def _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities) ->
         n_layers = max(1, -(-mib * 2**20 // per_layer))
         layers = [_Layer(np.random.default_rng(1 + i), n_embd, n_ff, gtype, dtype, dts) for i in range(n_layers)]
         # the C calls bound once per layer (pointers made outside the timed region)
-        mm = [(bind_matmul(pool, TYPE_ID[gtype], L.gate, n_ff, n_embd, x, g),
-               bind_matmul(pool, TYPE_ID[gtype], L.up, n_ff, n_embd, x, u),
-               bind_matmul(pool, TYPE_ID[dtype], L.down, n_embd, n_ff, h, y)) for L in layers]
+        mm = [
+            (
+                bind_matmul(pool, TYPE_ID[gtype], L.gate, n_ff, n_embd, x, g),
+                bind_matmul(pool, TYPE_ID[gtype], L.up, n_ff, n_embd, x, u),
+                bind_matmul(pool, TYPE_ID[dtype], L.down, n_embd, n_ff, h, y),
+            )
+            for L in layers
+        ]
         act_sets = {}
         for d in densities:
             sets = []
@@ -110,9 +124,27 @@ def _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities) ->
                 ids = np.sort(rng.choice(n_ff, int(round(d * n_ff)), replace=False)).astype(np.int32)
                 sets.append((ids, np.array([0, ids.size], np.int64)))
             act_sets[d] = sets
-        sp = {(i, dt, d): bind_ffn_sparse(pool, FfnForm.SWIGLU, TYPE_ID[gtype], L.gate, L.up, n_embd, n_ff,
-                                          TYPE_ID[dt], L.down_t[dt], x, *act_sets[d][i], 0.0, y, n_used)
-              for i, L in enumerate(layers) for dt in dts for d in densities}
+        sp = {
+            (i, dt, d): bind_ffn_sparse(
+                pool,
+                FfnForm.SWIGLU,
+                TYPE_ID[gtype],
+                L.gate,
+                L.up,
+                n_embd,
+                n_ff,
+                TYPE_ID[dt],
+                L.down_t[dt],
+                x,
+                *act_sets[d][i],
+                0.0,
+                y,
+                n_used,
+            )
+            for i, L in enumerate(layers)
+            for dt in dts
+            for d in densities
+        }
 
         variants: list[tuple[Any, Any, Any]] = [("dense", None, None)] + [(dt, dt, d) for dt in dts for d in densities]
         times: dict[tuple, list[float]] = {v: [] for v in variants}
@@ -125,22 +157,37 @@ def _sweep(pool, clock, n_embd, n_ff, n_threads, mib, rounds, pct, densities) ->
                         times[v].append(clock() - t0)
         stat = {v: float(np.percentile(ts, pct)) for v, ts in times.items()}
         td = stat[variants[0]]
-        rows = [{"down_t": v[0], "density": v[2], "ms": stat[v] * 1e3, "rel": stat[v] / td,
-                 "rel_per_density": stat[v] / td / v[2]} for v in variants[1:]]
-        result["configs"].append({"gate_up": gtype, "down": dtype, "layers_rotated": n_layers,
-                                  "dense_ms": td * 1e3, "rows": rows})
+        rows = [
+            {
+                "down_t": v[0],
+                "density": v[2],
+                "ms": stat[v] * 1e3,
+                "rel": stat[v] / td,
+                "rel_per_density": stat[v] / td / v[2],
+            }
+            for v in variants[1:]
+        ]
+        result["configs"].append(
+            {"gate_up": gtype, "down": dtype, "layers_rotated": n_layers, "dense_ms": td * 1e3, "rows": rows}
+        )
     return result
 
 
 def format_sweep(r: dict) -> str:
     """Human-readable table of a :func:`run_sweep` result."""
-    lines = [f"FFN density sweep: n_embd {r['n_embd']}, n_ff {r['n_ff']}, {r['threads']} threads, "
-             f"isa {r['isa']}, decode (1 token)"]
+    lines = [
+        f"FFN density sweep: n_embd {r['n_embd']}, n_ff {r['n_ff']}, {r['threads']} threads, "
+        f"isa {r['isa']}, decode (1 token)"
+    ]
     for c in r["configs"]:
-        lines.append(f"gate/up {c['gate_up']}, dense down {c['down']}: dense {c['dense_ms']:.3f} ms "
-                     f"({c['layers_rotated']} layers rotated)")
+        lines.append(
+            f"gate/up {c['gate_up']}, dense down {c['down']}: dense {c['dense_ms']:.3f} ms "
+            f"({c['layers_rotated']} layers rotated)"
+        )
         lines.append(f"  {'down_t':<6} {'density':>7} {'ms':>8} {'rel':>6} {'rel/d':>6}")
         for row in c["rows"]:
-            lines.append(f"  {row['down_t']:<6} {row['density']:>7.2f} {row['ms']:>8.3f} {row['rel']:>6.3f} "
-                         f"{row['rel_per_density']:>6.2f}")
+            lines.append(
+                f"  {row['down_t']:<6} {row['density']:>7.2f} {row['ms']:>8.3f} {row['rel']:>6.3f} "
+                f"{row['rel_per_density']:>6.2f}"
+            )
     return "\n".join(lines)

@@ -37,13 +37,28 @@ from typing import Any
 import numpy as np
 
 from .. import _native
-from ..loader.artifacts import (FINGERPRINT_KEY, artifact_dir, artifact_metadata, atomic_write,
-                        atomic_write_json, metadata_path, model_fingerprint,
-                        read_metadata)
+from ..loader.artifacts import (
+    FINGERPRINT_KEY,
+    artifact_dir,
+    artifact_metadata,
+    atomic_write,
+    atomic_write_json,
+    metadata_path,
+    model_fingerprint,
+    read_metadata,
+)
 from ..loader import GGUFModel, TensorView, load_gguf
 
-__all__ = ["transposed_down", "build_down_cache", "load_down_cache", "down_cache_path", "down_t_dtype",
-           "down_t_row_bytes", "dense_down_cheaper", "QuantizedDownT"]
+__all__ = [
+    "transposed_down",
+    "build_down_cache",
+    "load_down_cache",
+    "down_cache_path",
+    "down_t_dtype",
+    "down_t_row_bytes",
+    "dense_down_cheaper",
+    "QuantizedDownT",
+]
 
 FORMAT_VERSION = 1
 #: dtype name -> (numpy dtype of the stored array, ggml type id of the transpose output).
@@ -123,8 +138,7 @@ class QuantizedDownT:
         if not 0 <= layer < self.shape[0]:
             raise IndexError(f"layer {layer} out of range [0, {self.shape[0]})")
         data = self.raw[layer].reshape(-1)
-        return TensorView(f"blk.{layer}.ffn_down_t", self.type, (self.shape[2], self.shape[1]), data,
-                          int(data.nbytes))
+        return TensorView(f"blk.{layer}.ffn_down_t", self.type, (self.shape[2], self.shape[1]), data, int(data.nbytes))
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -148,8 +162,7 @@ def _dtype_name(dtype: Any) -> str:
     raise ValueError(bad)
 
 
-def down_cache_path(model_path: str | os.PathLike, dtype: Any = "f16", *,
-                    create: bool = True) -> Path:
+def down_cache_path(model_path: str | os.PathLike, dtype: Any = "f16", *, create: bool = True) -> Path:
     """Path of the ``down_t.<dtype>.npy`` file for the model (may not exist yet);
     its metadata is ``artifacts.metadata_path(...)`` of it. ``create`` creates the
     artifact folder (see :func:`~powerinfer_backend.loader.artifacts.artifact_dir`)."""
@@ -168,9 +181,13 @@ def _wrap(arr: np.ndarray, name: str, n_embd: int):
 
 
 def _meta_matches(meta: dict | None, fp: str, name: str, shape: tuple[int, ...]) -> bool:
-    return (isinstance(meta, dict) and meta.get(FINGERPRINT_KEY) == fp
-            and meta.get("dtype") == name and meta.get("format_version") == FORMAT_VERSION
-            and tuple(meta.get("shape", ())) == tuple(shape))
+    return (
+        isinstance(meta, dict)
+        and meta.get(FINGERPRINT_KEY) == fp
+        and meta.get("dtype") == name
+        and meta.get("format_version") == FORMAT_VERSION
+        and tuple(meta.get("shape", ())) == tuple(shape)
+    )
 
 
 def _open(npy: Path, fp: str, name: str, shape: tuple[int, int, int]) -> np.ndarray | None:
@@ -197,8 +214,9 @@ def _open(npy: Path, fp: str, name: str, shape: tuple[int, int, int]) -> np.ndar
     return arr
 
 
-def load_down_cache(model_path: str | os.PathLike, dtype: Any = "f16",
-                    n_layer_ff_embd: tuple[int, int, int] | None = None):
+def load_down_cache(
+    model_path: str | os.PathLike, dtype: Any = "f16", n_layer_ff_embd: tuple[int, int, int] | None = None
+):
     """The cached ``(n_layer, n_ff, n_embd)`` down_t of the model, or None when there is
     no cache for this exact model file (fingerprint), dtype and (if given) shape in
     weights. Never builds. f16 / f32: a read-only ``np.memmap``; q8_0: a
@@ -214,8 +232,11 @@ def load_down_cache(model_path: str | os.PathLike, dtype: Any = "f16",
         stored = tuple(int(v) for v in meta["shape"])
     else:
         n_embd = int(n_layer_ff_embd[2])
-        stored = (int(n_layer_ff_embd[0]), int(n_layer_ff_embd[1]),
-                  n_embd if name != "q8_0" else down_t_row_bytes(name, n_embd))
+        stored = (
+            int(n_layer_ff_embd[0]),
+            int(n_layer_ff_embd[1]),
+            n_embd if name != "q8_0" else down_t_row_bytes(name, n_embd),
+        )
     arr = _open(npy, fp, name, stored)  # type: ignore[arg-type]
     return None if arr is None else _wrap(arr, name, n_embd)
 
@@ -231,20 +252,25 @@ def _transpose_layer(model: GGUFModel, layer: int, name: str) -> np.ndarray:
     hp = model.hparams
     tv = _ffn_down(model, layer)
     if tuple(tv.ne[:2]) != (hp.n_ff, hp.n_embd) or any(d != 1 for d in tv.ne[2:]):
-        raise ValueError(f"{model.path}: {tv.name} has ne {tv.ne}, expected "
-                         f"({hp.n_ff}, {hp.n_embd})")
+        raise ValueError(f"{model.path}: {tv.name} has ne {tv.ne}, expected ({hp.n_ff}, {hp.n_embd})")
     npdt, type_out = _DTYPES[name]
     dst = np.empty(_expected_shape(model, name)[1:], dtype=npdt)
     ffi, lib = _native.ffi, _native.lib
-    _native.check(lib.pi_op_transpose_to(type_out, ffi.from_buffer(tv.data), tv.type,
-                                         hp.n_embd, hp.n_ff, ffi.from_buffer(dst)),
-                  f"pi_op_transpose_to({tv.name})")
+    _native.check(
+        lib.pi_op_transpose_to(type_out, ffi.from_buffer(tv.data), tv.type, hp.n_embd, hp.n_ff, ffi.from_buffer(dst)),
+        f"pi_op_transpose_to({tv.name})",
+    )
     return dst
 
 
-def build_down_cache(model_path: str | os.PathLike, gguf_model: GGUFModel | None = None,
-                     dtype: Any = "f16", progress: bool | None = True, *,
-                     rebuild: bool = False) -> Path:
+def build_down_cache(
+    model_path: str | os.PathLike,
+    gguf_model: GGUFModel | None = None,
+    dtype: Any = "f16",
+    progress: bool | None = True,
+    *,
+    rebuild: bool = False,
+) -> Path:
     """Make sure the down_t cache for the model exists and is current; build it
     if missing or stale (or when ``rebuild``).
 
@@ -275,8 +301,14 @@ def build_down_cache(model_path: str | os.PathLike, gguf_model: GGUFModel | None
     return npy
 
 
-def _build(model: GGUFModel, model_path: str | os.PathLike, npy: Path, name: str,
-           shape: tuple[int, int, int], progress: bool | None) -> None:
+def _build(
+    model: GGUFModel,
+    model_path: str | os.PathLike,
+    npy: Path,
+    name: str,
+    shape: tuple[int, int, int],
+    progress: bool | None,
+) -> None:
     from tqdm.auto import tqdm
 
     npdt = _DTYPES[name][0]
@@ -284,10 +316,15 @@ def _build(model: GGUFModel, model_path: str | os.PathLike, npy: Path, name: str
 
     def write(f) -> None:
         np.lib.format.write_array_header_1_0(
-            f, {"descr": np.lib.format.dtype_to_descr(npdt), "fortran_order": False,
-                "shape": shape})
-        bar = tqdm(range(shape[0]), desc=f"down_t {name}", unit="layer",
-                   disable=(None if progress is None else not progress), leave=False)
+            f, {"descr": np.lib.format.dtype_to_descr(npdt), "fortran_order": False, "shape": shape}
+        )
+        bar = tqdm(
+            range(shape[0]),
+            desc=f"down_t {name}",
+            unit="layer",
+            disable=(None if progress is None else not progress),
+            leave=False,
+        )
         try:
             for i in bar:
                 src_types.append(_ffn_down(model, i).type_name)
@@ -297,18 +334,24 @@ def _build(model: GGUFModel, model_path: str | os.PathLike, npy: Path, name: str
 
     # Array first, metadata last: matching metadata means a complete array.
     atomic_write(npy, write)
-    meta = artifact_metadata(model_path, kind="down_t", format_version=FORMAT_VERSION,
-                             dtype=name, shape=list(shape), n_embd=model.hparams.n_embd,
-                             layout="n_layer x n_ff x n_embd" if name != "q8_0" else
-                             "n_layer x n_ff x (n_embd / 32 Q8_0 blocks of 34 bytes)",
-                             source_types=src_types)
+    meta = artifact_metadata(
+        model_path,
+        kind="down_t",
+        format_version=FORMAT_VERSION,
+        dtype=name,
+        shape=list(shape),
+        n_embd=model.hparams.n_embd,
+        layout="n_layer x n_ff x n_embd"
+        if name != "q8_0"
+        else "n_layer x n_ff x (n_embd / 32 Q8_0 blocks of 34 bytes)",
+        source_types=src_types,
+    )
     atomic_write_json(metadata_path(npy), meta)
     with _lock:
         _loaded.pop(str(npy), None)
 
 
-def transposed_down(gguf_model: GGUFModel, layer: int, *, dtype: Any = "f16",
-                    progress: bool | None = None):
+def transposed_down(gguf_model: GGUFModel, layer: int, *, dtype: Any = "f16", progress: bool | None = None):
     """Layer ``layer``'s ffn_down as ``down_t``: n_ff rows of n_embd, C-contiguous.
 
     The first call for a model builds the disk cache of every layer

@@ -89,8 +89,14 @@ class GgmlDeviceInfo:
 
 
 def _info(c, index: int) -> GgmlDeviceInfo:
-    return GgmlDeviceInfo(index, ffi.string(c.name).decode(), ffi.string(c.description).decode(),
-                          _TYPES.get(int(c.type), str(int(c.type))), int(c.free_bytes), int(c.total_bytes))
+    return GgmlDeviceInfo(
+        index,
+        ffi.string(c.name).decode(),
+        ffi.string(c.description).decode(),
+        _TYPES.get(int(c.type), str(int(c.type))),
+        int(c.free_bytes),
+        int(c.total_bytes),
+    )
 
 
 def list_devices() -> list[GgmlDeviceInfo]:

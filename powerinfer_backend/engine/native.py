@@ -56,10 +56,29 @@ class NativeModel:
         self.gguf = gguf
         hp = gguf.hparams
         p = ffi.new("pi_model_params *")
-        for name in ("n_vocab", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "n_embd_head",
-                     "n_rot", "n_ctx_train", "rms_eps", "rope_freq_base", "rope_freq_scale",
-                     "embd_scale", "attn_scale", "n_swa", "swa_pattern", "rope_freq_base_swa",
-                     "rope_freq_scale_swa", "layer_norm", "parallel_residual", "pos_offset"):
+        for name in (
+            "n_vocab",
+            "n_embd",
+            "n_layer",
+            "n_ff",
+            "n_head",
+            "n_head_kv",
+            "n_embd_head",
+            "n_rot",
+            "n_ctx_train",
+            "rms_eps",
+            "rope_freq_base",
+            "rope_freq_scale",
+            "embd_scale",
+            "attn_scale",
+            "n_swa",
+            "swa_pattern",
+            "rope_freq_base_swa",
+            "rope_freq_scale_swa",
+            "layer_norm",
+            "parallel_residual",
+            "pos_offset",
+        ):
             setattr(p, name, getattr(hp, name))
         p.rope_type = _ROPE[hp.rope_type] if isinstance(hp.rope_type, str) else hp.rope_type
         p.act = _ACT[hp.act] if isinstance(hp.act, str) else hp.act
@@ -112,21 +131,33 @@ class NativeContext:
         ValueError: bad sizes (naming n_ctx, n_batch or n_seq_max). MemoryError: the KV cache does not fit.
     """
 
-    def __init__(self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int,
-                 kv_f16: bool = True, n_seq_max: int = 1):
+    def __init__(
+        self, model: NativeModel, *, n_ctx: int, n_batch: int, n_threads: int, kv_f16: bool = True, n_seq_max: int = 1
+    ):
         if model.ptr is None:
             raise ValueError("NativeContext: the model is closed")
         self.model = model
         self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
-        if (isinstance(n_seq_max, bool) or not isinstance(n_seq_max, (int, np.integer))
-                or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx)):
-            raise ValueError(f"n_seq_max must be an int in [1, min({lib.PI_SEQ_MAX}, n_ctx {self.n_ctx})], "
-                             f"got {n_seq_max!r}")
+        if (
+            isinstance(n_seq_max, bool)
+            or not isinstance(n_seq_max, (int, np.integer))
+            or not 1 <= n_seq_max <= min(lib.PI_SEQ_MAX, self.n_ctx)
+        ):
+            raise ValueError(
+                f"n_seq_max must be an int in [1, min({lib.PI_SEQ_MAX}, n_ctx {self.n_ctx})], got {n_seq_max!r}"
+            )
         self.n_vocab = model.gguf.hparams.n_vocab
         self.n_embd = model.gguf.hparams.n_embd
-        cp = ffi.new("pi_context_params *", {
-            "n_ctx": self.n_ctx, "n_batch": self.n_batch, "n_threads": self.n_threads,
-            "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32, "n_seq_max": int(n_seq_max)})
+        cp = ffi.new(
+            "pi_context_params *",
+            {
+                "n_ctx": self.n_ctx,
+                "n_batch": self.n_batch,
+                "n_threads": self.n_threads,
+                "kv_type": lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32,
+                "n_seq_max": int(n_seq_max),
+            },
+        )
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
         self._ptr = out[0]
@@ -142,15 +173,17 @@ class NativeContext:
         self._device: Any = None  # the device the C context computes on, kept alive with it
         model._contexts.add(self)
         # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
-        self._last_view = np.frombuffer(ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4),
-                                        dtype=np.float32).reshape(1, self.n_vocab)
+        self._last_view = np.frombuffer(
+            ffi.buffer(lib.pi_get_logits_buffer(self._ptr), self.n_vocab * 4), dtype=np.float32
+        ).reshape(1, self.n_vocab)
 
     @contextlib.contextmanager
     def _exclusive(self):
         """One native call at a time: a context (KV cache, buffers) is not shareable."""
         if not self._busy.acquire(blocking=False):
-            raise RuntimeError("this context is already in use by another thread; use one Llama per thread "
-                               "or serialize the calls")
+            raise RuntimeError(
+                "this context is already in use by another thread; use one Llama per thread or serialize the calls"
+            )
         try:
             yield
         finally:
@@ -218,15 +251,19 @@ class NativeContext:
                 raise ValueError(f"eval_seqs: items[{i}] must be a (seq, tokens) pair, got {item!r}") from None
             seq = self._seq_id(seq, f"eval_seqs: items[{i}]")
             if seq in seen:
-                raise ValueError(f"eval_seqs: seq {seq} appears in items[{seen[seq]}] and items[{i}] "
-                                 "(each seq at most once per call)")
+                raise ValueError(
+                    f"eval_seqs: seq {seq} appears in items[{seen[seq]}] and items[{i}] "
+                    "(each seq at most once per call)"
+                )
             seen[seq] = i
             ids = _token_ids(tokens, f"eval_seqs: items[{i}]", self.n_vocab)
             n_have = int(lib.pi_seq_used(self._ptr, seq))
             if n_have + ids.size > self.n_ctx_seq:
-                raise ValueError(f"eval_seqs: items[{i}]: seq {seq} would hold {n_have + ids.size} tokens, more than "
-                                 f"n_ctx_seq {self.n_ctx_seq} (n_ctx {self.n_ctx} / n_seq_max {self.n_seq_max}); "
-                                 "the slot is full")
+                raise ValueError(
+                    f"eval_seqs: items[{i}]: seq {seq} would hold {n_have + ids.size} tokens, more than "
+                    f"n_ctx_seq {self.n_ctx_seq} (n_ctx {self.n_ctx} / n_seq_max {self.n_seq_max}); "
+                    "the slot is full"
+                )
             seqs.append(seq)
             counts.append(ids.size)
             chunks.append(ids)
@@ -236,9 +273,17 @@ class NativeContext:
         toks = np.concatenate(chunks).astype(np.int32)
         seq_a, cnt_a = np.asarray(seqs, np.int32), np.asarray(counts, np.int32)
         with self._exclusive():
-            check(lib.pi_eval_seqs(self._ptr, ffi.from_buffer("int32_t[]", toks), ffi.from_buffer("int32_t[]", seq_a),
-                                   ffi.from_buffer("int32_t[]", cnt_a), len(items), int(bool(logits_all))),
-                  "eval_seqs")
+            check(
+                lib.pi_eval_seqs(
+                    self._ptr,
+                    ffi.from_buffer("int32_t[]", toks),
+                    ffi.from_buffer("int32_t[]", seq_a),
+                    ffi.from_buffer("int32_t[]", cnt_a),
+                    len(items),
+                    int(bool(logits_all)),
+                ),
+                "eval_seqs",
+            )
             rows = self._logits_view().copy()
         return np.split(rows, np.cumsum(counts)[:-1]) if logits_all else list(rows)
 
@@ -292,12 +337,16 @@ class NativeContext:
             raise ValueError(f"Requested tokens ({self.n_past + toks.size}) exceed context window of {self.n_ctx_seq}")
         rows = []
         for start in range(0, toks.size, self.n_batch):
-            chunk = toks[start:start + self.n_batch]
+            chunk = toks[start : start + self.n_batch]
             pos = np.arange(self.n_past, self.n_past + chunk.size, dtype=np.int32)
             last = start + self.n_batch >= toks.size
             mode = 1 if logits_all else 0 if last else -1  # -1: no logits for an earlier prompt chunk
-            check(lib.pi_eval(self._ptr, ffi.from_buffer("int32_t[]", chunk), ffi.from_buffer("int32_t[]", pos),
-                              chunk.size, mode), "eval")
+            check(
+                lib.pi_eval(
+                    self._ptr, ffi.from_buffer("int32_t[]", chunk), ffi.from_buffer("int32_t[]", pos), chunk.size, mode
+                ),
+                "eval",
+            )
             if logits_all:  # copied: a later eval with more rows may reallocate that buffer
                 rows.append(self._logits_view().copy())
         if not logits_all:
@@ -330,16 +379,19 @@ class NativeContext:
         keep = self._down_t
         if down_t is None:
             with self._exclusive():
-                check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
-                      f"blk.{layer}: dense FFN")
+                check(
+                    lib.pi_context_set_ffn_sparsity(self._ptr, layer, ffi.NULL, float(threshold)),
+                    f"blk.{layer}: dense FFN",
+                )
             keep.pop(layer, None)
             self._ffn_thr.pop(layer, None)
             return
         if not isinstance(down_t, np.ndarray):  # a TensorView (e.g. a PowerInfer ffn_down_t)
             t, keep_obj = _pred_tensor(down_t, f"blk.{layer}.ffn_down_t.weight")
             with self._exclusive():
-                check(lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)),
-                      f"blk.{layer}: sparse FFN")
+                check(
+                    lib.pi_context_set_ffn_sparsity(self._ptr, layer, t, float(threshold)), f"blk.{layer}: sparse FFN"
+                )
             keep[layer] = keep_obj
             self._ffn_thr[layer] = float(threshold)
             return
@@ -364,8 +416,10 @@ class NativeContext:
         """layer -> ggml type name ("F32", "F16", "Q8_0", ...) of the down_t each sparse
         layer runs over (:meth:`set_ffn_sparsity`); dense layers are absent."""
         names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
-        return {layer: names[v.dtype] if isinstance(v, np.ndarray) else v.type_name
-                for layer, v in sorted(self._down_t.items())}
+        return {
+            layer: names[v.dtype] if isinstance(v, np.ndarray) else v.type_name
+            for layer, v in sorted(self._down_t.items())
+        }
 
     def set_ffn_down_dense(self, layer: int, on: bool) -> None:
         """Sparse layer ``layer`` keeps skipping its skipped neurons' gate/up work, but
@@ -436,8 +490,12 @@ class NativeContext:
         if len(layers) != self.model.gguf.hparams.n_layer:
             raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")
         with self._exclusive():
-            check(lib.pi_context_set_ggml_device(self._ptr, dev._live(), arr, int(bool(output_on_device)),
-                                                 int(budget_bytes)), f"placing the model on ggml device {dev.name}")
+            check(
+                lib.pi_context_set_ggml_device(
+                    self._ptr, dev._live(), arr, int(bool(output_on_device)), int(budget_bytes)
+                ),
+                f"placing the model on ggml device {dev.name}",
+            )
         self._device = dev
         dev._contexts.add(self)
 
@@ -463,15 +521,18 @@ class NativeContext:
         keep = self.__dict__.setdefault("_pred", {})
         if fc1 is None:
             with self._exclusive():
-                check(lib.pi_context_set_ffn_predictor(self._ptr, layer, ffi.NULL, ffi.NULL, 0.0),
-                      f"blk.{layer}: predictor")
+                check(
+                    lib.pi_context_set_ffn_predictor(self._ptr, layer, ffi.NULL, ffi.NULL, 0.0),
+                    f"blk.{layer}: predictor",
+                )
             keep.pop(layer, None)
             return
         t1, a1 = _pred_tensor(fc1, f"blk.{layer}.fc1.weight")
         t2, a2 = _pred_tensor(fc2, f"blk.{layer}.fc2.weight")
         with self._exclusive():
-            check(lib.pi_context_set_ffn_predictor(self._ptr, layer, t1, t2, float(threshold)),
-                  f"blk.{layer}: predictor")
+            check(
+                lib.pi_context_set_ffn_predictor(self._ptr, layer, t1, t2, float(threshold)), f"blk.{layer}: predictor"
+            )
         keep[layer] = (a1, a2, t1, t2)
 
     def set_ffn_capture(self, buf) -> None:
@@ -485,12 +546,16 @@ class NativeContext:
             return
         hp = self.model.gguf.hparams
         want = (hp.n_layer, self.n_batch, hp.n_embd)
-        if not isinstance(buf, np.ndarray) or buf.dtype != np.float32 or buf.shape != want \
-                or not buf.flags.c_contiguous or not buf.flags.writeable:
+        if (
+            not isinstance(buf, np.ndarray)
+            or buf.dtype != np.float32
+            or buf.shape != want
+            or not buf.flags.c_contiguous
+            or not buf.flags.writeable
+        ):
             raise ValueError(f"ffn capture buffer must be a writable C-contiguous float32 array of shape {want}")
         with self._exclusive():
-            check(lib.pi_context_set_ffn_capture(self._ptr, ffi.cast("float *", ffi.from_buffer(buf))),
-                  "ffn_capture")
+            check(lib.pi_context_set_ffn_capture(self._ptr, ffi.cast("float *", ffi.from_buffer(buf))), "ffn_capture")
         self._capture = buf
 
     def predictor_stats(self, reset: bool = False) -> dict:
@@ -499,9 +564,14 @@ class NativeContext:
         ``ffn_ns`` (time in the sparse FFN of predictor layers, predictor included)."""
         n = self.model.gguf.hparams.n_layer
         out = {k: np.zeros(n, np.int64) for k in ("predicted", "pred_ns", "ffn_ns")}
-        check(lib.pi_context_predictor_stats(self._ptr, *(ffi.from_buffer("int64_t[]", out[k])
-                                                          for k in ("predicted", "pred_ns", "ffn_ns")),
-                                             1 if reset else 0), "predictor_stats")
+        check(
+            lib.pi_context_predictor_stats(
+                self._ptr,
+                *(ffi.from_buffer("int64_t[]", out[k]) for k in ("predicted", "pred_ns", "ffn_ns")),
+                1 if reset else 0,
+            ),
+            "predictor_stats",
+        )
         return out
 
     def set_ffn_threshold_on(self, target: str) -> None:
@@ -512,8 +582,12 @@ class NativeContext:
         if target not in ("product", "gate"):
             raise ValueError(f"threshold target must be 'product' or 'gate', got {target!r}")
         with self._exclusive():
-            check(lib.pi_context_set_ffn_threshold_on(self._ptr, lib.PI_FFN_ON_GATE if target == "gate"
-                                                      else lib.PI_FFN_ON_PRODUCT), "threshold target")
+            check(
+                lib.pi_context_set_ffn_threshold_on(
+                    self._ptr, lib.PI_FFN_ON_GATE if target == "gate" else lib.PI_FFN_ON_PRODUCT
+                ),
+                "threshold target",
+            )
 
     def set_ffn_hist(self, hist) -> None:
         """Start (or with ``None`` stop) collecting per-neuron |h| histograms for
@@ -532,8 +606,13 @@ class NativeContext:
             return
         hp = self.model.gguf.hparams
         want = (hp.n_layer, hp.n_ff, FFN_HIST_BINS)
-        if not isinstance(hist, np.ndarray) or hist.dtype != np.uint32 or hist.shape != want \
-                or not hist.flags.c_contiguous or not hist.flags.writeable:
+        if (
+            not isinstance(hist, np.ndarray)
+            or hist.dtype != np.uint32
+            or hist.shape != want
+            or not hist.flags.c_contiguous
+            or not hist.flags.writeable
+        ):
             raise ValueError(f"ffn hist must be a writable C-contiguous uint32 array of shape {want}")
         with self._exclusive():
             check(lib.pi_context_set_ffn_hist(self._ptr, ffi.from_buffer("uint32_t[]", hist)), "ffn_hist")
@@ -545,8 +624,12 @@ class NativeContext:
         ``per_layer`` two int64 ndarrays of shape (n_layer,). Dense layers count 0/0."""
         n = self.model.gguf.hparams.n_layer
         used, total = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        check(lib.pi_context_ffn_stats(self._ptr, ffi.from_buffer("int64_t[]", used),
-                                       ffi.from_buffer("int64_t[]", total), 1 if reset else 0), "ffn_stats")
+        check(
+            lib.pi_context_ffn_stats(
+                self._ptr, ffi.from_buffer("int64_t[]", used), ffi.from_buffer("int64_t[]", total), 1 if reset else 0
+            ),
+            "ffn_stats",
+        )
         return (used, total) if per_layer else (int(used.sum()), int(total.sum()))
 
     @property

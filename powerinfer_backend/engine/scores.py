@@ -37,8 +37,9 @@ def quantize_q8_0(w: np.ndarray, name: str = ""):
     if w.ndim != 2 or w.shape[1] % 32:
         raise ValueError(f"{name or 'tensor'}: Q8_0 needs rows whose length is a multiple of 32, got shape {w.shape}")
     q = np.ascontiguousarray(quants.quantize(w, GGMLQuantizationType.Q8_0)).reshape(-1)
-    return TensorView(name=name, type=int(GGMLQuantizationType.Q8_0), ne=(w.shape[1], w.shape[0]), data=q,
-                      nbytes=int(q.nbytes))
+    return TensorView(
+        name=name, type=int(GGMLQuantizationType.Q8_0), ne=(w.shape[1], w.shape[0]), data=q, nbytes=int(q.nbytes)
+    )
 
 
 def _operand(w):
@@ -68,8 +69,20 @@ def scores(fc1, fc2, x: np.ndarray, n_threads: int = 1) -> np.ndarray:
     rank, n_embd = s1
     n_ff = s2[0]
     out = np.empty((x.shape[0], n_ff), np.float32)
-    check(lib.pi_op_predictor_scores(_pool(n_threads), t1, ffi.from_buffer(b1),
-                                     t2, ffi.from_buffer(b2), n_embd, rank, n_ff,
-                                     ffi.cast("float *", ffi.from_buffer(x)), x.shape[0],
-                                     ffi.cast("float *", ffi.from_buffer(out))), "predictor scores")
+    check(
+        lib.pi_op_predictor_scores(
+            _pool(n_threads),
+            t1,
+            ffi.from_buffer(b1),
+            t2,
+            ffi.from_buffer(b2),
+            n_embd,
+            rank,
+            n_ff,
+            ffi.cast("float *", ffi.from_buffer(x)),
+            x.shape[0],
+            ffi.cast("float *", ffi.from_buffer(out)),
+        ),
+        "predictor scores",
+    )
     return out

@@ -7,22 +7,33 @@ from __future__ import annotations
 
 from .._native import check, ffi, lib
 
-__all__ = ["AVAILABLE", "MISSING", "TRACE_KINDS", "require", "stall", "chunk_counts", "zero_rows", "trace",
-           "trace_read"]
+__all__ = [
+    "AVAILABLE",
+    "MISSING",
+    "TRACE_KINDS",
+    "require",
+    "stall",
+    "chunk_counts",
+    "zero_rows",
+    "trace",
+    "trace_read",
+]
 
 #: whether the loaded extension was built with the test hooks
 AVAILABLE = hasattr(lib, "pi_test_pool_stall")
 #: what to do without them
-MISSING = ("the C library was built without its test hooks: rebuild it with POWERINFER_TESTING=1 set "
-           "(README's test command: POWERINFER_TESTING=1 pip install -e \".[test]\"; in place: "
-           "POWERINFER_TESTING=1 python setup.py build_ext --inplace)")
+MISSING = (
+    "the C library was built without its test hooks: rebuild it with POWERINFER_TESTING=1 set "
+    '(README\'s test command: POWERINFER_TESTING=1 pip install -e ".[test]"; in place: '
+    "POWERINFER_TESTING=1 python setup.py build_ext --inplace)"
+)
 #: a trace event's kind: the device's attention / hot FFN / output steps, and the CPU half of a split FFN
 TRACE_KINDS = ("attn", "ffn", "output", "cold")
 
 
 def require() -> None:
     """Raises:
-        RuntimeError: the extension has no test hooks (it was built without ``POWERINFER_TESTING=1``)."""
+    RuntimeError: the extension has no test hooks (it was built without ``POWERINFER_TESTING=1``)."""
     if not AVAILABLE:
         raise RuntimeError(MISSING)
 

@@ -28,8 +28,10 @@ __all__ = ["PLACEMENTS", "Offload", "offload", "split_arithmetic", "engine_mode"
 
 PLACEMENTS = ("auto", "neurons", "layers")
 #: why ``placement="auto"`` runs the neuron plan on ggml's CPU backend as the device
-SHARED_MEMORY = ("ggml's CPU backend reads the host's own memory, so no placement reads faster; auto runs "
-                 "the neuron plan there (pass device_bandwidth= to plan by the cost model anyway)")
+SHARED_MEMORY = (
+    "ggml's CPU backend reads the host's own memory, so no placement reads faster; auto runs "
+    "the neuron plan there (pass device_bandwidth= to plan by the cost model anyway)"
+)
 
 
 @dataclass
@@ -63,16 +65,20 @@ class Offload:
             why = self.message or (self.decision.message if self.decision else "")
             return f"device: none, CPU only{f' ({why})' if why else ''}"
         p = self.plan
-        line = (f"device {self.device_kind} (ggml {self.device.info.name}): {p.device_bytes} of {p.budget_bytes} "
-                f"budget bytes; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
-                f"hot neurons {p.hot_fraction:.1%}, output {'device' if p.output_on_device else 'cpu'}")
+        line = (
+            f"device {self.device_kind} (ggml {self.device.info.name}): {p.device_bytes} of {p.budget_bytes} "
+            f"budget bytes; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
+            f"hot neurons {p.hot_fraction:.1%}, output {'device' if p.output_on_device else 'cpu'}"
+        )
         c = p.choice
         if c and "tok_s" not in c:
             line += f"; placement auto chose {c['policy']} ({c['reason']})"
         elif c:
-            line += (f"; placement auto chose {c['policy']}: predicted {c['tok_s'][c['policy']]:.1f} tok/s, "
-                     f"{c['ratio']:.2f}x llama.cpp's layer split (device {c['device_gbps']:g} GB/s, "
-                     f"{c.get('device_source', 'given')}; host {c['host_gbps']:g} GB/s; mode {c['mode']})")
+            line += (
+                f"; placement auto chose {c['policy']}: predicted {c['tok_s'][c['policy']]:.1f} tok/s, "
+                f"{c['ratio']:.2f}x llama.cpp's layer split (device {c['device_gbps']:g} GB/s, "
+                f"{c.get('device_source', 'given')}; host {c['host_gbps']:g} GB/s; mode {c['mode']})"
+            )
         return line
 
     def stats(self) -> dict:
@@ -91,11 +97,19 @@ class Offload:
         self._high_water = max(self._high_water, used)
         info, plan = self.device.info, self.plan
         assert plan is not None  # a device is placed with its plan
-        return {"kind": self.device_kind, "name": info.name, "type": info.type,
-                "budget_bytes": int(plan.budget_bytes), "reserved": plan.device_bytes,
-                "used": used, "high_water": self._high_water, "buffers": dict(bufs),
-                "free_bytes": info.free_bytes, "total_bytes": info.total_bytes,
-                **({"placement": dict(plan.choice)} if plan.choice else {})}
+        return {
+            "kind": self.device_kind,
+            "name": info.name,
+            "type": info.type,
+            "budget_bytes": int(plan.budget_bytes),
+            "reserved": plan.device_bytes,
+            "used": used,
+            "high_water": self._high_water,
+            "buffers": dict(bufs),
+            "free_bytes": info.free_bytes,
+            "total_bytes": info.total_bytes,
+            **({"placement": dict(plan.choice)} if plan.choice else {}),
+        }
 
     def close(self) -> None:
         """Free the device (after the context that uses it is closed; idempotent)."""
@@ -156,10 +170,20 @@ def check_device_options(placement: str = "auto", device_threads: int = 1, devic
         P.device_bandwidth("", "", "", override=device_bandwidth)
 
 
-def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Optional[int] = None,
-            device: Optional[str] = None, placement: str = "auto", device_threads: int = 1,
-            reset_gpu_index: bool = False, disable_gpu_index: bool = False,
-            device_bandwidth: Optional[float] = None, verbose: bool = False) -> Offload:
+def offload(
+    ctx,
+    model_path: str,
+    *,
+    vram_budget: Any = None,
+    n_gpu_layers: Optional[int] = None,
+    device: Optional[str] = None,
+    placement: str = "auto",
+    device_threads: int = 1,
+    reset_gpu_index: bool = False,
+    disable_gpu_index: bool = False,
+    device_bandwidth: Optional[float] = None,
+    verbose: bool = False,
+) -> Offload:
     """Place ``ctx`` (:class:`powerinfer_backend.engine.native.NativeContext`) under the budget.
 
     Args:
@@ -195,9 +219,21 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
         return _cpu_only(choice, vram_budget, n_gpu_layers, sizes, ctx)
     dev = open_device(choice, device_threads)
     try:
-        return _place(ctx, dev, choice, model_path, sizes, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers,
-                      placement=placement, reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-                      device_bandwidth=device_bandwidth, device_threads=device_threads, verbose=verbose)
+        return _place(
+            ctx,
+            dev,
+            choice,
+            model_path,
+            sizes,
+            vram_budget=vram_budget,
+            n_gpu_layers=n_gpu_layers,
+            placement=placement,
+            reset_gpu_index=reset_gpu_index,
+            disable_gpu_index=disable_gpu_index,
+            device_bandwidth=device_bandwidth,
+            device_threads=device_threads,
+            verbose=verbose,
+        )
     except BaseException:
         if ctx.device is not dev:  # a placed context still points at the device: it goes with the context
             dev.close()
@@ -207,17 +243,33 @@ def offload(ctx, model_path: str, *, vram_budget: Any = None, n_gpu_layers: Opti
 def _cpu_only(choice: DeviceChoice, vram_budget, n_gpu_layers, sizes, ctx) -> Offload:
     """No device: a given budget is ignored, said once (a notice); ``"auto"`` says why it
     found none once (in that notice, else in the verbose summary line)."""
-    given = [f"{k}={v!r}" for k, v in (("vram_budget", vram_budget), ("n_gpu_layers", n_gpu_layers))
-             if v not in (None, 0)]
+    given = [
+        f"{k}={v!r}" for k, v in (("vram_budget", vram_budget), ("n_gpu_layers", n_gpu_layers)) if v not in (None, 0)
+    ]
     dec = P.resolve_budget(None, n_gpu_layers, sizes, free_bytes=None, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch)
     why = choice.message or f"device={choice.requested!r}"
     notices = [f"{', '.join(given)} ignored: {why}; running on the CPU"] if given else []
-    return Offload("cpu" if choice.requested == "cpu" else choice.requested, dec, notices=notices,
-                   message=choice.message)
+    return Offload(
+        "cpu" if choice.requested == "cpu" else choice.requested, dec, notices=notices, message=choice.message
+    )
 
 
-def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, placement, reset_gpu_index,
-           disable_gpu_index, device_bandwidth, device_threads, verbose) -> Offload:
+def _place(
+    ctx,
+    dev,
+    choice,
+    model_path,
+    sizes,
+    *,
+    vram_budget,
+    n_gpu_layers,
+    placement,
+    reset_gpu_index,
+    disable_gpu_index,
+    device_bandwidth,
+    device_threads,
+    verbose,
+) -> Offload:
     gguf = ctx.model.gguf
     sizer = DeviceSizer(dev, ctx)
     free = int(dev.info.free_bytes)
@@ -231,13 +283,24 @@ def _place(ctx, dev, choice, model_path, sizes, *, vram_budget, n_gpu_layers, pl
         src, info = "", dev.info
         shared = info.type == "cpu" and device_bandwidth is None
         if placement == "auto" and dec.bytes > 0 and not shared:
-            bd, src = P.device_bandwidth(info.name, info.description, info.type, override=device_bandwidth,
-                                         n_threads=device_threads)
-            auto = dict(placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads),
-                        mode=engine_mode(ctx))
-        plan = P.plan_for_model(model_path, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, model=gguf,
-                                reset_gpu_index=reset_gpu_index, disable_gpu_index=disable_gpu_index,
-                                sizer=sizer, verbose=verbose, **auto)
+            bd, src = P.device_bandwidth(
+                info.name, info.description, info.type, override=device_bandwidth, n_threads=device_threads
+            )
+            auto = dict(
+                placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads), mode=engine_mode(ctx)
+            )
+        plan = P.plan_for_model(
+            model_path,
+            dec.bytes,
+            n_ctx=ctx.n_ctx,
+            n_batch=ctx.n_batch,
+            model=gguf,
+            reset_gpu_index=reset_gpu_index,
+            disable_gpu_index=disable_gpu_index,
+            sizer=sizer,
+            verbose=verbose,
+            **auto,
+        )
         if plan.choice:
             plan.choice["device_source"] = src
         elif placement == "auto" and shared:
@@ -265,18 +328,23 @@ def place_plan(ctx, dev, plan: P.Plan, budget_bytes: int) -> None:
     """
     hp = ctx.model.gguf.hparams
     if len(plan.layers) != hp.n_layer or plan.n_ff != hp.n_ff:
-        raise ValueError(f"placement plan for {len(plan.layers)} layers x n_ff {plan.n_ff}, the model has "
-                         f"{hp.n_layer} x {hp.n_ff}")
+        raise ValueError(
+            f"placement plan for {len(plan.layers)} layers x n_ff {plan.n_ff}, the model has {hp.n_layer} x {hp.n_ff}"
+        )
     if (plan.n_ctx, plan.n_batch) != (ctx.n_ctx, ctx.n_batch):
-        raise ValueError(f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
-                         f"n_ctx {ctx.n_ctx}, n_batch {ctx.n_batch}")
+        raise ValueError(
+            f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
+            f"n_ctx {ctx.n_ctx}, n_batch {ctx.n_batch}"
+        )
     split_arithmetic(ctx, plan.layers)  # the split layers' cold neurons over the device's down values
     ctx.set_ggml_device(dev, plan.layers, bool(plan.output_on_device), int(budget_bytes))
     ctx.hold_device(dev)  # the device outlives the context's use of it
     got, want = ctx.ggml_buffers(), plan.buffer_bytes()
     if dict(got) != want:
-        raise ValueError(f"device {dev.info.name}: ggml allocated {dict(got)} bytes per buffer, the placement plan "
-                         f"counts {want} (model {ctx.model.gguf.path})")
+        raise ValueError(
+            f"device {dev.info.name}: ggml allocated {dict(got)} bytes per buffer, the placement plan "
+            f"counts {want} (model {ctx.model.gguf.path})"
+        )
 
 
 def _resolve(vram_budget, n_gpu_layers, sizes, free, ctx, sizer):
@@ -284,8 +352,9 @@ def _resolve(vram_budget, n_gpu_layers, sizes, free, ctx, sizer):
     notices for the caller's line."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dec = P.resolve_budget(vram_budget, n_gpu_layers, sizes, free_bytes=free, n_ctx=ctx.n_ctx,
-                               n_batch=ctx.n_batch, sizer=sizer)
+        dec = P.resolve_budget(
+            vram_budget, n_gpu_layers, sizes, free_bytes=free, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer
+        )
     notices = [str(w.message) for w in caught]
     if dec.source == "n_gpu_layers":
         notices.append(dec.message)

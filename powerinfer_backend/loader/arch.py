@@ -252,7 +252,6 @@ _LLAMA_LAYERS: tuple[TensorSpec, ...] = (
 )
 
 
-
 def _layers(*specs: TensorSpec) -> tuple[TensorSpec, ...]:
     """Per-layer specs in :data:`LAYER_SLOTS` order, slots not given left empty
     (name "", not required)."""
@@ -323,11 +322,14 @@ QWEN2 = ArchSpec(
     ),
 )
 
+
 def _ln(slot: str, stem: str, fallback_stem: str = "") -> tuple[TensorSpec, TensorSpec]:
     """A LayerNorm's weight and bias (F32 [n_embd]) for ``slot`` / ``slot + "_b"``."""
     fb = (f"{fallback_stem}.weight", f"{fallback_stem}.bias") if fallback_stem else ("", "")
-    return (TensorSpec(slot, f"{stem}.weight", ("n_embd",), KIND_F32, fallback=fb[0]),
-            TensorSpec(slot + "_b", f"{stem}.bias", ("n_embd",), KIND_F32, fallback=fb[1]))
+    return (
+        TensorSpec(slot, f"{stem}.weight", ("n_embd",), KIND_F32, fallback=fb[0]),
+        TensorSpec(slot + "_b", f"{stem}.bias", ("n_embd",), KIND_F32, fallback=fb[1]),
+    )
 
 
 _LAYERNORM_GLOBALS = (
@@ -379,10 +381,7 @@ OPT = ArchSpec(
     rope_type=ROPE_NONE,
     act="relu",
     rope_scaling_types=("none",),
-    global_tensors=(
-        *_LAYERNORM_GLOBALS[:5],
-        TensorSpec("pos_embd", "position_embd.weight", ("n_embd", "n_ctx_train")),
-    ),
+    global_tensors=(*_LAYERNORM_GLOBALS[:5], TensorSpec("pos_embd", "position_embd.weight", ("n_embd", "n_ctx_train"))),
     layer_tensors=_layers(
         *_ln("attn_norm", "blk.{i}.attn_norm"),
         *_ln("ffn_norm", "blk.{i}.ffn_norm"),
@@ -392,8 +391,7 @@ OPT = ArchSpec(
         TensorSpec("attn_v_bias", "blk.{i}.attn_v.bias", ("n_embd_kv",), KIND_F32),
         TensorSpec("attn_out_bias", "blk.{i}.attn_output.bias", ("n_embd",), KIND_F32),
         TensorSpec("ffn_up_bias", "blk.{i}.ffn_up.bias", ("n_ff",), KIND_F32),
-        TensorSpec("ffn_down_bias", "blk.{i}.ffn_down.bias", ("n_embd",), KIND_F32,
-                   fallback="blk.{i}.ffn_down_t.bias"),
+        TensorSpec("ffn_down_bias", "blk.{i}.ffn_down.bias", ("n_embd",), KIND_F32, fallback="blk.{i}.ffn_down_t.bias"),
     ),
     layer_norm=True,
     pos_offset=2,
@@ -401,8 +399,7 @@ OPT = ArchSpec(
 )
 
 #: general.architecture value -> its facts
-ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA, "gemma3": GEMMA3, "qwen2": QWEN2, "falcon": FALCON,
-                                         "opt": OPT}
+ARCHITECTURES: Mapping[str, ArchSpec] = {"llama": LLAMA, "gemma3": GEMMA3, "qwen2": QWEN2, "falcon": FALCON, "opt": OPT}
 
 
 def get_arch(name: str) -> ArchSpec:

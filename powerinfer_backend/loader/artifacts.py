@@ -181,8 +181,7 @@ def in_installed_packages(path: str | os.PathLike) -> bool:
     return False
 
 
-def artifact_dir(model_path: str | os.PathLike, *, prefer_beside: bool = True,
-                 create: bool = True) -> Path:
+def artifact_dir(model_path: str | os.PathLike, *, prefer_beside: bool = True, create: bool = True) -> Path:
     """The folder for artifacts derived from the model at ``model_path``.
 
     Beside the model, ``<model_dir>/<model_stem>.powerinfer/``, when
@@ -211,8 +210,7 @@ def artifact_dir(model_path: str | os.PathLike, *, prefer_beside: bool = True,
         raise FileNotFoundError(f"Model file not found: {model_path}")
     if prefer_beside and not in_installed_packages(model):
         beside = model.parent / (model.stem + ARTIFACT_SUFFIX)
-        ok = (os.access(beside, os.W_OK | os.X_OK) if beside.is_dir()
-              else os.access(model.parent, os.W_OK | os.X_OK))
+        ok = os.access(beside, os.W_OK | os.X_OK) if beside.is_dir() else os.access(model.parent, os.W_OK | os.X_OK)
         if ok:
             if not create:
                 return beside
@@ -247,6 +245,7 @@ def atomic_write(path: str | os.PathLike, writer_fn: Callable[[IO[bytes]], Any])
         Whatever ``writer_fn`` raises; OSError from the filesystem (e.g. the
         folder does not exist or is not writable).
     """
+
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             writer_fn(f)
@@ -346,8 +345,14 @@ def read_fingerprint(path: str | os.PathLike) -> str | None:
     return fp if isinstance(fp, str) else None
 
 
-def check_provenance(path: str | os.PathLike, expected_fingerprint: str, *, force: bool = False,
-                     model_path: str | os.PathLike | None = None, force_hint: str = "force=True") -> bool:
+def check_provenance(
+    path: str | os.PathLike,
+    expected_fingerprint: str,
+    *,
+    force: bool = False,
+    model_path: str | os.PathLike | None = None,
+    force_hint: str = "force=True",
+) -> bool:
     """Check that writing artifact ``path`` for the model with fingerprint
     ``expected_fingerprint`` will not clobber a result made from another model.
 
@@ -384,4 +389,5 @@ def check_provenance(path: str | os.PathLike, expected_fingerprint: str, *, forc
         why = f"it was made from {src} (sha256 {recorded})"
     raise ValueError(
         f"Refusing to overwrite artifact {p}: {why}, not from {now} "
-        f"(sha256 {expected_fingerprint}). Pass {force_hint} to overwrite.")
+        f"(sha256 {expected_fingerprint}). Pass {force_hint} to overwrite."
+    )

@@ -64,16 +64,14 @@ def _make_view(path: str, info: _TensorInfo, raw: np.ndarray, kind: str) -> Tens
     t = info.type
     if t in _INTEGER_TENSOR_TYPES:
         raise ValueError(
-            f"{path}: tensor '{info.name}' has integer type {_type_name(t)}; expected a float "
-            "or quantized type"
+            f"{path}: tensor '{info.name}' has integer type {_type_name(t)}; expected a float or quantized type"
         )
     if kind == _arch.KIND_F32:
         if t == _T.F32:
             return TensorView(info.name, t, info.ne, raw, info.nbytes)
         if t not in (_T.F16, _T.BF16):
             warnings.warn(
-                f"{info.name}: {_type_name(t)} is not supported for this tensor; "
-                "converted to F32 at load",
+                f"{info.name}: {_type_name(t)} is not supported for this tensor; converted to F32 at load",
                 UnsupportedTensorTypeWarning,
                 stacklevel=3,
             )
@@ -88,8 +86,7 @@ def _make_view(path: str, info: _TensorInfo, raw: np.ndarray, kind: str) -> Tens
         else:
             dst = int(_T.F16)
         warnings.warn(
-            f"{info.name}: {_type_name(t)} is not supported by the kernels; converted to "
-            f"{_type_name(dst)} at load",
+            f"{info.name}: {_type_name(t)} is not supported by the kernels; converted to {_type_name(dst)} at load",
             UnsupportedTensorTypeWarning,
             stacklevel=3,
         )
@@ -106,4 +103,3 @@ def _untranspose(name: str, dt: TensorView) -> TensorView:
     arr = np.ascontiguousarray(vals.T.astype(np.float32 if dst == _T.F32 else np.float16))
     raw = arr.reshape(-1).view(np.uint8)
     return TensorView(name, int(dst), (n_ff, n_embd), raw, int(raw.nbytes), converted_from=int(dt.type))
-

@@ -26,8 +26,7 @@ import numpy as np
 
 from .types import GGUF_MAGIC, PWRI_MAGIC, _DEFAULT_ALIGNMENT, _MAX_DIMS, _V, _vtype_name
 
-__all__ = ["MAX_ARRAY_ELEMS", "Header", "MetaValue", "StringArray", "TensorEntry", "parse_header",
-           "scan_metadata"]
+__all__ = ["MAX_ARRAY_ELEMS", "Header", "MetaValue", "StringArray", "TensorEntry", "parse_header", "scan_metadata"]
 
 #: Array elements per file (all arrays together): a corrupt count must not make the parse walk
 #: for minutes. The largest real tokenizers (tokens + scores/types + merges) are under 800k.
@@ -36,10 +35,22 @@ MAX_ARRAY_ELEMS = 1 << 21
 _U32 = struct.Struct("<I").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
 # value type -> numpy dtype of its scalars / array elements (little-endian)
-_NP: dict[int, np.dtype] = {k: np.dtype(v) for k, v in {
-    int(_V.UINT8): "<u1", int(_V.INT8): "<i1", int(_V.UINT16): "<u2", int(_V.INT16): "<i2",
-    int(_V.UINT32): "<u4", int(_V.INT32): "<i4", int(_V.FLOAT32): "<f4", int(_V.BOOL): "<u1",
-    int(_V.UINT64): "<u8", int(_V.INT64): "<i8", int(_V.FLOAT64): "<f8"}.items()}
+_NP: dict[int, np.dtype] = {
+    k: np.dtype(v)
+    for k, v in {
+        int(_V.UINT8): "<u1",
+        int(_V.INT8): "<i1",
+        int(_V.UINT16): "<u2",
+        int(_V.INT16): "<i2",
+        int(_V.UINT32): "<u4",
+        int(_V.INT32): "<i4",
+        int(_V.FLOAT32): "<f4",
+        int(_V.BOOL): "<u1",
+        int(_V.UINT64): "<u8",
+        int(_V.INT64): "<i8",
+        int(_V.FLOAT64): "<f8",
+    }.items()
+}
 _STRING, _ARRAY, _BOOL, _UINT32 = int(_V.STRING), int(_V.ARRAY), int(_V.BOOL), int(_V.UINT32)
 _MIN_TENSOR_ENTRY = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (no name, no dims)
 
@@ -78,13 +89,13 @@ class StringArray:
 
     def __getitem__(self, i: int) -> bytes:
         s = int(self.starts[i])
-        return self.buf[s: s + int(self.lens[i])].tobytes()
+        return self.buf[s : s + int(self.lens[i])].tobytes()
 
     def decode(self, errors: str = "surrogateescape") -> list[str]:
         """Every string as str (UTF-8, invalid bytes handled by ``errors``): one Python
         object per string, built only when asked for."""
         raw = self.buf.tobytes()
-        return [raw[s: s + n].decode("utf-8", errors) for s, n in zip(self.starts.tolist(), self.lens.tolist())]
+        return [raw[s : s + n].decode("utf-8", errors) for s, n in zip(self.starts.tolist(), self.lens.tolist())]
 
 
 @dataclass(frozen=True)
@@ -193,8 +204,10 @@ def parse_header(path: str, *, pwri: bool = False) -> Header:
     size = len(data)
     raw = []
     if n_tensors * _MIN_TENSOR_ENTRY > size - pos:
-        raise ValueError(f"{path}: truncated or corrupt GGUF header: {n_tensors} tensor entries "
-                         f"cannot fit in the {size - pos} bytes left")
+        raise ValueError(
+            f"{path}: truncated or corrupt GGUF header: {n_tensors} tensor entries "
+            f"cannot fit in the {size - pos} bytes left"
+        )
     for i in range(n_tensors):
         entry_pos = pos
         name = f"#{i}"
@@ -210,11 +223,15 @@ def parse_header(path: str, *, pwri: bool = False) -> Header:
             pos += 12
         except (_Truncated, struct.error, OverflowError) as e:
             detail = str(e) if isinstance(e, _Truncated) else f"it runs past the end of the file ({size} bytes)"
-            raise ValueError(f"{path}: truncated or corrupt GGUF header: reading tensor {_tname(name, i)} "
-                             f"at byte {entry_pos}: {detail}") from None
+            raise ValueError(
+                f"{path}: truncated or corrupt GGUF header: reading tensor {_tname(name, i)} "
+                f"at byte {entry_pos}: {detail}"
+            ) from None
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: tensor #{i} at byte {entry_pos}: its name is not valid UTF-8 ({e.reason} "
-                             f"at byte {e.start} of the name)") from None
+            raise ValueError(
+                f"{path}: tensor #{i} at byte {entry_pos}: its name is not valid UTF-8 ({e.reason} "
+                f"at byte {e.start} of the name)"
+            ) from None
         raw.append((name, ne, ttype, rel))
     alignment = _alignment(path, kv)
     data_offset = -(-pos // alignment) * alignment
@@ -247,8 +264,9 @@ def _alignment(path: str, kv: dict[str, MetaValue]) -> int:
     return a
 
 
-def _check_entry(path: str, name: str, ne: tuple[int, ...], ttype: int, rel: int, data_offset: int,
-                 align: int, size: int) -> int:
+def _check_entry(
+    path: str, name: str, ne: tuple[int, ...], ttype: int, rel: int, data_offset: int, align: int, size: int
+) -> int:
     """The entry's data size in bytes, after the checks :func:`parse_header` lists."""
     from gguf import GGML_QUANT_SIZES  # ggml's block sizes (a plain dict; the reader is not used)
 
@@ -265,8 +283,9 @@ def _check_entry(path: str, name: str, ne: tuple[int, ...], ttype: int, rel: int
     if any(d <= 0 or d >= 1 << 40 for d in ne):
         raise fail(f"has an absurd shape {list(ne)}")
     if ne[0] % block:
-        raise fail(f"of type {qtype.name} has row length ne[0] = {ne[0]}, not a multiple of the "
-                   f"type's block size {block}")
+        raise fail(
+            f"of type {qtype.name} has row length ne[0] = {ne[0]}, not a multiple of the type's block size {block}"
+        )
     if rel % align:
         raise fail(f"data offset {rel} is not a multiple of the alignment {align}")
     n = 1
@@ -275,8 +294,10 @@ def _check_entry(path: str, name: str, ne: tuple[int, ...], ttype: int, rel: int
     start = data_offset + rel
     end = start + n // block * tsize
     if end > size:
-        raise fail(f"data (bytes {start} to {end}) runs past the end of the file ({size} bytes): "
-                   "the file is truncated or corrupt")
+        raise fail(
+            f"data (bytes {start} to {end}) runs past the end of the file ({size} bytes): "
+            "the file is truncated or corrupt"
+        )
     return end - start
 
 
@@ -291,15 +312,15 @@ def _parse_kv(path: str, data: np.ndarray, mv: memoryview, magic: bytes):
     if version not in (2, 3):
         if version in (2 << 24, 3 << 24):  # 2 or 3 written big-endian
             raise ValueError(f"{path}: big-endian GGUF files are not supported")
-        raise ValueError(f"{path}: not a valid GGUF file: unsupported GGUF version {version} "
-                         "(llama.cpp reads 2 and 3)")
+        raise ValueError(f"{path}: not a valid GGUF file: unsupported GGUF version {version} (llama.cpp reads 2 and 3)")
     if size < 24:
         raise ValueError(f"{path}: truncated or corrupt GGUF header: {size} bytes, the counts need 24")
     n_tensors, n_kv = struct.unpack_from("<QQ", mv, 8)
     pos = 24
     if n_kv * 12 > size - pos:  # each entry takes at least 12 bytes
-        raise ValueError(f"{path}: truncated or corrupt GGUF header: {n_kv} metadata entries "
-                         f"cannot fit in {size - pos} bytes")
+        raise ValueError(
+            f"{path}: truncated or corrupt GGUF header: {n_kv} metadata entries cannot fit in {size - pos} bytes"
+        )
     out: dict[str, MetaValue] = {}
     budget = [MAX_ARRAY_ELEMS]  # array elements left
     for i in range(n_kv):
@@ -313,11 +334,14 @@ def _parse_kv(path: str, data: np.ndarray, mv: memoryview, magic: bytes):
         except (_Truncated, struct.error, OverflowError) as e:
             detail = str(e) if isinstance(e, _Truncated) else f"it runs past the end of the file ({size} bytes)"
             where = f"key '{key}'" if not key.startswith("#") else f"metadata key {key}"
-            raise ValueError(f"{path}: truncated or corrupt GGUF header: reading {where} at byte {start}: "
-                             f"{detail}") from None
+            raise ValueError(
+                f"{path}: truncated or corrupt GGUF header: reading {where} at byte {start}: {detail}"
+            ) from None
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: metadata key #{i} at byte {start} is not valid UTF-8 ({e.reason} at "
-                             f"byte {e.start} of the key)") from None
+            raise ValueError(
+                f"{path}: metadata key #{i} at byte {start} is not valid UTF-8 ({e.reason} at "
+                f"byte {e.start} of the key)"
+            ) from None
         except ValueError as e:
             raise ValueError(f"{path}: key '{key}': {e}") from None
         if key in out:  # llama.cpp's gguf reader rejects the file too
@@ -330,11 +354,12 @@ def _string(mv: memoryview, pos: int, size: int) -> tuple[bytes, int]:
     (n,) = _U64(mv, pos)
     if n > size - pos - 8:
         raise _Truncated(f"a string of {n} bytes at byte {pos} runs past the end of the file ({size} bytes)")
-    return bytes(mv[pos + 8: pos + 8 + n]), pos + 8 + n
+    return bytes(mv[pos + 8 : pos + 8 + n]), pos + 8 + n
 
 
-def _read_value(data: np.ndarray, mv: memoryview, pos: int, vtype: int, budget: list,
-                size: int) -> tuple[MetaValue, int]:
+def _read_value(
+    data: np.ndarray, mv: memoryview, pos: int, vtype: int, budget: list, size: int
+) -> tuple[MetaValue, int]:
     if vtype == _STRING:
         s, end = _string(mv, pos, size)
         return MetaValue(vtype, None, 1, s), end
@@ -358,11 +383,12 @@ def _read_value(data: np.ndarray, mv: memoryview, pos: int, vtype: int, budget: 
         raise _Truncated(f"an array of {count} {what} cannot fit in the {size - pos} bytes left in the file")
     budget[0] -= count
     if budget[0] < 0:
-        raise _Truncated(f"an array of {count} {what} takes the file past the limit of "
-                         f"{MAX_ARRAY_ELEMS} array elements")
+        raise _Truncated(
+            f"an array of {count} {what} takes the file past the limit of {MAX_ARRAY_ELEMS} array elements"
+        )
     if etype == _STRING:
         return _walk_strings(data, mv, pos, count, size)
-    arr = data[pos: pos + count * need].view(_NP[etype])  # a view of the map: no copy
+    arr = data[pos : pos + count * need].view(_NP[etype])  # a view of the map: no copy
     return MetaValue(vtype, etype, count, arr), pos + count * need
 
 
@@ -383,5 +409,5 @@ def _walk_strings(data: np.ndarray, mv: memoryview, pos: int, count: int, size: 
     if pos > size:
         raise _Truncated(f"string #{len(lens) - 1} of the array runs past the end of the file ({size} bytes)")
     ln = np.array(lens, np.int64)
-    sa = StringArray(data[start: pos], np.cumsum(ln + 8) - ln, ln)  # starts: past each length field
+    sa = StringArray(data[start:pos], np.cumsum(ln + 8) - ln, ln)  # starts: past each length field
     return MetaValue(_ARRAY, _STRING, count, sa), pos

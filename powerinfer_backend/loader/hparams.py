@@ -149,23 +149,18 @@ class _KVAccess:
             return default
         vtype, value = got
         if vtype not in _INT_TYPES:
-            raise self.fail(
-                f"key '{key}' has type {_vtype_name(vtype)}, expected an integer"
-            )
+            raise self.fail(f"key '{key}' has type {_vtype_name(vtype)}, expected an integer")
         if not lo <= value <= hi:
             raise self.fail(f"key '{key}' = {value} is out of range [{lo}, {hi}]")
         return value
 
-    def get_float(self, key: str, lo: float, hi: float, default: Any = _MISSING,
-              lo_inclusive: bool = False) -> float:
+    def get_float(self, key: str, lo: float, hi: float, default: Any = _MISSING, lo_inclusive: bool = False) -> float:
         got = self._raw(key, default)
         if got is None:
             return default
         vtype, value = got
         if vtype not in _FLOAT_TYPES and vtype not in _INT_TYPES:
-            raise self.fail(
-                f"key '{key}' has type {_vtype_name(vtype)}, expected a number"
-            )
+            raise self.fail(f"key '{key}' has type {_vtype_name(vtype)}, expected a number")
         value = float(value)
         ok_lo = value >= lo if lo_inclusive else value > lo
         if not (math.isfinite(value) and ok_lo and value <= hi):
@@ -178,9 +173,7 @@ class _KVAccess:
             return default
         vtype, value = got
         if vtype != _V.STRING:
-            raise self.fail(
-                f"key '{key}' has type {_vtype_name(vtype)}, expected a string"
-            )
+            raise self.fail(f"key '{key}' has type {_vtype_name(vtype)}, expected a string")
         return value
 
 
@@ -200,10 +193,7 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
     n_head = a.get_int(key("n_head"), 1, _MAX_N_HEAD)
     n_head_kv = a.get_int(key("n_head_kv"), 1, n_head, default=n_head)
     if n_head % n_head_kv:
-        raise a.fail(
-            f"key '{key('n_head')}' = {n_head} is not a multiple of "
-            f"'{key('n_head_kv')}' = {n_head_kv}"
-        )
+        raise a.fail(f"key '{key('n_head')}' = {n_head} is not a multiple of '{key('n_head_kv')}' = {n_head_kv}")
     n_ctx_train = a.get_int(key("n_ctx_train"), 1, _MAX_N_CTX)
     if key("n_embd_head") in kv:
         n_embd_head = a.get_int(key("n_embd_head"), 1, _MAX_N_HEAD)
@@ -227,8 +217,9 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         raise a.fail(f"key '{key('n_rot')}' = {n_rot} must be even")
 
     # (Falcon requires its layer_norm_epsilon, as llama.cpp does; OPT files have none: HF's 1e-5)
-    rms_eps = a.get_float(key("rms_eps"), 0.0, 1.0,
-                          default=_MISSING if "rms_eps" in spec.required_keys else _arch.DEFAULT_RMS_EPS)
+    rms_eps = a.get_float(
+        key("rms_eps"), 0.0, 1.0, default=_MISSING if "rms_eps" in spec.required_keys else _arch.DEFAULT_RMS_EPS
+    )
     rope_freq_base = a.get_float(key("rope_freq_base"), 0.0, 1e12, default=_arch.DEFAULT_ROPE_FREQ_BASE)
     scaling = a.get_str(key("rope_scaling_type"), default="none")
     if scaling not in spec.rope_scaling_types:
@@ -273,10 +264,7 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
         n_embd=key("n_embd"),
         n_ff=key("n_ff"),
         n_embd_q=f"n_head {n_head} * head dim {n_embd_head}",
-        n_embd_kv=(
-            f"n_head_kv {n_head_kv} ({origin('n_head_kv', 'default = n_head')}) "
-            f"* head dim {n_embd_head}"
-        ),
+        n_embd_kv=(f"n_head_kv {n_head_kv} ({origin('n_head_kv', 'default = n_head')}) * head dim {n_embd_head}"),
         n_rot_half=f"n_rot {n_rot} ({origin('n_rot', 'default = head dim')}) / 2",
         n_embd_head=src["n_embd_head"],
         n_embd_qkv=f"(n_head {n_head} + 2 * n_head_kv {n_head_kv}) * head dim {n_embd_head}",
@@ -287,8 +275,9 @@ def _read_hparams(path: str, spec: ArchSpec, kv: dict, infos: dict[str, _TensorI
     swa_pattern = a.get_int(key("swa_pattern"), 0, _MAX_N_LAYER, default=spec.swa_pattern) if n_swa else 0
     rope_freq_base_swa = 0.0
     if n_swa:
-        rope_freq_base_swa = a.get_float(key("rope_freq_base_swa"), 0.0, 1e12,
-                                         default=spec.rope_freq_base_swa or rope_freq_base)
+        rope_freq_base_swa = a.get_float(
+            key("rope_freq_base_swa"), 0.0, 1e12, default=spec.rope_freq_base_swa or rope_freq_base
+        )
     hp = HParams(
         n_vocab=n_vocab,
         n_embd=n_embd,
@@ -329,7 +318,8 @@ def _ffn_act(a, spec) -> int:
         raise a.fail(f"key '{_arch.FFN_ACT_KEY}' = {name!r}; supported: {sorted(_arch.ACT_IDS)}")
     gated = any(t.slot == "ffn_gate" and t.name for t in spec.layer_tensors)
     if name == "drelu" and not gated:  # relu(gate) * relu(up) needs a gate
-        raise a.fail(f"key '{_arch.FFN_ACT_KEY}' = 'drelu' needs a gated FFN; this architecture's FFN has no gate "
-                     f"(use 'relu' or 'gelu')")
+        raise a.fail(
+            f"key '{_arch.FFN_ACT_KEY}' = 'drelu' needs a gated FFN; this architecture's FFN has no gate "
+            f"(use 'relu' or 'gelu')"
+        )
     return _arch.ACT_IDS[name]
-

@@ -16,13 +16,21 @@ def _one_match(pattern: str, repo_id: str, rel: List[str], full: List[str]) -> s
     if not hits:
         raise ValueError(f"No file found in {repo_id} that match {pattern}\n\nAvailable Files:\n{json.dumps(rel)}")
     if len(hits) > 1:
-        raise ValueError(f"Multiple files found in {repo_id} matching {pattern}\n\n"
-                         f"Available Files:\n{json.dumps(full)}")
+        raise ValueError(
+            f"Multiple files found in {repo_id} matching {pattern}\n\nAvailable Files:\n{json.dumps(full)}"
+        )
     return hits[0]
 
 
-def from_pretrained(repo_id: str, filename: str, *, additional_files: Optional[List[str]] = None,
-                    local_dir=None, local_dir_use_symlinks="auto", cache_dir=None) -> str:
+def from_pretrained(
+    repo_id: str,
+    filename: str,
+    *,
+    additional_files: Optional[List[str]] = None,
+    local_dir=None,
+    local_dir_use_symlinks="auto",
+    cache_dir=None,
+) -> str:
     """Download the file of ``repo_id`` matching ``filename`` (and ``additional_files``);
     returns the local path of the model file.
 
@@ -35,16 +43,24 @@ def from_pretrained(repo_id: str, filename: str, *, additional_files: Optional[L
         from huggingface_hub import HfFileSystem, hf_hub_download
         from huggingface_hub.utils import validate_repo_id
     except ImportError:
-        raise ImportError("Llama.from_pretrained requires the huggingface-hub package. "
-                          "You can install it with `pip install huggingface-hub`.") from None
+        raise ImportError(
+            "Llama.from_pretrained requires the huggingface-hub package. "
+            "You can install it with `pip install huggingface-hub`."
+        ) from None
     validate_repo_id(repo_id)
     full = [f["name"] if isinstance(f, dict) else f for f in HfFileSystem().ls(repo_id, recursive=True)]
     rel = [str(Path(f).relative_to(repo_id)) for f in full]
 
     def download(rel_path: str, **extra) -> str:
-        return hf_hub_download(repo_id=repo_id, filename=Path(rel_path).name, subfolder=str(Path(rel_path).parent),
-                               local_dir=local_dir, local_dir_use_symlinks=local_dir_use_symlinks,
-                               cache_dir=cache_dir, **extra)
+        return hf_hub_download(
+            repo_id=repo_id,
+            filename=Path(rel_path).name,
+            subfolder=str(Path(rel_path).parent),
+            local_dir=local_dir,
+            local_dir_use_symlinks=local_dir_use_symlinks,
+            cache_dir=cache_dir,
+            **extra,
+        )
 
     model = _one_match(filename, repo_id, rel, full)
     download(model)

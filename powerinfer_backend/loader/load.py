@@ -217,8 +217,9 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
     except OSError as e:
         raise ValueError(f"{path_str}: cannot read the file: {e}") from e
     if magic not in (GGUF_MAGIC, PWRI_MAGIC):
-        raise ValueError(f"{path_str}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r} "
-                         f"or PowerInfer's {PWRI_MAGIC!r})")
+        raise ValueError(
+            f"{path_str}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r} or PowerInfer's {PWRI_MAGIC!r})"
+        )
     pwri = magic == PWRI_MAGIC
 
     try:
@@ -268,8 +269,9 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             if name in infos:
                 pinfo = infos[name]
                 if len(pinfo.ne) != 2:
-                    raise ValueError(f"{path_str}: layer {i}: tensor '{name}' has shape {list(pinfo.ne)}, "
-                                     f"expected 2 dimensions")
+                    raise ValueError(
+                        f"{path_str}: layer {i}: tensor '{name}' has shape {list(pinfo.ne)}, expected 2 dimensions"
+                    )
                 extra[name] = _make_view(path_str, pinfo, pinfo.data, _arch.KIND_MATRIX)
     for name, ts in wanted:
         info = infos.get(name)
@@ -278,8 +280,10 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
             # PowerInfer files store only the transposed down: rebuild ffn_down for the dense path
             dt = extra[dt_name]
             if tuple(dt.ne) != (hp.n_embd, hp.n_ff):
-                raise ValueError(f"{path_str}: tensor '{dt_name}' has shape {list(dt.ne)}, expected "
-                                 f"{[hp.n_embd, hp.n_ff]} (n_embd, n_ff)")
+                raise ValueError(
+                    f"{path_str}: tensor '{dt_name}' has shape {list(dt.ne)}, expected "
+                    f"{[hp.n_embd, hp.n_ff]} (n_embd, n_ff)"
+                )
             tensors[name] = _untranspose(name, dt)
             continue
         if info is None:
@@ -290,10 +294,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
         exp = expected(ts)
         if _pad4(info.ne) != _pad4(exp):
             notes = ", ".join(f"{d} = {dims[d]} from {dim_src[d]}" for d in dict.fromkeys(ts.shape))
-            raise ValueError(
-                f"{path_str}: tensor '{name}' has shape {list(info.ne)}, expected {list(exp)} "
-                f"({notes})"
-            )
+            raise ValueError(f"{path_str}: tensor '{name}' has shape {list(info.ne)}, expected {list(exp)} ({notes})")
         if name in tensors:  # a fallback already loaded for another slot
             continue
         tensors[name] = _make_view(path_str, info, info.data, ts.kind)
@@ -302,8 +303,7 @@ def load_gguf(path: str | os.PathLike, *, verbose: bool = True) -> GGUFModel:
     if unused:
         shown = ", ".join(unused[:5]) + (", ..." if len(unused) > 5 else "")
         warnings.warn(
-            f"{path_str}: {len(unused)} tensor(s) not used by architecture '{arch_name}' "
-            f"were ignored: {shown}",
+            f"{path_str}: {len(unused)} tensor(s) not used by architecture '{arch_name}' were ignored: {shown}",
             stacklevel=2,
         )
 

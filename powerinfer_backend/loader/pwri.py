@@ -104,7 +104,7 @@ def vocab_path(model_path) -> str:
         w.kv_data[0].clear()
         for name, v in kv.items():
             if foreign is not None and name.startswith(foreign + "."):
-                name = "llama." + name[len(foreign) + 1:]
+                name = "llama." + name[len(foreign) + 1 :]
             vt = V(v.vtype)
             if vt == V.ARRAY:
                 sub = V(v.etype)
@@ -117,7 +117,8 @@ def vocab_path(model_path) -> str:
             else:
                 w.add_key_value(name, v.value, vt)
         if foreign is not None and "llama.attention.layer_norm_rms_epsilon" not in (
-                "llama." + n[len(foreign) + 1:] for n in kv if n.startswith(foreign + ".")):
+            "llama." + n[len(foreign) + 1 :] for n in kv if n.startswith(foreign + ".")
+        ):
             w.add_key_value("llama.attention.layer_norm_rms_epsilon", 1e-5, V.FLOAT32)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -170,8 +171,9 @@ def read_gpuidx(path, n_layer: int, n_ff: int) -> GpuIndex:
             if n not in tensors:
                 raise ValueError(f"{path}: layer {layer}: tensor '{n}' missing")
             if tensors[n].type != _T.I32:
-                raise ValueError(f"{path}: layer {layer}: tensor '{n}' must be int32, "
-                                 f"got {_type_name(tensors[n].type)}")
+                raise ValueError(
+                    f"{path}: layer {layer}: tensor '{n}' must be int32, got {_type_name(tensors[n].type)}"
+                )
         idx = tensor_array(h, tensors[ni]).reshape(-1)
         bucket = tensor_array(h, tensors[nb]).reshape(-1)
         if idx.size != n_ff:

@@ -15,8 +15,15 @@ from .gguf_meta import Header, MetaValue, StringArray, TensorEntry
 from .types import _FLOAT_TYPES, _T, _V
 
 # ggml types whose elements are plain numbers -> numpy dtype (the rest are blocks of bytes)
-_PLAIN_NP = {int(_T.F32): "<f4", int(_T.F16): "<f2", int(_T.F64): "<f8", int(_T.I8): "<i1",
-             int(_T.I16): "<i2", int(_T.I32): "<i4", int(_T.I64): "<i8"}
+_PLAIN_NP = {
+    int(_T.F32): "<f4",
+    int(_T.F16): "<f2",
+    int(_T.F64): "<f8",
+    int(_T.I8): "<i1",
+    int(_T.I16): "<i2",
+    int(_T.I32): "<i4",
+    int(_T.I64): "<i8",
+}
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,9 @@ def _read_kv(h: Header) -> dict[str, tuple[int, Any]]:
 def _tensor_infos(h: Header) -> dict[str, _TensorInfo]:
     """The tensor directory by name, each with its data as a zero-copy view of the map."""
     data = h.data.view(np.ndarray)  # plain views (fast to slice) that still lead back to the map
-    return {t.name: _TensorInfo(t.name, t.ne, t.type, t.nbytes, data[t.offset: t.offset + t.nbytes])
-            for t in h.tensors}
+    return {
+        t.name: _TensorInfo(t.name, t.ne, t.type, t.nbytes, data[t.offset : t.offset + t.nbytes]) for t in h.tensors
+    }
 
 
 def _kv_to_str(vtype: int, value: Any) -> str:
@@ -56,7 +64,6 @@ def _kv_to_str(vtype: int, value: Any) -> str:
     if vtype in _FLOAT_TYPES:
         return f"{value:f}"
     return str(value)
-
 
 
 def plain_value(v: MetaValue) -> Any:
@@ -75,7 +82,7 @@ def tensor_array(h: Header, t: TensorEntry) -> np.ndarray:
     """Tensor ``t`` of header ``h`` as a read-only view of the file's map: numpy shape
     ``t.ne[::-1]`` in its own dtype for plain types (F32, F16, F64, I8 to I64), else its
     raw bytes as uint8 of shape (rows, bytes per row) (rows = the product of ``ne[1:]``)."""
-    raw = h.data.view(np.ndarray)[t.offset: t.offset + t.nbytes]
+    raw = h.data.view(np.ndarray)[t.offset : t.offset + t.nbytes]
     dtype = _PLAIN_NP.get(t.type)
     if dtype is not None:
         return raw.view(dtype).reshape(t.ne[::-1])

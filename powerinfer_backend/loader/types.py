@@ -22,8 +22,7 @@ _T = GGMLQuantizationType
 
 #: ggml type ids the native kernels accept for weight matrices.
 KERNEL_TYPES: frozenset[int] = frozenset(
-    int(t)
-    for t in (_T.F32, _T.F16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K, _T.BF16)
+    int(t) for t in (_T.F32, _T.F16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K, _T.BF16)
 )
 
 
@@ -111,4 +110,3 @@ class TensorView:
         index = row length). For tests and reference code; slow for big tensors."""
         flat = _dequantize(self.data, self.type, self.n_elements // self.ne[0], self.ne[0])
         return flat.reshape(self.ne[::-1])
-

@@ -26,10 +26,12 @@ def charsmap_problem(cm: np.ndarray) -> str | None:
         return f"has {n} bytes, fewer than its 4-byte size header: llama.cpp refuses the file"
     blob = int.from_bytes(cm[:4].tobytes(), "little")
     if blob + 4 >= n:
-        return (f"says its XCDA array has {blob} bytes but {n - 4} follow (it needs at least one byte of "
-                "replacement strings after it): llama.cpp refuses the file")
-    xcda = np.frombuffer(cm[4: 4 + blob // 4 * 4].tobytes(), "<u4").astype(np.uint64)
-    repl = cm[4 + blob:]
+        return (
+            f"says its XCDA array has {blob} bytes but {n - 4} follow (it needs at least one byte of "
+            "replacement strings after it): llama.cpp refuses the file"
+        )
+    xcda = np.frombuffer(cm[4 : 4 + blob // 4 * 4].tobytes(), "<u4").astype(np.uint64)
+    repl = cm[4 + blob :]
     if xcda.size == 0:
         return None  # llama.cpp skips the table
     nul = np.flatnonzero(repl == 0)
@@ -48,9 +50,11 @@ def charsmap_problem(cm: np.ndarray) -> str | None:
             bad = idx >= size
             if bad.any():
                 r, c = np.argwhere(bad)[0]
-                return (f"input byte 0x{int(_C[c]):02X} at trie node {int(f[r])} leads outside the "
-                        f"{size}-entry XCDA array: llama.cpp throws past its C API while tokenizing such "
-                        "text, aborting the process")
+                return (
+                    f"input byte 0x{int(_C[c]):02X} at trie node {int(f[r])} leads outside the "
+                    f"{size}-entry XCDA array: llama.cpp throws past its C API while tokenizing such "
+                    "text, aborting the process"
+                )
             e = xcda[idx]
             hit = (e & np.uint64(0x800000FF)) == _C[None, :]
             e, i = e[hit], idx[hit]
@@ -58,13 +62,17 @@ def charsmap_problem(cm: np.ndarray) -> str | None:
             leaf = nxt[((e >> np.uint64(8)) & np.uint64(1)).astype(bool)]
             if leaf.size:
                 if int(leaf.max()) >= size:
-                    return (f"a trie leaf points to entry {int(leaf.max())} of the {size}-entry XCDA array: "
-                            "llama.cpp throws past its C API while tokenizing, aborting the process")
+                    return (
+                        f"a trie leaf points to entry {int(leaf.max())} of the {size}-entry XCDA array: "
+                        "llama.cpp throws past its C API while tokenizing, aborting the process"
+                    )
                 val = xcda[leaf] & np.uint64((1 << 31) - 1)
                 if int(val.max()) > last_nul:
-                    return (f"a replacement string at byte {int(val.max())} of the {repl.size} replacement bytes "
-                            "is missing or not NUL-terminated: llama.cpp throws past its C API while "
-                            "tokenizing, aborting the process")
+                    return (
+                        f"a replacement string at byte {int(val.max())} of the {repl.size} replacement bytes "
+                        "is missing or not NUL-terminated: llama.cpp throws past its C API while "
+                        "tokenizing, aborting the process"
+                    )
             found.append(nxt)
         new = set(np.unique(np.concatenate(found)).tolist()) - seen if found else set()
         seen |= new

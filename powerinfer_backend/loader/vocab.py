@@ -30,17 +30,28 @@ __all__ = ["check_vocab", "PRE_TOKENIZERS", "TOKENIZER_MODELS"]
 
 _K = "tokenizer.ggml."
 MODEL, PRE, TOKENS, SCORES, TOKEN_TYPE, MERGES = (
-    _K + k for k in ("model", "pre", "tokens", "scores", "token_type", "merges"))
+    _K + k for k in ("model", "pre", "tokens", "scores", "token_type", "merges")
+)
 CHARSMAP, SUPPRESS = _K + "precompiled_charsmap", _K + "suppress_tokens"
 NAME = "general.name"
 
 #: tokenizer.ggml.model -> llama.cpp's vocabulary type (llama_vocab::impl::load)
-TOKENIZER_MODELS = {"llama": "SPM", "bert": "WPM", "gpt2": "BPE", "hybriddna": "BPE", "whitespace": "BPE",
-                    "gemma4": "BPE", "t5": "UGM", "rwkv": "RWKV", "plamo2": "PLAMO2"}
+TOKENIZER_MODELS = {
+    "llama": "SPM",
+    "bert": "WPM",
+    "gpt2": "BPE",
+    "hybriddna": "BPE",
+    "whitespace": "BPE",
+    "gemma4": "BPE",
+    "t5": "UGM",
+    "rwkv": "RWKV",
+    "plamo2": "PLAMO2",
+}
 _NO_VOCAB = ("no_vocab", "none")
 
 #: tokenizer.ggml.pre names llama.cpp accepts for BPE vocabularies (any other throws)
-PRE_TOKENIZERS = frozenset("""
+PRE_TOKENIZERS = frozenset(
+    """
 default minicpm5 llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano
 deepseek-llm deepseek-coder deepseek-v3 spark2_5 youtu falcon mpt starcoder gpt-2 phi-2 jina-es jina-de
 gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert jais-2 gemma4 granite-embed-multi-311m
@@ -50,24 +61,61 @@ codeshell bloom gpt3-finnish exaone exaone4 exaone-moe chameleon minerva-7b megr
 talkie granite-embed-multi-97m tiny_aya cohere2moe superbpe trillion granite-docling bailingmoe
 bailingmoe2 llada-moe seed-coder hunyuan hunyuan-dense hy_v4 joyai-llm kimi-k2 ufakzeka grok-2 afmoe
 laguna minimax-m2 solar-open mellum2
-""".split())
+""".split()
+)
 # BPE pre-tokenizers for which llama.cpp adds BOS by default
-_ADD_BOS_PRE = frozenset("llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano "
-                         "tekken chameleon".split())
+_ADD_BOS_PRE = frozenset(
+    "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano tekken chameleon".split()
+)
 _GEMMA4_PRE = ("gemma4", "granite-embed-multi-311m")  # llama.cpp forces add_bos for these
 
 # special-token ids the tokenizer asserts on: role -> key, and llama.cpp's defaults per model
 _ID = {r: f"{_K}{k}_token_id" for r, k in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("sep", "seperator"))}
-_DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "bert": {"bos": 101, "unk": 100, "sep": 102},
-                "gpt2": {"bos": 11, "eos": 11}, "hybriddna": {"bos": 11, "eos": 11},
-                "whitespace": {"bos": 11, "eos": 11}, "t5": {"eos": 1, "unk": 2},
-                "plamo2": {"bos": 1, "eos": 2, "unk": 0}, "rwkv": {}, "gemma4": {}}
-_U32_KEYS = tuple(f"{_K}{k}_token_id" for k in (
-    "bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask", "fim_pre", "fim_suf", "fim_mid",
-    "fim_pad", "fim_rep", "fim_sep", "prefix", "suffix", "middle")) + (_K + "token_type_count",)
-_BOOL_KEYS = tuple(_K + k for k in ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix",
-                                    "remove_extra_whitespaces", "normalizer.lowercase",
-                                    "normalizer.strip_accents"))
+_DEFAULT_IDS = {
+    "llama": {"bos": 1, "eos": 2, "unk": 0},
+    "bert": {"bos": 101, "unk": 100, "sep": 102},
+    "gpt2": {"bos": 11, "eos": 11},
+    "hybriddna": {"bos": 11, "eos": 11},
+    "whitespace": {"bos": 11, "eos": 11},
+    "t5": {"eos": 1, "unk": 2},
+    "plamo2": {"bos": 1, "eos": 2, "unk": 0},
+    "rwkv": {},
+    "gemma4": {},
+}
+_U32_KEYS = tuple(
+    f"{_K}{k}_token_id"
+    for k in (
+        "bos",
+        "eos",
+        "eot",
+        "eom",
+        "unknown",
+        "seperator",
+        "padding",
+        "mask",
+        "fim_pre",
+        "fim_suf",
+        "fim_mid",
+        "fim_pad",
+        "fim_rep",
+        "fim_sep",
+        "prefix",
+        "suffix",
+        "middle",
+    )
+) + (_K + "token_type_count",)
+_BOOL_KEYS = tuple(
+    _K + k
+    for k in (
+        "add_bos_token",
+        "add_eos_token",
+        "add_sep_token",
+        "add_space_prefix",
+        "remove_extra_whitespaces",
+        "normalizer.lowercase",
+        "normalizer.strip_accents",
+    )
+)
 _BYTE = 6  # LLAMA_TOKEN_TYPE_BYTE
 _HEX_BYTE = re.compile(rb"<0x[0-9A-Fa-f]{2}>")
 _PHI3_TOKENS = (b"</s>", b"<unk>", b"<s>", b"<|endoftext|>")
@@ -150,12 +198,16 @@ class _Vocab:
         pre = self.string(PRE)
         self.name = self.scalar(NAME, int(_V.STRING))
         if model in _NO_VOCAB:
-            raise self.fail(MODEL, f"'{model}' (no vocabulary): llama.cpp loads the file, then aborts the "
-                                   "process on the first tokenize (GGML_ASSERT: tokenizer not initialized)")
+            raise self.fail(
+                MODEL,
+                f"'{model}' (no vocabulary): llama.cpp loads the file, then aborts the "
+                "process on the first tokenize (GGML_ASSERT: tokenizer not initialized)",
+            )
         self.type = TOKENIZER_MODELS.get(model)
         if self.type is None:
-            raise self.fail(MODEL, f"unknown tokenizer model '{model}' (llama.cpp knows "
-                                   f"{', '.join(sorted(TOKENIZER_MODELS))})")
+            raise self.fail(
+                MODEL, f"unknown tokenizer model '{model}' (llama.cpp knows {', '.join(sorted(TOKENIZER_MODELS))})"
+            )
         self.model, self.raw_pre = model, pre
         if model == "gemma4":
             pre = "gemma4"  # llama.cpp sets it whatever the file says
@@ -179,11 +231,13 @@ class _Vocab:
             raise self.fail(PRE, f"unknown pre-tokenizer '{self.pre}' (llama.cpp refuses the file)")
         if self.pre == "whitespace" and self.model != "whitespace":
             # it keeps the raw bytes; only the "whitespace" model's session drops the spaces
-            raise self.fail(PRE, f"'whitespace' with tokenizer model '{self.model}': tokenizing text with two "
-                                 "spaces in a row hands a space to llama.cpp's BPE merge lookup, which aborts "
-                                 "the process (find_bpe_rank: GGML_ASSERT)")
-        why = ("required for a BPE vocabulary (tokenizer.ggml.model "
-               f"'{self.model}'); llama.cpp refuses the file")
+            raise self.fail(
+                PRE,
+                f"'whitespace' with tokenizer model '{self.model}': tokenizing text with two "
+                "spaces in a row hands a space to llama.cpp's BPE merge lookup, which aborts "
+                "the process (find_bpe_rank: GGML_ASSERT)",
+            )
+        why = f"required for a BPE vocabulary (tokenizer.ggml.model '{self.model}'); llama.cpp refuses the file"
         self.array(MERGES, (int(_V.STRING),), required="" if self.pre == "kimi-k2" and self.model != "gemma4" else why)
         # merge format: llama.cpp splits each "a b" at the first space after its first byte and
         # ignores an entry without one; no format makes it fail, so there is nothing to check
@@ -220,10 +274,11 @@ class _Vocab:
             msg += f"; and {len(groups) - 3} more duplicated strings"
         altered = set(self.texts.altered.tolist())
         if any(i in altered for ids in groups.values() for i in ids):
-            msg += (" (as llama.cpp reads them: each token up to its first NUL byte, an empty one as "
-                    "'[EMPTY_<id>]')")
-        return msg + (": llama.cpp aborts the process loading this vocabulary "
-                      "(GGML_ASSERT id_to_token.size() == token_to_id.size())")
+            msg += " (as llama.cpp reads them: each token up to its first NUL byte, an empty one as '[EMPTY_<id>]')"
+        return msg + (
+            ": llama.cpp aborts the process loading this vocabulary "
+            "(GGML_ASSERT id_to_token.size() == token_to_id.size())"
+        )
 
     def resolve(self) -> dict[str, int]:
         """bos/eos/unk/sep as llama.cpp resolves them (-1: none): the model's defaults,
@@ -262,63 +317,87 @@ class _Vocab:
                 try:
                     self.texts[ids[role]].decode("utf-8")
                 except UnicodeDecodeError:
-                    raise self.fail(_ID[role], f"token {ids[role]} {_show(self.texts[ids[role]])} is not valid "
-                                               f"UTF-8; llama-cpp-python decodes the {role.upper()} text and "
-                                               "refuses the file") from None
+                    raise self.fail(
+                        _ID[role],
+                        f"token {ids[role]} {_show(self.texts[ids[role]])} is not valid "
+                        f"UTF-8; llama-cpp-python decodes the {role.upper()} text and "
+                        "refuses the file",
+                    ) from None
         for role in need:
             if ids[role] < 0:
                 why = "is missing" if self.kv.get(_ID[role]) is None else "is outside the vocabulary"
-                raise self.fail(_ID[role], f"{why} and llama.cpp has no default {role.upper()} token for "
-                                           f"{self.n} tokens, but its tokenizer needs one: the first tokenize "
-                                           "aborts the process")
+                raise self.fail(
+                    _ID[role],
+                    f"{why} and llama.cpp has no default {role.upper()} token for "
+                    f"{self.n} tokens, but its tokenizer needs one: the first tokenize "
+                    "aborts the process",
+                )
 
     def check_byte_tokens(self) -> None:
         t, texts = self.type, self.texts
         byte_ids = np.flatnonzero(self.types == _BYTE) if self.types is not None else np.empty(0, np.int64)
         if t == "WPM" and byte_ids.size:
-            raise self.fail(TOKEN_TYPE, f"ids {_ids(byte_ids)} have type BYTE (6): llama.cpp aborts the process "
-                                        "on a BYTE token of a WordPiece vocabulary (token_to_byte: GGML_ABORT)")
+            raise self.fail(
+                TOKEN_TYPE,
+                f"ids {_ids(byte_ids)} have type BYTE (6): llama.cpp aborts the process "
+                "on a BYTE token of a WordPiece vocabulary (token_to_byte: GGML_ABORT)",
+            )
         if t in ("SPM", "UGM", "BPE"):
             short = byte_ids[texts.lens[byte_ids] < 3]
             if short.size:
-                raise self.fail(TOKEN_TYPE, f"ids {_ids(short)} have type BYTE (6) but are not spelled '<0xXX>' "
-                                            "(shorter than 3 bytes): llama.cpp refuses the file")
+                raise self.fail(
+                    TOKEN_TYPE,
+                    f"ids {_ids(short)} have type BYTE (6) but are not spelled '<0xXX>' "
+                    "(shorter than 3 bytes): llama.cpp refuses the file",
+                )
         if t == "SPM":
-            missing = [b for b in range(256) if b"<0x%02X>" % b not in texts
-                       and (b == 0 or bytes([b]) not in texts)]
+            missing = [b for b in range(256) if b"<0x%02X>" % b not in texts and (b == 0 or bytes([b]) not in texts)]
             if missing:
-                raise self.fail(TOKENS, f"no token for byte(s) {_bytes(missing)} ('<0xXX>'): llama.cpp's "
-                                        "SentencePiece tokenizer spells text it has no token for with these, and "
-                                        "a missing one throws past its C API, aborting the process")
+                raise self.fail(
+                    TOKENS,
+                    f"no token for byte(s) {_bytes(missing)} ('<0xXX>'): llama.cpp's "
+                    "SentencePiece tokenizer spells text it has no token for with these, and "
+                    "a missing one throws past its C API, aborting the process",
+                )
         if t == "RWKV":
             short = np.flatnonzero(texts.lens <= 8)  # longer ones cannot unescape to one byte
             single = {u for u in (_rwkv_unescape(texts[i]) for i in short) if len(u) == 1}
             missing = [b for b in range(256) if bytes([b]) not in single]
             if missing:
-                raise self.fail(TOKENS, f"no token for byte(s) {_bytes(missing)}: llama.cpp's RWKV tokenizer "
-                                        "then loops without end (growing memory) or emits token id -1 for text "
-                                        "with them")
+                raise self.fail(
+                    TOKENS,
+                    f"no token for byte(s) {_bytes(missing)}: llama.cpp's RWKV tokenizer "
+                    "then loops without end (growing memory) or emits token id -1 for text "
+                    "with them",
+                )
         if t == "PLAMO2":
             have = {int(texts[i][3:5], 16) for i in byte_ids if i and _HEX_BYTE.fullmatch(texts[i])}
             missing = [b for b in range(256) if b not in have]
             if missing:
-                raise self.fail(TOKENS, f"no BYTE token '<0xXX>' for byte(s) {_bytes(missing)}: llama.cpp's "
-                                        "PLaMo-2 tokenizer refuses the file")
+                raise self.fail(
+                    TOKENS,
+                    f"no BYTE token '<0xXX>' for byte(s) {_bytes(missing)}: llama.cpp's "
+                    "PLaMo-2 tokenizer refuses the file",
+                )
 
     def check_name_rules(self) -> None:
         # llama.cpp sets attributes on named tokens for some models; a missing one throws
         pre = self.raw_pre or ""
         arch_v = self.kv.get("general.architecture")
         arch = arch_v.value if arch_v is not None and isinstance(arch_v.value, bytes) else b""
-        if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
-                any(s in arch for s in (b"nomic-bert-moe", b"jina-bert-v3")):
+        if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
+            s in arch for s in (b"nomic-bert-moe", b"jina-bert-v3")
+        ):
             return
         name = (self.name or b"").lower()
         if b"phi-3" in name or b"phi3" in name:
             missing = [t for t in _PHI3_TOKENS if t not in self.texts]
             if missing:
-                raise self.fail(TOKENS, f"no token {', '.join(_show(t) for t in missing)}, which llama.cpp "
-                                        f"looks up for a model named {_show(self.name)}: it refuses the file")
+                raise self.fail(
+                    TOKENS,
+                    f"no token {', '.join(_show(t) for t in missing)}, which llama.cpp "
+                    f"looks up for a model named {_show(self.name)}: it refuses the file",
+                )
 
 
 def _rwkv_unescape(s: bytes) -> bytes:

@@ -29,7 +29,7 @@ def _hash(s: bytes) -> int:
         return hash(s) & _MASK
     h = 0
     for k in range(0, len(s), 8):
-        h = (h * _P + int.from_bytes(s[k: k + 8], "little")) & _MASK
+        h = (h * _P + int.from_bytes(s[k : k + 8], "little")) & _MASK
     return h ^ (len(s) * _K & _MASK)
 
 
@@ -71,11 +71,11 @@ class LlamaTexts:
         if i in self._renamed:
             return self._renamed[i]
         s = int(self._starts[i])
-        return self._buf[s: s + int(self.lens[i])].tobytes()
+        return self._buf[s : s + int(self.lens[i])].tobytes()
 
     def _raw(self, i: int) -> bytes:
         s = int(self._starts[i])
-        return self._buf[s: s + int(self._raw_lens[i])].tobytes()
+        return self._buf[s : s + int(self._raw_lens[i])].tobytes()
 
     def _hashes(self) -> np.ndarray:
         """:func:`_hash` of every string, a word column at a time over all of them."""

@@ -21,10 +21,26 @@ class HybridBackend:
     sequence 0 of a context of ``n_seq_max`` sequences (:attr:`native_context`); the device
     options are :func:`powerinfer_backend.hybrid.offload.offload`'s."""
 
-    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
-                 vram_budget=None, verbose: bool = True, sparse="auto", n_gpu_layers=None, device=None,
-                 placement: str = "auto", device_threads: int = 1, reset_gpu_index: bool = False,
-                 disable_gpu_index: bool = False, n_seq_max: int = 1, device_bandwidth=None, **_ignored):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_threads=None,
+        vram_budget=None,
+        verbose: bool = True,
+        sparse="auto",
+        n_gpu_layers=None,
+        device=None,
+        placement: str = "auto",
+        device_threads: int = 1,
+        reset_gpu_index: bool = False,
+        disable_gpu_index: bool = False,
+        n_seq_max: int = 1,
+        device_bandwidth=None,
+        **_ignored,
+    ):
         self.gguf = load_gguf(model_path, verbose=verbose)
         hp = self.gguf.hparams
         self.n_vocab, self.n_embd, self.n_ctx_train = hp.n_vocab, hp.n_embd, hp.n_ctx_train
@@ -34,23 +50,41 @@ class HybridBackend:
         self.n_ctx = int(n_ctx) if n_ctx else self.max_positions
         if self.n_ctx > self.max_positions and self.gguf.global_tensors().get("pos_embd") is not None:
             # learned absolute positions (OPT) end with the table: no position past it exists
-            self.notices.append(f"n_ctx {self.n_ctx} exceeds the model's {self.max_positions} learned positions "
-                                f"(position_embd.weight); using n_ctx {self.max_positions}")
+            self.notices.append(
+                f"n_ctx {self.n_ctx} exceeds the model's {self.max_positions} learned positions "
+                f"(position_embd.weight); using n_ctx {self.max_positions}"
+            )
             self.n_ctx = self.max_positions
         self.n_threads = int(n_threads) if n_threads else default_threads()
         self.model = NativeModel(self.gguf)
-        self.ctx = NativeContext(self.model, n_ctx=self.n_ctx, n_batch=max(1, min(int(n_batch), self.n_ctx)),
-                                 n_threads=self.n_threads, n_seq_max=n_seq_max)
+        self.ctx = NativeContext(
+            self.model,
+            n_ctx=self.n_ctx,
+            n_batch=max(1, min(int(n_batch), self.n_ctx)),
+            n_threads=self.n_threads,
+            n_seq_max=n_seq_max,
+        )
         self.n_ctx_seq = self.ctx.n_ctx_seq  # sequence 0's window: eval / truncate / n_past
         try:
             self.sparse = sparsity.configure(self.ctx, self.gguf, model_path, sparse)
             if self.sparse.mode == "predictor" and (vram_budget or n_gpu_layers or device not in (None, "cpu")):
-                raise ValueError("sparse='predictor' cannot be combined with a device placement yet; "
-                                 "use sparse='threshold' or 'auto' with vram_budget")
+                raise ValueError(
+                    "sparse='predictor' cannot be combined with a device placement yet; "
+                    "use sparse='threshold' or 'auto' with vram_budget"
+                )
             self.offload = offload_mod.offload(
-                self.ctx, model_path, vram_budget=vram_budget, n_gpu_layers=n_gpu_layers, device=device,
-                placement=placement, device_threads=device_threads, reset_gpu_index=reset_gpu_index,
-                disable_gpu_index=disable_gpu_index, device_bandwidth=device_bandwidth, verbose=verbose)
+                self.ctx,
+                model_path,
+                vram_budget=vram_budget,
+                n_gpu_layers=n_gpu_layers,
+                device=device,
+                placement=placement,
+                device_threads=device_threads,
+                reset_gpu_index=reset_gpu_index,
+                disable_gpu_index=disable_gpu_index,
+                device_bandwidth=device_bandwidth,
+                verbose=verbose,
+            )
             self.notices += self.offload.notices
             if self.offload.plan is not None and self.sparse.mode == "dense":
                 # the split computes every FFN over the transposed down: say so in stats()
@@ -61,8 +95,11 @@ class HybridBackend:
         if verbose:
             from .._native import isa_name
 
-            print(f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}; "
-                  f"{self.sparse.summary()}; {self.offload.summary()}", file=sys.stderr)
+            print(
+                f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}; "
+                f"{self.sparse.summary()}; {self.offload.summary()}",
+                file=sys.stderr,
+            )
 
     def stats(self, reset: bool = False) -> dict:
         """Measured FFN sparsity since the last reset (:func:`powerinfer_backend.sparsity.modes.stats`),

@@ -19,8 +19,10 @@ import llama_cpp
 from .hookspecs import hookimpl
 from .reference import load_reference
 
-NOT_ACCELERATED = ("powerinfer_backend: {path}: running on llama.cpp (backend 'llama_cpp'): "
-                   "not accelerated (no sparse FFN, no GPU placement by vram_budget)")
+NOT_ACCELERATED = (
+    "powerinfer_backend: {path}: running on llama.cpp (backend 'llama_cpp'): "
+    "not accelerated (no sparse FFN, no GPU placement by vram_budget)"
+)
 
 
 class LlamaCppBackend:
@@ -30,20 +32,39 @@ class LlamaCppBackend:
     can return them; without it only the last row is returned.
     """
 
-    def __init__(self, model_path: str, *, n_ctx: int = 512, n_batch: int = 512, n_threads=None,
-                 vram_budget=None, verbose: bool = True, quiet: bool = False, **_ignored):
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_threads=None,
+        vram_budget=None,
+        verbose: bool = True,
+        quiet: bool = False,
+        **_ignored,
+    ):
         if not quiet:
             warnings.warn(NOT_ACCELERATED.format(path=model_path), stacklevel=3)
-        self._llm = load_reference(model_path, n_ctx=int(n_ctx), n_batch=int(n_batch), n_threads=n_threads,
-                                   n_threads_batch=n_threads, logits_all=True, verbose=False)
+        self._llm = load_reference(
+            model_path,
+            n_ctx=int(n_ctx),
+            n_batch=int(n_batch),
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            logits_all=True,
+            verbose=False,
+        )
         m = self._llm
         self.n_vocab, self.n_embd, self.n_ctx = m.n_vocab(), m.n_embd(), m.n_ctx()
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(m.model)
         self.metadata = dict(m.metadata)
         self.n_threads = m.n_threads
         if verbose:
-            print(f"powerinfer_backend: llama.cpp backend, n_ctx {self.n_ctx}, n_threads {self.n_threads}",
-                  file=sys.stderr)
+            print(
+                f"powerinfer_backend: llama.cpp backend, n_ctx {self.n_ctx}, n_threads {self.n_threads}",
+                file=sys.stderr,
+            )
 
     @property
     def n_past(self) -> int:
@@ -61,7 +82,7 @@ class LlamaCppBackend:
             raise ValueError(f"Requested tokens ({m.n_tokens + len(tokens)}) exceed context window of {self.n_ctx}")
         start = m.n_tokens
         m.eval(tokens)
-        rows = m.scores[start: m.n_tokens] if logits_all else m.scores[m.n_tokens - 1: m.n_tokens]
+        rows = m.scores[start : m.n_tokens] if logits_all else m.scores[m.n_tokens - 1 : m.n_tokens]
         return np.array(rows, dtype=np.float32)
 
     def embeddings(self) -> np.ndarray:

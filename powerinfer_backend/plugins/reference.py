@@ -169,9 +169,12 @@ def load_reference(model_path: str, *, extra_buffer_types="auto", **kwargs):
         v = extra_buffer_types_work(int(kwargs.get("n_threads") or 2))
         on, reason = v["ok"], v["reason"]
         if not on:
-            warnings.warn(f"llama.cpp's extra buffer types (repacked weights, AMX) failed a probe in a child "
-                          f"process ({reason}); the llama.cpp reference runs with them off",
-                          ReferenceProbeWarning, stacklevel=2)
+            warnings.warn(
+                f"llama.cpp's extra buffer types (repacked weights, AMX) failed a probe in a child "
+                f"process ({reason}); the llama.cpp reference runs with them off",
+                ReferenceProbeWarning,
+                stacklevel=2,
+            )
     else:
         on, reason = bool(extra_buffer_types), "requested"
 

@@ -30,8 +30,17 @@ FORCE_FAIL_ENV = "POWERINFER_REFERENCE_PROBE_FAIL"
 _N_EMBD, _N_FF, _N_HEAD, _N_VOCAB = 256, 512, 2, 64
 # (role, ggml type name): every type llama.cpp's CPU repack (x86: Q4_0, Q4_K) or AMX
 # buffers (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) take, in the rows they would take
-_TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_K", "attn_v": "Q8_0", "attn_output": "Q4_1",
-          "ffn_gate": "Q4_K", "ffn_up": "Q4_0", "ffn_down": "Q6_K", "output": "Q5_K", "token_embd": "Q8_0"}
+_TYPES = {
+    "attn_q": "Q4_0",
+    "attn_k": "Q4_K",
+    "attn_v": "Q8_0",
+    "attn_output": "Q4_1",
+    "ffn_gate": "Q4_K",
+    "ffn_up": "Q4_0",
+    "ffn_down": "Q6_K",
+    "output": "Q5_K",
+    "token_embd": "Q8_0",
+}
 # byte offsets of the fp16 scales in one K-quant block: random other bytes make a valid block
 _KQ_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
@@ -65,13 +74,13 @@ def _matrix(rng, type_name: str, n_in: int, n_out: int):
 
     qtype = gguf.GGMLQuantizationType[type_name]
     if type_name not in _KQ_SCALES:
-        x = rng.normal(0.0, n_in ** -0.5, size=(n_out, n_in)).astype(np.float32)
+        x = rng.normal(0.0, n_in**-0.5, size=(n_out, n_in)).astype(np.float32)
         return gguf.quants.quantize(x, qtype), qtype
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = n_out * n_in // block
     b = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
     for off in _KQ_SCALES[type_name]:
-        b[:, off:off + 2] = rng.uniform(0.001, 0.004, size=(n_blocks, 1)).astype("<f2").view(np.uint8)
+        b[:, off : off + 2] = rng.uniform(0.001, 0.004, size=(n_blocks, 1)).astype("<f2").view(np.uint8)
     return b.reshape(n_out, n_in // block * size), qtype
 
 
@@ -137,8 +146,15 @@ def _logits(path: str, n_threads: int, extra_bufts: bool) -> np.ndarray:
     import llama_cpp
 
     with use_extra_buffer_types(extra_bufts):
-        llm = llama_cpp.Llama(model_path=path, n_ctx=32, n_batch=16, n_threads=n_threads,
-                              n_threads_batch=n_threads, logits_all=True, verbose=False)
+        llm = llama_cpp.Llama(
+            model_path=path,
+            n_ctx=32,
+            n_batch=16,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            logits_all=True,
+            verbose=False,
+        )
     llm.eval(list(range(1, 9)))
     llm.eval([9])
     out = np.array(llm.scores[:9], dtype=np.float32)
@@ -160,8 +176,10 @@ def main(argv: list[str]) -> int:
     err = float(np.abs(on - off).max())
     scale = float(np.abs(off).max())
     if not err <= 5e-2 * scale:  # another summation order: ~1e-3 of the largest logit here; broken kernels: ~1
-        print(f"logits with extra buffer types differ from the plain kernels' by {err:.3g} (max |logit| "
-              f"{scale:.3g})", file=sys.stderr)
+        print(
+            f"logits with extra buffer types differ from the plain kernels' by {err:.3g} (max |logit| {scale:.3g})",
+            file=sys.stderr,
+        )
         return 4
     return 0
 

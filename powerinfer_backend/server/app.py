@@ -37,9 +37,11 @@ try:  # the [server] extra, checked before the modules that need it
     import pydantic  # noqa: F401 - installed?
     import sse_starlette  # noqa: F401 - installed?
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("the server needs FastAPI, uvicorn, sse-starlette and greenlet: "
-                      "pip install 'powerinfer_backend[server]' "
-                      "(from a clone: pip install -e '.[server]')") from e
+    raise ImportError(
+        "the server needs FastAPI, uvicorn, sse-starlette and greenlet: "
+        "pip install 'powerinfer_backend[server]' "
+        "(from a clone: pip install -e '.[server]')"
+    ) from e
 
 from fastapi import Depends, FastAPI, Request
 
@@ -51,9 +53,16 @@ from .routes import register_openai
 from .state import ServerState
 
 
-def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, api_key: Optional[str] = None,
-               disconnect_poll_s: float = 0.1, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               parallel: Optional[int] = None) -> FastAPI:
+def create_app(
+    llm,
+    *,
+    model_alias: Optional[str] = None,
+    max_queue: int = 16,
+    api_key: Optional[str] = None,
+    disconnect_poll_s: float = 0.1,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    parallel: Optional[int] = None,
+) -> FastAPI:
     """The FastAPI application serving ``llm`` (a :class:`powerinfer_backend.Llama`, or
     anything with its API). ``max_queue``: requests that may wait for a slot before
     503; ``api_key``: required as ``Authorization: Bearer`` when set;
@@ -62,8 +71,14 @@ def create_app(llm, *, model_alias: Optional[str] = None, max_queue: int = 16, a
 
     Raises:
         ValueError: ``parallel`` above what ``llm``'s context serves."""
-    state = ServerState(llm, model_alias or os.path.basename(getattr(llm, "model_path", "model")), max_queue,
-                        api_key, disconnect_poll_s, parallel=parallel)
+    state = ServerState(
+        llm,
+        model_alias or os.path.basename(getattr(llm, "model_path", "model")),
+        max_queue,
+        api_key,
+        disconnect_poll_s,
+        parallel=parallel,
+    )
 
     async def check_key(request: Request):
         # a dependency, not an HTTP middleware: Starlette's BaseHTTPMiddleware wraps
@@ -117,16 +132,26 @@ def serve(args) -> int:
         sock.close()
         raise
     port = sock.getsockname()[1]
-    app = create_app(llm, model_alias=args.alias, max_queue=args.max_queue, api_key=args.api_key,
-                     parallel=args.parallel)
+    app = create_app(
+        llm, model_alias=args.alias, max_queue=args.max_queue, api_key=args.api_key, parallel=args.parallel
+    )
     import anyio
 
     anyio.run(anyio.sleep, 0)  # loads anyio's asyncio backend now: lazily, it blocked the event loop in a request
-    print(f"powerinfer-backend: serving {llm.model_path} on http://{args.host}:{port} "
-          f"(OpenAI API under /v1)", file=sys.stderr, flush=True)
+    print(
+        f"powerinfer-backend: serving {llm.model_path} on http://{args.host}:{port} (OpenAI API under /v1)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        config = uvicorn.Config(app, host=args.host, port=port, log_level="info" if args.verbose else "warning",
-                                access_log=args.verbose, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=port,
+            log_level="info" if args.verbose else "warning",
+            access_log=args.verbose,
+            timeout_graceful_shutdown=2,
+        )
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
@@ -146,9 +171,11 @@ def check_slot_size(ctx_size: int, parallel: int) -> None:
     tokens per slot."""
     if parallel > 1 and ctx_size // parallel < MIN_SLOT_CTX:
         n = ctx_size // parallel
-        raise ValueError(f"--ctx-size {ctx_size} split over --parallel {parallel} slots leaves "
-                         f"{n} token{'s' if n != 1 else ''} per slot (at least {MIN_SLOT_CTX}): raise --ctx-size "
-                         f"or lower --parallel")
+        raise ValueError(
+            f"--ctx-size {ctx_size} split over --parallel {parallel} slots leaves "
+            f"{n} token{'s' if n != 1 else ''} per slot (at least {MIN_SLOT_CTX}): raise --ctx-size "
+            f"or lower --parallel"
+        )
 
 
 def bind_socket(host: str, port: int):
@@ -161,8 +188,9 @@ def bind_socket(host: str, port: int):
     import socket
 
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+            0
+        ]
     except socket.gaierror as e:
         raise ValueError(f"--host {host!r}: {e.strerror}") from None
     sock = socket.socket(family, kind, proto)
@@ -172,7 +200,9 @@ def bind_socket(host: str, port: int):
         sock.listen(2048)  # uvicorn's default backlog
     except OSError as e:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e} (is another server running there? "
-                         f"choose another --port)") from None
+        raise ValueError(
+            f"cannot listen on {host}:{port}: {e.strerror or e} (is another server running there? "
+            f"choose another --port)"
+        ) from None
     sock.set_inheritable(True)
     return sock

@@ -33,6 +33,7 @@ def int_in(name: str, lo: int | None = None, hi: int | None = None):
         if (lo is not None and n < lo) or (hi is not None and n > hi):
             raise argparse.ArgumentTypeError(f"{name} must be {_range(lo, hi)}, got {n}")
         return n
+
     return parse
 
 
@@ -54,9 +55,11 @@ def threads(name: str = "--threads"):
         n = int_in(name)(value)
         hi = available_cpus()
         if not 1 <= n <= hi:
-            raise argparse.ArgumentTypeError(f"{name} must be in [1, {hi}], got {n} ({hi} CPUs available to this "
-                                             f"process)")
+            raise argparse.ArgumentTypeError(
+                f"{name} must be in [1, {hi}], got {n} ({hi} CPUs available to this process)"
+            )
         return n
+
     return parse
 
 
@@ -69,9 +72,11 @@ def number(name: str, lo: float = 0.0, *, above: bool = False):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
         if not math.isfinite(x) or x < lo or (above and x == lo):
-            raise argparse.ArgumentTypeError(f"{name} must be a finite number {'>' if above else '>='} {lo:g}, "
-                                             f"got {value}")
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a finite number {'>' if above else '>='} {lo:g}, got {value}"
+            )
         return x
+
     return parse
 
 

@@ -126,7 +126,8 @@ class CheckedBodyRoute(APIRoute):
             # FastAPI reads a body as JSON only under a JSON content type, and takes it
             # from Starlette's caches of the body and of its parsed JSON
             request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + [
-                (b"content-type", b"application/json")]
+                (b"content-type", b"application/json")
+            ]
             request.__dict__.pop("_headers", None)
             request._body = raw or b"{}"
             request._json = parsed

@@ -34,17 +34,25 @@ def register_llama_server(app, state: ServerState) -> None:
         llm = state.llm
         bos = eos = ""
         try:
-            bos = (llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace")
-                   if llm.token_bos() >= 0 else "")
-            eos = (llm.detokenize([llm.token_eos()], special=True).decode("utf-8", "replace")
-                   if llm.token_eos() >= 0 else "")
+            bos = (
+                llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace")
+                if llm.token_bos() >= 0
+                else ""
+            )
+            eos = (
+                llm.detokenize([llm.token_eos()], special=True).decode("utf-8", "replace")
+                if llm.token_eos() >= 0
+                else ""
+            )
         except Exception:
             pass
         return {
             # llama-server's convention: n_ctx is the total, each of total_slots gets n_ctx / total_slots
-            "default_generation_settings": {"n_ctx": state.n_ctx_slot, "model": state.model_alias,
-                                            "params": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
-                                                       "n_predict": -1}},
+            "default_generation_settings": {
+                "n_ctx": state.n_ctx_slot,
+                "model": state.model_alias,
+                "params": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "n_predict": -1},
+            },
             "total_slots": state.worker.parallel,
             "n_ctx": state.n_ctx,
             "n_ctx_slot": state.n_ctx_slot,
@@ -63,11 +71,21 @@ def register_llama_server(app, state: ServerState) -> None:
     @app.get("/stats")
     async def stats_endpoint():
         w = state.worker
-        return {"sparsity": stats(), "served": w.served, "cancelled": w.cancelled, "rejected": w.rejected,
-                "waiting": w.waiting, "busy": w.busy, "max_queue": w.max_queue, "total_slots": w.parallel,
-                "slots_processing": sum(s["is_processing"] for s in w.slots()), "steps": w.steps,
-                "tokens_decoded": w.tokens_decoded, "eval_s": w.eval_s,
-                "cancel_steps": [list(c) for c in w.cancel_steps]}
+        return {
+            "sparsity": stats(),
+            "served": w.served,
+            "cancelled": w.cancelled,
+            "rejected": w.rejected,
+            "waiting": w.waiting,
+            "busy": w.busy,
+            "max_queue": w.max_queue,
+            "total_slots": w.parallel,
+            "slots_processing": sum(s["is_processing"] for s in w.slots()),
+            "steps": w.steps,
+            "tokens_decoded": w.tokens_decoded,
+            "eval_s": w.eval_s,
+            "cancel_steps": [list(c) for c in w.cancel_steps],
+        }
 
     @app.get("/slots")
     async def slots():

@@ -91,8 +91,11 @@ def validation_error(errors: Sequence[dict]) -> APIError:
     (once each), the first one's field as ``param``."""
     if errors and errors[0].get("type") == "json_invalid":
         e = errors[0]
-        return APIError(400, f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])} "
-                             f"(at character {e['loc'][-1]})")
+        return APIError(
+            400,
+            f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])} "
+            f"(at character {e['loc'][-1]})",
+        )
     details = dict.fromkeys(f"{field_path(e['loc']) or 'body'}: {e['msg']}" for e in errors)
     param = field_path(errors[0]["loc"]) if errors else ""
     return APIError(400, f"invalid request: {'; '.join(details)}", param=param or None)
@@ -116,8 +119,14 @@ def add_error_handlers(app) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):
-        return answered(request, APIError(exc.status_code, str(exc.detail), "not_found_error"
-                                          if exc.status_code == 404 else "invalid_request_error"))
+        return answered(
+            request,
+            APIError(
+                exc.status_code,
+                str(exc.detail),
+                "not_found_error" if exc.status_code == 404 else "invalid_request_error",
+            ),
+        )
 
     # Registered per type, these run in Starlette's ExceptionMiddleware, which answers
     # and is done; the handler for Exception runs in its ServerErrorMiddleware, which

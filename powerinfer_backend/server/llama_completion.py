@@ -27,8 +27,7 @@ def _llama_prompt(llm, prompt, add_special: Optional[bool]):
             raise APIError(400, "multimodal prompts are not supported", param="prompt")
         prompt = prompt.prompt_string
     if isinstance(prompt, str):
-        return llm.tokenize(prompt.encode("utf-8"), add_bos=True if add_special is None else add_special,
-                            special=True)
+        return llm.tokenize(prompt.encode("utf-8"), add_bos=True if add_special is None else add_special, special=True)
     toks: List[int] = []
     for p in prompt:  # llama-server accepts token ids mixed with strings
         if isinstance(p, str):
@@ -65,7 +64,7 @@ def _logit_bias(llm, lb, n_vocab: int) -> Dict[int, float]:
     ...]`` (a text: each of its tokens), as ``{id: bias}``; a bias of ``false`` bans the
     token."""
     bias: Dict[int, float] = {}
-    for tok, v in (lb.items() if isinstance(lb, dict) else lb or ()):
+    for tok, v in lb.items() if isinstance(lb, dict) else lb or ():
         if isinstance(tok, str) and not re.fullmatch(r"-?[0-9]+", tok):
             ids = llm.tokenize(tok.encode("utf-8"), add_bos=False, special=False)
         else:
@@ -93,11 +92,21 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     # the prompt as text in the final object, as llama-server reports it
     prompt_text = b.prompt if isinstance(b.prompt, str) else llm.detokenize(tokens).decode("utf-8", "replace")
     if len(tokens) >= state.n_ctx_slot:
-        raise APIError(400, f"the prompt ({len(tokens)} tokens) exceeds the available context size "
-                            f"({state.n_ctx_slot} tokens)", "exceed_context_size_error", param="prompt")
-    check_finite(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
-                 repeat_penalty=b.repeat_penalty, presence_penalty=b.presence_penalty,
-                 frequency_penalty=b.frequency_penalty)
+        raise APIError(
+            400,
+            f"the prompt ({len(tokens)} tokens) exceeds the available context size ({state.n_ctx_slot} tokens)",
+            "exceed_context_size_error",
+            param="prompt",
+        )
+    check_finite(
+        temperature=b.temperature,
+        top_p=b.top_p,
+        min_p=b.min_p,
+        typical_p=b.typical_p,
+        repeat_penalty=b.repeat_penalty,
+        presence_penalty=b.presence_penalty,
+        frequency_penalty=b.frequency_penalty,
+    )
     bias = _logit_bias(llm, b.logit_bias, state.n_vocab)
     if b.ignore_eos:
         bias[llm.token_eos()] = -math.inf
@@ -105,10 +114,22 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
     seed = None if b.seed is None or b.seed < 0 or b.seed == 0xFFFFFFFF else b.seed
     stops = [b.stop] if isinstance(b.stop, str) else list(b.stop or [])
     n_predict = b.n_predict
-    settings = dict(n_ctx=state.n_ctx_slot, n_predict=n_predict, temperature=b.temperature, top_k=b.top_k,
-                    top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p, repeat_penalty=b.repeat_penalty,
-                    presence_penalty=b.presence_penalty, frequency_penalty=b.frequency_penalty, mirostat=b.mirostat,
-                    seed=b.seed if b.seed is not None else 0xFFFFFFFF, stop=stops, n_probs=b.n_probs)
+    settings = dict(
+        n_ctx=state.n_ctx_slot,
+        n_predict=n_predict,
+        temperature=b.temperature,
+        top_k=b.top_k,
+        top_p=b.top_p,
+        min_p=b.min_p,
+        typical_p=b.typical_p,
+        repeat_penalty=b.repeat_penalty,
+        presence_penalty=b.presence_penalty,
+        frequency_penalty=b.frequency_penalty,
+        mirostat=b.mirostat,
+        seed=b.seed if b.seed is not None else 0xFFFFFFFF,
+        stop=stops,
+        n_probs=b.n_probs,
+    )
 
     slot = {"id": 0}  # the slot the request runs in (llama-server's id_slot)
 
@@ -132,7 +153,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
         else:
             import random
 
-            llm.set_seed(random.Random().randint(0, 2 ** 32 - 2))
+            llm.set_seed(random.Random().randint(0, 2**32 - 2))
         if bias:
             lb_arr = np.zeros(state.n_vocab, dtype=np.single)
             for t, v in bias.items():
@@ -140,6 +161,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
 
             def processor(input_ids, scores):
                 return scores + lb_arr
+
             processors = [processor]
         else:
             processors = None
@@ -148,11 +170,21 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
         n = 0
         stop_type, word = "limit", ""
         max_hold = max((len(s.encode("utf-8")) for s in stops), default=0)
-        params = SamplingParams(top_k=b.top_k, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
-                                temp=b.temperature, repeat_penalty=b.repeat_penalty,
-                                frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
-                                mirostat_mode=b.mirostat, mirostat_tau=b.mirostat_tau, mirostat_eta=b.mirostat_eta,
-                                logits_processor=processors, grammar=grammar)
+        params = SamplingParams(
+            top_k=b.top_k,
+            top_p=b.top_p,
+            min_p=b.min_p,
+            typical_p=b.typical_p,
+            temp=b.temperature,
+            repeat_penalty=b.repeat_penalty,
+            frequency_penalty=b.frequency_penalty,
+            presence_penalty=b.presence_penalty,
+            mirostat_mode=b.mirostat,
+            mirostat_tau=b.mirostat_tau,
+            mirostat_eta=b.mirostat_eta,
+            logits_processor=processors,
+            grammar=grammar,
+        )
         # the runner's tokens; stop strings, n_predict and the context end are llama-server's rules, here
         events = llm.run(tokens, params, max_tokens=state.n_ctx_slot - len(tokens) + 1)
         for ev in events:
@@ -177,7 +209,7 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
                 if i >= 0 and (hit is None or i < hit[0]):
                     hit = (i, s)
             if hit is not None:
-                piece = full[emitted:hit[0]]
+                piece = full[emitted : hit[0]]
                 yield ("token", tok, piece, probs)
                 stop_type, word = "word", hit[1]
                 break
@@ -190,29 +222,53 @@ async def llama_completion(request: Request, b: LlamaCompletionBody, state: Serv
         events.close()
         if stop_type != "word" and emitted < len(out):
             yield ("token", None, bytes(out[emitted:]), None)
-        yield ("end", dict(stop_type=stop_type, word=word, probs=None, t0=t0, n_pred=n,
-                           prompt_n=llm.sequence.prompt_evaluated))
+        yield (
+            "end",
+            dict(stop_type=stop_type, word=word, probs=None, t0=t0, n_pred=n, prompt_n=llm.sequence.prompt_evaluated),
+        )
 
     def final(stop_type, word, probs, t0, n_pred, prompt_n, content: str):
         """The last object; ``prompt_n``: prompt tokens evaluated (the rest were cached)."""
         dt = time.perf_counter() - t0
         n_eval = len(tokens)
-        res = {"content": content, "id_slot": slot["id"], "stop": True, "model": state.model_alias,
-               "tokens_predicted": n_pred, "tokens_evaluated": n_eval, "generation_settings": settings,
-               "prompt": prompt_text, "has_new_line": "\n" in content, "truncated": False, "stop_type": stop_type,
-               "stopping_word": word, "tokens_cached": n_eval + n_pred,
-               "timings": {"prompt_n": prompt_n, "cache_n": n_eval - prompt_n, "predicted_n": n_pred,
-                           "predicted_ms": dt * 1e3, "predicted_per_second": n_pred / dt if dt > 0 else 0.0}}
+        res = {
+            "content": content,
+            "id_slot": slot["id"],
+            "stop": True,
+            "model": state.model_alias,
+            "tokens_predicted": n_pred,
+            "tokens_evaluated": n_eval,
+            "generation_settings": settings,
+            "prompt": prompt_text,
+            "has_new_line": "\n" in content,
+            "truncated": False,
+            "stop_type": stop_type,
+            "stopping_word": word,
+            "tokens_cached": n_eval + n_pred,
+            "timings": {
+                "prompt_n": prompt_n,
+                "cache_n": n_eval - prompt_n,
+                "predicted_n": n_pred,
+                "predicted_ms": dt * 1e3,
+                "predicted_per_second": n_pred / dt if dt > 0 else 0.0,
+            },
+        }
         if probs is not None:
             res["completion_probabilities"] = [probs]
         return res
 
     if b.stream:
+
         def fmt(item):
             if item[0] == "token":
                 _, tok, piece, probs = item
-                d = {"content": piece.decode("utf-8", "replace"), "tokens": [] if tok is None else [tok],
-                     "stop": False, "id_slot": slot["id"], "index": 0}
+                d = {
+                    "content": piece.decode("utf-8", "replace"),
+                    "tokens": [] if tok is None else [tok],
+                    "stop": False,
+                    "id_slot": slot["id"],
+                    "index": 0,
+                }
                 if probs is not None:
                     d["completion_probabilities"] = [probs]
                 return d
@@ -252,4 +308,3 @@ def _utf8_boundary(data: bytes, end: int) -> int:
             return end if (i - 1) + need <= end else i - 1
         i -= 1
     return end
-

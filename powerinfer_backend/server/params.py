@@ -40,8 +40,9 @@ def parse_grammar(text: Optional[str], llm, schema: Optional[dict] = None):
         check_grammar(g, llm.vocab)
     except Exception as e:
         msg = str(e)
-        raise APIError(400, msg if msg.startswith("invalid grammar") else f"invalid grammar: {msg}",
-                       param=param) from None
+        raise APIError(
+            400, msg if msg.startswith("invalid grammar") else f"invalid grammar: {msg}", param=param
+        ) from None
     return g
 
 
@@ -63,16 +64,34 @@ def check_token_ids(ids, n_vocab: int, what: str = "token id", param: Optional[s
 def sampling(b, llm, n_vocab: int) -> dict:
     """The ``create_completion`` / ``create_chat_completion`` keywords of a
     :class:`~.schemas.CompletionBody` or :class:`~.schemas.ChatBody` (only ``n=1``)."""
-    check_finite(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p,
-                 frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
-                 repeat_penalty=b.repeat_penalty)
+    check_finite(
+        temperature=b.temperature,
+        top_p=b.top_p,
+        min_p=b.min_p,
+        typical_p=b.typical_p,
+        frequency_penalty=b.frequency_penalty,
+        presence_penalty=b.presence_penalty,
+        repeat_penalty=b.repeat_penalty,
+    )
     if b.n != 1:
         raise APIError(400, f"n={b.n}: only n=1 is supported", param="n")
-    return dict(temperature=b.temperature, top_p=b.top_p, min_p=b.min_p, typical_p=b.typical_p, top_k=b.top_k,
-                stop=b.stop or [], frequency_penalty=b.frequency_penalty, presence_penalty=b.presence_penalty,
-                repeat_penalty=b.repeat_penalty, seed=b.seed, mirostat_mode=b.mirostat_mode,
-                mirostat_tau=b.mirostat_tau, mirostat_eta=b.mirostat_eta,
-                logit_bias=logit_bias(b.logit_bias, n_vocab), grammar=parse_grammar(b.grammar, llm))
+    return dict(
+        temperature=b.temperature,
+        top_p=b.top_p,
+        min_p=b.min_p,
+        typical_p=b.typical_p,
+        top_k=b.top_k,
+        stop=b.stop or [],
+        frequency_penalty=b.frequency_penalty,
+        presence_penalty=b.presence_penalty,
+        repeat_penalty=b.repeat_penalty,
+        seed=b.seed,
+        mirostat_mode=b.mirostat_mode,
+        mirostat_tau=b.mirostat_tau,
+        mirostat_eta=b.mirostat_eta,
+        logit_bias=logit_bias(b.logit_bias, n_vocab),
+        grammar=parse_grammar(b.grammar, llm),
+    )
 
 
 def response_format(rf):

@@ -56,33 +56,68 @@ def gpu_layers_arg(value: str) -> Optional[int]:
 def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
     """Add ``--vram-budget``, ``--device``, ``--device-threads``, ``--placement``,
     ``--device-bandwidth`` and ``-ngl`` / ``--n-gpu-layers`` / ``--gpu-layers`` to the parser ``p``."""
-    p.add_argument("--vram-budget", type=budget_arg, default=None,
-                   help=budget_help or "device budget: GiB as a number, or a size like 512MiB / 8GiB (default: none)")
-    p.add_argument("--device", default=None,
-                   help="auto (default: the first discrete GPU, else CPU only), cuda, metal, vulkan, hip, a ggml "
-                        "device name (`powerinfer-backend devices`), ggml-cpu (ggml's CPU backend as the device), "
-                        "or cpu")
-    p.add_argument("--device-threads", type=threads("--device-threads"), default=None,
-                   help="threads of ggml-cpu as the device (default 1)")
-    p.add_argument("--placement", choices=("auto", "neurons", "layers"), default="auto",
-                   help="auto (default: the fastest predicted of the throughput planner, hot neurons by frequency "
-                        "and whole layers), neurons, or layers (whole layers as llama.cpp's -ngl)")
-    p.add_argument("--device-bandwidth", type=float, default=None, metavar="GB/s",
-                   help="the device's memory bandwidth for --placement auto (default: a table of common GPUs)")
-    p.add_argument("--n-gpu-layers", "-ngl", "--gpu-layers", dest="n_gpu_layers", type=gpu_layers_arg, default=None,
-                   metavar="N", help="llama.cpp's layer count, used only without --vram-budget: N whole layers' "
-                                     "bytes become the budget (-1 / all: everything); said on stderr")
+    p.add_argument(
+        "--vram-budget",
+        type=budget_arg,
+        default=None,
+        help=budget_help or "device budget: GiB as a number, or a size like 512MiB / 8GiB (default: none)",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="auto (default: the first discrete GPU, else CPU only), cuda, metal, vulkan, hip, a ggml "
+        "device name (`powerinfer-backend devices`), ggml-cpu (ggml's CPU backend as the device), "
+        "or cpu",
+    )
+    p.add_argument(
+        "--device-threads",
+        type=threads("--device-threads"),
+        default=None,
+        help="threads of ggml-cpu as the device (default 1)",
+    )
+    p.add_argument(
+        "--placement",
+        choices=("auto", "neurons", "layers"),
+        default="auto",
+        help="auto (default: the fastest predicted of the throughput planner, hot neurons by frequency "
+        "and whole layers), neurons, or layers (whole layers as llama.cpp's -ngl)",
+    )
+    p.add_argument(
+        "--device-bandwidth",
+        type=float,
+        default=None,
+        metavar="GB/s",
+        help="the device's memory bandwidth for --placement auto (default: a table of common GPUs)",
+    )
+    p.add_argument(
+        "--n-gpu-layers",
+        "-ngl",
+        "--gpu-layers",
+        dest="n_gpu_layers",
+        type=gpu_layers_arg,
+        default=None,
+        metavar="N",
+        help="llama.cpp's layer count, used only without --vram-budget: N whole layers' "
+        "bytes become the budget (-1 / all: everything); said on stderr",
+    )
 
 
 def device_kwargs(args, vram_budget=None) -> dict:
     """The ``Llama`` keywords of the flags :func:`add_device_arguments` added (those given);
     ``vram_budget`` overrides ``args.vram_budget`` when not None."""
     budget = args.vram_budget if vram_budget is None else vram_budget
-    return {k: v for k, v in (("vram_budget", budget), ("device", args.device),
-                              ("device_threads", args.device_threads), ("placement", args.placement),
-                              ("device_bandwidth", getattr(args, "device_bandwidth", None)),
-                              ("n_gpu_layers", args.n_gpu_layers))
-            if v is not None}
+    return {
+        k: v
+        for k, v in (
+            ("vram_budget", budget),
+            ("device", args.device),
+            ("device_threads", args.device_threads),
+            ("placement", args.placement),
+            ("device_bandwidth", getattr(args, "device_bandwidth", None)),
+            ("n_gpu_layers", args.n_gpu_layers),
+        )
+        if v is not None
+    }
 
 
 def env_budget(args):

@@ -58,9 +58,20 @@ def _replica_id() -> str:
     return str(getattr(rid, "unique_id", None) or getattr(ctx, "replica_tag", "replica"))
 
 
-def deployment(model: Optional[str] = None, *, num_replicas: int = 2, num_cpus: float = 1.0, parallel: int = 1,
-               n_ctx: int = 2048, n_threads: Optional[int] = None, max_queue: int = 16, api_key: Optional[str] = None,
-               model_alias: Optional[str] = None, name: str = "powerinfer", **llama_kwargs: Any):
+def deployment(
+    model: Optional[str] = None,
+    *,
+    num_replicas: int = 2,
+    num_cpus: float = 1.0,
+    parallel: int = 1,
+    n_ctx: int = 2048,
+    n_threads: Optional[int] = None,
+    max_queue: int = 16,
+    api_key: Optional[str] = None,
+    model_alias: Optional[str] = None,
+    name: str = "powerinfer",
+    **llama_kwargs: Any,
+):
     """A bound Ray Serve application: ``num_replicas`` replicas, each a
     :class:`~powerinfer_backend.Llama` (``model``: a GGUF path readable on every node;
     default: the embedded SmolLM2; ``n_ctx`` total over ``parallel`` slots,
@@ -96,8 +107,12 @@ def deployment(model: Optional[str] = None, *, num_replicas: int = 2, num_cpus: 
         return app
 
     ingress = serve.ingress(build_app)()
-    return serve.deployment(name=name, num_replicas=int(num_replicas), ray_actor_options={"num_cpus": float(num_cpus)},
-                            max_ongoing_requests=max(1, parallel + max_queue))(ingress).bind()
+    return serve.deployment(
+        name=name,
+        num_replicas=int(num_replicas),
+        ray_actor_options={"num_cpus": float(num_cpus)},
+        max_ongoing_requests=max(1, parallel + max_queue),
+    )(ingress).bind()
 
 
 def app_builder(args: Dict[str, Any]):

@@ -22,11 +22,22 @@ def register_openai(app, state: ServerState) -> None:
 
     def model_card():
         llm = state.llm
-        meta = {"n_vocab": state.n_vocab, "n_ctx_train": int(getattr(llm.engine, "n_ctx_train", state.n_ctx)),
-                "n_ctx": state.n_ctx, "n_embd": int(llm.n_embd()), "vram_budget": budget_in_effect(llm),
-                "sparse": str(llm.sparse), "backend": llm.backend}
-        return {"id": state.model_alias, "object": "model", "created": state.created, "owned_by": "powerinfer_backend",
-                "meta": meta}
+        meta = {
+            "n_vocab": state.n_vocab,
+            "n_ctx_train": int(getattr(llm.engine, "n_ctx_train", state.n_ctx)),
+            "n_ctx": state.n_ctx,
+            "n_embd": int(llm.n_embd()),
+            "vram_budget": budget_in_effect(llm),
+            "sparse": str(llm.sparse),
+            "backend": llm.backend,
+        }
+        return {
+            "id": state.model_alias,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "powerinfer_backend",
+            "meta": meta,
+        }
 
     async def answer(request: Request, stream: bool, call: Callable):
         """``call(llm, stream)`` on the worker, in the slot chosen for its prompt: its
@@ -51,22 +62,35 @@ def register_openai(app, state: ServerState) -> None:
             prompt = prompt[0]
         if isinstance(prompt, list):
             check_token_ids(prompt, state.n_vocab, "prompt token id", param="prompt")
-        kw = dict(sampling(b, state.llm, state.n_vocab), suffix=b.suffix, max_tokens=b.max_tokens, logprobs=b.logprobs,
-                  echo=b.echo, model=state.model_alias)
+        kw = dict(
+            sampling(b, state.llm, state.n_vocab),
+            suffix=b.suffix,
+            max_tokens=b.max_tokens,
+            logprobs=b.logprobs,
+            echo=b.echo,
+            model=state.model_alias,
+        )
         return await answer(request, b.stream, lambda llm, stream: llm.create_completion(prompt, stream=stream, **kw))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(request: Request, b: ChatBody):
         kw = sampling(b, state.llm, state.n_vocab)
-        kw.update(max_tokens=b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens,
-                  tools=functions(b.tools), tool_choice=dumped(b.tool_choice),
-                  functions=functions(b.functions, tools=False),
-                  function_call=dumped(b.function_call), response_format=response_format(dumped(b.response_format)),
-                  logprobs=b.logprobs, top_logprobs=b.top_logprobs, model=state.model_alias)
+        kw.update(
+            max_tokens=b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens,
+            tools=functions(b.tools),
+            tool_choice=dumped(b.tool_choice),
+            functions=functions(b.functions, tools=False),
+            function_call=dumped(b.function_call),
+            response_format=response_format(dumped(b.response_format)),
+            logprobs=b.logprobs,
+            top_logprobs=b.top_logprobs,
+            model=state.model_alias,
+        )
         messages = [chat_message(dumped(m)) for m in b.messages]
-        return await answer(request, b.stream,
-                            lambda llm, stream: llm.create_chat_completion(messages, stream=stream, **kw))
+        return await answer(
+            request, b.stream, lambda llm, stream: llm.create_chat_completion(messages, stream=stream, **kw)
+        )
 
     @app.post("/v1/embeddings")
     @app.post("/embeddings")
@@ -83,8 +107,12 @@ def register_openai(app, state: ServerState) -> None:
                 norm = float(np.linalg.norm(v))
                 data.append({"object": "embedding", "index": i, "embedding": (v / norm if norm else v).tolist()})
                 total += n
-            return {"object": "list", "data": data, "model": state.model_alias,
-                    "usage": {"prompt_tokens": total, "total_tokens": total}}
+            return {
+                "object": "list",
+                "data": data,
+                "model": state.model_alias,
+                "usage": {"prompt_tokens": total, "total_tokens": total},
+            }
 
         return await state.run_once(request, work, exclusive=True)  # sequence 0 of the served Llama
 

@@ -20,13 +20,12 @@ from typing_extensions import Annotated
 from .errors import APIError
 
 
-
 # Integers llama.cpp's C API takes (int32_t there), with their lower bounds. (A bound set
 # again by a field's own ``Field(ge=...)`` would not override these.)
-Int32 = Annotated[int, Field(ge=-(2 ** 31), le=2 ** 31 - 1)]
-NonNegativeInt32 = Annotated[int, Field(ge=0, le=2 ** 31 - 1)]
-NPredict = Annotated[int, Field(ge=-2, le=2 ** 31 - 1)]  # -1: no limit, -2: until the context is full
-Seed = Annotated[int, Field(ge=-(2 ** 63), le=2 ** 63 - 1)]
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+NonNegativeInt32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+NPredict = Annotated[int, Field(ge=-2, le=2**31 - 1)]  # -1: no limit, -2: until the context is full
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
@@ -48,10 +47,10 @@ def chat_message(m: Dict[str, Any]) -> Dict[str, Any]:
     if content is None:
         content = ""
     elif isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise APIError(400, "message content parts must be {'type': 'text', 'text': str} (no images here)",
-                           param="messages")
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise APIError(
+                400, "message content parts must be {'type': 'text', 'text': str} (no images here)", param="messages"
+            )
         content = "".join(p["text"] for p in content)
     elif not isinstance(content, str):
         raise APIError(400, "message 'content' must be a string, a list of text parts or null", param="messages")
@@ -63,6 +62,7 @@ def chat_message(m: Dict[str, Any]) -> Dict[str, Any]:
 
 class TextPart(_Body):
     """A content part; only text is served here (no images, audio or files)."""
+
     type: Literal["text"]
     text: str
 
@@ -101,10 +101,16 @@ class UserMessage(_Body):
 
 class AssistantMessage(_Body):
     """``content`` may be left out (or null) only when the turn calls tools, as OpenAI."""
-    model_config = ConfigDict(json_schema_extra={"anyOf": [
-        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
-        {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
-        {"required": ["function_call"], "properties": {"function_call": {"type": "object"}}}]})
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+                {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
+                {"required": ["function_call"], "properties": {"function_call": {"type": "object"}}},
+            ]
+        }
+    )
 
     role: Literal["assistant"]
     content: Optional[Content] = None
@@ -132,8 +138,10 @@ class FunctionMessage(_Body):
     name: str
 
 
-Message = Annotated[Union[SystemMessage, DeveloperMessage, UserMessage, AssistantMessage, ToolMessage,
-                          FunctionMessage], Field(discriminator="role")]
+Message = Annotated[
+    Union[SystemMessage, DeveloperMessage, UserMessage, AssistantMessage, ToolMessage, FunctionMessage],
+    Field(discriminator="role"),
+]
 
 
 # ---- tools and response formats ------------------------------------------------------------
@@ -248,6 +256,7 @@ class DetokenizeBody(_Body):
 
 class LlamaPrompt(_Body):
     """llama-server's multimodal prompt object (only its text is served here)."""
+
     prompt_string: str
     multimodal_data: Optional[List[str]] = None
 
@@ -258,6 +267,7 @@ Bias = Union[float, Literal[False]]
 
 class LlamaCompletionBody(_Body):
     """llama-server's ``/completion``."""
+
     prompt: Union[str, List[Union[Int32, str]], LlamaPrompt] = ""
     n_predict: NPredict = -1
     temperature: float = 0.8
@@ -280,8 +290,9 @@ class LlamaCompletionBody(_Body):
     post_sampling_probs: bool = False
     # [[token id or text, bias], ...] or {"token id or text": bias}; a pair arrives as a JSON
     # array, which only a lax tuple accepts (its items stay strict)
-    logit_bias: Optional[Union[List[Annotated[Tuple[Union[Int32, str], Bias], Field(strict=False)]],
-                               Dict[str, Bias]]] = None
+    logit_bias: Optional[
+        Union[List[Annotated[Tuple[Union[Int32, str], Bias], Field(strict=False)]], Dict[str, Bias]]
+    ] = None
     stream: bool = False
     cache_prompt: bool = True
     add_special: Optional[bool] = None

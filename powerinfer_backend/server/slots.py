@@ -90,7 +90,7 @@ class _BackendSeq(SeqAccess):
         self.be.truncate(n_keep)
 
     def eval(self, items, logits_all):
-        (_, tokens), = items
+        ((_, tokens),) = items
         out = self.be.eval(tokens, logits_all=logits_all)
         return [np.array(out if logits_all else out[-1:], dtype=np.float32)]  # a copy: the buffer is reused
 
@@ -107,16 +107,21 @@ def seq_access(llm, parallel: int) -> SeqAccess:
     ctx = getattr(llm, "native_context", None)
     if ctx is not None and hasattr(ctx, "eval_seqs"):
         if parallel > ctx.n_seq_max:
-            raise ValueError(f"parallel={parallel} exceeds the context's n_seq_max={ctx.n_seq_max}: "
-                             f"load the Llama with n_seq_max={parallel}")
+            raise ValueError(
+                f"parallel={parallel} exceeds the context's n_seq_max={ctx.n_seq_max}: "
+                f"load the Llama with n_seq_max={parallel}"
+            )
         if parallel > ctx.n_batch:
-            raise ValueError(f"parallel={parallel} exceeds n_batch={ctx.n_batch}: one step decodes a token "
-                             f"of every slot")
+            raise ValueError(
+                f"parallel={parallel} exceeds n_batch={ctx.n_batch}: one step decodes a token of every slot"
+            )
         return _NativeSeqs(ctx, parallel)
     if parallel != 1:
-        raise ValueError(f"parallel={parallel} needs the native engine's parallel sequences "
-                         f"(backend 'hybrid', Llama(..., n_seq_max={parallel})); backend "
-                         f"{getattr(llm, 'backend', '?')!r} runs one sequence")
+        raise ValueError(
+            f"parallel={parallel} needs the native engine's parallel sequences "
+            f"(backend 'hybrid', Llama(..., n_seq_max={parallel})); backend "
+            f"{getattr(llm, 'backend', '?')!r} runs one sequence"
+        )
     return _BackendSeq(llm)
 
 
@@ -148,9 +153,28 @@ class SlotBackend:
 # vocabulary, chat handlers, the timing report. The rest of a Llama's state is per
 # sequence and the slot's own (its backend view, sequence, context length, prompt cache).
 # tests/server/test_slots.py checks the two lists cover every attribute a Llama has.
-SHARED = ("model_path", "_init_kwargs", "verbose", "vram_budget", "sparse", "_logits_all", "_embedding",
-          "last_n_tokens_size", "spm_infill", "draft_model", "backend", "_tok", "n_batch", "n_threads", "_n_vocab",
-          "tokenizer_", "chat_format", "chat_handler", "chat_handlers", "perf")
+SHARED = (
+    "model_path",
+    "_init_kwargs",
+    "verbose",
+    "vram_budget",
+    "sparse",
+    "_logits_all",
+    "_embedding",
+    "last_n_tokens_size",
+    "spm_infill",
+    "draft_model",
+    "backend",
+    "_tok",
+    "n_batch",
+    "n_threads",
+    "_n_vocab",
+    "tokenizer_",
+    "chat_format",
+    "chat_handler",
+    "chat_handlers",
+    "perf",
+)
 OWN = ("_backend", "_seq", "_n_ctx", "cache", "_announced", "seq", "job")
 
 

@@ -20,8 +20,15 @@ class ServerState:
     """One served model. ``disconnect_poll_s``: how often a non-streaming request checks
     that its client is still there, where the ASGI server does not tell it (uvicorn does)."""
 
-    def __init__(self, llm, model_alias: str, max_queue: int, api_key: Optional[str],
-                 disconnect_poll_s: float = 0.1, parallel: Optional[int] = None):
+    def __init__(
+        self,
+        llm,
+        model_alias: str,
+        max_queue: int,
+        api_key: Optional[str],
+        disconnect_poll_s: float = 0.1,
+        parallel: Optional[int] = None,
+    ):
         self.llm = llm
         self.model_alias = model_alias
         self.api_key = api_key
@@ -32,8 +39,9 @@ class ServerState:
         self.n_ctx = int(llm.n_ctx())  # the total, split across the slots
         self.n_ctx_slot = self.worker.n_ctx_slot  # what one request may use
 
-    async def run_once(self, request: Request, fn: Callable, exclusive: bool = False,
-                       prompt: Optional[List[int]] = None):
+    async def run_once(
+        self, request: Request, fn: Callable, exclusive: bool = False, prompt: Optional[List[int]] = None
+    ):
         """Run ``fn(llm)`` on the worker (in a slot, chosen for ``prompt``, its prompt tokens
         when known; ``exclusive``: on the served Llama, alone) and return its result; a
         client that disconnects meanwhile cancels it."""
@@ -58,8 +66,14 @@ class ServerState:
             gone.cancel()
             job.cancel.set()  # no-op when finished; stops a job whose caller was cancelled
 
-    async def run_stream(self, request: Request, fn: Callable, fmt: Callable[[Any], Optional[dict]],
-                         done: Optional[str] = "[DONE]", prompt: Optional[List[int]] = None):
+    async def run_stream(
+        self,
+        request: Request,
+        fn: Callable,
+        fmt: Callable[[Any], Optional[dict]],
+        done: Optional[str] = "[DONE]",
+        prompt: Optional[List[int]] = None,
+    ):
         """Run ``fn(llm)`` (an iterator) on the worker (``prompt`` as for :meth:`run_once`)
         and answer an SSE stream of ``fmt(chunk)``. Errors before the first chunk are
         answered as JSON errors."""

@@ -58,8 +58,14 @@ class Job:
     """One request's work: ``fn(llm)`` returns a result or an iterator of chunks;
     ``prompt``: its prompt tokens when known (the slot choice), else None."""
 
-    def __init__(self, fn: Callable, loop: asyncio.AbstractEventLoop, exclusive: bool = False,
-                 clock: Callable[[], int] = lambda: 0, prompt: Optional[List[int]] = None):
+    def __init__(
+        self,
+        fn: Callable,
+        loop: asyncio.AbstractEventLoop,
+        exclusive: bool = False,
+        clock: Callable[[], int] = lambda: 0,
+        prompt: Optional[List[int]] = None,
+    ):
         self.fn = fn
         self.prompt = prompt
         self.loop = loop
@@ -148,9 +154,16 @@ class ModelWorker:
         """llama-server's ``/slots``: per slot its id, whether it runs a request, its
         context, the tokens its KV cells hold and ``n_prompt_tokens_processed``, the prompt
         tokens its last request evaluated (the rest of that prompt came from its cells)."""
-        return [{"id": s.seq, "is_processing": s.job is not None, "n_ctx": self.access.n_ctx_seq,
-                 "n_past": int(self.access.n_past(s.seq)), "n_prompt_tokens_processed": s.prompt_evaluated}
-                for s in self._slots]
+        return [
+            {
+                "id": s.seq,
+                "is_processing": s.job is not None,
+                "n_ctx": self.access.n_ctx_seq,
+                "n_past": int(self.access.n_past(s.seq)),
+                "n_prompt_tokens_processed": s.prompt_evaluated,
+            }
+            for s in self._slots
+        ]
 
     def submit(self, fn: Callable, exclusive: bool = False, prompt: Optional[List[int]] = None) -> Job:
         """Queue ``fn`` (``prompt``: its prompt tokens, for the slot choice); raises
@@ -162,8 +175,12 @@ class ModelWorker:
             if len(self._queue) >= self.max_queue + free:
                 self.rejected += 1
                 waiting = len(self._queue) - free
-                raise APIError(503, f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting "
-                                    f"for a slot (--max-queue {self.max_queue}); retry later", "server_busy")
+                raise APIError(
+                    503,
+                    f"server busy: {waiting} request{'s' if waiting != 1 else ''} already waiting "
+                    f"for a slot (--max-queue {self.max_queue}); retry later",
+                    "server_busy",
+                )
             self._queue.append(job)
             self._cv.notify_all()
         return job
@@ -318,8 +335,10 @@ class ModelWorker:
         if not free:
             return None
         if prompt:
-            best, n = max(((s, common_prefix(s.llama.sequence.tokens.tolist(), prompt)) for s in free),
-                          key=lambda sn: (sn[1], -sn[0].last_used))
+            best, n = max(
+                ((s, common_prefix(s.llama.sequence.tokens.tolist(), prompt)) for s in free),
+                key=lambda sn: (sn[1], -sn[0].last_used),
+            )
             if n >= SLOT_SIMILARITY * len(prompt):
                 return best
         return min(free, key=lambda s: s.last_used)
@@ -379,8 +398,9 @@ class ModelWorker:
         if n > self.access.n_ctx_seq:
             return ValueError(f"Requested tokens ({n}) exceed context window of {self.access.n_ctx_seq}")
         if self.access.n_past(seq) < req.n_keep:
-            return RuntimeError(f"slot {seq}: {req.n_keep} tokens expected in its KV cells, "
-                                f"{self.access.n_past(seq)} held")
+            return RuntimeError(
+                f"slot {seq}: {req.n_keep} tokens expected in its KV cells, {self.access.n_past(seq)} held"
+            )
         return None
 
     def _eval(self, items: list) -> None:
@@ -402,7 +422,7 @@ class ModelWorker:
             req = slot.request
             assert req is not None  # it asked for these tokens
             self.tokens_decoded += len(toks)
-            req.rest = req.rest[len(toks):]
+            req.rest = req.rest[len(toks) :]
             if self._logits_all or not req.rest:  # else a prompt chunk's logits are not needed
                 req.rows.append(out)
             if not req.rest:

@@ -49,8 +49,16 @@ from .perplexity import perplexity
 from .search import search_budget
 from .sidecar_run import SidecarRun, speed_info
 
-__all__ = ["hist_edges", "threshold_for_sparsity", "fraction_at_or_above", "hist_quantiles",
-           "greedy_path", "calibrate", "CalibrationError", "DEFAULT_MAX_PPL_INCREASE"]
+__all__ = [
+    "hist_edges",
+    "threshold_for_sparsity",
+    "fraction_at_or_above",
+    "hist_quantiles",
+    "greedy_path",
+    "calibrate",
+    "CalibrationError",
+    "DEFAULT_MAX_PPL_INCREASE",
+]
 
 DEFAULT_MAX_PPL_INCREASE = 0.02
 #: the search's goal is this fraction of the budget (room for text calibration never saw)
@@ -72,7 +80,7 @@ def hist_edges() -> np.ndarray:
     each octave from 2^FFN_HIST_MIN_EXP upward into four equal parts (the float's
     exponent and top two mantissa bits)."""
     first = (127 + FFN_HIST_MIN_EXP) << 2
-    bits = (np.arange(first, first + FFN_HIST_BINS - 1, dtype=np.uint32) << np.uint32(21))
+    bits = np.arange(first, first + FFN_HIST_BINS - 1, dtype=np.uint32) << np.uint32(21)
     lower = bits.view(np.float32).astype(np.float64)
     return np.concatenate([[0.0], lower, [np.inf]])
 
@@ -108,7 +116,7 @@ def fraction_at_or_above(hist: np.ndarray, t: float) -> np.ndarray:
     k = min(max(k, 0), FFN_HIST_BINS - 1)
     lo, hi = _EDGES[k], _EDGES[k + 1]
     inside = 0.0 if not math.isfinite(hi) else (t - lo) / (hi - lo)
-    above = counts[..., k + 1:].sum(axis=-1) + counts[..., k] * (1.0 - inside)
+    above = counts[..., k + 1 :].sum(axis=-1) + counts[..., k] * (1.0 - inside)
     return np.divide(above, total, out=np.zeros_like(total), where=total > 0)
 
 
@@ -158,8 +166,9 @@ def greedy_path(kl: np.ndarray, levels: Sequence[float], step: float = STEP) -> 
     last = len(grid) - 1
     for _ in range(n_layer * last):
         open_ = idx < last
-        marg = np.where(open_, cost[np.arange(n_layer), np.minimum(idx + 1, last)] - cost[np.arange(n_layer), idx],
-                        np.inf)
+        marg = np.where(
+            open_, cost[np.arange(n_layer), np.minimum(idx + 1, last)] - cost[np.arange(n_layer), idx], np.inf
+        )
         i = int(np.argmin(marg))
         idx[i] += 1
         rows.append(grid[idx].astype(np.float32))
@@ -214,8 +223,9 @@ class _Choice:
 
 
 def _layer_thresholds(hist_layers: np.ndarray, alloc: np.ndarray) -> np.ndarray:
-    return np.array([threshold_for_sparsity(hist_layers[i], float(alloc[i])) for i in range(len(alloc))],
-                    dtype=np.float32)
+    return np.array(
+        [threshold_for_sparsity(hist_layers[i], float(alloc[i])) for i in range(len(alloc))], dtype=np.float32
+    )
 
 
 def _greedy_candidates(allocs: np.ndarray, hist_layers: np.ndarray):
@@ -249,14 +259,15 @@ def _statistics(setup: _Setup, ids: list, n_ctx: int, form: str, shape: tuple, p
     try:
         for s in tqdm(range(0, len(ids), n_ctx), desc=f"statistics ({form})", unit="chunk", disable=not progress):
             setup.ctx.truncate(0)
-            setup.ctx.eval(ids[s:s + n_ctx], logits_all=False)
+            setup.ctx.eval(ids[s : s + n_ctx], logits_all=False)
     finally:
         setup.ctx.set_ffn_hist(None)
     return hist
 
 
-def _sensitivity(setup: _Setup, chunk: list, layer_hist: np.ndarray, levels: Sequence[float], form: str,
-                 progress: bool) -> np.ndarray:
+def _sensitivity(
+    setup: _Setup, chunk: list, layer_hist: np.ndarray, levels: Sequence[float], form: str, progress: bool
+) -> np.ndarray:
     """Step 2: KL divergence from dense of each layer alone at each level on ``chunk``:
     float64 (n_layer, len(levels))."""
     from tqdm.auto import tqdm
@@ -289,8 +300,18 @@ def _held_ppl(setup: _Setup, held: list, n_ctx: int, thresholds: Optional[np.nda
     return r["ppl"], float(frac.mean())
 
 
-def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.ndarray, paths: dict,
-                     ppl_dense: float, goal: Optional[float], target: Optional[float], progress: bool) -> _Choice:
+def _choose_on_paths(
+    setup: _Setup,
+    held: list,
+    n_ctx: int,
+    form: str,
+    hist: np.ndarray,
+    paths: dict,
+    ppl_dense: float,
+    goal: Optional[float],
+    target: Optional[float],
+    progress: bool,
+) -> _Choice:
     """Steps 3-4 for one form: on each candidate path the sparsest point within ``goal``
     (relative perplexity increase; :func:`~powerinfer_backend.sparsity.search.search_budget`),
     or the first reaching ``target``; the path reaching more mean sparsity wins."""
@@ -302,8 +323,11 @@ def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.
         if (name, i) not in measured:
             measured[name, i] = _held_ppl(setup, held, n_ctx, paths[name][0][i], form)
             if progress:
-                print(f"  {form} {name}: mean sparsity {paths[name][1][i].mean():.1%}: perplexity "
-                      f"{measured[name, i][0] / ppl_dense - 1:+.2%}", file=sys.stderr)
+                print(
+                    f"  {form} {name}: mean sparsity {paths[name][1][i].mean():.1%}: perplexity "
+                    f"{measured[name, i][0] / ppl_dense - 1:+.2%}",
+                    file=sys.stderr,
+                )
         return measured[name, i]
 
     def increase(name: str) -> Callable[[int], float]:
@@ -326,14 +350,31 @@ def _choose_on_paths(setup: _Setup, held: list, n_ctx: int, form: str, hist: np.
     return _Choice(form, hist, paths[name][0][i], paths[name][1][i], name, ppl, held_sparsity, len(measured))
 
 
-def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
-              target_sparsity: Optional[float] = None, tokens: int = 8192, heldout_tokens: int = 2048,
-              n_ctx: int = 512, offset_bytes: int = 0, max_bytes: Optional[int] = None,
-              out: Optional[str] = None, force: bool = False, n_threads: Optional[int] = None,
-              margin: float = DEFAULT_MARGIN, levels: Sequence[float] = (0.25, 0.5, 0.75), sens_tokens: int = 64,
-              threshold_on: str = "auto", gate_tokens: int = 4096, speed_check: bool = True,
-              speed_steps: int = 32, speed_repeats: int = 5,
-              progress: bool = True, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)):
+def calibrate(
+    model_path: str,
+    text_path: str,
+    *,
+    max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
+    target_sparsity: Optional[float] = None,
+    tokens: int = 8192,
+    heldout_tokens: int = 2048,
+    n_ctx: int = 512,
+    offset_bytes: int = 0,
+    max_bytes: Optional[int] = None,
+    out: Optional[str] = None,
+    force: bool = False,
+    n_threads: Optional[int] = None,
+    margin: float = DEFAULT_MARGIN,
+    levels: Sequence[float] = (0.25, 0.5, 0.75),
+    sens_tokens: int = 64,
+    threshold_on: str = "auto",
+    gate_tokens: int = 4096,
+    speed_check: bool = True,
+    speed_steps: int = 32,
+    speed_repeats: int = 5,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+):
     """Calibrate per-layer sparsity thresholds and write the sidecar.
 
     Args:
@@ -393,9 +434,19 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
 
     gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
     hp = gguf.hparams
-    run = SidecarRun.prepare(model_path, text_path, gguf, out=out, n_ctx=n_ctx, tokens=tokens,
-                             heldout_tokens=heldout_tokens, offset_bytes=offset_bytes, max_bytes=max_bytes,
-                             error=CalibrationError, purpose="calibration")
+    run = SidecarRun.prepare(
+        model_path,
+        text_path,
+        gguf,
+        out=out,
+        n_ctx=n_ctx,
+        tokens=tokens,
+        heldout_tokens=heldout_tokens,
+        offset_bytes=offset_bytes,
+        max_bytes=max_bytes,
+        error=CalibrationError,
+        purpose="calibration",
+    )
     stats_ids, held = run.head, run.held
     check_overwrite(run.path, run.model_sha, run.text_sha, force=force)
 
@@ -434,9 +485,13 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
         if speed_check:
             for r in results:
                 if r.alloc.mean() > 0:
-                    r.speed = run.speed(ctx, lambda: setup.apply(None),
-                                        functools.partial(setup.apply, r.thresholds, r.form),
-                                        steps=speed_steps, repeats=speed_repeats)
+                    r.speed = run.speed(
+                        ctx,
+                        lambda: setup.apply(None),
+                        functools.partial(setup.apply, r.thresholds, r.form),
+                        steps=speed_steps,
+                        repeats=speed_repeats,
+                    )
             t = lap("speed check", t)
         # the fastest form within the budget (without timings: the first, the better quality per sparsity)
         best = max(results, key=lambda r: r.speed["speedup"] if r.speed else -1.0) if speed_check else results[0]
@@ -445,31 +500,48 @@ def calibrate(model_path: str, text_path: str, *, max_ppl_increase: Optional[flo
     layer_hist = hist.sum(axis=1, dtype=np.uint64)
     freq = np.stack([fraction_at_or_above(hist[i], float(thresholds[i])) for i in range(hp.n_layer)])
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    tried = "; ".join(f"{r.form}: {r.alloc.mean():.1%} {r.ppl / ppl_dense - 1:+.2%}"
-                      + (f" {r.speed['speedup']:.2f}x" if r.speed else "") for r in results)
-    info = {**run.provenance(), "tokens_stats": len(stats_ids), "tokens_heldout": len(held),
-            "ppl_dense": ppl_dense, "ppl_sparse": best.ppl,
-            "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
-            "target_sparsity": target_sparsity, "mean_sparsity": float(alloc.mean()),
-            "heldout_sparsity": best.held_sparsity, "threshold_on": best.form,
-            "method": f"{best.path} path, held-out budget search", "forms_tried": tried,
-            "calibration_seconds": wall, "calibration_cpu_seconds": cpu}
+    tried = "; ".join(
+        f"{r.form}: {r.alloc.mean():.1%} {r.ppl / ppl_dense - 1:+.2%}"
+        + (f" {r.speed['speedup']:.2f}x" if r.speed else "")
+        for r in results
+    )
+    info = {
+        **run.provenance(),
+        "tokens_stats": len(stats_ids),
+        "tokens_heldout": len(held),
+        "ppl_dense": ppl_dense,
+        "ppl_sparse": best.ppl,
+        "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
+        "target_sparsity": target_sparsity,
+        "mean_sparsity": float(alloc.mean()),
+        "heldout_sparsity": best.held_sparsity,
+        "threshold_on": best.form,
+        "method": f"{best.path} path, held-out budget search",
+        "forms_tried": tried,
+        "calibration_seconds": wall,
+        "calibration_cpu_seconds": cpu,
+    }
     if best.speed:
         info.update(speed_info(best.speed))
     prof = SparsityProfile(
-        thresholds=thresholds, layer_sparsity=alloc.astype(np.float32), neuron_freq=freq.astype(np.float32),
+        thresholds=thresholds,
+        layer_sparsity=alloc.astype(np.float32),
+        neuron_freq=freq.astype(np.float32),
         neuron_quantiles=hist_quantiles(hist, QUANTILES),
         layer_hist=(layer_hist / np.maximum(layer_hist.sum(axis=1, keepdims=True), 1)).astype(np.float32),
-        ffn_act=hp.act_name, info=info)
+        ffn_act=hp.act_name,
+        info=info,
+    )
     check_overwrite(run.path, run.model_sha, run.text_sha, force=force)  # again: another run may have written it
     path = run.write(prof)
-    speed = (f"; decode {best.speed['speedup']:.2f}x dense on {best.speed['threads']} threads"
-             if best.speed else "")
-    log(f"calibrated {os.path.basename(model_path)} in {wall:.0f} s ({cpu:.0f} s CPU; "
+    speed = f"; decode {best.speed['speedup']:.2f}x dense on {best.speed['threads']} threads" if best.speed else ""
+    log(
+        f"calibrated {os.path.basename(model_path)} in {wall:.0f} s ({cpu:.0f} s CPU; "
         + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items())
         + f"): mean FFN sparsity {alloc.mean():.1%} (held-out {best.held_sparsity:.1%}), held-out perplexity "
         f"{ppl_dense:.4f} -> {best.ppl:.4f} ({best.ppl / ppl_dense - 1:+.2%}) with the {best.form} form on the "
-        f"{best.path} path{speed} [{tried}]; {len(stats_ids)} statistics tokens, {len(held)} held-out; wrote {path}")
+        f"{best.path} path{speed} [{tried}]; {len(stats_ids)} statistics tokens, {len(held)} held-out; wrote {path}"
+    )
     return prof
 
 

@@ -112,8 +112,10 @@ def _resolve(sparse, model_path: str, act: str):
     if sparse == "predictor":
         return "predictor", str(found) if have else None
     if sparse == "threshold" and not have and act not in _RELU_FAMILY:
-        raise ValueError(f"sparse='threshold' needs a calibration sidecar for {model_path} (looked for {found}); "
-                         f"run `powerinfer-backend calibrate --model {model_path} --text FILE` first")
+        raise ValueError(
+            f"sparse='threshold' needs a calibration sidecar for {model_path} (looked for {found}); "
+            f"run `powerinfer-backend calibrate --model {model_path} --text FILE` first"
+        )
     if have:
         return "threshold", str(found)
     return ("threshold", None) if act in _RELU_FAMILY else ("dense", None)
@@ -134,12 +136,14 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
     hp = gguf.hparams
     mode, path = _resolve(sparse, model_path, hp.act_name)
     from ..loader.pwri import has_predictors
+
     if sparse == "auto" and has_predictors(gguf):
         mode = "predictor"
     if mode == "dense":
         if sparse == "auto":  # a gated FFN without a sidecar: say what would make it sparse
-            return SparseState(reason="no calibration sidecar for this model (`powerinfer-backend calibrate` "
-                                      "makes one)")
+            return SparseState(
+                reason="no calibration sidecar for this model (`powerinfer-backend calibrate` makes one)"
+            )
         return SparseState()
     pred_reason = None
     if sparse == "auto" and mode != "predictor" and path is not None and _sidecar_has_predictors(path):
@@ -158,21 +162,36 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
             warnings.warn(f"{e}; running dense", stacklevel=3)
             return SparseState()
         if prof.n_layer != hp.n_layer or prof.neuron_freq.shape[1] != hp.n_ff:
-            raise ValueError(f"sparsity sidecar {path}: {prof.n_layer} layers x {prof.neuron_freq.shape[1]} "
-                             f"neurons, the model has {hp.n_layer} x {hp.n_ff}")
+            raise ValueError(
+                f"sparsity sidecar {path}: {prof.n_layer} layers x {prof.neuron_freq.shape[1]} "
+                f"neurons, the model has {hp.n_layer} x {hp.n_ff}"
+            )
         if prof.ffn_act != hp.act_name:
-            raise ValueError(f"sparsity sidecar {path} was calibrated for activation {prof.ffn_act!r}, "
-                             f"the model uses {hp.act_name!r}")
+            raise ValueError(
+                f"sparsity sidecar {path} was calibrated for activation {prof.ffn_act!r}, "
+                f"the model uses {hp.act_name!r}"
+            )
         thresholds = prof.thresholds
-        state = SparseState("threshold", thresholds, str(path), float(prof.layer_sparsity.mean()), prof.info,
-                            decode_speedup=prof.info.get("decode_speedup"))
+        state = SparseState(
+            "threshold",
+            thresholds,
+            str(path),
+            float(prof.layer_sparsity.mean()),
+            prof.info,
+            decode_speedup=prof.info.get("decode_speedup"),
+        )
         slower = _slower_than_dense(prof.info)
         if pred_reason is not None and not np.any(thresholds > 0) and hp.act_name not in _RELU_FAMILY:
             slower = "the sidecar has no calibrated thresholds"  # a predictors-only sidecar
         if sparse == "auto" and slower:
             reason = slower if pred_reason is None else f"{pred_reason}; {slower}"
-            return SparseState(sidecar=str(path), expected_sparsity=state.expected_sparsity, info=prof.info,
-                               reason=reason, decode_speedup=state.decode_speedup)
+            return SparseState(
+                sidecar=str(path),
+                expected_sparsity=state.expected_sparsity,
+                info=prof.info,
+                reason=reason,
+                decode_speedup=state.decode_speedup,
+            )
         if pred_reason is not None:
             state.reason = pred_reason
     else:
@@ -190,8 +209,11 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
             # product form: calibration chose its thresholds measuring the down_t arithmetic, and the
             # dense down's Q8_0-quantized h moved SmolLM2's held-out perplexity past the budget
             # (+2.37% vs +2% in tests/sparsity/test_calibrate.py)
-            if on == "gate" and path is not None and dense_down_cheaper(
-                    gguf, layer, dtype, 1.0 - float(prof.layer_sparsity[layer])):
+            if (
+                on == "gate"
+                and path is not None
+                and dense_down_cheaper(gguf, layer, dtype, 1.0 - float(prof.layer_sparsity[layer]))
+            ):
                 ctx.set_ffn_down_dense(layer, True)
     return state
 
@@ -203,9 +225,11 @@ def _slower_than_dense(info: dict) -> Optional[str]:
     if speedup is None or speedup >= 1.0:
         return None
     form = info.get("threshold_on", "product")
-    return (f"sidecar's thresholds ({form} form, expected FFN sparsity {info.get('mean_sparsity', 0.0):.1%}) decoded "
-            f"{speedup:.2f}x dense when calibrated on {info.get('speed_host', '?')} with "
-            f"{info.get('speed_threads', '?')} threads; sparse='threshold' forces them")
+    return (
+        f"sidecar's thresholds ({form} form, expected FFN sparsity {info.get('mean_sparsity', 0.0):.1%}) decoded "
+        f"{speedup:.2f}x dense when calibrated on {info.get('speed_host', '?')} with "
+        f"{info.get('speed_threads', '?')} threads; sparse='threshold' forces them"
+    )
 
 
 def _predictors_slower(path) -> Optional[str]:
@@ -219,13 +243,16 @@ def _predictors_slower(path) -> Optional[str]:
     if p is None or p >= max(1.0, t or 0.0):
         return None
     than = "dense" if p < 1.0 else f"the thresholds' {t:.2f}x"
-    return (f"sidecar's predictors decoded {p:.2f}x dense (slower than {than}) when trained on "
-            f"{prof.predictors.info.get('speed_host', '?')}")
+    return (
+        f"sidecar's predictors decoded {p:.2f}x dense (slower than {than}) when trained on "
+        f"{prof.predictors.info.get('speed_host', '?')}"
+    )
 
 
 def _sidecar_has_predictors(path) -> bool:
     try:
         from .sidecar import read_sidecar
+
         return read_sidecar(path).predictors is not None
     except ValueError:
         return False
@@ -244,18 +271,23 @@ def _configure_predictor(ctx, gguf, model_path, path) -> SparseState:
         prof = read_sidecar(path, model_path=model_path) if path is not None else None
         if prof is None or prof.predictors is None:
             if gguf.layer_tensor(0, "ffn_gate") is None:  # no ffn_gate: train-predictor refuses ungated FFNs
-                raise ValueError(f"sparse='predictor': {model_path} has no activation predictors, and training them "
-                                 f"is not available for ungated FFNs ({gguf.arch}) yet; only PowerInfer's own "
-                                 f"files with blk.N.fc1/fc2.weight run in predictor mode")
-            raise ValueError(f"sparse='predictor': {model_path} has no activation predictors (no blk.N.fc1.weight "
-                             f"in the model file or its sidecar); run `powerinfer-backend train-predictor "
-                             f"--model {model_path} --text FILE` first")
+                raise ValueError(
+                    f"sparse='predictor': {model_path} has no activation predictors, and training them "
+                    f"is not available for ungated FFNs ({gguf.arch}) yet; only PowerInfer's own "
+                    f"files with blk.N.fc1/fc2.weight run in predictor mode"
+                )
+            raise ValueError(
+                f"sparse='predictor': {model_path} has no activation predictors (no blk.N.fc1.weight "
+                f"in the model file or its sidecar); run `powerinfer-backend train-predictor "
+                f"--model {model_path} --text FILE` first"
+            )
         pset, src, info = prof.predictors, str(path), dict(prof.info)
         info.update(pset.info)
     apply(ctx, gguf, pset, down_t=down_t_views(gguf))
     dens = pset.info.get("density")
-    state = SparseState("predictor", np.zeros(hp.n_layer, np.float32), src,
-                        None if dens is None else 1.0 - float(np.mean(dens)), info)
+    state = SparseState(
+        "predictor", np.zeros(hp.n_layer, np.float32), src, None if dens is None else 1.0 - float(np.mean(dens)), info
+    )
     state.predictors = pset
     return state
 
@@ -280,17 +312,26 @@ def stats(ctx, state: SparseState, reset: bool = False) -> dict:
         if state.predictors is not None:
             has[[x for x in state.predictors.layers if x < len(has)]] = True
         dens = np.where(has & (total > 0), pred / np.maximum(total, 1), 1.0)  # no predictor: every neuron
-        extra = {"predicted_density": [round(float(x), 6) for x in dens],
-                 "predictor_ns": int(ps["pred_ns"].sum()), "sparse_ffn_ns": int(ps["ffn_ns"].sum()),
-                 "predictor_share_of_ffn": float(ps["pred_ns"].sum() / max(1, ps["ffn_ns"].sum()))}
+        extra = {
+            "predicted_density": [round(float(x), 6) for x in dens],
+            "predictor_ns": int(ps["pred_ns"].sum()),
+            "sparse_ffn_ns": int(ps["ffn_ns"].sum()),
+            "predictor_share_of_ffn": float(ps["pred_ns"].sum() / max(1, ps["ffn_ns"].sum())),
+        }
     if reset:
         ctx.ffn_stats(reset=True)
     dd = ctx.ffn_down_dense_layers()
     dt = sorted({t for layer, t in ctx.ffn_down_t_types().items() if layer not in dd})
     extra["down_t_type"] = "+".join(dt) if dt else None
     extra["down_dense_layers"] = dd
-    return extra | {"mode": state.mode, "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
-            "layers": [round(float(x), 6) for x in frac], "neurons_used": int(used.sum()),
-            "neurons_total": int(total.sum()), "sidecar": state.sidecar,
-            "expected_sparsity": state.expected_sparsity, "decode_speedup": state.decode_speedup,
-            "reason": state.reason}
+    return extra | {
+        "mode": state.mode,
+        "ffn_sparsity": float(frac.mean()) if len(frac) else 0.0,
+        "layers": [round(float(x), 6) for x in frac],
+        "neurons_used": int(used.sum()),
+        "neurons_total": int(total.sum()),
+        "sidecar": state.sidecar,
+        "expected_sparsity": state.expected_sparsity,
+        "decode_speedup": state.decode_speedup,
+        "reason": state.reason,
+    }

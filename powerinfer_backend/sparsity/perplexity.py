@@ -43,9 +43,10 @@ def read_text(path: str, offset_bytes: int = 0, max_bytes: Optional[int] = None)
         text = chunk.decode("utf-8")
     except UnicodeDecodeError as e:
         if e.reason != "unexpected end of data" or e.start < len(chunk) - 3:
-            raise ValueError(f"{path} is not UTF-8 text: invalid byte 0x{chunk[e.start]:02x} at offset "
-                             f"{start + e.start}") from None
-        text = chunk[:e.start].decode("utf-8")  # the slice ended inside a character
+            raise ValueError(
+                f"{path} is not UTF-8 text: invalid byte 0x{chunk[e.start]:02x} at offset {start + e.start}"
+            ) from None
+        text = chunk[: e.start].decode("utf-8")  # the slice ended inside a character
     if not text.strip():
         raise ValueError(f"{path}: no text in bytes {offset_bytes}..{end}")
     return text
@@ -60,8 +61,9 @@ def log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return lse - z[np.arange(len(targets)), targets]
 
 
-def perplexity(tokens, eval_chunk: Callable[[list], np.ndarray], n_ctx: int, n_chunks: Optional[int] = None,
-               progress: bool = False) -> dict:
+def perplexity(
+    tokens, eval_chunk: Callable[[list], np.ndarray], n_ctx: int, n_chunks: Optional[int] = None, progress: bool = False
+) -> dict:
     """Perplexity of ``tokens`` in chunks of ``n_ctx``.
 
     Args:
@@ -90,7 +92,7 @@ def perplexity(tokens, eval_chunk: Callable[[list], np.ndarray], n_ctx: int, n_c
         chunks = tqdm(chunks, desc="perplexity", unit="chunk")
     total, scored = 0.0, 0
     for c in chunks:
-        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
+        chunk = list(tokens[c * n_ctx : (c + 1) * n_ctx])
         logits = eval_chunk(chunk)
         nll = log_softmax_nll(logits[:-1], np.asarray(chunk[1:]))
         total += float(nll.sum())

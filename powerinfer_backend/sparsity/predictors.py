@@ -22,8 +22,16 @@ import numpy as np
 from ..engine.scores import quantize_q8_0, scores
 from ..loader.pwri import pwri_threshold
 
-__all__ = ["scores", "scores_reference", "PredictorSet", "apply", "validate_layer", "quantize_q8_0", "as_float",
-           "pwri_predictors"]
+__all__ = [
+    "scores",
+    "scores_reference",
+    "PredictorSet",
+    "apply",
+    "validate_layer",
+    "quantize_q8_0",
+    "as_float",
+    "pwri_predictors",
+]
 
 
 def as_float(w) -> np.ndarray:
@@ -46,14 +54,17 @@ def validate_layer(layer: int, fc1_shape, fc2_shape, n_embd: int, n_ff: int) -> 
     returns the rank. Raises ValueError naming the layer and tensor."""
     n1, n2 = f"blk.{layer}.fc1.weight", f"blk.{layer}.fc2.weight"
     if len(fc1_shape) != 2 or fc1_shape[1] != n_embd or fc1_shape[0] < 1:
-        raise ValueError(f"layer {layer}: tensor {n1} has shape (rank, n_embd) = {tuple(fc1_shape)}, "
-                         f"expected (rank, {n_embd})")
+        raise ValueError(
+            f"layer {layer}: tensor {n1} has shape (rank, n_embd) = {tuple(fc1_shape)}, expected (rank, {n_embd})"
+        )
     if len(fc2_shape) != 2 or fc2_shape[0] != n_ff:
-        raise ValueError(f"layer {layer}: tensor {n2} has shape (n_ff, rank) = {tuple(fc2_shape)}, "
-                         f"expected ({n_ff}, rank)")
+        raise ValueError(
+            f"layer {layer}: tensor {n2} has shape (n_ff, rank) = {tuple(fc2_shape)}, expected ({n_ff}, rank)"
+        )
     if fc2_shape[1] != fc1_shape[0]:
-        raise ValueError(f"layer {layer}: tensor {n2} has rank {fc2_shape[1]}, {n1} has rank {fc1_shape[0]} "
-                         f"(rank mismatch)")
+        raise ValueError(
+            f"layer {layer}: tensor {n2} has rank {fc2_shape[1]}, {n1} has rank {fc1_shape[0]} (rank mismatch)"
+        )
     return int(fc1_shape[0])
 
 
@@ -92,8 +103,9 @@ class PredictorSet:
         if require_all:
             for layer in range(n_layer):
                 if layer not in self.fc1:
-                    raise ValueError(f"layer {layer}: tensor blk.{layer}.fc1.weight missing "
-                                     f"(predictors must cover every layer)")
+                    raise ValueError(
+                        f"layer {layer}: tensor blk.{layer}.fc1.weight missing (predictors must cover every layer)"
+                    )
 
 
 def _np_shape(obj) -> tuple:

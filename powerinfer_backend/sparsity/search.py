@@ -45,8 +45,15 @@ def _predict(points: list, goal: float, prior: float, m_lo: float) -> float:
     return guess
 
 
-def search_budget(means: np.ndarray, increase: Callable[[int], float], goal: float, *, tol: float = 0.01,
-                  max_evals: int = 8, prior: float = 0.3) -> tuple[int, int]:
+def search_budget(
+    means: np.ndarray,
+    increase: Callable[[int], float],
+    goal: float,
+    *,
+    tol: float = 0.01,
+    max_evals: int = 8,
+    prior: float = 0.3,
+) -> tuple[int, int]:
     """Sparsest path index within the perplexity goal.
 
     Args:
@@ -71,8 +78,9 @@ def search_budget(means: np.ndarray, increase: Callable[[int], float], goal: flo
         if hi < n and means[hi] - means[lo] <= tol:
             break
         want = _predict(points, goal, prior, float(means[lo]))
-        if hi < n and ((len(sides) >= 2 and sides[-1] == sides[-2]) or not
-                       means[lo] + tol / 2 < want < means[hi] - tol / 2):
+        if hi < n and (
+            (len(sides) >= 2 and sides[-1] == sides[-2]) or not means[lo] + tol / 2 < want < means[hi] - tol / 2
+        ):
             # the prediction keeps missing on one side, or hugs a bound it cannot improve: bisect
             want = 0.5 * (means[lo] + means[hi])
         i = int(np.searchsorted(means, want, side="right")) - 1  # the last row at or below the prediction

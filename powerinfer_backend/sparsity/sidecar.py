@@ -40,8 +40,16 @@ import numpy as np
 
 from ..loader.artifacts import artifact_dir, atomic_write_path, model_fingerprint
 
-__all__ = ["SIDECAR_NAME", "FORMAT_VERSION", "QUANTILES", "SparsityProfile", "sidecar_path",
-           "read_sidecar", "write_sidecar", "check_overwrite"]
+__all__ = [
+    "SIDECAR_NAME",
+    "FORMAT_VERSION",
+    "QUANTILES",
+    "SparsityProfile",
+    "sidecar_path",
+    "read_sidecar",
+    "write_sidecar",
+    "check_overwrite",
+]
 
 SIDECAR_NAME = "sparsity.gguf"
 FORMAT_VERSION = 1
@@ -135,15 +143,23 @@ def write_sidecar(path: str | os.PathLike, prof: SparsityProfile) -> Path:
 
     n_layer = prof.n_layer
     n_ff = prof.neuron_freq.shape[1]
-    if prof.neuron_freq.shape != (n_layer, n_ff) or prof.layer_sparsity.shape != (n_layer,) \
-            or prof.neuron_quantiles.shape != (n_layer, n_ff, len(QUANTILES)) or prof.layer_hist.shape[0] != n_layer:
+    if (
+        prof.neuron_freq.shape != (n_layer, n_ff)
+        or prof.layer_sparsity.shape != (n_layer,)
+        or prof.neuron_quantiles.shape != (n_layer, n_ff, len(QUANTILES))
+        or prof.layer_hist.shape[0] != n_layer
+    ):
         raise ValueError("sparsity profile arrays have inconsistent shapes")
     path = Path(path)
 
     def write(tmp: Path) -> None:
         w = gguf.GGUFWriter(tmp, _ARCH)
-        add: dict[str, Callable[[str, Any], None]] = {"str": w.add_string, "u64": w.add_uint64,
-                                                      "u32": w.add_uint32, "f64": w.add_float64}
+        add: dict[str, Callable[[str, Any], None]] = {
+            "str": w.add_string,
+            "u64": w.add_uint64,
+            "u32": w.add_uint32,
+            "f64": w.add_float64,
+        }
         w.add_uint32(_S + "version", FORMAT_VERSION)
         for name, (key, kind) in _INFO_KEYS.items():
             v = prof.info.get(name)
@@ -176,8 +192,12 @@ def write_sidecar(path: str | os.PathLike, prof: SparsityProfile) -> Path:
                         w.add_tensor(f"blk.{x}.{stem}.weight", np.ascontiguousarray(t))
                     else:  # a quantized TensorView (train-predictor --quantize q8_0)
                         from gguf import GGMLQuantizationType
-                        w.add_tensor(f"blk.{x}.{stem}.weight", np.asarray(t.data, np.uint8).reshape(t.ne[1], -1),
-                                     raw_dtype=GGMLQuantizationType(t.type))
+
+                        w.add_tensor(
+                            f"blk.{x}.{stem}.weight",
+                            np.asarray(t.data, np.uint8).reshape(t.ne[1], -1),
+                            raw_dtype=GGMLQuantizationType(t.type),
+                        )
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -215,8 +235,10 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
     tensors = {t.name: np.array(tensor_array(h, t)) for t in h.tensors}  # copies: the map is not kept
     ttypes = {t.name: t.type for t in h.tensors}
     if fields.get("general.architecture") != _ARCH:
-        raise ValueError(f"{p}: not a sparsity sidecar (general.architecture = "
-                         f"{fields.get('general.architecture')!r}, expected {_ARCH!r})")
+        raise ValueError(
+            f"{p}: not a sparsity sidecar (general.architecture = "
+            f"{fields.get('general.architecture')!r}, expected {_ARCH!r})"
+        )
     version = fields.get(_S + "version")
     if version != FORMAT_VERSION:
         raise ValueError(f"{p}: sidecar format version {version}, this code reads {FORMAT_VERSION}")
@@ -227,7 +249,8 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
             raise ValueError(
                 f"sparsity sidecar {p} was made for another model ({info.get('model_file', '?')}, "
                 f"sha256 {info.get('model_sha256', '?')}), not {os.fspath(model_path)} (sha256 {want}); "
-                f"recalibrate with `powerinfer-backend calibrate` or pass sparse='off'")
+                f"recalibrate with `powerinfer-backend calibrate` or pass sparse='off'"
+            )
 
     def need(key: str) -> Any:
         if key not in fields:
@@ -253,10 +276,16 @@ def read_sidecar(path: str | os.PathLike, *, model_path: str | os.PathLike | Non
             raise ValueError(f"{p}: tensors 'blk.N.{kind}' differ in shape across layers")
         return np.stack(rows)
 
-    prof = SparsityProfile(thresholds=thresholds, layer_sparsity=layer_sparsity,
-                           neuron_freq=stack("ffn_act_freq"), neuron_quantiles=stack("ffn_act_quantiles"),
-                           layer_hist=stack("ffn_act_hist"), ffn_act=str(need("powerinfer.ffn_act")),
-                           info=info, path=p)
+    prof = SparsityProfile(
+        thresholds=thresholds,
+        layer_sparsity=layer_sparsity,
+        neuron_freq=stack("ffn_act_freq"),
+        neuron_quantiles=stack("ffn_act_quantiles"),
+        layer_hist=stack("ffn_act_hist"),
+        ffn_act=str(need("powerinfer.ffn_act")),
+        info=info,
+        path=p,
+    )
     if _P + "layers" in fields or any(k.endswith(".fc1.weight") for k in tensors):
         prof.predictors = _read_predictors(p, fields, tensors, n_layer, prof.neuron_freq.shape[1], ttypes)
     return prof
@@ -281,16 +310,18 @@ def _read_predictors(p, fields, tensors, n_layer, n_ff, ttypes=None):
                 dst[layer] = np.ascontiguousarray(tensors[name])
             else:  # quantized (Q8_0): bytes (rows, row bytes) -> a TensorView for the kernels
                 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
                 raw = np.ascontiguousarray(tensors[name], np.uint8)
                 block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ty)]
                 rows = raw.shape[0] if raw.ndim == 2 else 1
                 cols = raw.size // rows // size * block
-                dst[layer] = TensorView(name=name, type=ty, ne=(cols, rows), data=raw.reshape(-1),
-                                        nbytes=int(raw.nbytes))
+                dst[layer] = TensorView(
+                    name=name, type=ty, ne=(cols, rows), data=raw.reshape(-1), nbytes=int(raw.nbytes)
+                )
         ps.thresholds[layer] = float(t)
     for k, v in fields.items():
         if k.startswith(_P) and k not in (_P + "layers", _P + "thresholds"):
-            ps.info[k[len(_P):]] = v
+            ps.info[k[len(_P) :]] = v
     f1 = ps.fc1[layers[0]] if layers else None
     n_embd = 0 if f1 is None else (f1.shape[1] if isinstance(f1, np.ndarray) else f1.ne[0])
     try:
@@ -312,12 +343,17 @@ def check_overwrite(path: str | os.PathLike, model_sha256: str, text_sha256: str
     try:
         old = read_sidecar(p)
     except ValueError as e:
-        raise ValueError(f"refusing to overwrite {p}: it is not a readable sparsity sidecar ({e}); "
-                         f"pass --force to replace it") from e
+        raise ValueError(
+            f"refusing to overwrite {p}: it is not a readable sparsity sidecar ({e}); pass --force to replace it"
+        ) from e
     src_model, src_text = old.info.get("model_sha256"), old.info.get("text_sha256")
     if src_model != model_sha256:
-        raise ValueError(f"refusing to overwrite {p}: it was made from another model "
-                         f"({old.info.get('model_file', '?')}, sha256 {src_model}); pass --force to replace it")
+        raise ValueError(
+            f"refusing to overwrite {p}: it was made from another model "
+            f"({old.info.get('model_file', '?')}, sha256 {src_model}); pass --force to replace it"
+        )
     if src_text != text_sha256:
-        raise ValueError(f"refusing to overwrite {p}: it was calibrated on another text "
-                         f"({old.info.get('text_file', '?')}, sha256 {src_text}); pass --force to replace it")
+        raise ValueError(
+            f"refusing to overwrite {p}: it was calibrated on another text "
+            f"({old.info.get('text_file', '?')}, sha256 {src_text}); pass --force to replace it"
+        )

@@ -28,8 +28,18 @@ def sha256_bytes(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def split_text_tokens(model_path: str, text_path: str, *, offset_bytes: int, max_bytes: Optional[int], n_ctx: int,
-                      tokens: int, heldout_tokens: int, error: type = ValueError, purpose: str = "calibration"):
+def split_text_tokens(
+    model_path: str,
+    text_path: str,
+    *,
+    offset_bytes: int,
+    max_bytes: Optional[int],
+    n_ctx: int,
+    tokens: int,
+    heldout_tokens: int,
+    error: type = ValueError,
+    purpose: str = "calibration",
+):
     """Read and tokenize the text slice (BOS first) and split it for a fit/check run:
     the last ``heldout_tokens`` in whole chunks of ``n_ctx`` (at least one, at most a
     quarter of the chunks) are held out; the head is at most ``tokens`` from the start.
@@ -54,17 +64,22 @@ def split_text_tokens(model_path: str, text_path: str, *, offset_bytes: int, max
         raise error(
             f"{purpose} text {text_path} (bytes {offset_bytes}..{offset_bytes + len(text_bytes)}) has "
             f"{len(ids)} tokens; at least two chunks of n_ctx={n_ctx} ({2 * n_ctx} tokens) are needed "
-            f"(one to fit on, one held out)")
+            f"(one to fit on, one held out)"
+        )
     n_held = max(1, min(heldout_tokens // n_ctx, n_chunks // 4))
-    held = ids[len(ids) - n_held * n_ctx:]
-    return text_bytes, ids[:min(int(tokens), len(ids) - n_held * n_ctx)], held
+    held = ids[len(ids) - n_held * n_ctx :]
+    return text_bytes, ids[: min(int(tokens), len(ids) - n_held * n_ctx)], held
 
 
 def speed_info(speed: dict) -> dict:
     """The sidecar keys of a :func:`~powerinfer_backend.sparsity.speed.measure_speedup` result."""
-    return {"decode_speedup": speed["speedup"], "decode_dense_tok_s": speed["dense_tok_s"],
-            "decode_sparse_tok_s": speed["sparse_tok_s"], "speed_threads": speed["threads"],
-            "speed_host": speed["host"]}
+    return {
+        "decode_speedup": speed["speedup"],
+        "decode_dense_tok_s": speed["dense_tok_s"],
+        "decode_sparse_tok_s": speed["sparse_tok_s"],
+        "speed_threads": speed["threads"],
+        "speed_host": speed["host"],
+    }
 
 
 @dataclass
@@ -84,9 +99,21 @@ class SidecarRun:
     path: Path  # the sidecar
 
     @classmethod
-    def prepare(cls, model_path: str, text_path: str, gguf, *, out: Optional[str], n_ctx: int, tokens: int,
-                heldout_tokens: int, offset_bytes: int, max_bytes: Optional[int], error: type,
-                purpose: str) -> "SidecarRun":
+    def prepare(
+        cls,
+        model_path: str,
+        text_path: str,
+        gguf,
+        *,
+        out: Optional[str],
+        n_ctx: int,
+        tokens: int,
+        heldout_tokens: int,
+        offset_bytes: int,
+        max_bytes: Optional[int],
+        error: type,
+        purpose: str,
+    ) -> "SidecarRun":
         """Split the text (:func:`split_text_tokens`) and settle the sidecar's path (``out``,
         else :func:`~powerinfer_backend.sparsity.sidecar.sidecar_path`, its folder created).
 
@@ -98,8 +125,16 @@ class SidecarRun:
         from .sidecar import sidecar_path
 
         text_bytes, head, held = split_text_tokens(
-            model_path, text_path, offset_bytes=offset_bytes, max_bytes=max_bytes, n_ctx=n_ctx, tokens=tokens,
-            heldout_tokens=heldout_tokens, error=error, purpose=purpose)
+            model_path,
+            text_path,
+            offset_bytes=offset_bytes,
+            max_bytes=max_bytes,
+            n_ctx=n_ctx,
+            tokens=tokens,
+            heldout_tokens=heldout_tokens,
+            error=error,
+            purpose=purpose,
+        )
         if n_ctx > gguf.max_positions:
             raise error(f"n_ctx {n_ctx} exceeds the model's training context ({gguf.max_positions} tokens)")
         path = Path(out) if out else sidecar_path(model_path, create=True)
@@ -107,8 +142,19 @@ class SidecarRun:
             raise error(f"--out {path} is a folder; give the sidecar's file name")
         if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
             raise error(f"cannot write the sidecar into {path.parent} (missing or not writable)")
-        return cls(model_path, text_path, gguf, text_bytes, head, held, n_ctx, offset_bytes,
-                   model_fingerprint(model_path), sha256_bytes(text_bytes), path)
+        return cls(
+            model_path,
+            text_path,
+            gguf,
+            text_bytes,
+            head,
+            held,
+            n_ctx,
+            offset_bytes,
+            model_fingerprint(model_path),
+            sha256_bytes(text_bytes),
+            path,
+        )
 
     @contextmanager
     def context(self, n_threads: Optional[int]) -> Iterator[Any]:
@@ -133,23 +179,38 @@ class SidecarRun:
         build_down_cache(self.model_path, self.gguf, dtype, progress=progress)
         return load_down_cache(self.model_path, dtype)
 
-    def speed(self, ctx, set_dense: Callable[[], None], set_sparse: Callable[[], None], *, steps: int = 32,
-              repeats: int = 5) -> dict:
+    def speed(
+        self, ctx, set_dense: Callable[[], None], set_sparse: Callable[[], None], *, steps: int = 32, repeats: int = 5
+    ) -> dict:
         """Decode speedup of ``set_sparse`` over ``set_dense`` on the held-out tokens
         (:func:`~powerinfer_backend.sparsity.speed.measure_speedup`), within the context's room."""
         from .speed import measure_speedup
 
         room = min(ctx.n_ctx, len(self.held))
         prompt = min(16, max(1, room // 4))
-        return measure_speedup(ctx, set_dense, set_sparse, self.held, prompt_tokens=prompt,
-                               steps=max(1, min(steps, room - prompt)), repeats=repeats)
+        return measure_speedup(
+            ctx,
+            set_dense,
+            set_sparse,
+            self.held,
+            prompt_tokens=prompt,
+            steps=max(1, min(steps, room - prompt)),
+            repeats=repeats,
+        )
 
     def provenance(self) -> dict:
         """The sidecar keys naming the model, the text slice and the context length."""
-        return {"model_sha256": self.model_sha, "model_file": os.path.basename(self.model_path),
-                "model_size": os.path.getsize(self.model_path), "text_sha256": self.text_sha,
-                "text_file": os.path.basename(self.text_path), "offset_bytes": self.offset_bytes,
-                "text_bytes": len(self.text_bytes), "n_ctx": self.n_ctx, "created": time.time()}
+        return {
+            "model_sha256": self.model_sha,
+            "model_file": os.path.basename(self.model_path),
+            "model_size": os.path.getsize(self.model_path),
+            "text_sha256": self.text_sha,
+            "text_file": os.path.basename(self.text_path),
+            "offset_bytes": self.offset_bytes,
+            "text_bytes": len(self.text_bytes),
+            "n_ctx": self.n_ctx,
+            "created": time.time(),
+        }
 
     def write(self, prof) -> Path:
         """Write ``prof`` (a SparsityProfile) to the sidecar, atomically; -> its path."""

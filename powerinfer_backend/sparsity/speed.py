@@ -35,8 +35,16 @@ def decode_seconds(ctx, prompt: Sequence[int], steps: Sequence[int]) -> float:
     return time.perf_counter() - t0
 
 
-def measure_speedup(ctx, set_dense: Callable[[], None], set_sparse: Callable[[], None], tokens: Sequence[int], *,
-                    prompt_tokens: int = 16, steps: int = 32, repeats: int = 5) -> dict:
+def measure_speedup(
+    ctx,
+    set_dense: Callable[[], None],
+    set_sparse: Callable[[], None],
+    tokens: Sequence[int],
+    *,
+    prompt_tokens: int = 16,
+    steps: int = 32,
+    repeats: int = 5,
+) -> dict:
     """Decode speedup of sparse over dense on this host.
 
     Args:
@@ -59,7 +67,7 @@ def measure_speedup(ctx, set_dense: Callable[[], None], set_sparse: Callable[[],
         raise ValueError(f"repeats, steps and prompt_tokens must be >= 1, got {repeats}, {steps}, {prompt_tokens}")
     if len(tokens) < prompt_tokens + steps:
         raise ValueError(f"speed check needs {prompt_tokens + steps} tokens, got {len(tokens)}")
-    prompt, run = list(tokens[:prompt_tokens]), list(tokens[prompt_tokens:prompt_tokens + steps])
+    prompt, run = list(tokens[:prompt_tokens]), list(tokens[prompt_tokens : prompt_tokens + steps])
     dense: list[float] = []
     sparse: list[float] = []
     for r in range(repeats + 1):
@@ -72,6 +80,12 @@ def measure_speedup(ctx, set_dense: Callable[[], None], set_sparse: Callable[[],
                 out.append(t)
     set_dense()
     ratio = statistics.median(d / max(s, 1e-9) for d, s in zip(dense, sparse))
-    return {"speedup": float(ratio), "dense_tok_s": steps / statistics.median(dense),
-            "sparse_tok_s": steps / statistics.median(sparse), "repeats": repeats, "steps": steps,
-            "threads": int(ctx.n_threads), "host": host_id()}
+    return {
+        "speedup": float(ratio),
+        "dense_tok_s": steps / statistics.median(dense),
+        "sparse_tok_s": steps / statistics.median(sparse),
+        "repeats": repeats,
+        "steps": steps,
+        "threads": int(ctx.n_threads),
+        "host": host_id(),
+    }

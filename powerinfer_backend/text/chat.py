@@ -14,15 +14,18 @@ def gguf_chat_handlers(metadata: Dict[str, str], tok) -> Dict[str, Any]:
     ``"chat_template.<name>"`` for ``tokenizer.chat_template.<name>``."""
     from llama_cpp import llama_chat_format
 
-    templates = {k[len("tokenizer."):]: v for k, v in metadata.items() if k.startswith("tokenizer.chat_template.")}
+    templates = {k[len("tokenizer.") :]: v for k, v in metadata.items() if k.startswith("tokenizer.chat_template.")}
     if "tokenizer.chat_template" in metadata:
         templates["chat_template.default"] = metadata["tokenizer.chat_template"]
     eos, bos = tok.token_eos, tok.token_bos
     eos_text = tok.token_text(eos) if eos != -1 else ""
     bos_text = tok.token_text(bos) if bos != -1 else ""
-    return {name: llama_chat_format.Jinja2ChatFormatter(template=t, eos_token=eos_text, bos_token=bos_text,
-                                                        stop_token_ids=[eos]).to_chat_handler()
-            for name, t in templates.items()}
+    return {
+        name: llama_chat_format.Jinja2ChatFormatter(
+            template=t, eos_token=eos_text, bos_token=bos_text, stop_token_ids=[eos]
+        ).to_chat_handler()
+        for name, t in templates.items()
+    }
 
 
 def check_chat_format(name: str, gguf_handlers: Dict[str, Any]) -> None:
@@ -37,8 +40,10 @@ def check_chat_format(name: str, gguf_handlers: Dict[str, Any]) -> None:
         llama_chat_format.get_chat_completion_handler(name)
     except llama_chat_format.LlamaChatCompletionHandlerNotFoundException:
         own = f"this model's templates: {', '.join(sorted(gguf_handlers))}; " if gguf_handlers else ""
-        raise ValueError(f"unknown chat_format {name!r} ({own}or a llama-cpp-python format name such as "
-                         "'chatml', 'llama-2', 'mistral-instruct'; omit it to use the GGUF's template)") from None
+        raise ValueError(
+            f"unknown chat_format {name!r} ({own}or a llama-cpp-python format name such as "
+            "'chatml', 'llama-2', 'mistral-instruct'; omit it to use the GGUF's template)"
+        ) from None
 
 
 def chat_handler_for(llm) -> Any:
@@ -46,17 +51,43 @@ def chat_handler_for(llm) -> Any:
     the named format ``llm.chat_format``."""
     from llama_cpp import llama_chat_format
 
-    return (llm.chat_handler or llm.chat_handlers.get(llm.chat_format)
-            or llama_chat_format.get_chat_completion_handler(llm.chat_format))
+    return (
+        llm.chat_handler
+        or llm.chat_handlers.get(llm.chat_format)
+        or llama_chat_format.get_chat_completion_handler(llm.chat_format)
+    )
 
 
 #: llama-cpp-python's ``create_chat_completion`` keywords and their defaults
 CHAT_DEFAULTS: dict[str, Any] = dict(
-                     functions=None, function_call=None, tools=None, tool_choice=None, temperature=0.2, top_p=0.95,
-                     top_k=40, min_p=0.05, typical_p=1.0, logprobs=None, top_logprobs=None, stream=False, stop=[],
-                     seed=None, response_format=None, max_tokens=None, presence_penalty=0.0, frequency_penalty=0.0,
-                     repeat_penalty=1.0, tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0, mirostat_eta=0.1, model=None,
-                     logits_processor=None, grammar=None, logit_bias=None)
+    functions=None,
+    function_call=None,
+    tools=None,
+    tool_choice=None,
+    temperature=0.2,
+    top_p=0.95,
+    top_k=40,
+    min_p=0.05,
+    typical_p=1.0,
+    logprobs=None,
+    top_logprobs=None,
+    stream=False,
+    stop=[],
+    seed=None,
+    response_format=None,
+    max_tokens=None,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    repeat_penalty=1.0,
+    tfs_z=1.0,
+    mirostat_mode=0,
+    mirostat_tau=5.0,
+    mirostat_eta=0.1,
+    model=None,
+    logits_processor=None,
+    grammar=None,
+    logit_bias=None,
+)
 
 
 def complete(llm, messages, kwargs: Dict[str, Any]) -> Any:
@@ -82,8 +113,10 @@ def as_openai_v1(complete: Callable[[], Any], stream: bool) -> Any:
     try:
         from openai.types.chat import ChatCompletion, ChatCompletionChunk
     except ImportError:
-        raise ImportError("To use create_chat_completion_openai_v1, you must install the openai package."
-                          "You can install it with `pip install openai`.") from None
+        raise ImportError(
+            "To use create_chat_completion_openai_v1, you must install the openai package."
+            "You can install it with `pip install openai`."
+        ) from None
     if stream:
         return (ChatCompletionChunk(**chunk) for chunk in complete())
     return ChatCompletion(**complete())

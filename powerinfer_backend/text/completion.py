@@ -30,16 +30,18 @@ from .sequence import Sequence, common_prefix
 _FIM_MARKER = 0
 
 
-def prompt_tokens(tok, prompt: Union[str, List[int]], suffix: Optional[str],
-                  spm_infill: bool) -> Tuple[List[int], List[int]]:
+def prompt_tokens(
+    tok, prompt: Union[str, List[int]], suffix: Optional[str], spm_infill: bool
+) -> Tuple[List[int], List[int]]:
     """The tokens to evaluate for ``prompt`` (text: BOS when the vocabulary adds one,
     special tokens parsed; token ids: as given) and the completion's first tokens
     ([BOS] for an empty prompt)."""
     bos, sep = tok.token_bos, tok.token_sep
     as_list = isinstance(prompt, list)
     head = [] if (as_list and suffix is None) or not tok.add_bos or bos == -1 else [bos]
-    tail = [] if (as_list and suffix is None) or (not tok.add_eos and sep == -1) else \
-        [sep if sep != -1 else tok.token_eos]
+    tail = (
+        [] if (as_list and suffix is None) or (not tok.add_eos and sep == -1) else [sep if sep != -1 else tok.token_eos]
+    )
     fim = suffix is not None
     if isinstance(prompt, list):
         body = list(prompt)
@@ -53,7 +55,7 @@ def prompt_tokens(tok, prompt: Union[str, List[int]], suffix: Optional[str],
             # tokenize behind a two-token character so no space is added to the suffix
             space_prefix = tok.metadata.get("tokenizer.ggml.add_space_prefix", "true") == "true"
             text = ("☺" + suffix) if space_prefix else suffix
-            suf += tok.tokenize(text.encode("utf-8"), add_bos=False, special=False)[2 if space_prefix else 0:]
+            suf += tok.tokenize(text.encode("utf-8"), add_bos=False, special=False)[2 if space_prefix else 0 :]
     mid = [_FIM_MARKER] if fim else []
     body = (suf + pre + mid) if spm_infill else (pre + suf + mid)
     return head + body + tail, ([] if len(prompt) > 0 else [bos])
@@ -94,8 +96,12 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
     stops_b = [s.encode("utf-8") for s in stops]
     model = o.model if o.model is not None else llm.model_path
     if prompt_toks[:2] == [tok.token_bos] * 2:
-        warnings.warn(f'Detected duplicate leading "{tok.token_text(tok.token_bos)}" in prompt, this will likely '
-                      f'reduce response quality, consider removing it...', RuntimeWarning, stacklevel=1)
+        warnings.warn(
+            f'Detected duplicate leading "{tok.token_text(tok.token_bos)}" in prompt, this will likely '
+            f"reduce response quality, consider removing it...",
+            RuntimeWarning,
+            stacklevel=1,
+        )
     if o.logit_bias is not None:
         procs = list(params.logits_processor or ()) + [logit_bias_processor(o.logit_bias)]
         params = SamplingParams(**{**params.__dict__, "logits_processor": procs})
@@ -109,13 +115,20 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
     if o.logprobs is not None and not seq.logits_all:
         raise ValueError("logprobs is not supported for models created with logits_all=False")
     _from_cache(llm, seq, prompt_toks)
-    seq.seed = o.seed if o.seed is not None else random.Random(seq.seed).randint(0, 2 ** 32)
+    seq.seed = o.seed if o.seed is not None else random.Random(seq.seed).randint(0, 2**32)
     text = PieceText(tok.piece, tok.token_bos)
     for t in first:
         text.append(t)
-    req = Request(prompt_toks, params, text, max_tokens, tok.is_eog, stops_b,
-                  stream=("tokens" if o.logprobs is not None else "chars") if o.stream else None,
-                  stopping_criteria=o.stopping_criteria)
+    req = Request(
+        prompt_toks,
+        params,
+        text,
+        max_tokens,
+        tok.is_eog,
+        stops_b,
+        stream=("tokens" if o.logprobs is not None else "chars") if o.stream else None,
+        stopping_criteria=o.stopping_criteria,
+    )
     head = {"id": cid, "object": "text_completion", "created": created, "model": model}
     stop = None
     for ev in run(seq, req):
@@ -127,8 +140,11 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
             if llm.verbose:
                 llm.perf.print_timings()
         elif isinstance(ev, Usage):
-            usage = {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
-                     "total_tokens": ev.prompt_tokens + ev.completion_tokens}
+            usage = {
+                "prompt_tokens": ev.prompt_tokens,
+                "completion_tokens": ev.completion_tokens,
+                "total_tokens": ev.prompt_tokens + ev.completion_tokens,
+            }
         elif isinstance(ev, Error):
             raise ev.error
     assert stop is not None  # run() ends with a Stop unless it raised
@@ -142,8 +158,7 @@ def completion(llm, tok, seq: Sequence, o: Options, params: SamplingParams) -> I
         echoed: Any = o.prompt  # a token-list prompt raises TypeError here, as in llama-cpp-python
         out = echoed + out
     lp = _logprobs(tok, seq, o, prompt_toks, text.tokens) if o.logprobs is not None else None
-    yield {**head, "choices": [{"text": out, "index": 0, "logprobs": lp, "finish_reason": stop.reason}],
-           "usage": usage}
+    yield {**head, "choices": [{"text": out, "index": 0, "logprobs": lp, "finish_reason": stop.reason}], "usage": usage}
 
 
 def _from_cache(llm, seq: Sequence, prompt_toks: List[int]) -> None:
@@ -182,8 +197,12 @@ def _stream_logprobs(tok, seq: Sequence, o: Options, n_prompt: int, text: PieceT
     row = log_softmax(seq.scores[n_prompt + ev.index - 1])
     tok_str = tok.detokenize([ev.token]).decode("utf-8", "ignore")
     vals = row.tolist()
-    return {"tokens": [tok_str], "text_offset": [offset], "token_logprobs": [vals[ev.token]],
-            "top_logprobs": [_top(tok, row, o.logprobs or 0, ev.token, tok_str, True)]}
+    return {
+        "tokens": [tok_str],
+        "text_offset": [offset],
+        "token_logprobs": [vals[ev.token]],
+        "top_logprobs": [_top(tok, row, o.logprobs or 0, ev.token, tok_str, True)],
+    }
 
 
 def _logprobs(tok, seq: Sequence, o: Options, prompt_toks: List[int], completion: List[int]) -> dict:
@@ -191,7 +210,7 @@ def _logprobs(tok, seq: Sequence, o: Options, prompt_toks: List[int], completion
     the first one's null), each with its top ``o.logprobs`` alternatives."""
     bos = tok.token_bos
     if o.echo:
-        toks = prompt_toks[1 if prompt_toks[0] == bos else 0:] + completion
+        toks = prompt_toks[1 if prompt_toks[0] == bos else 0 :] + completion
         text_offset, row0 = 0, 0
     else:
         toks = completion

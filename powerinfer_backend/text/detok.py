@@ -38,7 +38,7 @@ class PieceText:
     def span(self, i: int, j: Optional[int] = None) -> bytes:
         """Detokenized bytes of ``tokens[i:j]`` as a list of its own."""
         j = len(self.tokens) if j is None else j
-        out = bytes(self.raw[self.ends[i]: self.ends[j]])
+        out = bytes(self.raw[self.ends[i] : self.ends[j]])
         if i < j and self.tokens[i] == self.bos and out[:1] == b" ":
             return out[1:]
         return out

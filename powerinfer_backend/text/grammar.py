@@ -42,8 +42,7 @@ def as_grammar(grammar: Any) -> Optional[Grammar]:
         # accessor: the one private read of llama-cpp-python in the package, allowed by
         # name in tests/test_no_private_llama_cpp.py
         return Grammar(grammar._grammar, grammar._root)
-    raise TypeError(f"grammar must be a Grammar, GBNF text or a llama_cpp.LlamaGrammar, "
-                    f"got {type(grammar).__name__}")
+    raise TypeError(f"grammar must be a Grammar, GBNF text or a llama_cpp.LlamaGrammar, got {type(grammar).__name__}")
 
 
 def grammar_sampler(grammar: Grammar, vocab):

@@ -52,28 +52,40 @@ class PerfContext:
     def report(self) -> dict:
         """The numbers: ``{"load_ms", "prompt_eval_ms", "n_prompt", "prompt_tok_s", "eval_ms",
         "n_eval", "eval_tok_s", "total_ms"}`` (tok/s 0.0 when nothing was evaluated)."""
+
         def rate(n, s):
             return n / s if s > 0 else 0.0
-        return {"load_ms": self.load_s * 1e3, "prompt_eval_ms": self.prompt_s * 1e3, "n_prompt": self.n_prompt,
-                "prompt_tok_s": rate(self.n_prompt, self.prompt_s), "eval_ms": self.eval_s * 1e3,
-                "n_eval": self.n_eval, "eval_tok_s": rate(self.n_eval, self.eval_s),
-                "total_ms": (time.perf_counter() - self.start) * 1e3}
+
+        return {
+            "load_ms": self.load_s * 1e3,
+            "prompt_eval_ms": self.prompt_s * 1e3,
+            "n_prompt": self.n_prompt,
+            "prompt_tok_s": rate(self.n_prompt, self.prompt_s),
+            "eval_ms": self.eval_s * 1e3,
+            "n_eval": self.n_eval,
+            "eval_tok_s": rate(self.n_eval, self.eval_s),
+            "total_ms": (time.perf_counter() - self.start) * 1e3,
+        }
 
     def format(self) -> str:
         """The report in ``llama_perf_context_print``'s layout (four lines)."""
         r = self.report()
 
         def per(n, ms):
-            return (f"({ms / n if n else 0.0:8.2f} ms per token, "
-                    f"{1e3 * n / ms if ms > 0 else 0.0:8.2f} tokens per second)")
-        return "\n".join([
-            f"{_TAG}:        load time = {r['load_ms']:10.2f} ms",
-            f"{_TAG}: prompt eval time = {r['prompt_eval_ms']:10.2f} ms / {r['n_prompt']:5d} tokens "
-            f"{per(r['n_prompt'], r['prompt_eval_ms'])}",
-            f"{_TAG}:        eval time = {r['eval_ms']:10.2f} ms / {r['n_eval']:5d} runs   "
-            f"{per(r['n_eval'], r['eval_ms'])}",
-            f"{_TAG}:       total time = {r['total_ms']:10.2f} ms / {r['n_prompt'] + r['n_eval']:5d} tokens",
-        ])
+            return (
+                f"({ms / n if n else 0.0:8.2f} ms per token, {1e3 * n / ms if ms > 0 else 0.0:8.2f} tokens per second)"
+            )
+
+        return "\n".join(
+            [
+                f"{_TAG}:        load time = {r['load_ms']:10.2f} ms",
+                f"{_TAG}: prompt eval time = {r['prompt_eval_ms']:10.2f} ms / {r['n_prompt']:5d} tokens "
+                f"{per(r['n_prompt'], r['prompt_eval_ms'])}",
+                f"{_TAG}:        eval time = {r['eval_ms']:10.2f} ms / {r['n_eval']:5d} runs   "
+                f"{per(r['n_eval'], r['eval_ms'])}",
+                f"{_TAG}:       total time = {r['total_ms']:10.2f} ms / {r['n_prompt'] + r['n_eval']:5d} tokens",
+            ]
+        )
 
     def print_timings(self, file: Optional[TextIO] = None) -> None:
         """Print :meth:`format` to ``file`` (default stderr, where llama.cpp logs)."""

@@ -60,8 +60,13 @@ class SamplingParams:
     def greedy_argmax(self) -> bool:
         """Whether the chain is [no-op penalties, greedy]: its token is the first maximum of
         the logits (after the logits processors, which run before the chain)."""
-        return (self.temp == 0.0 and self.grammar is None
-                and self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0 and self.presence_penalty == 0.0)
+        return (
+            self.temp == 0.0
+            and self.grammar is None
+            and self.repeat_penalty == 1.0
+            and self.frequency_penalty == 0.0
+            and self.presence_penalty == 0.0
+        )
 
 
 class SamplerChain:
@@ -243,9 +248,11 @@ class ChainSampler:
         llama_cpp.llama_sampler_apply(smpl, buf.ref)
         token, logit = buf.selected()
         if logit == -np.inf:
-            raise ValueError(f"no token can be sampled: the sampler chain masked the whole vocabulary "
-                             f"({buf.n_vocab} tokens; e.g. a grammar that no token of this model's "
-                             f"vocabulary can continue)")
+            raise ValueError(
+                f"no token can be sampled: the sampler chain masked the whole vocabulary "
+                f"({buf.n_vocab} tokens; e.g. a grammar that no token of this model's "
+                f"vocabulary can continue)"
+            )
         llama_cpp.llama_sampler_accept(smpl, token)
         return token
 

@@ -45,8 +45,19 @@ class Sequence:
             evaluated; the rest were cached KV cells (llama-server's ``prompt_n``).
     """
 
-    def __init__(self, evaluator, *, n_ctx: int, n_vocab: int, logits_all: bool, vocab, seq_id: int = 0,
-                 penalty_last_n: int = 64, perf: Optional[PerfContext] = None, verbose: bool = False):
+    def __init__(
+        self,
+        evaluator,
+        *,
+        n_ctx: int,
+        n_vocab: int,
+        logits_all: bool,
+        vocab,
+        seq_id: int = 0,
+        penalty_last_n: int = 64,
+        perf: Optional[PerfContext] = None,
+        verbose: bool = False,
+    ):
         self.evaluator = evaluator
         self.seq_id = int(seq_id)
         self.n_ctx = int(n_ctx)
@@ -130,9 +141,9 @@ class Sequence:
         t0 = time.perf_counter()
         logits = ev.eval(tokens, logits_all=self.logits_all)
         self.perf.record(len(tokens), time.perf_counter() - t0)
-        self.input_ids[n_past: n_past + len(tokens)] = tokens
+        self.input_ids[n_past : n_past + len(tokens)] = tokens
         if self.logits_all:
-            self.scores[n_past: n_past + len(tokens), :] = logits
+            self.scores[n_past : n_past + len(tokens), :] = logits
             self.last_logits = self.scores[n_past + len(tokens) - 1]
         else:
             self.last_logits = logits[-1]  # a view of the evaluator's last-token buffer (no copy per token)
@@ -170,8 +181,9 @@ class Sequence:
 
     def new_sampler(self, params: SamplingParams) -> ChainSampler:
         """A sampler with a fresh chain for ``params``, seeded with :attr:`seed`."""
-        chain = build_chain(params, seed=self.seed, n_vocab=self.n_vocab, vocab=self.vocab,
-                            penalty_last_n=self.penalty_last_n)
+        chain = build_chain(
+            params, seed=self.seed, n_vocab=self.n_vocab, vocab=self.vocab, penalty_last_n=self.penalty_last_n
+        )
         return ChainSampler(params, chain, self._buffer)
 
     def sample(self, params: SamplingParams, idx: Optional[int] = None) -> int:
@@ -206,12 +218,20 @@ class Sequence:
         self.n_tokens = keep
         self.requires_eval = True
         if self.verbose:
-            print(f"Llama.generate: {keep} prefix-match hit, remaining {len(tokens) - keep} prompt tokens to eval",
-                  file=sys.stderr)
+            print(
+                f"Llama.generate: {keep} prefix-match hit, remaining {len(tokens) - keep} prompt tokens to eval",
+                file=sys.stderr,
+            )
         return tokens[keep:]
 
-    def generate(self, tokens: Seq[int], params: SamplingParams, *, reset: bool = True,
-                 stopping_criteria: Optional[Callable] = None) -> Generator[int, Optional[list], None]:
+    def generate(
+        self,
+        tokens: Seq[int],
+        params: SamplingParams,
+        *,
+        reset: bool = True,
+        stopping_criteria: Optional[Callable] = None,
+    ) -> Generator[int, Optional[list], None]:
         """Yield sampled tokens after ``tokens``, endlessly (the caller stops); a list sent
         to the generator is appended after the yielded token. With ``reset``, the cached
         prefix shared with ``tokens`` is kept and only the rest evaluated.
@@ -244,8 +264,7 @@ class Sequence:
                 else:
                     token = self.sample(params, idx=sample_idx)
                 sample_idx += 1
-                if stopping_criteria is not None and stopping_criteria(self.input_ids[:sample_idx],
-                                                                       self.last_logits):
+                if stopping_criteria is not None and stopping_criteria(self.input_ids[:sample_idx], self.last_logits):
                     return
                 sent = yield token
                 tokens = [token] if sent is None else [token, *sent]

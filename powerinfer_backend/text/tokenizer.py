@@ -35,6 +35,7 @@ class LlamaCppTokenizer:
 
         from ..loader.pwri import vocab_path
         from ..loader.vocab import check_vocab
+
         given = model_path
         model_path = vocab_path(model_path)  # a PowerInfer (PWRI) file: a GGUF copy of its metadata
         # errors name the file the caller gave, and the metadata copy llama.cpp reads if there is one
@@ -51,8 +52,13 @@ class LlamaCppTokenizer:
             # n_ctx: its (weightless, KV-less) context reports our context length to
             # llama-cpp-python code that asks llama_n_ctx(ctx) (an error message in completion).
             with contextlib.redirect_stderr(io.StringIO()):
-                self._vocab_model = llama_cpp_class()(model_path=model_path, vocab_only=True, verbose=False,
-                                                    n_ctx=max(1, int(n_ctx)), chat_format=chat_format)
+                self._vocab_model = llama_cpp_class()(
+                    model_path=model_path,
+                    vocab_only=True,
+                    verbose=False,
+                    n_ctx=max(1, int(n_ctx)),
+                    chat_format=chat_format,
+                )
         except Exception as e:  # llama-cpp-python raises ValueError or RuntimeError
             raise ValueError(f"{named}: llama.cpp could not load the vocabulary: {e}") from e
         m = self._vocab_model
@@ -89,19 +95,22 @@ class LlamaCppTokenizer:
             import llama_cpp
 
             with self._buf_lock:  # one buffer: another thread's piece would overwrite it (and the cache)
-                n = llama_cpp.llama_token_to_piece(self.vocab, llama_cpp.llama_token(int(token)), self._buf,
-                                                   len(self._buf), 0, bool(special))
+                n = llama_cpp.llama_token_to_piece(
+                    self.vocab, llama_cpp.llama_token(int(token)), self._buf, len(self._buf), 0, bool(special)
+                )
                 if n < 0:  # -n is the length the piece needs: grow the buffer once and retry
                     self._buf = ctypes.create_string_buffer(-n)
-                    n = llama_cpp.llama_token_to_piece(self.vocab, llama_cpp.llama_token(int(token)), self._buf,
-                                                       len(self._buf), 0, bool(special))
+                    n = llama_cpp.llama_token_to_piece(
+                        self.vocab, llama_cpp.llama_token(int(token)), self._buf, len(self._buf), 0, bool(special)
+                    )
                 if n < 0:
                     raise ValueError(f"detokenize: token {token} has no piece (llama_token_to_piece returned {n})")
                 p = cache[token] = self._buf.raw[:n]
         return p
 
-    def detokenize(self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None,
-                   special: bool = False) -> bytes:
+    def detokenize(
+        self, tokens: Sequence[int], prev_tokens: Optional[Sequence[int]] = None, special: bool = False
+    ) -> bytes:
         """UTF-8 bytes of ``tokens`` (may end inside a multi-byte character).
 
         The same bytes as llama-cpp-python's ``LlamaModel.detokenize`` (pieces joined; a

@@ -61,9 +61,19 @@ def dots(pool, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     wb = np.ascontiguousarray(w)
     xf = np.ascontiguousarray(x, dtype=np.float32)
     y = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    _native.check(lib.pi_op_matmul(pool, F16, ffi.from_buffer(wb), w.shape[0], w.shape[1],
-                                   ffi.from_buffer("float[]", xf), x.shape[0], ffi.from_buffer("float[]", y)),
-                  "pi_op_matmul")
+    _native.check(
+        lib.pi_op_matmul(
+            pool,
+            F16,
+            ffi.from_buffer(wb),
+            w.shape[0],
+            w.shape[1],
+            ffi.from_buffer("float[]", xf),
+            x.shape[0],
+            ffi.from_buffer("float[]", y),
+        ),
+        "pi_op_matmul",
+    )
     return y
 
 
@@ -99,12 +109,12 @@ def emulate(w: np.ndarray, x: np.ndarray, order: str) -> np.ndarray:
     wf, xf = w.astype(np.float32)[None], x.astype(np.float32)[:, None]  # [1, r, n], [t, 1, n]
     acc = np.zeros((x.shape[0], w.shape[0], 4, epr), np.float32)
     for i in range(0, np_, step):
-        p = (wf[..., i:i + step] * xf[..., i:i + step]).reshape(*acc.shape)
+        p = (wf[..., i : i + step] * xf[..., i : i + step]).reshape(*acc.shape)
         acc = (acc.astype(np.float64) + p.astype(np.float64)).astype(np.float32)
     v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])  # [t, r, epr]
     if order == "avx512":  # _mm512_reduce_add_ps: halves of 8, 4, 2, then the pair
         for h in (8, 4, 2, 1):
-            v = v[..., :h] + v[..., h:2 * h]
+            v = v[..., :h] + v[..., h : 2 * h]
     else:  # low + high 128 bits, then two _mm_hadd_ps
         t0 = v[..., :4] + v[..., 4:]
         v = (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
@@ -172,8 +182,9 @@ def test_bit_identical_to_llama_cpp(pool1, restore_order):
         for name in _native.supported_isas():
             _native.set_isa(name)
             y = dots(pool1, w, x)
-            assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), \
+            assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), (
                 f"{name} {order} n={n}: max |diff| {np.abs(y - ref).max():.3g}"
+            )
 
 
 # ---- through a model --------------------------------------------------------------------
@@ -182,8 +193,16 @@ def test_bit_identical_to_llama_cpp(pool1, restore_order):
 @pytest.fixture(scope="module")
 def f16_model(tmp_path_factory):
     # head_dim 64 (q.k over one 64-step), n_ff 160 (a 32-element tail in the 64-step order)
-    path = write_tiny_llama(tmp_path_factory.mktemp("f16") / "tiny-f16.gguf", n_embd=128, n_head=2, n_head_kv=1,
-                            n_ff=160, n_vocab=96, types={"matrix": T.F16}, seed=7)
+    path = write_tiny_llama(
+        tmp_path_factory.mktemp("f16") / "tiny-f16.gguf",
+        n_embd=128,
+        n_head=2,
+        n_head_kv=1,
+        n_ff=160,
+        n_vocab=96,
+        types={"matrix": T.F16},
+        seed=7,
+    )
     return NativeModel(load_gguf(path, verbose=False))
 
 

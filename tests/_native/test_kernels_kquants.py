@@ -69,8 +69,10 @@ def native_matmul(pool, t, wq: np.ndarray, n_rows: int, n_cols: int, x: np.ndarr
     x = np.ascontiguousarray(x, dtype=np.float32)
     y = np.full((x.shape[0], n_rows), np.nan, np.float32)
     wb = np.ascontiguousarray(wq)
-    _native.check(lib.pi_op_matmul(pool, int(t), ffi.from_buffer(wb), n_rows, n_cols, _f32p(x), x.shape[0],
-                                   _f32p(y)), "pi_op_matmul")
+    _native.check(
+        lib.pi_op_matmul(pool, int(t), ffi.from_buffer(wb), n_rows, n_cols, _f32p(x), x.shape[0], _f32p(y)),
+        "pi_op_matmul",
+    )
     return y
 
 
@@ -156,12 +158,12 @@ def test_dequantize_rejects_bad_input():
 def q8k_rows(rng) -> np.ndarray:
     x = rng.standard_normal(8 * QK_K).astype(np.float32) * np.float32(3.0)
     b = x.reshape(-1, QK_K)
-    b[0] = 0.0                                     # all zero: d = 0
-    b[1, 10] = -50.0                               # largest magnitude negative
+    b[0] = 0.0  # all zero: d = 0
+    b[1, 10] = -50.0  # largest magnitude negative
     b[2] = np.linspace(-127, 127, QK_K).astype(np.float32)  # ties after scaling
-    b[3, :] = 1.0                                  # constant
-    b[4] *= np.float32(1e-30)                      # tiny
-    b[5, 3] = b[5, 7] = 9.0                        # repeated maximum
+    b[3, :] = 1.0  # constant
+    b[4] *= np.float32(1e-30)  # tiny
+    b[5, 3] = b[5, 7] = 9.0  # repeated maximum
     return x
 
 
@@ -178,7 +180,8 @@ def test_quantize_q8_K_bit_identical_to_llama_cpp(isa):
     tr = ggml_cpu().ggml_get_type_traits_cpu(int(GT.Q8_K)).contents
     ref = np.zeros(row_bytes(GT.Q8_K, x.size), np.uint8)
     ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tr.from_float)(
-        x.ctypes.data, ref.ctypes.data, x.size)
+        x.ctypes.data, ref.ctypes.data, x.size
+    )
     np.testing.assert_array_equal(native_quantize(GT.Q8_K, x), ref)
 
 
@@ -193,8 +196,11 @@ def test_matmul_matches_reference(pool, tname, n_rows, n_cols, n_tok):
     x = activations(n_tok, n_cols, n_rows * n_cols + n_tok)
     wd = quants.dequantize(wq, t).astype(np.float64)
     xa = np.stack([native_quantize(ACT[tname], x[i]) for i in range(n_tok)])
-    xd = quants.dequantize(xa, ACT[tname]).astype(np.float64) if ACT[tname] == GT.Q8_0 else \
-        np.stack([_decode_q8_K(xa[i]) for i in range(n_tok)])
+    xd = (
+        quants.dequantize(xa, ACT[tname]).astype(np.float64)
+        if ACT[tname] == GT.Q8_0
+        else np.stack([_decode_q8_K(xa[i]) for i in range(n_tok)])
+    )
     exact = xd @ wd.T
     scale = np.abs(xd) @ np.abs(wd).T
     first = None
@@ -251,8 +257,9 @@ def test_rows_bit_identical_to_llama_cpp(pool, tname):
                     y = native_matmul(pool, GT[tname], wq, n_rows, n_cols, x)
                 finally:
                     _native.set_isa("auto")
-                assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), \
+                assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), (
                     f"{name} {tname} real={real} {n_rows}x{n_cols}: max |diff| {np.abs(y - ref).max():.3g}"
+                )
 
 
 def test_matmul_rejects_partial_super_block(pool):
@@ -260,11 +267,13 @@ def test_matmul_rejects_partial_super_block(pool):
     x = np.zeros((1, 128), np.float32)
     y = np.zeros(1, np.float32)
     with pytest.raises(ValueError, match="not a multiple of 256 for q4_K"):
-        _native.check(lib.pi_op_matmul(pool, int(GT.Q4_K), ffi.from_buffer(wq), 1, 128, _f32p(x), 1, _f32p(y)),
-                      "pi_op_matmul")
+        _native.check(
+            lib.pi_op_matmul(pool, int(GT.Q4_K), ffi.from_buffer(wq), 1, 128, _f32p(x), 1, _f32p(y)), "pi_op_matmul"
+        )
     with pytest.raises(NotImplementedError, match="unsupported weight type 15"):
-        _native.check(lib.pi_op_matmul(pool, int(GT.Q8_K), ffi.from_buffer(wq), 1, 256, _f32p(x), 1, _f32p(y)),
-                      "pi_op_matmul")
+        _native.check(
+            lib.pi_op_matmul(pool, int(GT.Q8_K), ffi.from_buffer(wq), 1, 256, _f32p(x), 1, _f32p(y)), "pi_op_matmul"
+        )
 
 
 @pytest.mark.parametrize("tname", ["Q4_K", "Q6_K"])
@@ -273,6 +282,8 @@ def test_transpose_kquant_source(tname):
     _, wq = weights(tname, 64, 512, real=False)
     ref = quants.dequantize(wq, t).T
     out = np.full((512, 64), np.nan, np.float32)
-    _native.check(lib.pi_op_transpose_to(0, ffi.from_buffer(np.ascontiguousarray(wq)), int(t), 64, 512,
-                                         ffi.from_buffer(out)), "pi_op_transpose_to")
+    _native.check(
+        lib.pi_op_transpose_to(0, ffi.from_buffer(np.ascontiguousarray(wq)), int(t), 64, 512, ffi.from_buffer(out)),
+        "pi_op_transpose_to",
+    )
     np.testing.assert_array_equal(out, ref.astype(np.float32))

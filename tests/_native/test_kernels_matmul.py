@@ -69,8 +69,16 @@ def native_matmul(pool, tname: str, wbytes: np.ndarray, n_rows: int, n_cols: int
     n_tok = x.shape[0]
     wb = np.ascontiguousarray(wbytes)
     y = np.full((n_tok, n_rows), np.nan, dtype=np.float32)
-    rc = lib.pi_op_matmul(pool, TYPE_ID[tname], ffi.from_buffer(wb), n_rows, n_cols,
-                          ffi.from_buffer("float[]", x), n_tok, ffi.from_buffer("float[]", y))
+    rc = lib.pi_op_matmul(
+        pool,
+        TYPE_ID[tname],
+        ffi.from_buffer(wb),
+        n_rows,
+        n_cols,
+        ffi.from_buffer("float[]", x),
+        n_tok,
+        ffi.from_buffer("float[]", y),
+    )
     _native.check(rc, "pi_op_matmul")
     return y
 
@@ -81,8 +89,9 @@ def native_quantize(tname: str, x: np.ndarray) -> np.ndarray:
     n = x.size
     nbytes = {"F32": 4 * n, "F16": 2 * n, "BF16": 2 * n, "Q8_0": n // QK * 34, "Q8_1": n // QK * 36}[tname]
     y = np.zeros(nbytes, dtype=np.uint8)
-    _native.check(lib.pi_op_quantize(TYPE_ID[tname], ffi.from_buffer("float[]", x), n, ffi.from_buffer(y)),
-                  "pi_op_quantize")
+    _native.check(
+        lib.pi_op_quantize(TYPE_ID[tname], ffi.from_buffer("float[]", x), n, ffi.from_buffer(y)), "pi_op_quantize"
+    )
     return y
 
 
@@ -160,8 +169,7 @@ def decode_blocks(tname: str, data: np.ndarray):
         return f16_bits(b[..., 0:2]), None, b[..., 2:].copy().view(np.int8).astype(np.int64)
     if tname == "Q8_1":
         b = data.reshape(*data.shape[:-1], -1, 36)
-        return (f16_bits(b[..., 0:2]), f16_bits(b[..., 2:4]),
-                b[..., 4:].copy().view(np.int8).astype(np.int64))
+        return (f16_bits(b[..., 0:2]), f16_bits(b[..., 2:4]), b[..., 4:].copy().view(np.int8).astype(np.int64))
     raise ValueError(tname)
 
 
@@ -186,7 +194,7 @@ def exact_reference(tname: str, wq: np.ndarray, x: np.ndarray):
     if tname in FLOAT_TYPES:
         w = dequantize_weights(tname, wq)
         return xa @ w.T, np.abs(xa) @ np.abs(w).T
-    dw, mw, qw = decode_blocks(tname, wq)          # [r, b], [r, b, 32]
+    dw, mw, qw = decode_blocks(tname, wq)  # [r, b], [r, b, 32]
     dx, sx, qx = decode_blocks(ACT_TYPE[tname], xa)  # [t, b], [t, b, 32]
     isum = np.einsum("rbj,tbj->trb", qw, qx)
     iabs = np.einsum("rbj,tbj->trb", np.abs(qw), np.abs(qx))
@@ -207,8 +215,8 @@ def make_inputs(seed: int, n_rows: int, n_cols: int, n_tok: int):
     w += rng.uniform(-0.5, 0.5, (n_rows, 1)) * (rng.random((n_rows, 1)) < 0.5)
     x = rng.standard_normal((n_tok, n_cols)) * rng.uniform(0.1, 10.0, (n_tok, 1))
     if n_cols >= 2 * QK:  # an all-zero block: d = 0 on both sides
-        w[:, QK:2 * QK] = 0.0
-        x[:, QK:2 * QK] = 0.0
+        w[:, QK : 2 * QK] = 0.0
+        x[:, QK : 2 * QK] = 0.0
     return w.astype(np.float32), x.astype(np.float32)
 
 
@@ -223,7 +231,7 @@ def case(tname: str, n_rows: int, n_cols: int, n_tok: int):
 
 def all_cases():
     for t in ALL_TYPES:
-        for shape in (FLOAT_SHAPES if t in FLOAT_TYPES else QUANT_SHAPES):
+        for shape in FLOAT_SHAPES if t in FLOAT_TYPES else QUANT_SHAPES:
             yield pytest.param(t, *shape, id=f"{t}-{shape[0]}x{shape[1]}x{shape[2]}")
 
 
@@ -236,12 +244,16 @@ def test_matmul_matches_reference(isa, pool1, tname, n_rows, n_cols, n_tok):
     y = native_matmul(pool1, tname, wq, n_rows, n_cols, x)
     assert np.isfinite(y).all()
     err = np.abs(y - y_exact)
-    assert (err <= RTOL_EXACT * scale + 1e-30).all(), \
+    assert (err <= RTOL_EXACT * scale + 1e-30).all(), (
         f"{isa} {tname}: max err/scale {np.max(err / (scale + 1e-30)):.3g}"
+    )
     # against the unquantized product: quantization error only
     y_true = x.astype(np.float64) @ w.astype(np.float64).T
-    bound = TOL_LOOSE[tname] * np.linalg.norm(x.astype(np.float64), axis=1)[:, None] * \
-        np.linalg.norm(w.astype(np.float64), axis=1)[None, :]
+    bound = (
+        TOL_LOOSE[tname]
+        * np.linalg.norm(x.astype(np.float64), axis=1)[:, None]
+        * np.linalg.norm(w.astype(np.float64), axis=1)[None, :]
+    )
     assert (np.abs(y - y_true) <= bound + 1e-30).all()
 
 
@@ -282,8 +294,9 @@ def test_isa_paths_bit_identical(pool1, tname):
                 _native.set_isa(name)
                 ys[name] = native_matmul(pool1, tname, wq, n_rows, n_cols, x)
             for name in isas:
-                assert np.array_equal(ys[name].view(np.uint32), ys["scalar"].view(np.uint32)), \
+                assert np.array_equal(ys[name].view(np.uint32), ys["scalar"].view(np.uint32)), (
                     f"{name} {tname} {n_rows}x{n_cols}x{n_tok}: max |diff| {np.abs(ys[name] - ys['scalar']).max():.3g}"
+                )
     finally:
         _native.set_isa("auto")
 
@@ -294,9 +307,23 @@ def test_avx512_without_vnni():
     VNNI host never picks by itself: rerun the quantized matmul tests and the
     cross-ISA bit-identity test in a child process with POWERINFER_VNNI=0."""
     env = dict(os.environ, POWERINFER_VNNI="0")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        "-k", "(matches_reference and avx512 and Q) or isa_paths_bit_identical"],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "(matches_reference and avx512 and Q) or isa_paths_bit_identical",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and "deselected" in r.stdout
 
@@ -374,8 +401,9 @@ def test_rows_bit_identical_to_llama_cpp(pool1, tname):
             for name in isas:
                 _native.set_isa(name)
                 y = native_matmul(pool1, tname, wq, n_rows, n_cols, x)
-                assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), \
+                assert np.array_equal(y.view(np.uint32), ref.view(np.uint32)), (
                     f"{name} {tname} {n_rows}x{n_cols}: max |diff| {np.abs(y - ref).max():.3g}"
+                )
     finally:
         _native.set_isa("auto")
 
@@ -386,15 +414,15 @@ def test_rows_bit_identical_to_llama_cpp(pool1, tname):
 def q8_test_rows(rng, n_blocks: int) -> np.ndarray:
     x = rng.standard_normal(n_blocks * QK).astype(np.float32) * np.float32(3.0)
     b = x.reshape(-1, QK)
-    b[0] = 0.0                                           # d = 0
-    b[1] = np.arange(-16, 16, dtype=np.float32) + 0.5    # amax 15.5: ties after scaling
+    b[0] = 0.0  # d = 0
+    b[1] = np.arange(-16, 16, dtype=np.float32) + 0.5  # amax 15.5: ties after scaling
     b[2] = 0.0
-    b[2, 5] = 127.0                                      # d = 1: x * id = x exactly
+    b[2, 5] = 127.0  # d = 1: x * id = x exactly
     b[2, 6:20] = np.arange(-7, 7, dtype=np.float32) + 0.5  # exact .5 ties, both signs
     b[3] = -b[3]
-    b[4] *= np.float32(1e-30)                            # tiny (denormal products)
-    b[5] *= np.float32(1e4)                              # large
-    b[6, :] = 1.0                                        # constant block
+    b[4] *= np.float32(1e-30)  # tiny (denormal products)
+    b[5] *= np.float32(1e4)  # large
+    b[6, :] = 1.0  # constant block
     return x
 
 
@@ -444,9 +472,30 @@ def test_quantize_q8_1_matches_reference(isa, n_blocks):
 def test_quantize_f16_matches_numpy(isa, n):
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 10.0 ** rng.integers(-9, 6, n)).astype(np.float32)
-    special = np.array([0.0, -0.0, 65504.0, 65519.996, 65520.0, -1e6, np.inf, -np.inf,
-                        5.96e-8, 2.9802322e-8, 2.9802326e-8, 1e-8, 6.097e-5, 6.1035156e-05, -3.0e-6,
-                        1.00048828125, 1.000732421875, 2049.0, 2051.0], np.float32)  # fp16 ties
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            65504.0,
+            65519.996,
+            65520.0,
+            -1e6,
+            np.inf,
+            -np.inf,
+            5.96e-8,
+            2.9802322e-8,
+            2.9802326e-8,
+            1e-8,
+            6.097e-5,
+            6.1035156e-05,
+            -3.0e-6,
+            1.00048828125,
+            1.000732421875,
+            2049.0,
+            2051.0,
+        ],
+        np.float32,
+    )  # fp16 ties
     m = min(n, special.size)
     x[:m] = special[:m]
     got = native_quantize("F16", x).view(np.uint16)
@@ -458,10 +507,11 @@ def test_quantize_f16_matches_numpy(isa, n):
 @pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 33, 1000, 4099])
 def test_quantize_bf16_matches_gguf(isa, n):
     rng = np.random.default_rng(n + 1)
-    bits = rng.integers(0, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32).copy()  # every exponent, NaN payloads, ties
-    special = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF800000, 0x7FC00001, 0x7F800001, 0x00008000, 0x80018000],
-                       np.uint32).view(np.float32)
+    special = np.array(
+        [0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF800000, 0x7FC00001, 0x7F800001, 0x00008000, 0x80018000], np.uint32
+    ).view(np.float32)
     m = min(n, special.size)
     x[:m] = special[:m]
     got = native_quantize("BF16", x).view(np.uint16)

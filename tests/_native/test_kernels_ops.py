@@ -19,7 +19,7 @@ from powerinfer_backend._native import ffi, lib
 F32, F16, BF16 = lib.PI_TYPE_F32, lib.PI_TYPE_F16, lib.PI_TYPE_BF16
 Q4_0, Q8_0, Q8_1 = lib.PI_TYPE_Q4_0, lib.PI_TYPE_Q8_0, lib.PI_TYPE_Q8_1
 NORM, NEOX = lib.PI_ROPE_NORM, lib.PI_ROPE_NEOX
-EPS32 = 2.0 ** -24  # unit roundoff of float32
+EPS32 = 2.0**-24  # unit roundoff of float32
 
 
 def fbuf(a: np.ndarray):
@@ -51,8 +51,9 @@ def test_rmsnorm(isa, n, with_weight, eps):
     x = (rng.standard_normal((n_rows, n)) * [[0.01], [1.0], [100.0]]).astype(np.float32)
     w = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32) if with_weight else None
     y = np.full_like(x, np.nan)
-    _native.check(lib.pi_op_rmsnorm(fbuf(x), fbuf(w) if w is not None else ffi.NULL, n, n_rows,
-                                    eps, fbuf(y)), "rmsnorm")
+    _native.check(
+        lib.pi_op_rmsnorm(fbuf(x), fbuf(w) if w is not None else ffi.NULL, n, n_rows, eps, fbuf(y)), "rmsnorm"
+    )
     np.testing.assert_allclose(y, rmsnorm_ref(x, w, eps), rtol=2e-6, atol=1e-7)
 
 
@@ -77,6 +78,7 @@ def test_layernorm(isa, n, affine):
     w = (1.0 + 0.3 * rng.standard_normal(n)).astype(np.float32) if affine else None
     b = (0.5 * rng.standard_normal(n)).astype(np.float32) if affine else None
     y = np.full_like(x, np.nan)
+
     def nul(a):
         return fbuf(a) if a is not None else ffi.NULL
 
@@ -101,7 +103,7 @@ def act_ref(name: str, x: np.ndarray) -> np.ndarray:
     if name == "silu":
         return x / (1.0 + np.exp(-x))
     if name == "gelu":  # tanh approximation (Hendrycks & Gimpel), as ggml
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
     return np.maximum(x, 0.0)
 
 
@@ -110,11 +112,13 @@ ACT_IDS = {"silu": lib.PI_ACT_SILU, "gelu": lib.PI_ACT_GELU, "relu": lib.PI_ACT_
 
 @pytest.mark.parametrize("name", list(ACT_IDS))
 def test_act(isa, name):
-    x = np.concatenate([
-        np.linspace(-12.0, 12.0, 1001),
-        [-100.0, -50.0, -1e-30, 0.0, 1e-30, 50.0, 100.0],
-        np.random.default_rng(1).standard_normal(37) * 4,
-    ]).astype(np.float32)
+    x = np.concatenate(
+        [
+            np.linspace(-12.0, 12.0, 1001),
+            [-100.0, -50.0, -1e-30, 0.0, 1e-30, 50.0, 100.0],
+            np.random.default_rng(1).standard_normal(37) * 4,
+        ]
+    ).astype(np.float32)
     y = np.full_like(x, np.nan)
     _native.check(lib.pi_op_act(ACT_IDS[name], fbuf(x), fbuf(y), x.size), "act")
     with np.errstate(over="ignore"):
@@ -188,8 +192,9 @@ ROPE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: (f"h{c[0]}d{c[1]}r{c[2]}s{c[4]}{'ff' if c[5] else ''}-"
-                                                              f"{'neox' if c[6] else 'norm'}"))
+@pytest.mark.parametrize(
+    "case", ROPE_CASES, ids=lambda c: f"h{c[0]}d{c[1]}r{c[2]}s{c[4]}{'ff' if c[5] else ''}-{'neox' if c[6] else 'norm'}"
+)
 def test_rope(isa, case):
     n_head, head_dim, n_rot, base, scale, use_ff, mode = case
     pos = np.array([0, 1, 2, 7, 100, 1023, 5000], np.int32)
@@ -197,8 +202,21 @@ def test_rope(isa, case):
     x = rng.standard_normal((pos.size, n_head * head_dim)).astype(np.float32)
     ff = np.linspace(1.0, 8.0, n_rot // 2).astype(np.float32) if use_ff else None
     y = x.copy()
-    _native.check(lib.pi_op_rope(fbuf(y), pos.size, n_head, head_dim, n_rot, ibuf(pos), base, scale,
-                                 fbuf(ff) if ff is not None else ffi.NULL, mode), "rope")
+    _native.check(
+        lib.pi_op_rope(
+            fbuf(y),
+            pos.size,
+            n_head,
+            head_dim,
+            n_rot,
+            ibuf(pos),
+            base,
+            scale,
+            fbuf(ff) if ff is not None else ffi.NULL,
+            mode,
+        ),
+        "rope",
+    )
     ref, theta = rope_ref(x, pos, n_head, head_dim, n_rot, base, scale, ff, mode)
 
     # Dimensions past n_rot are copied through untouched, bit for bit.
@@ -243,21 +261,34 @@ def attention_ref(q, k, v_t, n_head, n_head_kv, hd, pos, f16_cache):
     for t, p in enumerate(pos):
         for h in range(n_head):
             g = h // group
-            qh = q[t, h * hd:(h + 1) * hd]
+            qh = q[t, h * hd : (h + 1) * hd]
             if f16_cache:
                 qh = qh.astype(np.float16)
-            scores = k64[:p + 1, g * hd:(g + 1) * hd] @ qh.astype(np.float64) / math.sqrt(hd)
+            scores = k64[: p + 1, g * hd : (g + 1) * hd] @ qh.astype(np.float64) / math.sqrt(hd)
             w = softmax_ref(scores)
             if f16_cache:
                 w = w.astype(np.float16).astype(np.float64)
-            out[t, h * hd:(h + 1) * hd] = v64[g * hd:(g + 1) * hd, :p + 1] @ w
+            out[t, h * hd : (h + 1) * hd] = v64[g * hd : (g + 1) * hd, : p + 1] @ w
     return out
 
 
 def run_attention(pool, q, k, v_t, n_head, n_head_kv, hd, kv_type, n_kv, pos):
     out = np.full((q.shape[0], n_head * hd), np.nan, np.float32)
-    rc = lib.pi_op_attention(pool, fbuf(q), q.shape[0], n_head, n_head_kv, hd, ffi.from_buffer(k),
-                             ffi.from_buffer(v_t), v_t.shape[1], kv_type, n_kv, ibuf(pos), fbuf(out))
+    rc = lib.pi_op_attention(
+        pool,
+        fbuf(q),
+        q.shape[0],
+        n_head,
+        n_head_kv,
+        hd,
+        ffi.from_buffer(k),
+        ffi.from_buffer(v_t),
+        v_t.shape[1],
+        kv_type,
+        n_kv,
+        ibuf(pos),
+        fbuf(out),
+    )
     _native.check(rc, "attention")
     return out
 
@@ -279,8 +310,8 @@ def test_attention(isa, pool, kv_type, heads, n_tok, hd):
     k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 0.5).astype(dt)
     v_t = np.full((n_head_kv * hd, v_ld), np.nan, dt)  # columns >= n_kv: padding, never read
     v_t[:, :n_kv] = rng.standard_normal((n_head_kv * hd, n_kv)).astype(dt)
-    k[pos.max() + 1:] = np.nan
-    v_t[:, pos.max() + 1:] = np.nan
+    k[pos.max() + 1 :] = np.nan
+    v_t[:, pos.max() + 1 :] = np.nan
 
     out = run_attention(pool, q, k, v_t, n_head, n_head_kv, hd, kv_type, n_kv, pos)
     ref = attention_ref(q, k, v_t, n_head, n_head_kv, hd, pos, kv_type == F16)
@@ -378,8 +409,10 @@ def test_quantize_matches_reference_bit_for_bit(isa, qtype):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_quantize_f16_special_values(isa):
-    x = np.array([65504.0, 65520.0, 1e5, -1e5, np.inf, -np.inf, 6e-8, 3e-8, 1e-9, -0.0,
-                  5.96e-8, 6.1e-5, 2049.0, 2051.0], np.float32)
+    x = np.array(
+        [65504.0, 65520.0, 1e5, -1e5, np.inf, -np.inf, 6e-8, 3e-8, 1e-9, -0.0, 5.96e-8, 6.1e-5, 2049.0, 2051.0],
+        np.float32,
+    )
     y = np.zeros(x.size, np.uint16)
     _native.check(lib.pi_op_quantize(F16, fbuf(x), x.size, ffi.from_buffer(y, require_writable=True)), "quantize")
     assert np.array_equal(y, x.astype(np.float16).view(np.uint16))
@@ -410,8 +443,21 @@ def test_errors_attention(isa, pool):
 
     def call(n_head=6, n_head_kv=2, kv_type=F32, pos=(n_kv - 1,), v_ld=n_kv, n_kv_=n_kv):
         p = np.array(pos, np.int32)
-        return lib.pi_op_attention(pool, fbuf(q), 1, n_head, n_head_kv, hd, ffi.from_buffer(k),
-                                   ffi.from_buffer(v_t), v_ld, kv_type, n_kv_, ibuf(p), fbuf(out))
+        return lib.pi_op_attention(
+            pool,
+            fbuf(q),
+            1,
+            n_head,
+            n_head_kv,
+            hd,
+            ffi.from_buffer(k),
+            ffi.from_buffer(v_t),
+            v_ld,
+            kv_type,
+            n_kv_,
+            ibuf(p),
+            fbuf(out),
+        )
 
     _native.check(call(), "attention")  # the baseline is valid
     with pytest.raises(ValueError, match=r"pos\[0\] = 4 outside \[0, 4\)"):
@@ -425,9 +471,24 @@ def test_errors_attention(isa, pool):
     with pytest.raises(NotImplementedError, match="F16 or F32"):
         _native.check(call(kv_type=Q8_0), "attention")
     with pytest.raises(ValueError, match="NULL"):
-        _native.check(lib.pi_op_attention(ffi.NULL, fbuf(q), 1, 6, 2, hd, ffi.from_buffer(k),
-                                          ffi.from_buffer(v_t), n_kv, F32, n_kv,
-                                          ibuf(np.zeros(1, np.int32)), fbuf(out)), "attention")
+        _native.check(
+            lib.pi_op_attention(
+                ffi.NULL,
+                fbuf(q),
+                1,
+                6,
+                2,
+                hd,
+                ffi.from_buffer(k),
+                ffi.from_buffer(v_t),
+                n_kv,
+                F32,
+                n_kv,
+                ibuf(np.zeros(1, np.int32)),
+                fbuf(out),
+            ),
+            "attention",
+        )
 
 
 def test_errors_act_softmax_rmsnorm_quantize(isa):

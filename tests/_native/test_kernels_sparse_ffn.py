@@ -59,9 +59,19 @@ def dequantize(tname: str, b: np.ndarray, shape) -> np.ndarray:
 def matmul(pool, tname, wb, n_rows, n_cols, x) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     y = np.full((x.shape[0], n_rows), np.nan, np.float32)
-    _native.check(lib.pi_op_matmul(pool, TYPE_ID[tname], ffi.from_buffer(wb), n_rows, n_cols,
-                                   ffi.from_buffer("float[]", x), x.shape[0],
-                                   ffi.from_buffer("float[]", y)), "pi_op_matmul")
+    _native.check(
+        lib.pi_op_matmul(
+            pool,
+            TYPE_ID[tname],
+            ffi.from_buffer(wb),
+            n_rows,
+            n_cols,
+            ffi.from_buffer("float[]", x),
+            x.shape[0],
+            ffi.from_buffer("float[]", y),
+        ),
+        "pi_op_matmul",
+    )
     return y
 
 
@@ -90,18 +100,33 @@ class FFN:
             offs = np.cumsum([0] + [len(a) for a in active]).astype(np.int64)
             ids = ffi.from_buffer("int32_t[]", flat) if flat.size else ffi.new("int32_t[1]")
             off = ffi.from_buffer("int64_t[]", offs)
-        rc = lib.pi_op_ffn_sparse(pool, act, TYPE_ID[gtype or self.gtype], ffi.from_buffer(self.gate),
-                                  ffi.from_buffer(self.up), self.n_embd, n_ff or self.n_ff,
-                                  TYPE_ID[dtype or self.dtype], ffi.from_buffer(self.down_t),
-                                  ffi.from_buffer("float[]", x), n_tok, ids, off, threshold,
-                                  ffi.from_buffer("float[]", y), ffi.from_buffer("int64_t[]", n_used))
+        rc = lib.pi_op_ffn_sparse(
+            pool,
+            act,
+            TYPE_ID[gtype or self.gtype],
+            ffi.from_buffer(self.gate),
+            ffi.from_buffer(self.up),
+            self.n_embd,
+            n_ff or self.n_ff,
+            TYPE_ID[dtype or self.dtype],
+            ffi.from_buffer(self.down_t),
+            ffi.from_buffer("float[]", x),
+            n_tok,
+            ids,
+            off,
+            threshold,
+            ffi.from_buffer("float[]", y),
+            ffi.from_buffer("int64_t[]", n_used),
+        )
         _native.check(rc, "pi_op_ffn_sparse")
         return y, n_used
 
     def gu(self, pool, x):
         """Dense gate and up products (n_tok x n_ff) via pi_op_matmul."""
-        return (matmul(pool, self.gtype, self.gate, self.n_ff, self.n_embd, x),
-                matmul(pool, self.gtype, self.up, self.n_ff, self.n_embd, x))
+        return (
+            matmul(pool, self.gtype, self.gate, self.n_ff, self.n_embd, x),
+            matmul(pool, self.gtype, self.up, self.n_ff, self.n_embd, x),
+        )
 
 
 def h_ref(act, g, u) -> np.ndarray:
@@ -229,8 +254,9 @@ def test_threshold_down_only(isa, pool, act):
 # ---- (d) determinism: thread counts, reruns, ISA paths ---------------------------------
 
 
-@pytest.mark.parametrize("gtype,dtype", [("Q4_0", "F16"), ("F16", "F32"), ("Q8_0", "Q8_0"),
-                                         ("BF16", "Q4_0"), ("F32", "F16")])
+@pytest.mark.parametrize(
+    "gtype,dtype", [("Q4_0", "F16"), ("F16", "F32"), ("Q8_0", "Q8_0"), ("BF16", "Q4_0"), ("F32", "F16")]
+)
 @pytest.mark.parametrize("n_embd", [512, 96, 40])
 def test_bits_independent_of_threads(isa, gtype, dtype, n_embd):
     if n_embd % 32 and (gtype not in ("F32", "F16", "BF16") or dtype not in ("F32", "F16")):
@@ -291,8 +317,7 @@ def test_validation_errors(pool):
     g = ffi.from_buffer(f.gate)
 
     def call(gt=1, dt=1, n_embd=64, n_ff=40, ids=ffi.NULL, off=ffi.NULL, pool_=pool, gate=g, xx=xb, yy=yb):
-        return lib.pi_op_ffn_sparse(pool_, SWIGLU, gt, gate, g, n_embd, n_ff, dt, g, xx, 1, ids, off,
-                                    0.0, yy, ffi.NULL)
+        return lib.pi_op_ffn_sparse(pool_, SWIGLU, gt, gate, g, n_embd, n_ff, dt, g, xx, 1, ids, off, 0.0, yy, ffi.NULL)
 
     for gt in (7, 99, -1):
         with pytest.raises(ValueError, match="unknown gate/up type"):
@@ -339,7 +364,7 @@ def test_odd_sizes(isa, pool, gtype, dtype):
     for t, j in ((1, 99), (2, 0)):
         hm = np.zeros(n_ff)
         hm[j] = h[t, j]
-        assert_down_close(y[t:t + 1], hm[None], f.down_f)
+        assert_down_close(y[t : t + 1], hm[None], f.down_f)
         assert n_used[t] == 1
     y, n_used = f.sparse(pool, SWIGLU, x[:1], [[]])
     assert np.all(y == 0) and n_used[0] == 0
@@ -363,8 +388,12 @@ def test_float_rows_not_multiple_of_32(isa, pool):
 def transpose(type_out, src, src_type, n_rows, n_cols):
     nbytes = {"F32": 4 * n_rows, "F16": 2 * n_rows, "Q8_0": n_rows // 32 * 34, "Q4_0": n_rows // 32 * 18}
     dst = np.zeros(n_cols * nbytes[type_out], np.uint8)
-    _native.check(lib.pi_op_transpose_to(TYPE_ID[type_out], ffi.from_buffer(src), TYPE_ID[src_type],
-                                         n_rows, n_cols, ffi.from_buffer(dst)), "pi_op_transpose_to")
+    _native.check(
+        lib.pi_op_transpose_to(
+            TYPE_ID[type_out], ffi.from_buffer(src), TYPE_ID[src_type], n_rows, n_cols, ffi.from_buffer(dst)
+        ),
+        "pi_op_transpose_to",
+    )
     return dst
 
 
@@ -441,12 +470,27 @@ def sparse_ungated(pool, f, x, bias, active=None, threshold=0.0, act=lib.PI_FFN_
         ids = ffi.from_buffer("int32_t[]", flat) if flat.size else ffi.new("int32_t[1]")
         off = ffi.from_buffer("int64_t[]", np.cumsum([0] + [len(a) for a in active]).astype(np.int64))
     b = ffi.NULL if bias is None else ffi.from_buffer("float[]", np.ascontiguousarray(bias, np.float32))
-    _native.check(lib.pi_op_ffn_sparse_ungated(pool, act, TYPE_ID[f.gtype], ffi.from_buffer(f.up), b, f.n_embd,
-                                               f.n_ff,
-                                               TYPE_ID[f.dtype], ffi.from_buffer(f.down_t),
-                                               ffi.from_buffer("float[]", x), n_tok, ids, off, threshold,
-                                               ffi.from_buffer("float[]", y), ffi.from_buffer("int64_t[]", n_used)),
-                  "pi_op_ffn_sparse_ungated")
+    _native.check(
+        lib.pi_op_ffn_sparse_ungated(
+            pool,
+            act,
+            TYPE_ID[f.gtype],
+            ffi.from_buffer(f.up),
+            b,
+            f.n_embd,
+            f.n_ff,
+            TYPE_ID[f.dtype],
+            ffi.from_buffer(f.down_t),
+            ffi.from_buffer("float[]", x),
+            n_tok,
+            ids,
+            off,
+            threshold,
+            ffi.from_buffer("float[]", y),
+            ffi.from_buffer("int64_t[]", n_used),
+        ),
+        "pi_op_ffn_sparse_ungated",
+    )
     return y, n_used
 
 

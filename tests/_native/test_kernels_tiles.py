@@ -29,8 +29,10 @@ BLOCK32 = ("Q4_0", "Q4_1", "Q8_0", "Q5_0")  # blocks of 32, scales d (and Q4_1's
 # 32-block shapes add 4 tokens (serve --parallel 4) and 17 (two full AVX tiles and one)
 # and SmolLM2's n_embd, 576. Every token count below a full tile of 8 has its own AVX
 # kernel: together the shapes end on 1 to 7 tokens after the full tiles.
-SHAPES = {"K": [(1, 256, 2), (5, 768, 3), (37, 512, 9), (18, 1280, 6), (3, 256, 15)],
-          "32": [(1, 32, 2), (7, 96, 5), (37, 640, 9), (18, 288, 4), (20, 576, 17), (3, 64, 7), (2, 96, 14)]}
+SHAPES = {
+    "K": [(1, 256, 2), (5, 768, 3), (37, 512, 9), (18, 1280, 6), (3, 256, 15)],
+    "32": [(1, 32, 2), (7, 96, 5), (37, 640, 9), (18, 288, 4), (20, 576, 17), (3, 64, 7), (2, 96, 14)],
+}
 
 
 def block32_weights(tname: str, n_rows: int, n_cols: int, real: bool) -> np.ndarray:
@@ -76,16 +78,19 @@ def test_tiles_bit_identical_to_row_dot(pool, each_isa, tname):
                 _, wq = weights(tname, n_rows, n_cols, real=real)
             x = activations(n_tok, n_cols, n_rows + 7 * n_tok)
             batch = native_matmul(pool, GT[tname], wq, n_rows, n_cols, x)
-            rows = np.concatenate([native_matmul(pool, GT[tname], wq, n_rows, n_cols, x[t:t + 1])
-                                   for t in range(n_tok)])
+            rows = np.concatenate(
+                [native_matmul(pool, GT[tname], wq, n_rows, n_cols, x[t : t + 1]) for t in range(n_tok)]
+            )
             assert np.isfinite(batch).all()
             bad = np.argwhere(batch.view(np.uint32) != rows.view(np.uint32))
-            assert bad.size == 0, (f"{isa} {tname} real={real} {n_rows}x{n_cols}x{n_tok}: "
-                                   f"(token, row) {bad[:4].tolist()} differ, max |diff| "
-                                   f"{np.abs(batch - rows).max():.3g}")
+            assert bad.size == 0, (
+                f"{isa} {tname} real={real} {n_rows}x{n_cols}x{n_tok}: "
+                f"(token, row) {bad[:4].tolist()} differ, max |diff| "
+                f"{np.abs(batch - rows).max():.3g}"
+            )
 
 
 def test_no_tiles_for_other_types():
     assert lib.pi_matmul_has_tiles(int(GT.Q8_K)) == 0  # an activation type
-    assert lib.pi_matmul_has_tiles(int(GT.F32)) == 0   # no tiled kernel: the row loop
+    assert lib.pi_matmul_has_tiles(int(GT.F32)) == 0  # no tiled kernel: the row loop
     assert lib.pi_matmul_has_tiles(-1) == 0

@@ -14,14 +14,18 @@ import pytest
 from powerinfer_backend._native import lib
 from tests.fixtures import ROOT
 
-pytestmark = pytest.mark.skipif(not hasattr(lib, "pi_test_oob_write"),
-                                reason="needs the sanitizer build (.ci/sanitize)")
+pytestmark = pytest.mark.skipif(
+    not hasattr(lib, "pi_test_oob_write"), reason="needs the sanitizer build (.ci/sanitize)"
+)
 
 
-@pytest.mark.parametrize("call, report", [
-    ("pi_test_oob_write(0)", "ERROR: AddressSanitizer: heap-buffer-overflow"),
-    ("pi_test_signed_overflow(1)", "runtime error: signed integer overflow"),
-])
+@pytest.mark.parametrize(
+    "call, report",
+    [
+        ("pi_test_oob_write(0)", "ERROR: AddressSanitizer: heap-buffer-overflow"),
+        ("pi_test_signed_overflow(1)", "runtime error: signed integer overflow"),
+    ],
+)
 def test_planted_bug_fails_the_process(call, report):
     code = f"from powerinfer_backend._native import lib; lib.{call}; print('survived')"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)

@@ -31,7 +31,7 @@ def rows(n: int) -> np.ndarray:
     x = (rng.standard_normal(n) * rng.choice([1.0, 8.0, 40.0])).astype(np.float32)
     if n > 4:
         x[rng.integers(0, n)] = x.max() - 95.0
-        x[-(n // 5):] = -np.inf
+        x[-(n // 5) :] = -np.inf
     return x
 
 
@@ -90,5 +90,6 @@ def test_bit_identical_to_llama_cpp(restore_order):
         for name in _native.supported_isas():
             _native.set_isa(name)
             got = ours(x)
-            assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), \
+            assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (
                 f"{name} {order} n={n}: {np.count_nonzero(got != ref)} cells differ"
+            )

@@ -27,6 +27,7 @@ def get_weather(city: str) -> str:
 
 class Person(BaseModel):
     """A person."""
+
     name: str
     age: int
 
@@ -41,8 +42,18 @@ def ref(model_path):
 def chat(model_path):
     from powerinfer_backend.adapters.langchain import ChatLlamaCpp
 
-    m = ChatLlamaCpp(model_path=model_path, n_ctx=512, n_threads=1, n_batch=64, temperature=0, max_tokens=24,
-                     repeat_penalty=1.0, verbose=False, vram_budget=1.5, sparse="off")
+    m = ChatLlamaCpp(
+        model_path=model_path,
+        n_ctx=512,
+        n_threads=1,
+        n_batch=64,
+        temperature=0,
+        max_tokens=24,
+        repeat_penalty=1.0,
+        verbose=False,
+        vram_budget=1.5,
+        sparse="off",
+    )
     yield m
     m.client.close()
 
@@ -50,8 +61,16 @@ def chat(model_path):
 def test_llm_invoke_and_stream(model_path, ref):
     from powerinfer_backend.adapters.langchain import LlamaCpp
 
-    llm = LlamaCpp(model_path=model_path, n_ctx=512, n_threads=1, temperature=0, max_tokens=8, repeat_penalty=1.0,
-                   verbose=False, vram_budget="2GiB")  # a size, as serve and Llama take it
+    llm = LlamaCpp(
+        model_path=model_path,
+        n_ctx=512,
+        n_threads=1,
+        temperature=0,
+        max_tokens=8,
+        repeat_penalty=1.0,
+        verbose=False,
+        vram_budget="2GiB",
+    )  # a size, as serve and Llama take it
     try:
         assert isinstance(llm.client, Llama) and llm.client.vram_budget == "2GiB"
         want = ref(PROMPT, max_tokens=8, temperature=0)["choices"][0]["text"]
@@ -94,9 +113,18 @@ def test_unmodified_classes_through_the_dropin(model_path, ref):
 
     llamacpp.install()
     try:
-        llm = LlamaCpp(model_path=model_path, n_ctx=512, n_threads=1, temperature=0, max_tokens=8,
-                       repeat_penalty=1.0, verbose=False, rope_freq_base=0, rope_freq_scale=0,
-                       model_kwargs={"vram_budget": 3})
+        llm = LlamaCpp(
+            model_path=model_path,
+            n_ctx=512,
+            n_threads=1,
+            temperature=0,
+            max_tokens=8,
+            repeat_penalty=1.0,
+            verbose=False,
+            rope_freq_base=0,
+            rope_freq_scale=0,
+            model_kwargs={"vram_budget": 3},
+        )
     finally:
         llamacpp.uninstall()
     try:
@@ -119,15 +147,23 @@ def openai_chat(model_path):
 
     s = ServerProcess("--model", model_path, "--ctx-size", "512")
     try:
-        yield ChatOpenAI(base_url=s.url + "/v1", api_key="none", model="smollm2", temperature=0, max_tokens=24,
-                         max_retries=0, timeout=120)
+        yield ChatOpenAI(
+            base_url=s.url + "/v1",
+            api_key="none",
+            model="smollm2",
+            temperature=0,
+            max_tokens=24,
+            max_retries=0,
+            timeout=120,
+        )
     finally:
         s.close()
 
 
 def test_chat_openai_invoke_and_stream(openai_chat, ref):
-    want = ref.create_chat_completion([{"role": "user", "content": "Say hello."}], max_tokens=24,
-                                      temperature=0)["choices"][0]["message"]["content"]
+    want = ref.create_chat_completion([{"role": "user", "content": "Say hello."}], max_tokens=24, temperature=0)[
+        "choices"
+    ][0]["message"]["content"]
     assert openai_chat.invoke("Say hello.").content == want
     parts = [c.content for c in openai_chat.stream("Say hello.")]
     assert len(parts) > 3 and "".join(parts) == want

@@ -27,8 +27,9 @@ except ImportError as e:
 
 @pytest.mark.parametrize("name", ["langchain_community", "langchain_core"])
 def test_missing_langchain_names_the_extra(name):
-    p = subprocess.run([sys.executable, "-c", PROBE.format(name=name)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE.format(name=name)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     kind, message = p.stdout.split("\n", 1)
     assert kind == "ImportError"  # exactly: not ModuleNotFoundError

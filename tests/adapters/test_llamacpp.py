@@ -66,11 +66,30 @@ def test_llama_cpp_python_server_runs_on_our_llama(model_path, tmp_path):
     pytest.importorskip("starlette_context", reason="llama-cpp-python's server needs llama-cpp-python[server]")
     port = free_port()
     log = open(tmp_path / "server.log", "w")  # a file, not a pipe: a full pipe would block the server
-    proc = subprocess.Popen([sys.executable, "-m", "powerinfer_backend.adapters.llamacpp.server", "--model",
-                             model_path, "--n_ctx", "512", "--n_threads", "1", "--port", str(port), "--vram_budget",
-                             "1GiB", "--verbose", "true"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "powerinfer_backend.adapters.llamacpp.server",
+            "--model",
+            model_path,
+            "--n_ctx",
+            "512",
+            "--n_threads",
+            "1",
+            "--port",
+            str(port),
+            "--vram_budget",
+            "1GiB",
+            "--verbose",
+            "true",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60)
         deadline = time.monotonic() + 120
@@ -83,8 +102,9 @@ def test_llama_cpp_python_server_runs_on_our_llama(model_path, tmp_path):
                 assert time.monotonic() < deadline
                 time.sleep(0.3)
         r = client.completions.create(model="x", prompt="The capital of France is", max_tokens=8, temperature=0)
-        stream = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Say hi"}],
-                                                max_tokens=8, temperature=0, stream=True)
+        stream = client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0, stream=True
+        )
         chat = "".join(c.choices[0].delta.content or "" for c in stream)
     finally:
         proc.terminate()
@@ -95,7 +115,8 @@ def test_llama_cpp_python_server_runs_on_our_llama(model_path, tmp_path):
         # llama-cpp-python's server defaults to repeat_penalty 1.1
         want = ref("The capital of France is", max_tokens=8, temperature=0, repeat_penalty=1.1)
         assert r.choices[0].text == want["choices"][0]["text"]
-        want = ref.create_chat_completion([{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0,
-                                          repeat_penalty=1.1)
+        want = ref.create_chat_completion(
+            [{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0, repeat_penalty=1.1
+        )
         assert chat == want["choices"][0]["message"]["content"]
     assert "powerinfer_backend: n_ctx 512" in out  # our engine loaded the model (verbose load line)

@@ -16,8 +16,10 @@ from tests.fixtures import ROOT
 from tests.fixtures.server import free_port
 
 TGW_DIR = os.environ.get("TGW_DIR")
-pytestmark = pytest.mark.skipif(not TGW_DIR, reason="TGW_DIR is not set (path of a text-generation-webui "
-                                                    "checkout with its portable CPU requirements installed)")
+pytestmark = pytest.mark.skipif(
+    not TGW_DIR,
+    reason="TGW_DIR is not set (path of a text-generation-webui checkout with its portable CPU requirements installed)",
+)
 TGW_PYTHON = os.environ.get("TGW_PYTHON", sys.executable)  # the interpreter tgw's requirements are installed in
 
 
@@ -49,8 +51,9 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def tables():
     """What tgw's modules say once the adapter is applied (one child process)."""
-    p = subprocess.run([TGW_PYTHON, "-c", TABLES], env={**_env(), "TGW_DIR": TGW_DIR}, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [TGW_PYTHON, "-c", TABLES], env={**_env(), "TGW_DIR": TGW_DIR}, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -80,10 +83,26 @@ def test_headless_tgw_completion_is_ours(model_path, tmp_path, tables):
     os.symlink(model_path, models / name)
     port = free_port()
     log = open(tmp_path / "tgw.log", "w")
-    proc = subprocess.Popen([TGW_PYTHON, "-m", "powerinfer_backend.adapters.text_generation_webui", "--tgw-dir",
-                             TGW_DIR, "--nowebui", "--api", "--api-port", str(port), "--model-dir", str(models),
-                             "--verbose"],  # tgw logs the flags it starts the server with
-                            env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            TGW_PYTHON,
+            "-m",
+            "powerinfer_backend.adapters.text_generation_webui",
+            "--tgw-dir",
+            TGW_DIR,
+            "--nowebui",
+            "--api",
+            "--api-port",
+            str(port),
+            "--model-dir",
+            str(models),
+            "--verbose",
+        ],  # tgw logs the flags it starts the server with
+        env=_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -100,14 +119,22 @@ def test_headless_tgw_completion_is_ours(model_path, tmp_path, tables):
         texts = {}
         for spec in tables["spec_types"]:
             extra = {"spec_type": spec} if spec != "none" else {"model_draft": name}
-            r = httpx.post(url + "/v1/internal/model/load", timeout=300, json={
-                "model_name": name, "args": {"loader": "PowerInfer", "vram_budget": 1.5, "ctx_size": 1024,
-                                             "threads": 1, **extra}})
+            r = httpx.post(
+                url + "/v1/internal/model/load",
+                timeout=300,
+                json={
+                    "model_name": name,
+                    "args": {"loader": "PowerInfer", "vram_budget": 1.5, "ctx_size": 1024, "threads": 1, **extra},
+                },
+            )
             assert r.status_code == 200, r.text + (tmp_path / "tgw.log").read_text()[-5000:]
             info = httpx.get(url + "/v1/internal/model/info", timeout=30).json()
             assert info["model_name"] == name
-            r = httpx.post(url + "/v1/completions", timeout=300, json={
-                "prompt": prompt, "max_tokens": 12, "temperature": 0, "top_k": 1, "repetition_penalty": 1.0})
+            r = httpx.post(
+                url + "/v1/completions",
+                timeout=300,
+                json={"prompt": prompt, "max_tokens": 12, "temperature": 0, "top_k": 1, "repetition_penalty": 1.0},
+            )
             assert r.status_code == 200, r.text
             texts[spec] = r.json()["choices"][0]["text"]
     finally:

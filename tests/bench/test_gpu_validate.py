@@ -30,9 +30,25 @@ def test_missing_device_is_a_clear_message(capsys):
 @pytest.mark.skipif(not HAVE_GGML, reason="needs the ggml device (issue 14: engine/ggml.py)")
 def test_small_smoke_on_ggml_cpu(tmp_path):
     out = tmp_path / "v.json"
-    rc = gv.main(["--device", "ggml-cpu", "--small", "--models", "relu", "--threads", "2",
-                  "--dir", str(tmp_path / "m"), "--out", str(out), "--device-bandwidth", "10",
-                  "--host-bandwidth", "10"])
+    rc = gv.main(
+        [
+            "--device",
+            "ggml-cpu",
+            "--small",
+            "--models",
+            "relu",
+            "--threads",
+            "2",
+            "--dir",
+            str(tmp_path / "m"),
+            "--out",
+            str(out),
+            "--device-bandwidth",
+            "10",
+            "--host-bandwidth",
+            "10",
+        ]
+    )
     res = json.loads(out.read_text())
     assert rc == (0 if res["ok"] else 1) and res["device"]["type"] == "cpu"
     assert [m["kind"] for m in res["models"]] == ["relu"]  # the SwiGLU path is the same code (time)

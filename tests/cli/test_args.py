@@ -8,12 +8,20 @@ import argparse
 
 import pytest
 
-from powerinfer_backend.cli.commands import build_parser
+from powerinfer_backend.cli.parser import build_parser
 from powerinfer_backend.server.arg_types import available_cpus
 
 # each command that takes --threads, with the arguments it requires
-THREADED = {"generate": [], "chat": [], "perplexity": ["--text", "t.txt"], "calibrate": ["--text", "t.txt"],
-            "train-predictor": ["--text", "t.txt"], "bench": [], "plan": ["--vram-budget", "1GiB"], "serve": []}
+THREADED = {
+    "generate": [],
+    "chat": [],
+    "perplexity": ["--text", "t.txt"],
+    "calibrate": ["--text", "t.txt"],
+    "train-predictor": ["--text", "t.txt"],
+    "bench": [],
+    "plan": ["--vram-budget", "1GiB"],
+    "serve": [],
+}
 
 
 def _usage_error(capsys, argv) -> str:
@@ -28,38 +36,47 @@ def test_thread_counts_outside_one_to_the_cpus_are_refused(command, capsys):
     cpus = available_cpus()
     for bad in ("0", "-4", str(cpus + 1), "1000"):
         line = _usage_error(capsys, [command, *THREADED[command], "--threads", bad])
-        assert line.endswith(f"--threads must be in [1, {cpus}], got {bad} ({cpus} CPUs available to this "
-                             f"process)"), line
+        assert line.endswith(f"--threads must be in [1, {cpus}], got {bad} ({cpus} CPUs available to this process)"), (
+            line
+        )
     assert _usage_error(capsys, [command, *THREADED[command], "--threads", "two"]).endswith(
-        "--threads must be an integer, got 'two'")
+        "--threads must be an integer, got 'two'"
+    )
     assert build_parser().parse_args([command, *THREADED[command], "--threads", str(cpus)]).threads == cpus
     assert build_parser().parse_args([command, *THREADED[command], "--threads", "1"]).threads == 1
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["generate", "--ctx", "-1"], "--ctx must be >= 0, got -1"),
-    (["chat", "--ctx", "-5"], "--ctx must be >= 0, got -5"),
-    (["generate", "-n", "-2"], "-n must be >= -1, got -2"),
-    (["generate", "--temp", "-0.5"], "--temp must be a finite number >= 0, got -0.5"),
-    (["generate", "--temp", "nan"], "--temp must be a finite number >= 0, got nan"),
-    (["generate", "--seed", "-2"], "--seed must be in [-1, 4294967295], got -2"),
-    (["chat", "--seed", str(1 << 32)], f"--seed must be in [-1, 4294967295], got {1 << 32}"),
-    (["generate", "--device-threads", "0"],
-     "--device-threads must be in [1, {cpus}], got 0 ({cpus} CPUs available to this process)"),
-    (["perplexity", "--text", "t", "--offset-bytes", "-1"], "--offset-bytes must be >= 0, got -1"),
-    (["perplexity", "--text", "t", "--ctx", "0"], "--ctx must be >= 1, got 0"),
-    (["calibrate", "--text", "t", "--offset-bytes", "-3"], "--offset-bytes must be >= 0, got -3"),
-    (["train-predictor", "--text", "t", "--rank", "0"], "--rank must be >= 1, got 0"),
-    (["bench", "--n-decode", "0"], "--n-decode must be >= 1, got 0"),
-    (["bench", "--busy", "-1"], "--busy must be >= 0, got -1"),
-    (["plan", "--vram-budget", "1GiB", "--batch", "0"], "--batch must be >= 1, got 0"),
-    (["plan", "--vram-budget", "1GiB", "--n-past", "-1"], "--n-past must be >= 0, got -1"),
-    (["plan", "--vram-budget", "1GiB", "--device-bandwidth", "0"],
-     "--device-bandwidth must be a finite number > 0, got 0"),
-    (["plan", "--vram-budget", "1GiB", "--sync-us", "-1"], "--sync-us must be a finite number >= 0, got -1"),
-    (["serve", "--ctx-size", "-1"], "--ctx-size must be >= 0, got -1"),
-    (["serve", "-b", "0"], "--batch-size must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--ctx", "-1"], "--ctx must be >= 0, got -1"),
+        (["chat", "--ctx", "-5"], "--ctx must be >= 0, got -5"),
+        (["generate", "-n", "-2"], "-n must be >= -1, got -2"),
+        (["generate", "--temp", "-0.5"], "--temp must be a finite number >= 0, got -0.5"),
+        (["generate", "--temp", "nan"], "--temp must be a finite number >= 0, got nan"),
+        (["generate", "--seed", "-2"], "--seed must be in [-1, 4294967295], got -2"),
+        (["chat", "--seed", str(1 << 32)], f"--seed must be in [-1, 4294967295], got {1 << 32}"),
+        (
+            ["generate", "--device-threads", "0"],
+            "--device-threads must be in [1, {cpus}], got 0 ({cpus} CPUs available to this process)",
+        ),
+        (["perplexity", "--text", "t", "--offset-bytes", "-1"], "--offset-bytes must be >= 0, got -1"),
+        (["perplexity", "--text", "t", "--ctx", "0"], "--ctx must be >= 1, got 0"),
+        (["calibrate", "--text", "t", "--offset-bytes", "-3"], "--offset-bytes must be >= 0, got -3"),
+        (["train-predictor", "--text", "t", "--rank", "0"], "--rank must be >= 1, got 0"),
+        (["bench", "--n-decode", "0"], "--n-decode must be >= 1, got 0"),
+        (["bench", "--busy", "-1"], "--busy must be >= 0, got -1"),
+        (["plan", "--vram-budget", "1GiB", "--batch", "0"], "--batch must be >= 1, got 0"),
+        (["plan", "--vram-budget", "1GiB", "--n-past", "-1"], "--n-past must be >= 0, got -1"),
+        (
+            ["plan", "--vram-budget", "1GiB", "--device-bandwidth", "0"],
+            "--device-bandwidth must be a finite number > 0, got 0",
+        ),
+        (["plan", "--vram-budget", "1GiB", "--sync-us", "-1"], "--sync-us must be a finite number >= 0, got -1"),
+        (["serve", "--ctx-size", "-1"], "--ctx-size must be >= 0, got -1"),
+        (["serve", "-b", "0"], "--batch-size must be >= 1, got 0"),
+    ],
+)
 def test_sizes_and_counts_are_checked(argv, message, capsys):
     assert _usage_error(capsys, argv).endswith(message.format(cpus=available_cpus()))
 

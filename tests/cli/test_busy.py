@@ -59,9 +59,27 @@ def test_bench_busy_json():
         default_model_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    p = subprocess.run([sys.executable, "-m", "powerinfer_backend", "bench", "--busy", "1", "--threads", "2",
-                        "--n-decode", "3", "--repeats", "1", "--json"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "powerinfer_backend",
+            "bench",
+            "--busy",
+            "1",
+            "--threads",
+            "2",
+            "--n-decode",
+            "3",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["n_busy"] == 1 and len(r["busy_pids"]) == 1

@@ -47,8 +47,15 @@ def _ask(child, line: str) -> str:
 
 def test_chat_in_a_terminal_keeps_history_and_ctrl_c_stops_an_answer(model_path, local):
     env = dict(os.environ, TERM="dumb", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    child = pexpect.spawn(sys.executable, ["-m", "powerinfer_backend", "chat", *ARGS, "-n", "0"], cwd=str(ROOT),
-                          env=env, encoding="utf-8", timeout=240, dimensions=(50, 2000))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "powerinfer_backend", "chat", *ARGS, "-n", "0"],
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=240,
+        dimensions=(50, 2000),
+    )
     try:
         child.expect_exact("> ")
         history = []
@@ -94,8 +101,9 @@ def test_exit_command_and_system_message(local, monkeypatch, capsys):
     out = io.StringIO()
     system = "You are a pirate."
     assert run_chat(local, system=system, out=out, temperature=0, max_tokens=12) == 0
-    want = _answer(local, [{"role": "system", "content": system}, {"role": "user", "content": "Say hello."}],
-                   max_tokens=12)
+    want = _answer(
+        local, [{"role": "system", "content": system}, {"role": "user", "content": "Say hello."}], max_tokens=12
+    )
     # input() writes its prompt to stdout when stdin is not a terminal; the answers go to `out`
     assert capsys.readouterr().out == "> > > " and out.getvalue() == want + "\n"
 
@@ -104,17 +112,47 @@ def test_generate_chat_verbose_prints_the_answer_and_llama_cpp_timings(local):
     """One message through the chat template; --verbose: llama.cpp's timing lines; -ngl
     without a device: one warning line (no Python source line)."""
     q = "What is the capital of France?"
-    p = subprocess.run([sys.executable, "-m", "powerinfer_backend", "generate", "--chat", "--prompt", q, *ARGS,
-                        "-n", "16", "--verbose", "--device", "cpu", "-ngl", "5"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "powerinfer_backend",
+            "generate",
+            "--chat",
+            "--prompt",
+            q,
+            *ARGS,
+            "-n",
+            "16",
+            "--verbose",
+            "--device",
+            "cpu",
+            "-ngl",
+            "5",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout == _answer(local, [{"role": "user", "content": q}], max_tokens=16) + "\n"
     err = p.stderr.splitlines()
     assert "powerinfer-backend: warning: n_gpu_layers=5 ignored: device='cpu'; running on the CPU" in err
     assert not [line for line in err if "warn(" in line or "UserWarning" in line]
-    perf = {m.group(1).strip(): m for m in (re.match(r"llama_perf_context_print: +(\w[\w ]*?) time = +([\d.]+) ms"
-                                                      r"(?: / +(\d+) (?:tokens|runs))?(?: .*?([\d.]+) tokens per "
-                                                      r"second\))?$", line) for line in err) if m}
+    perf = {
+        m.group(1).strip(): m
+        for m in (
+            re.match(
+                r"llama_perf_context_print: +(\w[\w ]*?) time = +([\d.]+) ms"
+                r"(?: / +(\d+) (?:tokens|runs))?(?: .*?([\d.]+) tokens per "
+                r"second\))?$",
+                line,
+            )
+            for line in err
+        )
+        if m
+    }
     assert set(perf) == {"load", "prompt eval", "eval", "total"}
     assert float(perf["load"].group(2)) > 0
     n_prompt, n_eval = int(perf["prompt eval"].group(3)), int(perf["eval"].group(3))
@@ -136,9 +174,12 @@ def test_slash_commands_are_answered_by_the_chat_not_the_model(local, monkeypatc
     assert run_chat(local, out=out, err=err, temperature=0, max_tokens=4) == 0
     assert out.getvalue() == _answer(local, [{"role": "user", "content": "Say hello."}], max_tokens=4) + "\n"
     lines = err.getvalue().splitlines()
-    assert [line.split()[0] for line in lines[:len(COMMANDS)]] == ["/help", "/clear", "/exit"]
-    assert lines[len(COMMANDS) + 1:] == ["powerinfer-backend: error: unknown command /halp (/help lists the commands)",
-                                         "history cleared", "[stopped: -n 4 tokens]"]
+    assert [line.split()[0] for line in lines[: len(COMMANDS)]] == ["/help", "/clear", "/exit"]
+    assert lines[len(COMMANDS) + 1 :] == [
+        "powerinfer-backend: error: unknown command /halp (/help lists the commands)",
+        "history cleared",
+        "[stopped: -n 4 tokens]",
+    ]
     assert capsys.readouterr().out == "> " * 5
 
 

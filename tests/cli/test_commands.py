@@ -14,7 +14,6 @@ from powerinfer_backend.loader.models import default_model_path
 from tests.fixtures import ROOT
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _default_model():
     try:
@@ -24,13 +23,15 @@ def _default_model():
 
 
 def _run(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "powerinfer_backend", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "powerinfer_backend", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_generate_prints_text():
-    p = _run("generate", "--prompt", "The capital of France is", "-n", "8", "--temp", "0", "--threads", "2",
-             "--ctx", "64")
+    p = _run(
+        "generate", "--prompt", "The capital of France is", "-n", "8", "--temp", "0", "--threads", "2", "--ctx", "64"
+    )
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""  # quiet without --verbose (no llama.cpp log lines either)
     out = p.stdout
@@ -95,16 +96,23 @@ def test_a_size_in_the_budget_variable_breaks_no_command():
     """$POWERINFER_VRAM_BUDGET=512MiB used to crash every command while the parser was built."""
     import os
 
-    p = subprocess.run([sys.executable, "-m", "powerinfer_backend", "devices", "--json"], cwd=ROOT, text=True,
-                       capture_output=True, timeout=120, env=dict(os.environ, POWERINFER_VRAM_BUDGET="512MiB"))
+    p = subprocess.run(
+        [sys.executable, "-m", "powerinfer_backend", "devices", "--json"],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env=dict(os.environ, POWERINFER_VRAM_BUDGET="512MiB"),
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr and json.loads(p.stdout)["devices"]
 
 
 def test_generate_empty_prompt_is_one_clear_line():
     p = _run("generate", "--prompt", "", "-n", "4")
     assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.splitlines() == ["powerinfer-backend: error: --prompt is empty: give the text to continue "
-                                     "(or to answer, with --chat)"]
+    assert p.stderr.splitlines() == [
+        "powerinfer-backend: error: --prompt is empty: give the text to continue (or to answer, with --chat)"
+    ]
 
 
 def test_plan_says_no_gpu_was_found(tmp_path):
@@ -114,18 +122,21 @@ def test_plan_says_no_gpu_was_found(tmp_path):
         pytest.skip("a GPU is present")
     p = _run("plan", "--vram-budget", "64MiB", "--no-plot", "--out", str(tmp_path / "plan.json"))
     assert p.returncode == 0, p.stderr
-    assert ("no GPU: device='auto': ggml found no discrete GPU (devices: CPU (cpu)); bytes counted by ggml's "
-            "CPU buffer rule") in p.stdout
+    assert (
+        "no GPU: device='auto': ggml found no discrete GPU (devices: CPU (cpu)); bytes counted by ggml's "
+        "CPU buffer rule"
+    ) in p.stdout
     p = _run("plan", "--vram-budget", "64MiB", "--predict", "--device-bandwidth", "100", "--threads", "0")
     assert p.returncode == 2 and "--threads must be in [1, " in p.stderr and "got 0" in p.stderr
 
 
 def test_cli_flags_take_sizes_and_llama_cpp_layer_counts():
-    from powerinfer_backend.cli.commands import build_parser
+    from powerinfer_backend.cli.parser import build_parser
 
     for cmd in ("generate", "serve", "chat"):
-        a = build_parser().parse_args([cmd, "--vram-budget", "512MiB", "-ngl", "all", "--device", "ggml-cpu",
-                                       "--placement", "layers"])
+        a = build_parser().parse_args(
+            [cmd, "--vram-budget", "512MiB", "-ngl", "all", "--device", "ggml-cpu", "--placement", "layers"]
+        )
         assert (a.vram_budget, a.n_gpu_layers, a.device, a.placement) == ("512MiB", -1, "ggml-cpu", "layers")
         assert build_parser().parse_args([cmd, "--n-gpu-layers", "auto"]).n_gpu_layers is None
     for argv in (["serve", "--vram-budget", "lots"], ["serve", "-ngl", "-2"], ["generate", "--device-threads", "0"]):
@@ -140,7 +151,7 @@ def _generate_in_process(capsys, *argv):
     """(stdout, the seed --verbose reported) of one `generate` run in this process."""
     import re
 
-    from powerinfer_backend.cli.commands import build_parser
+    from powerinfer_backend.cli.parser import build_parser
 
     args = build_parser().parse_args(["generate", "--threads", "2", "--ctx", "64", "--verbose", *argv])
     assert args.func(args) == 0
@@ -163,9 +174,30 @@ def test_generate_draws_a_seed_and_reports_it(capsys):
 def test_generate_verbose_timings_start_on_their_own_line_after_a_context_full_note():
     """The timing report was glued to the answer's last line; an answer the context cut ended
     silently. stdout and stderr through one pipe, as a terminal shows them."""
-    p = subprocess.run([sys.executable, "-m", "powerinfer_backend", "generate", "--prompt", "The capital of France is",
-                        "-n", "0", "--temp", "0", "--threads", "2", "--ctx", "40", "--verbose"], cwd=ROOT, text=True,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "powerinfer_backend",
+            "generate",
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "0",
+            "--temp",
+            "0",
+            "--threads",
+            "2",
+            "--ctx",
+            "40",
+            "--verbose",
+        ],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout
     text, note, timings = p.stdout.partition("\n[stopped: context full (40 tokens)]\n")
     assert note and "Paris" in text and "llama_perf" not in text
@@ -174,7 +206,7 @@ def test_generate_verbose_timings_start_on_their_own_line_after_a_context_full_n
 
 def test_plan_writes_only_into_the_cache_and_warns_without_matplotlib(tmp_path, xdg_cache, monkeypatch, capsys):
     """plan wrote placement.json beside the user's model and promised a PNG without matplotlib."""
-    from powerinfer_backend.cli.commands import build_parser
+    from powerinfer_backend.cli.parser import build_parser
     from powerinfer_backend.loader.artifacts import model_fingerprint
 
     from tests.fixtures.tiny_gguf import write_tiny_llama
@@ -184,16 +216,19 @@ def test_plan_writes_only_into_the_cache_and_warns_without_matplotlib(tmp_path, 
     (tmp_path / "models").mkdir()
     model = Path(write_tiny_llama(tmp_path / "models" / "m.gguf", n_layer=2, n_ff=128))
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
-    args = build_parser().parse_args(["plan", "--model", str(model), "--vram-budget", "60KiB", "--ctx", "100",
-                                      "--batch", "4", "--device", "cpu"])
+    args = build_parser().parse_args(
+        ["plan", "--model", str(model), "--vram-budget", "60KiB", "--ctx", "100", "--batch", "4", "--device", "cpu"]
+    )
     assert args.func(args) == 0
     out, err = capsys.readouterr()
     assert sorted(p.name for p in model.parent.iterdir()) == ["m.gguf"]  # nothing beside the model
     plan = xdg_cache / "powerinfer_backend" / model_fingerprint(model)[:16] / "placement.json"
     assert json.loads(plan.read_text())["budget_bytes"] == 60 * 1024
     assert out.splitlines()[-1] == f"plan: {plan}"
-    assert err == ("powerinfer-backend: warning: no plot written: matplotlib is not installed (pip install "
-                   "'.[plot]' in a clone, 'powerinfer_backend[plot]' from PyPI; --no-plot skips the plot)\n")
+    assert err == (
+        "powerinfer-backend: warning: no plot written: matplotlib is not installed (pip install "
+        "'.[plot]' in a clone, 'powerinfer_backend[plot]' from PyPI; --no-plot skips the plot)\n"
+    )
 
 
 def test_unknown_chat_format_is_one_clear_line_at_load():
@@ -201,8 +236,9 @@ def test_unknown_chat_format_is_one_clear_line_at_load():
     (generate, chat) or made every chat request a 500 (serve); now the load refuses it."""
     from powerinfer_backend import Llama
 
-    with pytest.raises(ValueError,
-                       match=r"unknown chat_format 'bogus' \(this model's templates: chat_template.default"):
+    with pytest.raises(
+        ValueError, match=r"unknown chat_format 'bogus' \(this model's templates: chat_template.default"
+    ):
         Llama(default_model_path(), n_ctx=64, chat_format="bogus", verbose=False)
     with Llama(default_model_path(), n_ctx=64, chat_format="chatml", verbose=False) as llm:  # registered names load
         assert llm.chat_format == "chatml"

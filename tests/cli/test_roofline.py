@@ -26,9 +26,30 @@ def bench():
         path = default_model_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    p = subprocess.run([sys.executable, "-m", "powerinfer_backend", "bench", "--roofline", "--roofline-mib", "8",
-                        "--json", "--n-decode", "4", "--n-prefill", "16", "--repeats", "1", "--sparse", "off"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "powerinfer_backend",
+            "bench",
+            "--roofline",
+            "--roofline-mib",
+            "8",
+            "--json",
+            "--n-decode",
+            "4",
+            "--n-prefill",
+            "16",
+            "--repeats",
+            "1",
+            "--sparse",
+            "off",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     return path, json.loads(p.stdout)
 

@@ -60,17 +60,22 @@ def test_hparams_and_slots(tmp_path):
 def test_relu_recognised_from_metadata(tmp_path):
     """powerinfer.ffn_act, or PowerInfer's powerinfer.sparse_threshold key (its falcon
     files are ReluFalcon), make the MLP ReLU; without either it is Falcon's GELU."""
-    act = {kw: load_gguf(write_tiny_falcon(tmp_path / f"f{i}.gguf", **dict(kw)), verbose=False).hparams.act_name
-           for i, kw in enumerate([(), (("ffn_act", "relu"),), (("sparse_threshold", 0.0),),
-                                   (("ffn_act", "gelu"), ("sparse_threshold", 0.0))])}
+    act = {
+        kw: load_gguf(write_tiny_falcon(tmp_path / f"f{i}.gguf", **dict(kw)), verbose=False).hparams.act_name
+        for i, kw in enumerate(
+            [(), (("ffn_act", "relu"),), (("sparse_threshold", 0.0),), (("ffn_act", "gelu"), ("sparse_threshold", 0.0))]
+        )
+    }
     assert list(act.values()) == ["gelu", "relu", "relu", "gelu"]
 
 
 @pytest.mark.parametrize("two_norms", [False, True], ids=["7b", "40b"])
 @pytest.mark.parametrize("ffn_act", ["gelu", "relu"])
 def test_matches_numpy_reference(tmp_path, two_norms, ffn_act):
-    m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", two_norms=two_norms, ffn_act=ffn_act,
-                                    n_head_kv=2 if two_norms else 1), verbose=False)
+    m = load_gguf(
+        write_tiny_falcon(tmp_path / "f.gguf", two_norms=two_norms, ffn_act=ffn_act, n_head_kv=2 if two_norms else 1),
+        verbose=False,
+    )
     ours, _ = _eval(m, kv_f16=False)
     ref = falcon_reference(m, TOKENS)
     err = np.abs(ours - ref).max()
@@ -78,8 +83,11 @@ def test_matches_numpy_reference(tmp_path, two_norms, ffn_act):
 
 
 @pytest.mark.llama_cpp
-@pytest.mark.parametrize("two_norms, n_head_kv, mtype", [(False, 1, T.Q8_0), (True, 2, T.Q8_0), (False, 1, T.F16)],
-                         ids=["7b-q8_0", "40b-q8_0", "7b-f16"])
+@pytest.mark.parametrize(
+    "two_norms, n_head_kv, mtype",
+    [(False, 1, T.Q8_0), (True, 2, T.Q8_0), (False, 1, T.F16)],
+    ids=["7b-q8_0", "40b-q8_0", "7b-f16"],
+)
 def test_bit_identical_to_llama_cpp(tmp_path, two_norms, n_head_kv, mtype):
     from powerinfer_backend.plugins.reference import load_reference
 
@@ -97,8 +105,7 @@ def test_relu_sparse_threshold0_equals_dense(tmp_path, decode):
     at threshold 0 skips the exact zeros of relu(up x) and gives the dense logits to
     float32 summation-order tolerance (F32 weights: a quantized dense down product
     would also quantize h)."""
-    m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", sparse_threshold=0.0, transposed_down=True),
-                  verbose=False)
+    m = load_gguf(write_tiny_falcon(tmp_path / "f.gguf", sparse_threshold=0.0, transposed_down=True), verbose=False)
     dense, (u0, t0) = _eval(m, decode=decode)
     sparse, (used, total) = _eval(m, sparse=True, decode=decode)
     assert (u0, t0) == (0, 0) and total == len(TOKENS) * m.hparams.n_layer * m.hparams.n_ff
@@ -149,13 +156,16 @@ def test_gelu_threshold_sparse(tmp_path):
     assert 0 < np.abs(thr - dense).max() < 0.1 * np.abs(dense).max()
 
 
-@pytest.mark.parametrize("kw, fragment", [
-    ({"drop": ("blk.1.attn_qkv.weight",)}, "missing tensor 'blk.1.attn_qkv.weight'"),
-    ({"shapes": {"blk.0.attn_qkv.weight": (64, 64)}}, "tensor 'blk.0.attn_qkv.weight' has shape [64, 64]"),
-    ({"drop": ("output_norm.bias",)}, "missing tensor 'output_norm.bias'"),
-    ({"two_norms": True, "drop": ("blk.1.attn_norm_2.bias",)}, "missing tensor 'blk.1.attn_norm_2.bias'"),
-    ({"shapes": {"blk.0.attn_norm.bias": (63,)}}, "tensor 'blk.0.attn_norm.bias' has shape [63]"),
-])
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        ({"drop": ("blk.1.attn_qkv.weight",)}, "missing tensor 'blk.1.attn_qkv.weight'"),
+        ({"shapes": {"blk.0.attn_qkv.weight": (64, 64)}}, "tensor 'blk.0.attn_qkv.weight' has shape [64, 64]"),
+        ({"drop": ("output_norm.bias",)}, "missing tensor 'output_norm.bias'"),
+        ({"two_norms": True, "drop": ("blk.1.attn_norm_2.bias",)}, "missing tensor 'blk.1.attn_norm_2.bias'"),
+        ({"shapes": {"blk.0.attn_norm.bias": (63,)}}, "tensor 'blk.0.attn_norm.bias' has shape [63]"),
+    ],
+)
 def test_bad_tensors_named(tmp_path, kw, fragment):
     path = write_tiny_falcon(tmp_path / "bad.gguf", **kw)
     with pytest.raises(ValueError) as e:
@@ -211,8 +221,20 @@ def test_gelu_calibrate_then_auto(tmp_path):
     path = write_tiny_falcon(tmp_path / "g.gguf")
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 40 + "to be or not to be. " * 40)
-    prof = calibrate(path, str(text), tokens=256, heldout_tokens=64, n_ctx=64, sens_tokens=32, levels=(0.3, 0.6),
-                     n_threads=2, progress=False, log=lambda s: None, max_ppl_increase=0.05, speed_check=False)
+    prof = calibrate(
+        path,
+        str(text),
+        tokens=256,
+        heldout_tokens=64,
+        n_ctx=64,
+        sens_tokens=32,
+        levels=(0.3, 0.6),
+        n_threads=2,
+        progress=False,
+        log=lambda s: None,
+        max_ppl_increase=0.05,
+        speed_check=False,
+    )
     assert prof.ffn_act == "gelu" and np.all(prof.thresholds > 0)
     with Llama(path, n_ctx=64, n_threads=2, verbose=False) as llm:
         llm.eval(TOKENS)

@@ -40,7 +40,7 @@ def test_tiny_hparams(tmp_path):
     assert hp.act_name == "gelu" and hp.rope_type == 2
     assert hp.n_swa == 3 and hp.swa_pattern == 6 and hp.rope_freq_base_swa == 10000.0
     assert [hp.is_swa(i) for i in range(6)] == [True] * 5 + [False]
-    assert hp.embd_scale == 8.0 and hp.attn_scale == pytest.approx(32 ** -0.5)
+    assert hp.embd_scale == 8.0 and hp.attn_scale == pytest.approx(32**-0.5)
     assert m.tied_output
 
 
@@ -105,8 +105,9 @@ def gemma_engines(gemma_path):
 
     m = load_gguf(gemma_path, verbose=False)
     ctx = NativeContext(NativeModel(m), n_ctx=128, n_batch=128, n_threads=2)
-    ref = load_reference(gemma_path, extra_buffer_types=False,
-                         n_ctx=128, n_threads=2, n_threads_batch=2, logits_all=True)
+    ref = load_reference(
+        gemma_path, extra_buffer_types=False, n_ctx=128, n_threads=2, n_threads_batch=2, logits_all=True
+    )
     yield m, ctx, ref
     ctx.close()
     ref.close()
@@ -154,8 +155,10 @@ def test_real_tracks_llama_cpp(gemma_engines):
     """Our batch against llama.cpp's batch, measured against llama.cpp's own
     batch-vs-decode disagreement on the same tokens (docs/parity.md)."""
     _, ctx, ref = gemma_engines
-    text = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-            "First Citizen:\nYou are all resolved rather to die than to famish?\n")
+    text = (
+        "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n"
+    )
     tokens = ref.tokenize(text.encode(), add_bos=True)[:40]
     batch = reference_logits(ref, tokens, one_by_one=False)
     seq = reference_logits(ref, tokens, one_by_one=True)
@@ -164,8 +167,10 @@ def test_real_tracks_llama_cpp(gemma_engines):
     top1 = float(np.mean(ours.argmax(1) == batch.argmax(1)))
     self_top1 = float(np.mean(seq.argmax(1) == batch.argmax(1)))
     delta, self_delta = np.abs(ours - batch), np.abs(seq - batch)
-    print(f"\nours vs llama.cpp batch: top-1 {top1:.3f}, mean |d| {delta.mean():.4f}; "
-          f"llama.cpp decode vs batch: top-1 {self_top1:.3f}, mean |d| {self_delta.mean():.4f}")
+    print(
+        f"\nours vs llama.cpp batch: top-1 {top1:.3f}, mean |d| {delta.mean():.4f}; "
+        f"llama.cpp decode vs batch: top-1 {self_top1:.3f}, mean |d| {self_delta.mean():.4f}"
+    )
     assert np.array_equal(ours[0], batch[0])
     assert top1 >= min(0.99, self_top1 - 2 / len(tokens))
     assert delta.mean() <= 1.25 * self_delta.mean()
@@ -174,8 +179,11 @@ def test_real_tracks_llama_cpp(gemma_engines):
 # Teacher-forced along llama.cpp's greedy continuations (issue 15): the code prompt is
 # where ours once differed at a margin of 1.02 (libm's expf in the softmax instead of
 # llama.cpp's polynomial; isa/softmax.h).
-TEACHER_PROMPTS = (GEMMA_PROMPT, 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-                   "First Citizen:\nBefore we proceed any further, hear me speak.\n")
+TEACHER_PROMPTS = (
+    GEMMA_PROMPT,
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n",
+)
 N_CONTINUE = 48
 MARGIN = 0.1  # llama.cpp's top-2 margin from which a different top-1 counts
 
@@ -200,8 +208,15 @@ def teacher_forced(gemma_engines):
         at = slice(len(prompt) - 1, len(seq) - 1)
         ctx.truncate(0)
         ours = ctx.eval(seq, logits_all=True)[at].copy()
-        out.append((prompt, expected, ours, reference_logits(ref, seq, one_by_one=False)[at],
-                    reference_logits(ref, seq, one_by_one=True)[at]))
+        out.append(
+            (
+                prompt,
+                expected,
+                ours,
+                reference_logits(ref, seq, one_by_one=False)[at],
+                reference_logits(ref, seq, one_by_one=True)[at],
+            )
+        )
     return out
 
 
@@ -210,8 +225,11 @@ def _top1_differences(rows: np.ndarray, ref_rows: np.ndarray) -> list[tuple[int,
     ref_rows' top-2 margin is >= MARGIN."""
     top2 = np.sort(ref_rows, axis=1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
-    return [(i, round(float(margin[i]), 3)) for i in range(len(rows))
-            if rows[i].argmax() != ref_rows[i].argmax() and margin[i] >= MARGIN]
+    return [
+        (i, round(float(margin[i]), 3))
+        for i in range(len(rows))
+        if rows[i].argmax() != ref_rows[i].argmax() and margin[i] >= MARGIN
+    ]
 
 
 @pytest.mark.real
@@ -227,8 +245,10 @@ def test_real_teacher_forced_top1_within_llama_cpp_noise(teacher_forced):
         same += sum(np.array_equal(a, b) for a, b in zip(ours, seq))
         total += len(expected)
         print(f"\nprompt of {len(prompt)} tokens: ours {d_ours}, llama.cpp decode vs batch {d_self}")
-    print(f"top-1 differences at margin >= {MARGIN}: ours {ours_n}, llama.cpp's own {self_n} of {total}; "
-          f"rows bit-identical to llama.cpp's decode path: {same} of {total}")
+    print(
+        f"top-1 differences at margin >= {MARGIN}: ours {ours_n}, llama.cpp's own {self_n} of {total}; "
+        f"rows bit-identical to llama.cpp's decode path: {same} of {total}"
+    )
     assert total == len(TEACHER_PROMPTS) * N_CONTINUE
     assert ours_n <= self_n
 

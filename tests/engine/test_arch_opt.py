@@ -37,8 +37,13 @@ def test_hparams_and_slots(tmp_path):
     assert ts[6] is None  # ungated
     assert ts[8].name == "blk.1.ffn_down.weight" and ts[8].converted_from is not None  # rebuilt from ffn_down_t
     assert [ts[s].name for s in (13, 14, 15, 19, 20, 21)] == [
-        "blk.1.attn_q.bias", "blk.1.attn_k.bias", "blk.1.attn_v.bias", "blk.1.attn_output.bias",
-        "blk.1.ffn_up.bias", "blk.1.ffn_down_t.bias"]
+        "blk.1.attn_q.bias",
+        "blk.1.attn_k.bias",
+        "blk.1.attn_v.bias",
+        "blk.1.attn_output.bias",
+        "blk.1.ffn_up.bias",
+        "blk.1.ffn_down_t.bias",
+    ]
     m2 = load_gguf(write_tiny_opt(tmp_path / "o2.gguf", transposed_down=False), verbose=False)
     assert m2.layer_tensors(0)[21].name == "blk.0.ffn_down.bias"
 
@@ -77,8 +82,11 @@ def test_sparse_threshold0_equals_dense(tmp_path, decode):
         ctx = _ctx(m)
         if sparse:
             _sparse(ctx, m)
-        out[sparse] = (np.concatenate([ctx.eval([t], logits_all=True).copy() for t in TOKENS]) if decode
-                       else ctx.eval(TOKENS, logits_all=True).copy())
+        out[sparse] = (
+            np.concatenate([ctx.eval([t], logits_all=True).copy() for t in TOKENS])
+            if decode
+            else ctx.eval(TOKENS, logits_all=True).copy()
+        )
         used, total = ctx.ffn_stats()
         ctx.close()
     assert 0.2 < 1 - used / total < 0.8
@@ -100,13 +108,16 @@ def test_powerinfer_file_through_llama(tmp_path):
     assert np.abs(got - ref).max() <= 5e-4 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("kw, fragment", [
-    ({"drop": ("position_embd.weight",)}, "missing tensor 'position_embd.weight'"),
-    ({"drop": ("blk.1.ffn_up.bias",)}, "missing tensor 'blk.1.ffn_up.bias'"),
-    ({"drop": ("blk.0.ffn_down_t.bias",)}, "missing tensor 'blk.0.ffn_down_t.bias' (or 'blk.0.ffn_down.bias')"),
-    ({"shapes": {"blk.0.attn_q.bias": (32,)}}, "tensor 'blk.0.attn_q.bias' has shape [32]"),
-    ({"shapes": {"position_embd.weight": (30, 64)}}, "tensor 'position_embd.weight' has shape [64, 30]"),
-])
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        ({"drop": ("position_embd.weight",)}, "missing tensor 'position_embd.weight'"),
+        ({"drop": ("blk.1.ffn_up.bias",)}, "missing tensor 'blk.1.ffn_up.bias'"),
+        ({"drop": ("blk.0.ffn_down_t.bias",)}, "missing tensor 'blk.0.ffn_down_t.bias' (or 'blk.0.ffn_down.bias')"),
+        ({"shapes": {"blk.0.attn_q.bias": (32,)}}, "tensor 'blk.0.attn_q.bias' has shape [32]"),
+        ({"shapes": {"position_embd.weight": (30, 64)}}, "tensor 'position_embd.weight' has shape [64, 30]"),
+    ],
+)
 def test_bad_tensors_named(tmp_path, kw, fragment):
     path = write_tiny_opt(tmp_path / "bad.gguf", **kw)
     with pytest.raises(ValueError) as e:
@@ -129,7 +140,8 @@ def test_n_ctx_is_capped_at_the_learned_positions(tmp_path, recwarn):
         warnings.simplefilter("always")
         llm = Llama(str(path), verbose=False)  # default n_ctx 512
     assert [str(x.message) for x in w if "learned positions" in str(x.message)] == [
-        "n_ctx 512 exceeds the model's 32 learned positions (position_embd.weight); using n_ctx 32"]
+        "n_ctx 512 exceeds the model's 32 learned positions (position_embd.weight); using n_ctx 32"
+    ]
     assert w[0].filename == __file__
     out = llm.create_completion([1, 2, 3] * 8, max_tokens=20, temperature=0.0)
     assert out["choices"][0]["finish_reason"] == "length" and out["usage"]["total_tokens"] <= 32

@@ -53,8 +53,9 @@ def _ggml_row_size():
     return base.ggml_row_size
 
 
-@pytest.mark.parametrize("qtype,ne0,ne1", [(2, 4096, 11), (2, 64, 1), (12, 256, 3), (12, 2048, 5), (1, 576, 49152),
-                                           (0, 576, 1), (0, 33, 7)])
+@pytest.mark.parametrize(
+    "qtype,ne0,ne1", [(2, 4096, 11), (2, 64, 1), (12, 256, 3), (12, 2048, 5), (1, 576, 49152), (0, 576, 1), (0, 33, 7)]
+)
 def test_tensor_bytes_equal_ggml_nbytes_on_the_cpu(qtype, ne0, ne1):
     row = _ggml_row_size()
     with ggml.GgmlDevice("CPU") as d:
@@ -71,14 +72,16 @@ def test_tensor_bytes_refuses_bad_shapes():
 
 
 def test_wrong_version_range_names_both_versions():
-    with pytest.raises(RuntimeError,
-                       match=r"ggml 0\.\d+\.\d+ in .*lib is outside the supported range \[9\.0\.0, 10\.0\.0\)"):
+    with pytest.raises(
+        RuntimeError, match=r"ggml 0\.\d+\.\d+ in .*lib is outside the supported range \[9\.0\.0, 10\.0\.0\)"
+    ):
         ggml.bind(version_range=(">=9.0.0", "<10.0.0"))
 
 
 def test_missing_lib_folder_names_files_and_folder(tmp_path):
-    with pytest.raises(RuntimeError,
-                       match=f"libggml-base.so.0 not found .*libggml.so.0, libggml-cpu.so.0 in {tmp_path}"):
+    with pytest.raises(
+        RuntimeError, match=f"libggml-base.so.0 not found .*libggml.so.0, libggml-cpu.so.0 in {tmp_path}"
+    ):
         ggml.bind(folder=tmp_path)
 
 

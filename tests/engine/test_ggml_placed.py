@@ -58,6 +58,7 @@ def _run(ctx, toks=TOKS) -> np.ndarray:
 
 def plan_buffers(dev, g, layers, output_on: bool, n_cells: int) -> dict[str, int]:
     """The contract's rule for the weights and kv buffers, from the device's per-tensor bytes."""
+
     def slot(qtype, ne0, ne1=1):
         a = dev.alignment
         return -(-dev.tensor_bytes(qtype, ne0, ne1) // a) * a
@@ -68,8 +69,9 @@ def plan_buffers(dev, g, layers, output_on: bool, n_cells: int) -> dict[str, int
     for i, L in enumerate(layers):
         ts = dict(zip(LAYER_SLOTS, g.layer_tensors(i)))
         if L.attn_on_device:
-            w += sum(slot(t.type, t.ne[0], int(np.prod(t.ne[1:])))
-                     for s, t in ts.items() if t is not None and s not in rows)
+            w += sum(
+                slot(t.type, t.ne[0], int(np.prod(t.ne[1:]))) for s, t in ts.items() if t is not None and s not in rows
+            )
             kv += 2 * slot(F16, hp.n_head_kv * hp.n_embd_head, n_cells)
         n_hot = len(L.hot_ids)
         if n_hot:
@@ -196,8 +198,13 @@ def test_architectures_attention_on_the_device(tmp_path, cpu_dev, arch):
     else:
         g = load_gguf(write_tiny_llama(path, n_layer=2, rope_freqs=True), verbose=False)
     ungated = arch == "opt"
-    got, want = _arch_case(g, lambda hp: [layer(True, () if ungated else range(0, hp.n_ff, 2))] * hp.n_layer,
-                           cpu_dev, toks, sparse=not ungated)
+    got, want = _arch_case(
+        g,
+        lambda hp: [layer(True, () if ungated else range(0, hp.n_ff, 2))] * hp.n_layer,
+        cpu_dev,
+        toks,
+        sparse=not ungated,
+    )
     diff = float(np.abs(got - want).max())
     print(f"{arch}: max |logit diff| {diff:.3g} (logits up to {np.abs(want).max():.3g})")
     assert diff < 0.05 * float(np.abs(want).max())
@@ -207,8 +214,9 @@ def test_architectures_attention_on_the_device(tmp_path, cpu_dev, arch):
 def test_unsupported_placements_are_refused_with_the_reason(tmp_path, cpu_dev):
     """Falcon's fused attn_qkv cannot go on the device; OPT's ungated FFN cannot be split."""
     for write, kind, layers_of, match in [
-            (write_tiny_falcon, NotImplementedError, lambda n: [layer(True)] * n, "fused attn_qkv"),
-            (write_tiny_opt, NotImplementedError, lambda n: [layer(False, [1, 5])] * n, "needs a gated FFN")]:
+        (write_tiny_falcon, NotImplementedError, lambda n: [layer(True)] * n, "fused attn_qkv"),
+        (write_tiny_opt, NotImplementedError, lambda n: [layer(False, [1, 5])] * n, "needs a gated FFN"),
+    ]:
         g = load_gguf(write(tmp_path / f"{write.__name__}.gguf"), verbose=False)
         m = NativeModel(g)
         ctx = _ctx(m, sparse=write is write_tiny_opt)

@@ -34,8 +34,9 @@ FTYPES = {  # llama_ftype name -> the weight types llama.cpp writes for it here
 @pytest.fixture(scope="module")
 def f16_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("kq") / "f16.gguf"
-    return write_tiny_llama(path, n_vocab=256, n_embd=256, n_layer=2, n_ff=512, n_head=4, n_head_kv=2,
-                            types={"matrix": T.F16}, tied=False)
+    return write_tiny_llama(
+        path, n_vocab=256, n_embd=256, n_layer=2, n_ff=512, n_head=4, n_head_kv=2, types={"matrix": T.F16}, tied=False
+    )
 
 
 def quantize(src: str, ftype: str) -> str:

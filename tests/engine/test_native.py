@@ -28,19 +28,42 @@ MODELS = {
     "f32": dict(types={"matrix": T.F32}),
     # untied output, partial rotary (n_rot 8 of head_dim 16), Llama-3 style
     # rope_freqs, linear rope scaling (freq_scale 0.5), GQA 6 heads over 2
-    "f32_rich": dict(types={"matrix": T.F32}, n_vocab=50, n_embd=96, n_head=6, n_head_kv=2, n_ff=64,
-                     rope_freq_base=500000.0, rms_eps=1e-6, tied=False, rope_freqs=True,
-                     shapes={"rope_freqs.weight": (4,)},
-                     extra_kv={"llama.rope.dimension_count": 8, "llama.rope.scaling.type": "linear",
-                               "llama.rope.scaling.factor": 2.0}),
+    "f32_rich": dict(
+        types={"matrix": T.F32},
+        n_vocab=50,
+        n_embd=96,
+        n_head=6,
+        n_head_kv=2,
+        n_ff=64,
+        rope_freq_base=500000.0,
+        rms_eps=1e-6,
+        tied=False,
+        rope_freqs=True,
+        shapes={"rope_freqs.weight": (4,)},
+        extra_kv={
+            "llama.rope.dimension_count": 8,
+            "llama.rope.scaling.type": "linear",
+            "llama.rope.scaling.factor": 2.0,
+        },
+    ),
     "q8_0": dict(types={"matrix": T.Q8_0}),
     "q4_0": dict(types={"matrix": T.Q4_0}),
     "q4_1": dict(types={"matrix": T.Q4_1}),
     "f16": dict(types={"matrix": T.F16}),
     "bf16": dict(types={"matrix": T.BF16}),
     # types that differ inside the Q/K/V and gate/up product groups (up stays Q8_0)
-    "mixed": dict(types={"token_embd": T.Q4_1, "attn_q": T.F16, "attn_k": T.BF16, "attn_v": T.Q4_0,
-                         "ffn_down": T.BF16, "ffn_gate": T.Q4_1, "output": T.F16}, tied=False),
+    "mixed": dict(
+        types={
+            "token_embd": T.Q4_1,
+            "attn_q": T.F16,
+            "attn_k": T.BF16,
+            "attn_v": T.Q4_0,
+            "ffn_down": T.BF16,
+            "ffn_gate": T.Q4_1,
+            "output": T.F16,
+        },
+        tied=False,
+    ),
 }
 
 TOKENS = [3, 17, 0, 42, 5, 5, 63, 1, 29, 8, 11, 40]
@@ -213,8 +236,12 @@ def test_chunked_eval_equals_one_batch(models, n_batch):
     # the cache holds the whole prompt: continuing matches a one-batch context
     ref_ctx = NativeContext(model, n_ctx=32, n_batch=32, n_threads=2)
     ref_ctx.eval(TOKENS)
-    np.testing.assert_allclose(np.array(ctx.eval([7, 8], logits_all=True)),
-                               np.array(ref_ctx.eval([7, 8], logits_all=True)), rtol=0, atol=1e-6 * scale_of(whole))
+    np.testing.assert_allclose(
+        np.array(ctx.eval([7, 8], logits_all=True)),
+        np.array(ref_ctx.eval([7, 8], logits_all=True)),
+        rtol=0,
+        atol=1e-6 * scale_of(whole),
+    )
 
 
 def test_truncate_then_reeval(models):
@@ -314,12 +341,15 @@ def test_failed_chunked_eval_changes_nothing(models):
     assert ctx.n_past == 0
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(n_ctx=0), "n_ctx"),
-    (dict(n_ctx=-5), "n_ctx"),
-    (dict(n_batch=0), "n_batch"),
-    (dict(n_threads=0), "n_threads"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(n_ctx=0), "n_ctx"),
+        (dict(n_ctx=-5), "n_ctx"),
+        (dict(n_batch=0), "n_batch"),
+        (dict(n_threads=0), "n_threads"),
+    ],
+)
 def test_context_create_errors(models, kwargs, match):
     args = dict(n_ctx=8, n_batch=8, n_threads=1) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -334,33 +364,43 @@ def _tampered(model: GGUFModel, name: str, **changes) -> GGUFModel:
     return dataclasses.replace(model, tensors=tensors)
 
 
-@pytest.mark.parametrize("name,changes,exc,match", [
-    ("blk.1.ffn_up.weight", dict(ne=(64, 96)), ValueError, r"blk\.1\.ffn_up\.weight: shape \[64, 96"),
-    ("blk.0.attn_k.weight", dict(ne=(64, 64)), ValueError, r"blk\.0\.attn_k\.weight: shape"),
-    ("output_norm.weight", dict(ne=(65,)), ValueError, r"output_norm\.weight: shape"),
-    ("token_embd.weight", dict(ne=(64, 63)), ValueError, r"token_embd\.weight: shape"),
-    ("blk.0.ffn_down.weight", dict(nbytes=100), ValueError, r"blk\.0\.ffn_down\.weight: 100 bytes"),
-    ("blk.1.attn_norm.weight", dict(type=int(T.F16)), NotImplementedError, r"blk\.1\.attn_norm\.weight.*F32"),
-    ("blk.0.attn_q.weight", dict(type=int(T.Q8_1)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
-    ("blk.0.attn_v.weight", dict(type=int(T.Q3_K)), NotImplementedError, r"blk\.0\.attn_v\.weight: unsupported"),
-    ("blk.0.attn_v.weight", dict(type=int(T.Q4_K)), ValueError,
-     r"blk\.0\.attn_v\.weight: row length 64 is not a multiple"),
-    ("blk.0.attn_q.weight", dict(type=int(T.Q8_K)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
-])
+@pytest.mark.parametrize(
+    "name,changes,exc,match",
+    [
+        ("blk.1.ffn_up.weight", dict(ne=(64, 96)), ValueError, r"blk\.1\.ffn_up\.weight: shape \[64, 96"),
+        ("blk.0.attn_k.weight", dict(ne=(64, 64)), ValueError, r"blk\.0\.attn_k\.weight: shape"),
+        ("output_norm.weight", dict(ne=(65,)), ValueError, r"output_norm\.weight: shape"),
+        ("token_embd.weight", dict(ne=(64, 63)), ValueError, r"token_embd\.weight: shape"),
+        ("blk.0.ffn_down.weight", dict(nbytes=100), ValueError, r"blk\.0\.ffn_down\.weight: 100 bytes"),
+        ("blk.1.attn_norm.weight", dict(type=int(T.F16)), NotImplementedError, r"blk\.1\.attn_norm\.weight.*F32"),
+        ("blk.0.attn_q.weight", dict(type=int(T.Q8_1)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
+        ("blk.0.attn_v.weight", dict(type=int(T.Q3_K)), NotImplementedError, r"blk\.0\.attn_v\.weight: unsupported"),
+        (
+            "blk.0.attn_v.weight",
+            dict(type=int(T.Q4_K)),
+            ValueError,
+            r"blk\.0\.attn_v\.weight: row length 64 is not a multiple",
+        ),
+        ("blk.0.attn_q.weight", dict(type=int(T.Q8_K)), NotImplementedError, r"blk\.0\.attn_q\.weight: unsupported"),
+    ],
+)
 def test_model_create_validates_tensors(models, name, changes, exc, match):
     good = models("q8_0").gguf
     with pytest.raises(exc, match=match):
         NativeModel(_tampered(good, name, **changes))
 
 
-@pytest.mark.parametrize("changes,match", [
-    (dict(n_rot=7), "n_rot 7"),
-    (dict(n_rot=18), "n_rot 18"),
-    (dict(n_head_kv=3), "multiple of n_head_kv"),
-    (dict(rope_freq_base=0.0), "rope_freq_base"),
-    (dict(rope_type=1), "rope type 1"),
-    (dict(act=9), "activation 9"),
-])
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        (dict(n_rot=7), "n_rot 7"),
+        (dict(n_rot=18), "n_rot 18"),
+        (dict(n_head_kv=3), "multiple of n_head_kv"),
+        (dict(rope_freq_base=0.0), "rope_freq_base"),
+        (dict(rope_type=1), "rope type 1"),
+        (dict(act=9), "activation 9"),
+    ],
+)
 def test_model_create_validates_hparams(models, changes, match):
     good = models("q8_0").gguf
     with pytest.raises(ValueError, match=match):
@@ -413,8 +453,9 @@ def test_prompt_chunk_without_outputs(models):
     ctx = NativeContext(models("q8_0"), n_ctx=16, n_batch=8, n_threads=1)
     toks = np.arange(1, 6, dtype=np.int32)
     pos = np.arange(0, 5, dtype=np.int32)
-    _native.check(lib.pi_eval(ctx._ptr, ffi.from_buffer("int32_t[]", toks), ffi.from_buffer("int32_t[]", pos),
-                              5, -1), "eval")
+    _native.check(
+        lib.pi_eval(ctx._ptr, ffi.from_buffer("int32_t[]", toks), ffi.from_buffer("int32_t[]", pos), 5, -1), "eval"
+    )
     assert lib.pi_n_outputs(ctx._ptr) == 0 and lib.pi_get_logits(ctx._ptr) == ffi.NULL
     assert ctx.n_past == 5
     got = ctx.eval([6])[0].copy()

@@ -28,7 +28,7 @@ SHAKESPEARE = SHARED_DATA / "tinyshakespeare.txt"
 PROMPTS = [
     "The capital of France is",
     "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
 ]
 
 
@@ -44,8 +44,9 @@ def ours(model_path):
 
 @pytest.fixture(scope="module")
 def ref(model_path):
-    llm = load_reference(model_path, extra_buffer_types=False,
-                         n_ctx=512, n_threads=N_THREADS, n_threads_batch=N_THREADS, logits_all=True)
+    llm = load_reference(
+        model_path, extra_buffer_types=False, n_ctx=512, n_threads=N_THREADS, n_threads_batch=N_THREADS, logits_all=True
+    )
     yield llm
     llm.close()
 
@@ -82,8 +83,10 @@ def test_logits_track_llama_cpp_on_shakespeare(ours, ref):
     self_top1 = float(np.mean(seq.argmax(1) == batch.argmax(1)))
     delta, self_delta = np.abs(got - batch), np.abs(seq - batch)
     print(f"\nours vs llama.cpp: top-1 {top1:.4f}, max |dlogit| {delta.max():.4f}, mean {delta.mean():.4f}")
-    print(f"llama.cpp one-by-one vs its batch: top-1 {self_top1:.4f}, max {self_delta.max():.4f}, "
-          f"mean {self_delta.mean():.4f}")
+    print(
+        f"llama.cpp one-by-one vs its batch: top-1 {self_top1:.4f}, max {self_delta.max():.4f}, "
+        f"mean {self_delta.mean():.4f}"
+    )
     assert np.array_equal(got[0], batch[0]), "position 0 must be bit-identical"
     assert top1 >= min(0.99, self_top1 - 2 / len(tokens))
     assert delta.mean() <= 1.25 * self_delta.mean()
@@ -111,13 +114,15 @@ def test_greedy_tokens_match_llama_cpp(ours, ref, prompt):
     # llama.cpp is below llama.cpp's own batch-vs-decode noise on this same sequence.
     seq = prompt_tokens + expected
     n0 = len(prompt_tokens) - 1
-    ref_dec = np.array(ref.scores[n0: n0 + 64], dtype=np.float32)  # decode-path logits of the greedy run
-    ref_batch = reference_logits(ref, seq)[n0: n0 + 64]
+    ref_dec = np.array(ref.scores[n0 : n0 + 64], dtype=np.float32)  # decode-path logits of the greedy run
+    ref_batch = reference_logits(ref, seq)[n0 : n0 + 64]
     noise = float(np.quantile(np.abs(ref_dec - ref_batch).max(axis=1), 0.95))
-    mine = _ours_logits(ours, seq)[n0: n0 + 64].argmax(1)
+    mine = _ours_logits(ours, seq)[n0 : n0 + 64].argmax(1)
     first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
-    print(f"\nfirst divergence at generated token {first} (llama.cpp margin {_margin(ref_dec[first]):.4f}); "
-          f"llama.cpp self-noise (95th pct max |dlogit|) {noise:.4f}")
+    print(
+        f"\nfirst divergence at generated token {first} (llama.cpp margin {_margin(ref_dec[first]):.4f}); "
+        f"llama.cpp self-noise (95th pct max |dlogit|) {noise:.4f}"
+    )
     bad = []
     for i in np.flatnonzero(mine != np.asarray(expected)):
         m = _margin(ref_dec[i])
@@ -132,7 +137,9 @@ def test_greedy_tokens_match_llama_cpp(ours, ref, prompt):
 def test_perplexity_matches_llama_cpp(ours, ref):
     tokens = ref.tokenize(SHAKESPEARE.read_text()[:6000].encode(), add_bos=False)[:256]
     targets = np.asarray(tokens[1:])
-    ppl = {name: float(np.exp(log_softmax_nll(logits[:-1], targets).mean()))
-           for name, logits in (("ours", _ours_logits(ours, tokens)), ("llama.cpp", reference_logits(ref, tokens)))}
+    ppl = {
+        name: float(np.exp(log_softmax_nll(logits[:-1], targets).mean()))
+        for name, logits in (("ours", _ours_logits(ours, tokens)), ("llama.cpp", reference_logits(ref, tokens)))
+    }
     print(f"\nperplexity over {len(targets)} scored tokens: ours {ppl['ours']:.4f}, llama.cpp {ppl['llama.cpp']:.4f}")
     assert abs(ppl["ours"] / ppl["llama.cpp"] - 1) < 0.005

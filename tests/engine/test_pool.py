@@ -83,7 +83,9 @@ def test_default_threads_counts_physical_cores():
     cpus = os.sched_getaffinity(0)
     cores = set()
     for c in cpus:
-        with open(f"/sys/devices/system/cpu/cpu{c}/topology/core_id") as f, \
-             open(f"/sys/devices/system/cpu/cpu{c}/topology/physical_package_id") as g:
+        with (
+            open(f"/sys/devices/system/cpu/cpu{c}/topology/core_id") as f,
+            open(f"/sys/devices/system/cpu/cpu{c}/topology/physical_package_id") as g,
+        ):
             cores.add((g.read().strip(), f.read().strip()))
     assert default_threads() == len(cores)

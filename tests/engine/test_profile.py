@@ -35,8 +35,21 @@ def test_timer_counts_every_op_and_changes_nothing(llm):
         prof = ctx.profile()
         L = 30  # SmolLM2-135M's layers
         calls = {op: n for op, (_, n) in prof.items()}
-        assert calls == {"embed": 1, "rope_cache": 1, "norm": 2 * L, "qkv": L, "rope": L, "attn": L, "attn_out": L,
-                         "ffn_gate_up": L, "ffn_act": L, "ffn_down": L, "ffn_sparse": 0, "output": 1, "device": 0}
+        assert calls == {
+            "embed": 1,
+            "rope_cache": 1,
+            "norm": 2 * L,
+            "qkv": L,
+            "rope": L,
+            "attn": L,
+            "attn_out": L,
+            "ffn_gate_up": L,
+            "ffn_act": L,
+            "ffn_down": L,
+            "ffn_sparse": 0,
+            "output": 1,
+            "device": 0,
+        }
         assert all(prof[op][0] > 0 for op in ("qkv", "attn", "ffn_gate_up", "ffn_down", "output"))
         assert sum(ms for ms, _ in prof.values()) <= wall_ms  # laps never overlap
         assert np.array_equal(timed, plain)  # same bits with the timer on

@@ -99,7 +99,7 @@ def _run(ctx, arrivals: dict[int, list[Stream]]):
 
 def _assert_same(stream: Stream, ref) -> None:
     tokens, logits = ref
-    assert stream.tokens == tokens[:stream.steps]
+    assert stream.tokens == tokens[: stream.steps]
     assert len(stream.logits) == stream.steps + 1
     for i, (got, want) in enumerate(zip(stream.logits, logits)):
         assert np.array_equal(got, want), f"seq {stream.seq} step {i}: max |diff| {np.abs(got - want).max()}"
@@ -119,8 +119,7 @@ def test_join_mid_way_leave_and_reuse_slot(smol, alone):
     # 3 slots; B's prompt is prefilled in the same pass as A's decode token, C's with A's and
     # B's; B leaves after 2 tokens and D takes its slot (stale cells of B behind it)
     ctx = _context(smol[1], 3)
-    a, b, c, d = Stream(0, PROMPTS[0], 5), Stream(1, PROMPTS[1], 2), Stream(2, PROMPTS[2], 4), \
-        Stream(1, PROMPTS[3], 3)
+    a, b, c, d = Stream(0, PROMPTS[0], 5), Stream(1, PROMPTS[1], 2), Stream(2, PROMPTS[2], 4), Stream(1, PROMPTS[3], 3)
     done = _run(ctx, {0: [a], 1: [b], 2: [c], 4: [d]})
     assert [s.prompt for s in done] == [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[3]]  # b, a, c, d
     for s, ref in ((a, alone[0]), (b, alone[1]), (c, alone[2]), (d, alone[3])):
@@ -253,6 +252,7 @@ def test_bad_items_raise_naming_the_parameter(smol):
             call()
     with pytest.raises(ValueError, match="n_keep must be >= 0"):
         ctx.seq_truncate(1, -1)
+
     # the C library checks the same itself (for other callers of the header)
     def i32(v):
         return ffi.new("int32_t[]", v)

@@ -25,16 +25,34 @@ def main(argv=None) -> int:
     p.add_argument("--start", type=int, default=0, help="first input index")
     p.add_argument("--out", default="/tmp/powerinfer-fuzz")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds per tiny input (default 10, ASan 30; real-model inputs: at least 60, ASan 180)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per tiny input (default 10, ASan 30; real-model inputs: at least 60, ASan 180)",
+    )
     p.add_argument("--mem-mb", type=int, default=1024)
-    p.add_argument("--real-every", type=int, default=50,
-                   help="every N-th input mutates the real SmolLM2 header (0: tiny seeds only)")
+    p.add_argument(
+        "--real-every",
+        type=int,
+        default=50,
+        help="every N-th input mutates the real SmolLM2 header (0: tiny seeds only)",
+    )
     p.add_argument("--n-threads", type=int, default=1)
     a = p.parse_args(argv)
-    s = run(a.inputs, a.seed, a.out, jobs=a.jobs, timeout=a.timeout, mem_mb=a.mem_mb,
-            real_model=default_model_path() if a.real_every else None, real_every=a.real_every,
-            n_threads=a.n_threads, start=a.start, progress=True)
+    s = run(
+        a.inputs,
+        a.seed,
+        a.out,
+        jobs=a.jobs,
+        timeout=a.timeout,
+        mem_mb=a.mem_mb,
+        real_model=default_model_path() if a.real_every else None,
+        real_every=a.real_every,
+        n_threads=a.n_threads,
+        start=a.start,
+        progress=True,
+    )
     print(json.dumps(s.as_dict(), indent=1))
     return 1 if s.bad() else 0
 

@@ -12,8 +12,19 @@ import struct
 from dataclasses import dataclass, field
 
 # GGUF value type -> (struct code, size) of the scalar types
-SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4), 6: ("f", 4),
-           7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8)}
+SCALARS = {
+    0: ("B", 1),
+    1: ("b", 1),
+    2: ("H", 2),
+    3: ("h", 2),
+    4: ("I", 4),
+    5: ("i", 4),
+    6: ("f", 4),
+    7: ("?", 1),
+    10: ("Q", 8),
+    11: ("q", 8),
+    12: ("d", 8),
+}
 STRING, ARRAY = 8, 9
 
 
@@ -30,8 +41,22 @@ class Field:
 
 
 #: field kinds the boundary mutator knows
-KINDS = ("version", "n_tensors", "n_kv", "key_len", "value_type", "str_len", "array_type", "array_len",
-         "scalar", "name_len", "n_dims", "dim", "tensor_type", "tensor_offset")
+KINDS = (
+    "version",
+    "n_tensors",
+    "n_kv",
+    "key_len",
+    "value_type",
+    "str_len",
+    "array_type",
+    "array_len",
+    "scalar",
+    "name_len",
+    "n_dims",
+    "dim",
+    "tensor_type",
+    "tensor_offset",
+)
 
 
 @dataclass
@@ -65,7 +90,7 @@ def parse(buf: bytes) -> Layout:
         nonlocal pos
         n = fld(kind, "Q", label)
         lay.strings.append((pos, n, label))
-        s = buf[pos:pos + n].decode("utf-8", "replace")
+        s = buf[pos : pos + n].decode("utf-8", "replace")
         pos += n
         return s
 

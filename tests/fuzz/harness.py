@@ -89,12 +89,19 @@ class Summary:
         return sum(self.outcomes[k] for k in BAD_OUTCOMES)
 
     def as_dict(self) -> dict:
-        return {"inputs": self.inputs, "wall_s": round(self.wall_s, 2), "inputs_per_s": round(self.rate, 2),
-                "outcomes": dict(self.outcomes), "by_seed": {k: dict(v) for k, v in self.by_seed.items()},
-                "by_kind": {k: dict(v) for k, v in self.by_kind.items()}, "exceptions": dict(self.exceptions),
-                "child_ms_mean": {k: round(1000 * v / self.outcomes[k], 1) for k, v in self.child_s.items()},
-                "rejected_unnamed": self.rejected_unnamed, "unnamed_examples": self.unnamed_examples,
-                "saved": self.saved}
+        return {
+            "inputs": self.inputs,
+            "wall_s": round(self.wall_s, 2),
+            "inputs_per_s": round(self.rate, 2),
+            "outcomes": dict(self.outcomes),
+            "by_seed": {k: dict(v) for k, v in self.by_seed.items()},
+            "by_kind": {k: dict(v) for k, v in self.by_kind.items()},
+            "exceptions": dict(self.exceptions),
+            "child_ms_mean": {k: round(1000 * v / self.outcomes[k], 1) for k, v in self.child_s.items()},
+            "rejected_unnamed": self.rejected_unnamed,
+            "unnamed_examples": self.unnamed_examples,
+            "saved": self.saved,
+        }
 
 
 class _Worker:
@@ -106,8 +113,9 @@ class _Worker:
         self._start()
 
     def _start(self) -> None:
-        self.proc = subprocess.Popen(self._args, cwd=ROOT, env=self._env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            self._args, cwd=ROOT, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         ready = self.proc.stdout.readline()
         if not ready:
             raise RuntimeError("the fuzz worker did not start (python -m tests.fuzz.worker)")
@@ -161,9 +169,20 @@ def input_for(i: int, run_seed: int, tiny: list[Seed], real: Seed | None, real_e
     return seed, data, mutation
 
 
-def run(n_inputs: int, run_seed: int, out: str | os.PathLike, *, jobs: int = 2, timeout: float | None = None,
-        mem_mb: int = 1024, real_model: str | None = None, real_every: int = 50, n_threads: int = 1,
-        start: int = 0, progress: bool = False) -> Summary:
+def run(
+    n_inputs: int,
+    run_seed: int,
+    out: str | os.PathLike,
+    *,
+    jobs: int = 2,
+    timeout: float | None = None,
+    mem_mb: int = 1024,
+    real_model: str | None = None,
+    real_every: int = 50,
+    n_threads: int = 1,
+    start: int = 0,
+    progress: bool = False,
+) -> Summary:
     """Fuzz ``n_inputs`` mutants (inputs ``start`` .. ``start + n_inputs - 1`` of seed
     ``run_seed``) with ``jobs`` workers; crashers go to ``out/crashes``.
 
@@ -211,8 +230,7 @@ def run(n_inputs: int, run_seed: int, out: str | os.PathLike, *, jobs: int = 2, 
                 seed, data, mutation = input_for(i, run_seed, tiny, real, real_every)
                 write_mutant(seed, data, path)
                 limit = real_timeout if seed is real else timeout
-                reply = w.run({"path": path, "timeout": limit, "mem_mb": mem_mb, "log": log,
-                               "n_threads": n_threads})
+                reply = w.run({"path": path, "timeout": limit, "mem_mb": mem_mb, "log": log, "n_threads": n_threads})
                 outcome = classify(reply)
                 shutil.rmtree(Path(path).with_suffix(".powerinfer"), ignore_errors=True)  # no caches across inputs
                 with lock:
@@ -234,8 +252,19 @@ def run(n_inputs: int, run_seed: int, out: str | os.PathLike, *, jobs: int = 2, 
     return summary
 
 
-def _count(s: Summary, i: int, seed: Seed, data: bytes, mutation: str, path: str, log: str, reply: dict,
-           outcome: str, out: Path, run_seed: int) -> None:
+def _count(
+    s: Summary,
+    i: int,
+    seed: Seed,
+    data: bytes,
+    mutation: str,
+    path: str,
+    log: str,
+    reply: dict,
+    outcome: str,
+    out: Path,
+    run_seed: int,
+) -> None:
     s.inputs += 1
     s.outcomes[outcome] += 1
     s.child_s[outcome] += reply["wall"]
@@ -253,8 +282,9 @@ def _count(s: Summary, i: int, seed: Seed, data: bytes, mutation: str, path: str
         s.saved.append(_save(i, seed, data, mutation, log, reply, outcome, out, run_seed))
 
 
-def _save(i: int, seed: Seed, data: bytes, mutation: str, log: str, reply: dict, outcome: str, out: Path,
-          run_seed: int) -> str:
+def _save(
+    i: int, seed: Seed, data: bytes, mutation: str, log: str, reply: dict, outcome: str, out: Path, run_seed: int
+) -> str:
     """Save a bad input: its bytes (the mutated region only for the real model: append the
     seed file's bytes from ``tail_offset`` to rebuild it) and what happened."""
     stem = out / "crashes" / f"{run_seed}_{i:07d}_{outcome}"
@@ -263,9 +293,18 @@ def _save(i: int, seed: Seed, data: bytes, mutation: str, log: str, reply: dict,
         log_tail = Path(log).read_bytes()[-4000:].decode("utf-8", "replace")
     except OSError:
         log_tail = ""
-    info = {"input": i, "run_seed": run_seed, "seed": seed.name, "mutation": mutation, "outcome": outcome,
-            "status": reply["status"], "result": reply["result"], "log_tail": log_tail,
-            "tail_path": seed.tail_path, "tail_offset": seed.tail_offset,
-            "rebuild": f"python -m tests.fuzz --seed {run_seed} --start {i} --inputs 1"}
+    info = {
+        "input": i,
+        "run_seed": run_seed,
+        "seed": seed.name,
+        "mutation": mutation,
+        "outcome": outcome,
+        "status": reply["status"],
+        "result": reply["result"],
+        "log_tail": log_tail,
+        "tail_path": seed.tail_path,
+        "tail_offset": seed.tail_offset,
+        "rebuild": f"python -m tests.fuzz --seed {run_seed} --start {i} --inputs 1",
+    }
     stem.with_suffix(".json").write_text(json.dumps(info, indent=1))
     return str(stem.with_suffix(".gguf"))

@@ -23,16 +23,44 @@ from .gguf_layout import Layout
 KINDS = ("bitflip", "boundary", "inflate", "truncate", "dup_chunk", "drop_chunk", "token_dup")
 _SIZE_CHANGING = ("truncate", "dup_chunk", "drop_chunk")
 # relative weights: structure-aware kinds dominate, as they reach the deepest checks
-_WEIGHTS = {"bitflip": 4, "boundary": 6, "inflate": 2, "truncate": 2, "dup_chunk": 2, "drop_chunk": 2,
-            "token_dup": 1}
+_WEIGHTS = {"bitflip": 4, "boundary": 6, "inflate": 2, "truncate": 2, "dup_chunk": 2, "drop_chunk": 2, "token_dup": 1}
 _FLOATS = (0.0, -0.0, math.nan, math.inf, -math.inf, -1.0, 1e-45, 3.4e38, 1e30)
 
 
 def _edges(value: int, size: int, file_size: int, pos: int) -> list[int]:
     top = 1 << (8 * size)
-    vals = [0, 1, 2, 3, 7, 8, 31, 32, 33, 64, 255, 256, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000,
-            0xFFFFFFFF, 1 << 32, (1 << 63) - 1, 1 << 63, top - 1, top - 2, value - 1, value + 1,
-            value * 2, value + 1024, value << 16, file_size, file_size - pos, file_size + 1]
+    vals = [
+        0,
+        1,
+        2,
+        3,
+        7,
+        8,
+        31,
+        32,
+        33,
+        64,
+        255,
+        256,
+        0x7FFF,
+        0xFFFF,
+        0x7FFFFFFF,
+        0x80000000,
+        0xFFFFFFFF,
+        1 << 32,
+        (1 << 63) - 1,
+        1 << 63,
+        top - 1,
+        top - 2,
+        value - 1,
+        value + 1,
+        value * 2,
+        value + 1024,
+        value << 16,
+        file_size,
+        file_size - pos,
+        file_size + 1,
+    ]
     return sorted({v % top for v in vals})
 
 
@@ -114,7 +142,7 @@ class Mutator:
         g = groups[int(rng.integers(0, len(groups)))]
         i, j = rng.choice(len(g), size=2, replace=False)
         (pa, n, la), (pb, _, lb) = g[int(i)], g[int(j)]
-        buf[pb:pb + n] = buf[pa:pa + n]
+        buf[pb : pb + n] = buf[pa : pa + n]
         return buf, f"token_dup {lb} := {la} (byte {pb}, {n} bytes)"
 
     # -- size-changing kinds (last in a stack) --

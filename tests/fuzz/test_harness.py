@@ -42,8 +42,18 @@ def test_layout_finds_every_field(seeds, seed_dir):
         assert [c[2] for c in s.layout.tensor_chunks] == [t.name for t in r.tensors]
         assert s.layout.data_start == r.data_offset
         kinds = {f.kind for f in s.layout.fields}
-        assert {"n_tensors", "n_kv", "key_len", "str_len", "array_len", "array_type", "dim", "tensor_type",
-                "tensor_offset", "n_dims"} <= kinds
+        assert {
+            "n_tensors",
+            "n_kv",
+            "key_len",
+            "str_len",
+            "array_len",
+            "array_type",
+            "dim",
+            "tensor_type",
+            "tensor_offset",
+            "n_dims",
+        } <= kinds
         n_tensors = next(f for f in s.layout.fields if f.kind == "n_tensors")
         assert struct.unpack_from("<Q", s.region, n_tensors.pos)[0] == len(r.tensors)
 
@@ -101,8 +111,19 @@ def test_crasher_saved_with_its_description(worker, seeds, tmp_path):
     reply = worker.run(_req(path, log, selftest="abort"))
     (tmp_path / "crashes").mkdir()
     s = harness.Summary()
-    harness._count(s, 5, seeds[0], seeds[0].region, "bitflip bytes.bits 1.2", str(path), str(log), reply,
-                   harness.classify(reply), tmp_path, 3)
+    harness._count(
+        s,
+        5,
+        seeds[0],
+        seeds[0].region,
+        "bitflip bytes.bits 1.2",
+        str(path),
+        str(log),
+        reply,
+        harness.classify(reply),
+        tmp_path,
+        3,
+    )
     assert s.outcomes == {"crash": 1} and s.bad() == 1
     info = json.loads((tmp_path / "crashes" / "3_0000005_crash.json").read_text())
     assert info["seed"] == seeds[0].name and info["mutation"] == "bitflip bytes.bits 1.2"

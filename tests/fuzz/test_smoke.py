@@ -24,14 +24,15 @@ def _first_bad(saved: list[str]) -> str:
     for path in saved[:5]:
         info = json.loads(Path(path).with_suffix(".json").read_text())
         tail = info["log_tail"].strip().splitlines()[-1:] or [""]
-        lines.append(f"{path}: {info['outcome']} (status {info['status']}) seed {info['seed']}: "
-                     f"{info['mutation']} | {tail[0][-200:]} | {(info['result'] or {}).get('exception')}")
+        lines.append(
+            f"{path}: {info['outcome']} (status {info['status']}) seed {info['seed']}: "
+            f"{info['mutation']} | {tail[0][-200:]} | {(info['result'] or {}).get('exception')}"
+        )
     return "\n".join(lines)
 
 
 def test_fuzz_smoke(tmp_path):
-    s = harness.run(SMOKE_INPUTS, SMOKE_SEED, tmp_path, jobs=2, real_model=default_model_path(),
-                    real_every=REAL_EVERY)
+    s = harness.run(SMOKE_INPUTS, SMOKE_SEED, tmp_path, jobs=2, real_model=default_model_path(), real_every=REAL_EVERY)
     print(json.dumps({k: v for k, v in s.as_dict().items() if k != "saved"}))
     assert s.inputs == SMOKE_INPUTS
     # the run reached both ends: files that load and evaluate, and files that are refused

@@ -35,8 +35,9 @@ import llama_cpp.llama
 
 # llama-cpp-python's verbose=False points fd 1 and 2 at /dev/null while llama.cpp loads, so
 # an abort's message (GGML_ASSERT ...) would vanish: the children keep their log file instead
-llama_cpp._internals.suppress_stdout_stderr = llama_cpp.llama.suppress_stdout_stderr = (
-    lambda disable=False: contextlib.nullcontext())
+llama_cpp._internals.suppress_stdout_stderr = llama_cpp.llama.suppress_stdout_stderr = lambda disable=False: (
+    contextlib.nullcontext()
+)
 
 from powerinfer_backend import Llama  # noqa: E402 - after llama_cpp is patched above, as the package uses it
 
@@ -50,8 +51,12 @@ def _vm_bytes() -> int:
 
 
 def _describe(e: BaseException) -> dict:
-    return {"type": type(e).__name__, "module": type(e).__module__,
-            "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)[:2000]}
+    return {
+        "type": type(e).__name__,
+        "module": type(e).__module__,
+        "mro": [c.__name__ for c in type(e).__mro__],
+        "message": str(e)[:2000],
+    }
 
 
 def _load_and_eval(path: str, n_threads: int, result: dict) -> None:
@@ -117,8 +122,9 @@ def _serve_one(req: dict) -> dict:
     if pid == 0:
         try:
             os.close(r)
-            _child(req["path"], int(req.get("n_threads", 1)), int(req.get("mem_mb", 0)), w, req["log"],
-                   req.get("selftest"))
+            _child(
+                req["path"], int(req.get("n_threads", 1)), int(req.get("mem_mb", 0)), w, req["log"], req.get("selftest")
+            )
         finally:
             os._exit(70)
     os.close(w)

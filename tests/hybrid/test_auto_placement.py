@@ -47,12 +47,14 @@ def _sweep(sizes, freq, mode, *, n_ctx=512, n_batch=64, **kw):
     for bw in BANDWIDTHS:
         for f in FRACTIONS:
             budget = int(full * f)
-            plan = P.plan_auto(sizes, freq, budget, n_ctx=n_ctx, n_batch=n_batch, device_gbps=bw, host_gbps=HOST,
-                               mode=mode, **kw)
+            plan = P.plan_auto(
+                sizes, freq, budget, n_ctx=n_ctx, n_batch=n_batch, device_gbps=bw, host_gbps=HOST, mode=mode, **kw
+            )
             assert plan.device_bytes <= budget
             ours = pr.predict_ours(sizes, plan, freq, device_gbps=bw, host_gbps=HOST, mode=mode, **kw).tok_s
-            split = pr.predict_layer_split(sizes, budget, device_gbps=bw, host_gbps=HOST, n_ctx=n_ctx,
-                                           n_batch=n_batch).tok_s
+            split = pr.predict_layer_split(
+                sizes, budget, device_gbps=bw, host_gbps=HOST, n_ctx=n_ctx, n_batch=n_batch
+            ).tok_s
             c = plan.choice
             assert ours == pytest.approx(c["tok_s"][c["policy"]], rel=1e-12) and c["llama_cpp_tok_s"] == split
             assert ours == max(c["tok_s"].values())
@@ -106,9 +108,9 @@ def test_throughput_planner_choices_on_the_tiny_model(tiny_sizes):
 def test_bad_inputs(tiny_sizes):
     _, s = tiny_sizes
     with pytest.raises(ValueError, match="device_gbps must be a finite bandwidth"):
-        P.plan_throughput(s, None, 10 ** 6, n_ctx=100, n_batch=4, device_gbps=0, host_gbps=1, mode="dense")
+        P.plan_throughput(s, None, 10**6, n_ctx=100, n_batch=4, device_gbps=0, host_gbps=1, mode="dense")
     with pytest.raises(ValueError, match="mode must be one of"):
-        P.plan_auto(s, None, 10 ** 6, n_ctx=100, n_batch=4, device_gbps=1, host_gbps=1, mode="sparse")
+        P.plan_auto(s, None, 10**6, n_ctx=100, n_batch=4, device_gbps=1, host_gbps=1, mode="sparse")
     with pytest.raises(ValueError, match="vram_budget must be an integer >= 0"):
         P.plan_throughput(s, None, -1, n_ctx=100, n_batch=4, device_gbps=1, host_gbps=1, mode="dense")
 
@@ -135,6 +137,7 @@ def test_host_bandwidth_measured_once(xdg_cache):
 
 # ---- the acceptance sweep (issue 24) ----
 
+
 def test_smollm2_calibrated(model_path):
     s = _sizes(model_path)
     freq = load_profile(ROOT / "tests" / "fixtures" / "data" / "smollm2_freq.json")
@@ -152,8 +155,17 @@ def test_gemma3_uncalibrated():
 
 
 def test_tiny_relu_llama(tmp_path):
-    path = write_tiny_llama(tmp_path / "relu.gguf", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
-                            n_vocab=256, types={"matrix": GT.Q4_1}, extra_kv={"powerinfer.ffn_act": "relu"})
+    path = write_tiny_llama(
+        tmp_path / "relu.gguf",
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_vocab=256,
+        types={"matrix": GT.Q4_1},
+        extra_kv={"powerinfer.ffn_act": "relu"},
+    )
     s = _sizes(path)
     freq = power_law_freq(s.n_layer, s.n_ff, 0.1, 0.26, 0.8)
     for mode in ("relu", "dense"):
@@ -175,6 +187,7 @@ def test_7b_shaped(gated_relu, mode):
 
 
 # ---- Llama(placement="auto") on ggml's CPU backend ----
+
 
 def test_llama_auto_on_ggml_cpu(tmp_path, xdg_cache, capsys):
     """The default placement: on ggml-cpu (the host's own memory) the neuron plan, saying why;
@@ -203,11 +216,28 @@ def test_cli_plan_predict_auto(tmp_path, capsys, xdg_cache):
     """`plan --predict --device-bandwidth` plans with placement auto and says what won."""
     import json
 
-    from powerinfer_backend.cli.commands import main as cli_main
+    from powerinfer_backend.cli import main as cli_main
 
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
-    base = ["plan", "--model", path, "--vram-budget", "100KiB", "--ctx", "100", "--batch", "4", "--no-plot",
-            "--device", "cpu", "--predict", "--device-bandwidth", "10", "--host-bandwidth", "1"]
+    base = [
+        "plan",
+        "--model",
+        path,
+        "--vram-budget",
+        "100KiB",
+        "--ctx",
+        "100",
+        "--batch",
+        "4",
+        "--no-plot",
+        "--device",
+        "cpu",
+        "--predict",
+        "--device-bandwidth",
+        "10",
+        "--host-bandwidth",
+        "1",
+    ]
     assert cli_main(base + ["--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     c = d["prediction"]["choice"]

@@ -194,9 +194,17 @@ def gemma3(cache_home):
 @pytest.fixture(scope="module")
 def relu(tmp_path_factory, cache_home):
     # Q4_1 and n_embd 256: big enough that llama.cpp's own runs differ measurably
-    path = write_tiny_llama(tmp_path_factory.mktemp("relu") / "relu.gguf", n_layer=4, n_embd=256, n_head=4,
-                            n_head_kv=2, n_ff=512, n_vocab=256, types={"matrix": GT.Q4_1},
-                            extra_kv={"powerinfer.ffn_act": "relu"})
+    path = write_tiny_llama(
+        tmp_path_factory.mktemp("relu") / "relu.gguf",
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_vocab=256,
+        types={"matrix": GT.Q4_1},
+        extra_kv={"powerinfer.ffn_act": "relu"},
+    )
     yield from _module_case(path)
 
 
@@ -206,8 +214,9 @@ def _check(case: Case, frac: float, placement: str):
     off = None
     try:
         sparsity.configure(ctx, case.model.gguf, case.path, "auto")  # as HybridBackend, then offload
-        off = offload(ctx, case.path, vram_budget=f"{budget}B", device="ggml-cpu", placement=placement,
-                      device_threads=THREADS)
+        off = offload(
+            ctx, case.path, vram_budget=f"{budget}B", device="ggml-cpu", placement=placement, device_threads=THREADS
+        )
         if budget == 0 or (placement == "layers" and budget < case.last_layer):
             assert off.plan is None and off.stats() == {}  # CPU only (no whole layer fits): the CPU engine
             return
@@ -228,10 +237,14 @@ def _check(case: Case, frac: float, placement: str):
     results = {name: _compare(placed, ref, need) for name, ref in case.cpu.items()}
     name, (worst, flips, checked) = min(results.items(), key=lambda kv: (len(kv[1][1]), kv[1][0]))
     assert checked >= sum(len(s) - 1 for s in case.seqs) // 2  # the top-1 check covers most positions
-    assert flips == [], (f"top-1 differs from the CPU engine ({name}) at (sequence, position, CPU margin) "
-                         f"{flips}; margins >= {need:.3g} checked; all: {results}")
-    assert worst <= case.bound, (f"max |delta logprob| {worst:.4g} > {SLACK} x llama.cpp's {case.bound / SLACK:.4g} "
-                                 f"(nearest CPU arithmetic: {name}; all: {results})")
+    assert flips == [], (
+        f"top-1 differs from the CPU engine ({name}) at (sequence, position, CPU margin) "
+        f"{flips}; margins >= {need:.3g} checked; all: {results}"
+    )
+    assert worst <= case.bound, (
+        f"max |delta logprob| {worst:.4g} > {SLACK} x llama.cpp's {case.bound / SLACK:.4g} "
+        f"(nearest CPU arithmetic: {name}; all: {results})"
+    )
 
 
 def _compare(placed, ref, need):

@@ -65,8 +65,11 @@ def test_one_byte_short_is_refused_before_allocating(tiny, cpu_dev):
     ctx = _ctx(m)
     plan = _plan(g, DeviceSizer(cpu_dev, ctx), 0.5)
     free_before = cpu_dev.info.free_bytes
-    with pytest.raises(MemoryError, match=rf"{plan.device_bytes}\b.*{plan.device_bytes - 1}\b|"
-                                          rf"{plan.device_bytes - 1}\b.*{plan.device_bytes}\b"):
+    with pytest.raises(
+        MemoryError,
+        match=rf"{plan.device_bytes}\b.*{plan.device_bytes - 1}\b|"
+        rf"{plan.device_bytes - 1}\b.*{plan.device_bytes}\b",
+    ):
         place_plan(ctx, cpu_dev, plan, plan.device_bytes - 1)
     with pytest.raises(ValueError, match="not placed on a ggml device"):  # nothing was allocated
         ctx.ggml_buffers()
@@ -80,8 +83,9 @@ def test_plan_must_match_the_context(tiny, cpu_dev):
     ctx = _ctx(m)
     sizes = P.ModelSizes.from_gguf(g)
     plan = P.plan_placement(sizes, None, 1 << 30, n_ctx=2 * N_CTX, n_batch=N_BATCH)
-    with pytest.raises(ValueError, match=f"made for n_ctx {2 * N_CTX}, n_batch {N_BATCH}; the context has n_ctx "
-                                         f"{N_CTX}"):
+    with pytest.raises(
+        ValueError, match=f"made for n_ctx {2 * N_CTX}, n_batch {N_BATCH}; the context has n_ctx {N_CTX}"
+    ):
         place_plan(ctx, cpu_dev, plan, 1 << 30)
     ctx.close()
 
@@ -102,8 +106,7 @@ def test_llama_on_ggml_cpu_reports_device_memory(tiny, xdg_cache):
         d = llm.stats()["device"]
         assert d["kind"] == "ggml-cpu" and d["name"] == "CPU" and 0 < d["used"] == d["reserved"] <= budget
         assert llm.stats()["mode"] == "exact"
-        assert isinstance(llm.create_completion([1, 5, 9], max_tokens=6, temperature=0.0)["choices"][0]["text"],
-                          str)
+        assert isinstance(llm.create_completion([1, 5, 9], max_tokens=6, temperature=0.0)["choices"][0]["text"], str)
     assert isinstance(out, str)
 
 
@@ -151,8 +154,8 @@ def test_auto_without_a_gpu_is_cpu_only_with_one_message(tiny, xdg_cache, capsys
     with pytest.warns(UserWarning) as rec:  # a budget asked for: one notice naming why
         llm = Llama(path, vram_budget="1MiB", verbose=False, **kw)
     assert [str(w.message) for w in rec] == [
-        "vram_budget='1MiB' ignored: device='auto': ggml found no discrete GPU (devices: CPU (cpu)); running on "
-        "the CPU"]
+        "vram_budget='1MiB' ignored: device='auto': ggml found no discrete GPU (devices: CPU (cpu)); running on the CPU"
+    ]
     assert "device" not in llm.stats() and capsys.readouterr().err == ""
     llm.close()
     import warnings
@@ -178,8 +181,9 @@ def test_compute_alone_is_no_plan(tiny, xdg_cache):
     ctx.close()
     kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_threads=2, verbose=False)
     for extra in (0, 31, 32):
-        with Llama(str(path), vram_budget=f"{compute + extra}B", device="ggml-cpu", disable_gpu_index=True,
-                   **kw) as llm:
+        with Llama(
+            str(path), vram_budget=f"{compute + extra}B", device="ggml-cpu", disable_gpu_index=True, **kw
+        ) as llm:
             assert llm._backend.offload.plan is None and "device" not in llm.stats()
 
 
@@ -196,9 +200,13 @@ def test_bad_device_options_fail_before_the_model_loads(tmp_path):
 
 def test_a_budget_that_places_nothing_says_why(tiny, xdg_cache):
     """Without --verbose too: the warning names the compute buffer the budget missed."""
-    with pytest.warns(UserWarning, match=r"vram_budget 1024 bytes places nothing: the device's compute buffer alone "
-                                         r"needs [\d.]+ (MiB|bytes) at n_ctx 64, n_batch 16 .*; running on the CPU"):
-        llm = Llama(str(tiny[0]), n_ctx=64, n_batch=16, n_threads=1, verbose=False, vram_budget="1KiB",
-                    device="ggml-cpu")
+    with pytest.warns(
+        UserWarning,
+        match=r"vram_budget 1024 bytes places nothing: the device's compute buffer alone "
+        r"needs [\d.]+ (MiB|bytes) at n_ctx 64, n_batch 16 .*; running on the CPU",
+    ):
+        llm = Llama(
+            str(tiny[0]), n_ctx=64, n_batch=16, n_threads=1, verbose=False, vram_budget="1KiB", device="ggml-cpu"
+        )
     assert "device" not in llm.stats()
     llm.close()

@@ -74,8 +74,12 @@ def test_four_sequences_on_a_device_decode_as_alone(placed):
     placed_bytes = ctx.ggml_buffers()
     assert placed_bytes["kv"] > 0 and ctx.n_ctx_seq == N_CTX_SEQ
     # a and b prefill together; c's prompt joins a and b's decode; b leaves, d reuses its slot
-    a, b, c, d = (Stream(0, prompts[0], STEPS), Stream(1, prompts[1], 2), Stream(2, prompts[2], STEPS),
-                  Stream(1, prompts[3], STEPS))
+    a, b, c, d = (
+        Stream(0, prompts[0], STEPS),
+        Stream(1, prompts[1], 2),
+        Stream(2, prompts[2], STEPS),
+        Stream(1, prompts[3], STEPS),
+    )
     done = _run(ctx, {0: [a, b], 1: [c], 3: [d]})
     assert ctx.ggml_buffers() == placed_bytes  # the compute reserve (one slot's worst case) held
     ctx.close()

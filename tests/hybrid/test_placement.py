@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerinfer_backend.hybrid import placement as P
-from powerinfer_backend.cli.commands import main as cli_main
+from powerinfer_backend.cli import main as cli_main
 from powerinfer_backend.loader import load_gguf
 
 from tests.fixtures.tiny_gguf import write_tiny_llama
@@ -86,8 +86,14 @@ def test_full_zero_and_below_compute(tiny_sizes):
     full = P.plan_placement(s, None, FULL, n_ctx=100, n_batch=4)
     assert full.device_bytes == FULL and full.kv_location == "device" and full.output_on_device
     assert [L.n_hot for L in full.layers] == [128, 128] and full.hot_fraction == 1.0
-    assert full.bytes_by_category() == {"compute": COMPUTE, "attention": 2 * 13568, "kv_cache": 2 * 16384,
-                                        "output": OUTPUT, "ffn_hot": 2 * HOT_ALL, "free": 0}
+    assert full.bytes_by_category() == {
+        "compute": COMPUTE,
+        "attention": 2 * 13568,
+        "kv_cache": 2 * 16384,
+        "output": OUTPUT,
+        "ffn_hot": 2 * HOT_ALL,
+        "free": 0,
+    }
     assert full.buffer_bytes() == {"weights": 2 * (13568 + HOT_ALL) + OUTPUT, "kv": 2 * 16384, "compute": COMPUTE}
     for budget in (0, COMPUTE - 1):
         p = P.plan_placement(s, None, budget, n_ctx=100, n_batch=4)
@@ -165,12 +171,31 @@ def model_sizes(draw):
 
     layers = []
     for _ in range(n_layer):
-        layers.append({"attn_norm": P.TensorSize(F32, (n_embd,)), "attn_q": mat(n_embd, n_embd),
-                       "attn_k": mat(n_embd, n_head_kv * head), "attn_v": mat(n_embd, n_head_kv * head),
-                       "attn_out": mat(n_embd, n_embd), "ffn_norm": P.TensorSize(F32, (n_embd,)),
-                       "ffn_gate": mat(n_embd, n_ff), "ffn_up": mat(n_embd, n_ff), "ffn_down": mat(n_ff, n_embd)})
-    s = P.ModelSizes(n_layer, n_embd, n_ff, n_head, n_head_kv, head, n_vocab, tuple(layers),
-                     P.TensorSize(F32, (n_embd,)), mat(n_embd, n_vocab))
+        layers.append(
+            {
+                "attn_norm": P.TensorSize(F32, (n_embd,)),
+                "attn_q": mat(n_embd, n_embd),
+                "attn_k": mat(n_embd, n_head_kv * head),
+                "attn_v": mat(n_embd, n_head_kv * head),
+                "attn_out": mat(n_embd, n_embd),
+                "ffn_norm": P.TensorSize(F32, (n_embd,)),
+                "ffn_gate": mat(n_embd, n_ff),
+                "ffn_up": mat(n_embd, n_ff),
+                "ffn_down": mat(n_ff, n_embd),
+            }
+        )
+    s = P.ModelSizes(
+        n_layer,
+        n_embd,
+        n_ff,
+        n_head,
+        n_head_kv,
+        head,
+        n_vocab,
+        tuple(layers),
+        P.TensorSize(F32, (n_embd,)),
+        mat(n_embd, n_vocab),
+    )
     freq = draw(st.sampled_from(["none", "random", "ties"]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if freq == "none":
@@ -192,11 +217,13 @@ def test_plan_never_exceeds_budget(sf, frac, n_ctx, n_batch, disable, padded):
     p = P.plan_placement(s, f, budget, n_ctx=n_ctx, n_batch=n_batch, disable_gpu_index=disable, sizer=z)
     assert p.device_bytes <= budget
     # the total is the sum of its parts, recomputed from the byte functions
-    want = (P.compute_bytes(s, n_ctx, n_batch, z) if p.device_bytes else 0) + \
-        (P.output_block_bytes(s, n_batch, z) if p.output_on_device else 0)
+    want = (P.compute_bytes(s, n_ctx, n_batch, z) if p.device_bytes else 0) + (
+        P.output_block_bytes(s, n_batch, z) if p.output_on_device else 0
+    )
     for L in p.layers:
-        want += (P.attn_block_bytes(s, L.layer, n_ctx, z) if L.attn_on_device else 0) + \
-            P.hot_bytes(s, L.layer, L.n_hot, z)
+        want += (P.attn_block_bytes(s, L.layer, n_ctx, z) if L.attn_on_device else 0) + P.hot_bytes(
+            s, L.layer, L.n_hot, z
+        )
         ids = L.hot_ids
         assert ids.dtype == np.int32 and np.all(np.diff(ids) > 0) and (ids.size == 0 or 0 <= ids[0] <= ids[-1] < s.n_ff)
         if disable:
@@ -212,22 +239,39 @@ def test_plan_never_exceeds_budget(sf, frac, n_ctx, n_batch, disable, padded):
     # the same inputs give the same plan, and it survives JSON
     q = P.Plan.from_json(json.loads(json.dumps(p.to_json())))
     assert q.device_bytes == p.device_bytes and all(
-        np.array_equal(a.hot_ids, b.hot_ids) for a, b in zip(p.layers, q.layers))
+        np.array_equal(a.hot_ids, b.hot_ids) for a, b in zip(p.layers, q.layers)
+    )
 
 
 # ---- vram_budget and n_gpu_layers ------------------------------------------------------
 
 
-@pytest.mark.parametrize("value,want", [
-    (None, None), (0, 0), (8, 8 << 30), (0.5, 1 << 29), ("8", 8 << 30), ("8GiB", 8 << 30), ("8 gib", 8 << 30),
-    ("512MiB", 512 << 20), ("512M", 512 << 20), ("1.5GB", 1_500_000_000), ("100B", 100), ("2KiB", 2048),
-    ("1e-3", int(1e-3 * (1 << 30))), (np.int64(2), 2 << 30)])
+@pytest.mark.parametrize(
+    "value,want",
+    [
+        (None, None),
+        (0, 0),
+        (8, 8 << 30),
+        (0.5, 1 << 29),
+        ("8", 8 << 30),
+        ("8GiB", 8 << 30),
+        ("8 gib", 8 << 30),
+        ("512MiB", 512 << 20),
+        ("512M", 512 << 20),
+        ("1.5GB", 1_500_000_000),
+        ("100B", 100),
+        ("2KiB", 2048),
+        ("1e-3", int(1e-3 * (1 << 30))),
+        (np.int64(2), 2 << 30),
+    ],
+)
 def test_parse_vram_budget(value, want):
     assert P.parse_vram_budget(value) == want
 
 
-@pytest.mark.parametrize("value", [-1, -0.5, "-1GiB", "abc", "8 parsecs", "", float("nan"), float("inf"),
-                                   True, [8], "nan"])
+@pytest.mark.parametrize(
+    "value", [-1, -0.5, "-1GiB", "abc", "8 parsecs", "", float("nan"), float("inf"), True, [8], "nan"]
+)
 def test_parse_vram_budget_rejects(value):
     with pytest.raises(ValueError, match="vram_budget"):
         P.parse_vram_budget(value)
@@ -303,21 +347,70 @@ def test_plan_cached_beside_model(tmp_path):
 def test_cli_plan(tmp_path, xdg_cache, capsys):
     path = write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128)
     png = tmp_path / "plan.png"
-    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100",
-                     "--batch", "4", "--png", str(png), "--json"]) == 0
+    assert (
+        cli_main(
+            [
+                "plan",
+                "--device",
+                "cpu",
+                "--model",
+                path,
+                "--vram-budget",
+                f"{FULL}B",
+                "--ctx",
+                "100",
+                "--batch",
+                "4",
+                "--png",
+                str(png),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["device_bytes"] == FULL and [L["n_hot"] for L in out["layers"]] == [128, 128]
     assert out["bytes_by_category"]["kv_cache"] == 2 * 16384
     if out["png"]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cli_main(["plan", "--device", "cpu", "--model", path, "--vram-budget", "60KiB", "--ctx", "100",
-                     "--batch", "4", "--no-plot"]) == 0
+    assert (
+        cli_main(
+            [
+                "plan",
+                "--device",
+                "cpu",
+                "--model",
+                path,
+                "--vram-budget",
+                "60KiB",
+                "--ctx",
+                "100",
+                "--batch",
+                "4",
+                "--no-plot",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "vram budget 61440 B" in text and text.count("\n") >= 5 and "KV cache: split" in text
     user = tmp_path / "mine.png"
     user.write_bytes(b"USER DATA")
-    argv = ["plan", "--device", "cpu", "--model", path, "--vram-budget", f"{FULL}B", "--ctx", "100", "--batch", "4",
-            "--png", str(user)]
+    argv = [
+        "plan",
+        "--device",
+        "cpu",
+        "--model",
+        path,
+        "--vram-budget",
+        f"{FULL}B",
+        "--ctx",
+        "100",
+        "--batch",
+        "4",
+        "--png",
+        str(user),
+    ]
     if out["png"]:  # matplotlib present: a file that is not our plot is kept unless --force
         assert cli_main(argv) == 2 and user.read_bytes() == b"USER DATA"
         assert "Refusing to overwrite" in capsys.readouterr().err

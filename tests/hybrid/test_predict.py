@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from powerinfer_backend.cli.commands import main as cli_main
+from powerinfer_backend.cli import main as cli_main
 from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.hybrid.placement import predict as pr
 from powerinfer_backend.loader import load_gguf
@@ -29,9 +29,11 @@ OUT = 256 + 4352  # output_norm + tied embedding
 
 
 def _plan(attn_on, hot, output_on=False, n_ff=128):
-    layers = [P.LayerPlan(i, a, 1 if a else 0, 0, np.asarray(h, np.int32), 0, 0.0)
-              for i, (a, h) in enumerate(zip(attn_on, hot))]
-    return P.Plan(10 ** 9, 100, 4, n_ff, 0, output_on, 1 if output_on else 0, layers)
+    layers = [
+        P.LayerPlan(i, a, 1 if a else 0, 0, np.asarray(h, np.int32), 0, 0.0)
+        for i, (a, h) in enumerate(zip(attn_on, hot))
+    ]
+    return P.Plan(10**9, 100, 4, n_ff, 0, output_on, 1 if output_on else 0, layers)
 
 
 def test_row_and_block_bytes(tiny_sizes, tmp_path):
@@ -67,17 +69,19 @@ def test_ours_bytes_and_times_exact(tiny_sizes):
     assert p.tok_s == pytest.approx(1 / 4.81728e-5, rel=1e-12)
     assert p.device_bytes_read == 13568 + 8448 and p.host_bytes_read == 11232 + 13568 + 17408 + OUT
     # the device skipping rows as the host does; KV read at 10 positions (2 x 10 x 32 x F16); sync
-    q = pr.predict_ours(s, plan, freq, device_gbps=10, host_gbps=1, mode="relu", device_skips=True, n_past=10,
-                        sync_s=1e-6)
+    q = pr.predict_ours(
+        s, plan, freq, device_gbps=10, host_gbps=1, mode="relu", device_skips=True, n_past=10, sync_s=1e-6
+    )
     assert q.layers[0].device_ffn_bytes == 32 * sum(ROW)  # frequency 1.0: every row still read
     assert q.layers[0].attn_bytes == ATTN_W + 1280
     assert q.layers[0].t == pytest.approx((ATTN_W + 1280) / 10e9 + 11232 / 1e9 + 1e-6, rel=1e-12)
     assert q.layers[1].t == pytest.approx((ATTN_W + 1280 + 17408) / 1e9, rel=1e-12)  # host only: no sync
 
 
-@pytest.mark.parametrize("mode,cold_bytes", [
-    ("dense", 96 * 264), ("relu", 96 * 68 + 24 * 196), ("threshold", 96 * 136 + 24 * 128), ("predictor", 24 * 264),
-])
+@pytest.mark.parametrize(
+    "mode,cold_bytes",
+    [("dense", 96 * 264), ("relu", 96 * 68 + 24 * 196), ("threshold", 96 * 136 + 24 * 128), ("predictor", 24 * 264)],
+)
 def test_modes(tiny_sizes, mode, cold_bytes):
     _, s = tiny_sizes
     freq = np.full((2, 128), 0.25)
@@ -163,8 +167,12 @@ def test_more_hot_rows_can_be_slower(tiny_sizes):
     All 128 are the whole FFN as stored, its down Q8_0: 26112 B / 20 GB/s = 1.3056 us."""
     _, s = tiny_sizes
     freq = np.full((2, 128), 0.05)
-    t = [pr.predict_ours(s, _plan([False, False], [np.arange(n), []]), freq, device_gbps=20, host_gbps=1,
-                         mode="relu").layers[0] for n in (112, 127, 128)]
+    t = [
+        pr.predict_ours(
+            s, _plan([False, False], [np.arange(n), []]), freq, device_gbps=20, host_gbps=1, mode="relu"
+        ).layers[0]
+        for n in (112, 127, 128)
+    ]
     assert t[0].t_ffn_device == pytest.approx(1.4784e-6) and t[0].t_ffn_host == pytest.approx(1.2448e-6)
     assert t[1].t_ffn_device == pytest.approx(1.6764e-6) and t[1].t > t[0].t
     assert t[2].t_ffn_device == pytest.approx(1.3056e-6) and t[2].t_ffn_host == 0 and t[2].t < t[0].t
@@ -177,8 +185,11 @@ def test_bad_inputs(tiny_sizes):
         args = dict(device_gbps=1, host_gbps=1, mode="dense") | kw
         with pytest.raises(ValueError, match="gbps must be a finite bandwidth"):
             pr.predict_ours(s, plan, None, **args)
-    for kw, what in (({"n_past": -1}, "n_past must be an integer >= 0"), ({"sync_s": -1e-6}, "sync_s must be"),
-                     ({"predictor_bytes": 1.5}, "predictor_bytes must be an integer")):
+    for kw, what in (
+        ({"n_past": -1}, "n_past must be an integer >= 0"),
+        ({"sync_s": -1e-6}, "sync_s must be"),
+        ({"predictor_bytes": 1.5}, "predictor_bytes must be an integer"),
+    ):
         with pytest.raises(ValueError, match=what):
             pr.predict_ours(s, plan, None, device_gbps=1, host_gbps=1, mode="dense", **kw)
     with pytest.raises(ValueError, match="n_past must be an integer >= 0"):

@@ -22,11 +22,22 @@ from gguf import quants
 from powerinfer_backend.loader import artifacts
 
 from powerinfer_backend.engine import down_cache
-from powerinfer_backend.loader.artifacts import (artifact_dir, atomic_write, atomic_write_bytes,
-                                          atomic_write_json, check_provenance,
-                                          model_fingerprint)
-from powerinfer_backend.engine.down_cache import (QuantizedDownT, build_down_cache, down_cache_path,
-                                                  down_t_dtype, load_down_cache, transposed_down)
+from powerinfer_backend.loader.artifacts import (
+    artifact_dir,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_provenance,
+    model_fingerprint,
+)
+from powerinfer_backend.engine.down_cache import (
+    QuantizedDownT,
+    build_down_cache,
+    down_cache_path,
+    down_t_dtype,
+    load_down_cache,
+    transposed_down,
+)
 from powerinfer_backend.loader import load_gguf
 
 from tests.fixtures.tiny_gguf import write_tiny_llama
@@ -40,8 +51,9 @@ def _sha(path) -> str:
 
 def _model(folder: Path, name: str = "tiny.gguf", down_type: int = GT.Q8_0, seed: int = 0) -> str:
     folder.mkdir(parents=True, exist_ok=True)
-    return write_tiny_llama(folder / name, n_layer=N_LAYER, n_embd=N_EMBD, n_ff=N_FF,
-                            types={"ffn_down": down_type}, seed=seed)
+    return write_tiny_llama(
+        folder / name, n_layer=N_LAYER, n_embd=N_EMBD, n_ff=N_FF, types={"ffn_down": down_type}, seed=seed
+    )
 
 
 # ---- fingerprint and folder ------------------------------------------------------------
@@ -119,8 +131,10 @@ def test_artifact_dir_read_only_folder(tmp_path, xdg_cache):
     os.chmod(folder, 0o555)
     try:
         if os.access(folder, os.W_OK):
-            pytest.skip("running as root: os.access reports a 0o555 folder writable "
-                        "(the cache path is covered by prefer_beside=False)")
+            pytest.skip(
+                "running as root: os.access reports a 0o555 folder writable "
+                "(the cache path is covered by prefer_beside=False)"
+            )
         d = artifact_dir(p)
         assert d == xdg_cache / "powerinfer_backend" / model_fingerprint(p)[:16]
         assert d.is_dir() and not (folder / "tiny.powerinfer").exists()
@@ -273,8 +287,7 @@ def test_transposed_down_values_and_reuse(tmp_path, xdg_cache, down_type):
         again = transposed_down(model, 1, dtype=dtype)
         down_cache._loaded.clear()  # as a new process would start
         fresh = transposed_down(model, 1, dtype=dtype)
-        assert mtimes == (os.stat(npy).st_mtime_ns,
-                          os.stat(artifacts.metadata_path(npy)).st_mtime_ns)
+        assert mtimes == (os.stat(npy).st_mtime_ns, os.stat(artifacts.metadata_path(npy)).st_mtime_ns)
         for arr in (again, fresh):
             assert isinstance(arr, np.memmap) and not arr.flags.writeable
             np.testing.assert_array_equal(arr, _reference(model, 1).astype(npdt))
@@ -321,6 +334,7 @@ def test_transposed_down_q8_0(tmp_path, xdg_cache, down_type):
 def test_down_t_dtype_rule(tmp_path):
     """F32 only when every ffn_down is F32; F16 for unquantized sources and for n_embd
     not a multiple of 32 (no whole Q8_0 blocks); Q8_0 for quantized sources."""
+
     def dtype(name, **kw):
         m = load_gguf(write_tiny_llama(tmp_path / name, n_layer=2, **kw), verbose=False)
         try:

@@ -22,13 +22,24 @@ from tests.fuzz.seeds import TINY_SEEDS
 # every value type a metadata key can have, scalars and arrays (with strings that are not
 # UTF-8), beside the keys the writers put
 _ALL_TYPES = {
-    "test.u8": (200, V.UINT8), "test.i8": (-100, V.INT8), "test.u16": (60000, V.UINT16),
-    "test.i16": (-30000, V.INT16), "test.u32": (4_000_000_000, V.UINT32), "test.i32": (-2_000_000_000, V.INT32),
-    "test.u64": (2**64 - 1, V.UINT64), "test.i64": (-(2**63), V.INT64), "test.f32": (float("nan"), V.FLOAT32),
-    "test.f64": (-1.5e300, V.FLOAT64), "test.bool": (True, V.BOOL), "test.str": ("é中\x00x", V.STRING),
-    "test.str_raw": (b"\xff\xfe not utf-8", V.STRING), "test.empty_str": ("", V.STRING),
-    "test.a_i8": ([-128, 0, 127], V.ARRAY, V.INT8), "test.a_u16": ([0, 65535], V.ARRAY, V.UINT16),
-    "test.a_i64": ([-(2**63), 2**63 - 1], V.ARRAY, V.INT64), "test.a_u64": ([2**64 - 1], V.ARRAY, V.UINT64),
+    "test.u8": (200, V.UINT8),
+    "test.i8": (-100, V.INT8),
+    "test.u16": (60000, V.UINT16),
+    "test.i16": (-30000, V.INT16),
+    "test.u32": (4_000_000_000, V.UINT32),
+    "test.i32": (-2_000_000_000, V.INT32),
+    "test.u64": (2**64 - 1, V.UINT64),
+    "test.i64": (-(2**63), V.INT64),
+    "test.f32": (float("nan"), V.FLOAT32),
+    "test.f64": (-1.5e300, V.FLOAT64),
+    "test.bool": (True, V.BOOL),
+    "test.str": ("é中\x00x", V.STRING),
+    "test.str_raw": (b"\xff\xfe not utf-8", V.STRING),
+    "test.empty_str": ("", V.STRING),
+    "test.a_i8": ([-128, 0, 127], V.ARRAY, V.INT8),
+    "test.a_u16": ([0, 65535], V.ARRAY, V.UINT16),
+    "test.a_i64": ([-(2**63), 2**63 - 1], V.ARRAY, V.INT64),
+    "test.a_u64": ([2**64 - 1], V.ARRAY, V.UINT64),
     "test.a_f64": ([0.1, float("inf"), -0.0], V.ARRAY, V.FLOAT64),
     "test.a_bool": ([True, False, True], V.ARRAY, V.BOOL),
     "test.a_f32": ([float("nan"), 1e-45], V.ARRAY, V.FLOAT32),
@@ -36,15 +47,23 @@ _ALL_TYPES = {
 }  # (no empty array: GGUFWriter refuses to write one)
 
 FIXTURES = dict(TINY_SEEDS)  # the fuzz seeds: every architecture writer and tensor type family
-FIXTURES.update({
-    "llama_default": lambda p: write_tiny_llama(p),
-    "llama_all_value_types": lambda p: write_tiny_llama(p, n_layer=1, extra_kv=_ALL_TYPES),
-    "llama_no_tokenizer_alignment_64": lambda p: write_tiny_llama(
-        p, n_layer=1, with_tokenizer=False, extra_kv={"general.alignment": 64}),
-    "llama_k_quants_3d_extra": lambda p: write_tiny_llama(
-        p, n_embd=256, n_ff=256, n_layer=1, types={"ffn_down": T.Q2_K, "attn_q": T.Q3_K, "ffn_up": T.Q5_1},
-        extra_tensors={"blk.0.extra.weight": np.ones((2, 3, 32), np.float32)}),
-})
+FIXTURES.update(
+    {
+        "llama_default": lambda p: write_tiny_llama(p),
+        "llama_all_value_types": lambda p: write_tiny_llama(p, n_layer=1, extra_kv=_ALL_TYPES),
+        "llama_no_tokenizer_alignment_64": lambda p: write_tiny_llama(
+            p, n_layer=1, with_tokenizer=False, extra_kv={"general.alignment": 64}
+        ),
+        "llama_k_quants_3d_extra": lambda p: write_tiny_llama(
+            p,
+            n_embd=256,
+            n_ff=256,
+            n_layer=1,
+            types={"ffn_down": T.Q2_K, "attn_q": T.Q3_K, "ffn_up": T.Q5_1},
+            extra_tensors={"blk.0.extra.weight": np.ones((2, 3, 32), np.float32)},
+        ),
+    }
+)
 
 
 def _real_models() -> list:
@@ -115,7 +134,8 @@ def _assert_same_as_gguf_reader(path: str, reader=gguf.GGUFReader) -> None:
     assert (h.alignment, h.data_offset) == (int(r.alignment), int(r.data_offset))
     assert [(t.name, t.type, t.ne, t.offset, t.nbytes) for t in h.tensors] == [
         (t.name, int(t.tensor_type), tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes))
-        for t in r.tensors]
+        for t in r.tensors
+    ]
     assert scan_metadata(path) is h.kv  # the vocabulary check reuses the live header
 
 

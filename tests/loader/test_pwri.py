@@ -27,8 +27,9 @@ pytestmark = pytest.mark.usefixtures("xdg_cache")  # artifacts of every test in 
 def write_pair(tmp_path, threshold=0.0, down_t_dtype=np.float32, drop=(), bad=None, seed=7):
     """(reference GGUF path, PWRI path): the same weights; the PWRI file stores
     ffn_down transposed as ffn_down_t, no ffn_down, and random fc1/fc2 predictors."""
-    ref = write_tiny_llama(tmp_path / "ref.gguf", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, types=F32,
-                           seed=seed, extra_kv=KV)
+    ref = write_tiny_llama(
+        tmp_path / "ref.gguf", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, types=F32, seed=seed, extra_kv=KV
+    )
     g = load_gguf(ref, verbose=False)
     rng = np.random.default_rng(1)
     extra = {}
@@ -41,10 +42,18 @@ def write_pair(tmp_path, threshold=0.0, down_t_dtype=np.float32, drop=(), bad=No
         extra[name] = arr
     for name in drop:
         extra.pop(name)
-    pw = write_tiny_llama(tmp_path / "pw.gguf", n_embd=N_EMBD, n_ff=N_FF, n_layer=N_LAYER, types=F32, seed=seed,
-                          extra_kv={"powerinfer.sparse_threshold": float(threshold)},
-                          drop_tensors=[f"blk.{i}.ffn_down.weight" for i in range(N_LAYER)],
-                          extra_tensors=extra, magic=b"PWRI")
+    pw = write_tiny_llama(
+        tmp_path / "pw.gguf",
+        n_embd=N_EMBD,
+        n_ff=N_FF,
+        n_layer=N_LAYER,
+        types=F32,
+        seed=seed,
+        extra_kv={"powerinfer.sparse_threshold": float(threshold)},
+        drop_tensors=[f"blk.{i}.ffn_down.weight" for i in range(N_LAYER)],
+        extra_tensors=extra,
+        magic=b"PWRI",
+    )
     return ref, pw
 
 
@@ -56,8 +65,9 @@ def test_pwri_magic_is_rejected_by_gguf_reader_but_loads_here(tmp_path):
         gguf.GGUFReader(pw)
     g = load_gguf(pw, verbose=False)
     assert g.pwri and g.hparams.act_name == "relu"
-    assert sorted(g.extra_tensors) == sorted(f"blk.{i}.{s}.weight" for i in range(N_LAYER)
-                                             for s in ("fc1", "fc2", "ffn_down_t"))
+    assert sorted(g.extra_tensors) == sorted(
+        f"blk.{i}.{s}.weight" for i in range(N_LAYER) for s in ("fc1", "fc2", "ffn_down_t")
+    )
     r = load_gguf(ref, verbose=False)
     a = np.frombuffer(g.tensors["blk.1.ffn_down.weight"].data, np.float32)
     b = np.frombuffer(r.tensors["blk.1.ffn_down.weight"].data, np.float32)
@@ -94,6 +104,7 @@ def test_pwri_predictor_threshold_matches_masked_reference(tmp_path):
     m = NativeModel(g)
     ctx = NativeContext(m, n_ctx=16, n_batch=4, n_threads=1)
     from powerinfer_backend.sparsity.modes import configure
+
     st = configure(ctx, g, pw, "predictor")
     assert st.mode == "predictor"
     toks = [3, 7, 11]
@@ -112,12 +123,19 @@ def test_pwri_predictor_threshold_matches_masked_reference(tmp_path):
     assert not np.allclose(out, dense, atol=1e-4)
 
 
-@pytest.mark.parametrize("bad,drop,msg", [
-    ({"blk.1.fc2.weight": np.zeros((N_FF, 16), np.float16)}, (), r"layer 1: tensor blk\.1\.fc2\.weight has rank 16"),
-    ({"blk.0.fc1.weight": np.zeros((RANK, 32), np.float16)}, (), r"layer 0: tensor blk\.0\.fc1\.weight"),
-    ({}, ("blk.1.fc1.weight", "blk.1.fc2.weight"), r"layer 1: tensor blk\.1\.fc1\.weight missing"),
-    ({}, ("blk.0.fc2.weight",), r"layer 0: tensor blk\.0\.fc2\.weight missing"),
-])
+@pytest.mark.parametrize(
+    "bad,drop,msg",
+    [
+        (
+            {"blk.1.fc2.weight": np.zeros((N_FF, 16), np.float16)},
+            (),
+            r"layer 1: tensor blk\.1\.fc2\.weight has rank 16",
+        ),
+        ({"blk.0.fc1.weight": np.zeros((RANK, 32), np.float16)}, (), r"layer 0: tensor blk\.0\.fc1\.weight"),
+        ({}, ("blk.1.fc1.weight", "blk.1.fc2.weight"), r"layer 1: tensor blk\.1\.fc1\.weight missing"),
+        ({}, ("blk.0.fc2.weight",), r"layer 0: tensor blk\.0\.fc2\.weight missing"),
+    ],
+)
 def test_pwri_malformed_predictors(tmp_path, bad, drop, msg):
     _, pw = write_pair(tmp_path, bad=bad, drop=drop)
     g = load_gguf(pw, verbose=False)
@@ -157,10 +175,15 @@ def test_gpuidx_parse(tmp_path, magic):
         assert np.array_equal(np.flatnonzero(idx), b)
 
 
-@pytest.mark.parametrize("corrupt,msg", [("bucket", r"layer 1: tensor 'blk\.1\.gpu_bucket'"),
-                                         ("value", r"layer 0: tensor 'blk\.0\.gpu_idx' must hold only 0 and 1"),
-                                         ("length", r"layer 1: tensor 'blk\.1\.gpu_idx' has 127 entries"),
-                                         ("missing", r"layer 1: tensor 'blk\.1\.gpu_bucket' missing")])
+@pytest.mark.parametrize(
+    "corrupt,msg",
+    [
+        ("bucket", r"layer 1: tensor 'blk\.1\.gpu_bucket'"),
+        ("value", r"layer 0: tensor 'blk\.0\.gpu_idx' must hold only 0 and 1"),
+        ("length", r"layer 1: tensor 'blk\.1\.gpu_idx' has 127 entries"),
+        ("missing", r"layer 1: tensor 'blk\.1\.gpu_bucket' missing"),
+    ],
+)
 def test_gpuidx_invalid(tmp_path, corrupt, msg):
     p = write_gpuidx(tmp_path / "x.gpuidx", corrupt=corrupt)
     with pytest.raises(ValueError, match=msg):
@@ -178,12 +201,12 @@ def test_gpuidx_drives_placement(tmp_path):
     sizes = P.ModelSizes.from_gguf(g)
     g.close()
     n_gpu = [len(b) for b in gi.gpu_bucket]
-    budget = P.full_device_bytes(sizes, 64, 2) - sum(P.hot_bytes(sizes, i, N_FF) - P.hot_bytes(sizes, i, n)
-                                                     for i, n in enumerate(n_gpu))
+    budget = P.full_device_bytes(sizes, 64, 2) - sum(
+        P.hot_bytes(sizes, i, N_FF) - P.hot_bytes(sizes, i, n) for i, n in enumerate(n_gpu)
+    )
     plan = P.plan_for_model(path, budget, n_ctx=64, n_batch=2)
     assert plan.inputs["freq_source"].startswith("gpuidx:")
     for L, bucket in zip(plan.layers, gi.gpu_bucket):
         hot, gpu = set(L.hot_ids.tolist()), set(bucket.tolist())
         assert 0 < len(hot) and (hot <= gpu or gpu <= hot)  # PowerInfer's GPU neurons rank first
     assert sum(L.n_hot for L in plan.layers) >= sum(n_gpu) - 2 * 32  # the last groups may be cut
-

@@ -38,8 +38,9 @@ T5 = {K + "model": "t5", MERGES: None}
 
 def tiny(tmp_path, name: str, extra: dict | None = None, n_vocab: int = 64) -> str:
     """A small llama GGUF (one layer) with the tiny BPE tokenizer and ``extra`` metadata."""
-    return write_tiny_llama(tmp_path / f"{name}.gguf", n_vocab=n_vocab, n_embd=32, n_layer=1, n_ff=64,
-                            n_head=2, n_head_kv=1, extra_kv=extra)
+    return write_tiny_llama(
+        tmp_path / f"{name}.gguf", n_vocab=n_vocab, n_embd=32, n_layer=1, n_ff=64, n_head=2, n_head_kv=1, extra_kv=extra
+    )
 
 
 def tokens_with(**changes) -> tuple:
@@ -87,26 +88,56 @@ DEFECTS = [
     ("model_no_vocab", {K + "model": "no_vocab"}, 64, K + "model", "no vocabulary"),
     ("bos_int32", {K + "bos_token_id": (1, V.INT32)}, 64, K + "bos_token_id", "has type int32"),
     ("add_bos_not_bool", {K + "add_bos_token": (1, V.UINT32)}, 64, K + "add_bos_token", "needs bool"),
-    ("add_eos_without_eos", {K + "add_eos_token": True, K + "eos_token_id": None}, 8, K + "eos_token_id",
-     "no default EOS token"),
+    (
+        "add_eos_without_eos",
+        {K + "add_eos_token": True, K + "eos_token_id": None},
+        8,
+        K + "eos_token_id",
+        "no default EOS token",
+    ),
     ("bos_text_not_utf8", {TOKENS: tokens_with(i0=b"\xa0x")}, 64, K + "bos_token_id", "not valid UTF-8"),
     ("wordpiece_without_sep", BERT, 64, K + "seperator_token_id", "no default SEP token"),
-    ("wordpiece_without_unk", dict(BERT, **{K + "seperator_token_id": 1}), 64, K + "unknown_token_id",
-     "no default UNK token"),
+    (
+        "wordpiece_without_unk",
+        dict(BERT, **{K + "seperator_token_id": 1}),
+        64,
+        K + "unknown_token_id",
+        "no default UNK token",
+    ),
     ("wordpiece_byte_token", dict(BERT, **{TYPES: types_with(i3=BYTE)}), 64, TYPES, "WordPiece"),
     ("byte_token_short", {TYPES: types_with(i3=BYTE)}, 64, TYPES, "not spelled '<0xXX>'"),
     ("spm_without_byte_tokens", SPM, 64, TOKENS, "no token for byte(s) 0x00"),
     ("rwkv_without_byte_tokens", {K + "model": "rwkv", MERGES: None}, 64, TOKENS, "RWKV tokenizer"),
     ("plamo2_without_byte_tokens", {K + "model": "plamo2", MERGES: None}, 64, TOKENS, "PLaMo-2"),
     ("phi3_name_without_its_tokens", {"general.name": "phi3-mini"}, 64, TOKENS, "'</s>'"),
-    ("suppress_tokens_float", {K + "suppress_tokens": ([1.0], V.ARRAY, V.FLOAT32)}, 64, K + "suppress_tokens",
-     "array of float32"),
-    ("charsmap_too_small", dict(T5, **{K + "precompiled_charsmap": ([1, 2], V.ARRAY, V.UINT8)}), 64,
-     K + "precompiled_charsmap", "fewer than its 4-byte size header"),
-    ("charsmap_int32", dict(T5, **{K + "precompiled_charsmap": ([1, 2, 3, 4, 5], V.ARRAY, V.INT32)}), 64,
-     K + "precompiled_charsmap", "array of int32"),
-    ("charsmap_node_outside", dict(T5, **{K + "precompiled_charsmap": charsmap(11)}), 64,
-     K + "precompiled_charsmap", "input byte 0x0B"),
+    (
+        "suppress_tokens_float",
+        {K + "suppress_tokens": ([1.0], V.ARRAY, V.FLOAT32)},
+        64,
+        K + "suppress_tokens",
+        "array of float32",
+    ),
+    (
+        "charsmap_too_small",
+        dict(T5, **{K + "precompiled_charsmap": ([1, 2], V.ARRAY, V.UINT8)}),
+        64,
+        K + "precompiled_charsmap",
+        "fewer than its 4-byte size header",
+    ),
+    (
+        "charsmap_int32",
+        dict(T5, **{K + "precompiled_charsmap": ([1, 2, 3, 4, 5], V.ARRAY, V.INT32)}),
+        64,
+        K + "precompiled_charsmap",
+        "array of int32",
+    ),
+    (
+        "charsmap_node_outside",
+        dict(T5, **{K + "precompiled_charsmap": charsmap(11)}),
+        64,
+        K + "precompiled_charsmap",
+        "input byte 0x0B",
+    ),
     ("name_not_string", {"general.name": (5, V.UINT32)}, 64, "general.name", "has type uint32"),
     ("token_type_count_string", {K + "token_type_count": "x"}, 64, K + "token_type_count", "needs uint32"),
 ]
@@ -154,8 +185,13 @@ print("survived")
 
 def run_unchecked(path: str, text: str | None) -> subprocess.CompletedProcess:
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
-    return subprocess.run([sys.executable, "-c", _CHILD, path] + ([text] if text else []), env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, path] + ([text] if text else []),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("case", UNCHECKED, ids=[c[0] for c in UNCHECKED])
@@ -217,11 +253,22 @@ VALID = [
     ("kimi_k2_without_merges", {K + "pre": "kimi-k2", MERGES: None}, 64),
     ("gemma4_model", {K + "model": "gemma4"}, 64),
     ("whitespace_model_and_pre", {K + "model": "whitespace", K + "pre": "whitespace"}, 64),
-    ("spm_with_byte_tokens", dict(SPM, **{TOKENS: (ALL_BYTES_SPM, V.ARRAY, V.STRING),
-                                          TYPES: ([BYTE] * 256 + [1, 1], V.ARRAY, V.INT32)}), 258),
+    (
+        "spm_with_byte_tokens",
+        dict(SPM, **{TOKENS: (ALL_BYTES_SPM, V.ARRAY, V.STRING), TYPES: ([BYTE] * 256 + [1, 1], V.ARRAY, V.INT32)}),
+        258,
+    ),
     ("wordpiece_with_ids", dict(BERT, **{K + "seperator_token_id": 1, K + "unknown_token_id": 2}), 64),
-    ("rwkv_with_byte_tokens", {K + "model": "rwkv", MERGES: None, TOKENS: (RWKV_ESCAPED, V.ARRAY, V.STRING),
-                               TYPES: ([1] * 258, V.ARRAY, V.INT32)}, 258),
+    (
+        "rwkv_with_byte_tokens",
+        {
+            K + "model": "rwkv",
+            MERGES: None,
+            TOKENS: (RWKV_ESCAPED, V.ARRAY, V.STRING),
+            TYPES: ([1] * 258, V.ARRAY, V.INT32),
+        },
+        258,
+    ),
     ("t5_with_charsmap", dict(T5, **{K + "precompiled_charsmap": charsmap(256)}), 64),
 ]
 
@@ -242,8 +289,9 @@ def test_valid_vocabularies_pass_and_load(tmp_path, case):
     tok.close()
 
 
-@pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_gemma3, write_tiny_qwen2, write_tiny_falcon,
-                                    write_tiny_opt])
+@pytest.mark.parametrize(
+    "writer", [write_tiny_llama, write_tiny_gemma3, write_tiny_qwen2, write_tiny_falcon, write_tiny_opt]
+)
 def test_fixture_files_pass(tmp_path, writer):
     path = writer(tmp_path / "m.gguf")
     check_vocab(path)
@@ -303,7 +351,7 @@ def test_unreadable_and_corrupt_files(tmp_path):
     with open(path, "rb") as f:
         data = f.read()
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(data[:data.find(b"tokenizer.ggml.merges") + 40])
+    cut.write_bytes(data[: data.find(b"tokenizer.ggml.merges") + 40])
     with pytest.raises(ValueError, match=f"{cut}: truncated or corrupt GGUF header: reading key '{MERGES}'"):
         check_vocab(cut)
 

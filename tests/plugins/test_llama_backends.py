@@ -101,8 +101,12 @@ def test_entry_point_backend_found_selected_and_observed(model_path, installed_p
         assert llm.backend == "counting" and llm._backend.options["n_ctx"] == 96
     with Llama(model_path, n_ctx=64, n_threads=1, verbose=False) as llm:
         assert llm.backend == "hybrid" and llm.stats()["mode"] == "dense"
-    assert plugin.EVENTS == [("loaded", "counting"), ("unloaded", "counting"), ("loaded", "hybrid"),
-                             ("unloaded", "hybrid")]
+    assert plugin.EVENTS == [
+        ("loaded", "counting"),
+        ("unloaded", "counting"),
+        ("loaded", "hybrid"),
+        ("unloaded", "hybrid"),
+    ]
 
 
 def test_llama_cpp_backend(model_path):
@@ -146,8 +150,14 @@ def test_auto_falls_back_to_llama_cpp_for_other_architectures(tmp_path):
         Llama(path, n_ctx=64, n_threads=1, backend="hybrid", verbose=False)
     # an architecture neither engine knows: our message (naming it and what is supported) survives
     other = write_tiny_llama(tmp_path / "tiny-mamba.gguf", arch="mamba")
-    with pytest.raises(ValueError, match=r"unknown model architecture 'mamba'.*supported: .*llama.*"
-                                         r"llama\.cpp could not load it either"), warnings.catch_warnings():
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"unknown model architecture 'mamba'.*supported: .*llama.*"
+            r"llama\.cpp could not load it either",
+        ),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
         Llama(other, n_ctx=64, n_threads=1, verbose=False)
 

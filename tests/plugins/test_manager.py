@@ -108,5 +108,6 @@ def test_entry_point_registers_hybrid():
     eps = importlib.metadata.entry_points(group=PROJECT)
     assert "hybrid" in eps.names
     assert eps["hybrid"].value == "powerinfer_backend.plugins.hybrid"
-    assert any(getattr(p, "__name__", "") == "powerinfer_backend.plugins.hybrid"
-               for p in plugin_manager().get_plugins())
+    assert any(
+        getattr(p, "__name__", "") == "powerinfer_backend.plugins.hybrid" for p in plugin_manager().get_plugins()
+    )

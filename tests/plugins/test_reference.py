@@ -9,8 +9,12 @@ import json
 import pytest
 
 from powerinfer_backend.plugins import reference
-from powerinfer_backend.plugins.reference import (ReferenceProbeWarning, extra_buffer_types_work, load_reference,
-                                                  reference_mode)
+from powerinfer_backend.plugins.reference import (
+    ReferenceProbeWarning,
+    extra_buffer_types_work,
+    load_reference,
+    reference_mode,
+)
 from powerinfer_backend.plugins.reference_probe import FORCE_FAIL_ENV
 
 
@@ -37,9 +41,12 @@ def test_extra_buffer_types_follow_the_probe(model_path, xdg_cache, monkeypatch,
 
 def test_failing_probe_turns_them_off_with_a_message(model_path, xdg_cache, monkeypatch):
     monkeypatch.setenv(FORCE_FAIL_ENV, "1")  # the child aborts: SIGABRT, as a crash in a kernel would
-    with pytest.warns(ReferenceProbeWarning, match=r"failed a probe in a child process \(the probe child was "
-                                                   r"killed by SIGABRT.*\); the llama.cpp reference runs "
-                                                   r"with them off"):
+    with pytest.warns(
+        ReferenceProbeWarning,
+        match=r"failed a probe in a child process \(the probe child was "
+        r"killed by SIGABRT.*\); the llama.cpp reference runs "
+        r"with them off",
+    ):
         ref = load_reference(model_path, n_ctx=32, n_threads=2, n_threads_batch=2)
     try:
         mode = reference_mode(ref)

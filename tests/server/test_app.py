@@ -20,8 +20,16 @@ pytest.importorskip("sse_starlette")
 
 from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packages checked above
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
-           "Water boils at", "My favourite food is", "In 1969, the first man on the moon", "A haiku about rain:"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite food is",
+    "In 1969, the first man on the moon",
+    "A haiku about rain:",
+]
 CHATS = ["What is the capital of Italy?", "Name a fruit.", "Say hello.", "What is 2+2?"]
 
 
@@ -87,19 +95,39 @@ def test_chat_stream_equals_local(client, local):
 
 
 def test_chat_tools_and_json(client):
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                       tools=tools, tool_choice={"type": "function",
-                                                                 "function": {"name": "get_weather"}},
-                                       max_tokens=32, temperature=0)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    r = client.chat.completions.create(
+        model="x",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=32,
+        temperature=0,
+    )
     call = r.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
     r = client.chat.completions.create(
-        model="x", messages=[{"role": "user", "content": "Give a JSON object with a name."}], max_tokens=32,
-        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
-            "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}})
+        model="x",
+        messages=[{"role": "user", "content": "Give a JSON object with a name."}],
+        max_tokens=32,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {
+                "name": "p",
+                "schema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+            },
+        },
+    )
     assert isinstance(json.loads(r.choices[0].message.content)["name"], str)
 
 
@@ -114,8 +142,11 @@ def _solo(client, i):
     if i < len(PROMPTS):
         return client.completions.create(model="x", prompt=PROMPTS[i], max_tokens=16, temperature=0).choices[0].text
     msgs = [{"role": "user", "content": CHATS[i - len(PROMPTS)]}]
-    return client.chat.completions.create(model="x", messages=msgs, max_tokens=16,
-                                          temperature=0).choices[0].message.content
+    return (
+        client.chat.completions.create(model="x", messages=msgs, max_tokens=16, temperature=0)
+        .choices[0]
+        .message.content
+    )
 
 
 def test_concurrent_greedy_clients_get_solo_text(client, server):
@@ -131,8 +162,13 @@ def test_concurrent_greedy_clients_get_solo_text(client, server):
             if i < len(PROMPTS):
                 s = c.completions.create(model="x", prompt=PROMPTS[i], max_tokens=16, temperature=0, stream=True)
                 return "".join(ch.choices[0].text for ch in s)
-            s = c.chat.completions.create(model="x", messages=[{"role": "user", "content": CHATS[i - len(PROMPTS)]}],
-                                          max_tokens=16, temperature=0, stream=True)
+            s = c.chat.completions.create(
+                model="x",
+                messages=[{"role": "user", "content": CHATS[i - len(PROMPTS)]}],
+                max_tokens=16,
+                temperature=0,
+                stream=True,
+            )
             return "".join(ch.choices[0].delta.content or "" for ch in s)
         return _solo(c, i)
 
@@ -157,10 +193,14 @@ BAD = [
     ("/v1/chat/completions", json.dumps({"messages": []}).encode()),
     ("/v1/chat/completions", json.dumps({"messages": "hi"}).encode()),
     ("/v1/chat/completions", json.dumps({"messages": [{"content": "no role"}]}).encode()),
-    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}],
-                                         "response_format": {"type": "xml"}}).encode()),
-    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x" * 6000}],
-                                         "stream": True}).encode()),
+    (
+        "/v1/chat/completions",
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}).encode(),
+    ),
+    (
+        "/v1/chat/completions",
+        json.dumps({"messages": [{"role": "user", "content": "x" * 6000}], "stream": True}).encode(),
+    ),
     ("/v1/embeddings", json.dumps({}).encode()),
     ("/tokenize", json.dumps({"content": 5}).encode()),
     ("/detokenize", json.dumps({"tokens": [-1]}).encode()),
@@ -190,13 +230,16 @@ def test_client_mistakes_log_one_line_each(http, server):
     """What the real ``serve`` prints for a client's mistake: one WARNING line naming the
     endpoint and the message, no traceback (tests/server/test_errors.py: every such path,
     and a fault's traceback)."""
-    for path, body in [("/completion", {"prompt": [999999999]}), ("/completion", {"prompt": [-1]}),
-                       ("/tokenize", {"content": "\ud800"})]:
+    for path, body in [
+        ("/completion", {"prompt": [999999999]}),
+        ("/completion", {"prompt": [-1]}),
+        ("/tokenize", {"content": "\ud800"}),
+    ]:
         before = server.log()
         r = http.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
         assert r.status_code == 400, r.text
         time.sleep(0.3)  # uvicorn would log an escaped exception after the response
-        new = server.log()[len(before):]
+        new = server.log()[len(before) :]
         assert new == f"WARNING:  POST {path}: 400 {r.json()['error']['message']}\n", new
 
 
@@ -227,16 +270,28 @@ def test_llama_completion(http, local):
     # streaming, as text-generation-webui reads it: "data: {...}" lines, stop=true at the end
     toks = local.tokenize(PROMPTS[2].encode(), add_bos=False)
     text, last = "", None
-    with http.stream("POST", "/completion", json={"prompt": toks, "n_predict": 10, "temperature": 0,
-                                                  "stream": True, "cache_prompt": True, "samplers": ["top_k"]}) as s:
+    with http.stream(
+        "POST",
+        "/completion",
+        json={
+            "prompt": toks,
+            "n_predict": 10,
+            "temperature": 0,
+            "stream": True,
+            "cache_prompt": True,
+            "samplers": ["top_k"],
+        },
+    ) as s:
         for line in s.iter_lines():
             if line.startswith("data: "):
                 last = json.loads(line[6:])
                 text += last["content"]
     assert text == ref and last["stop"] is True
     # stop words, probabilities, n_predict=0
-    r = http.post("/completion", json={"prompt": PROMPTS[2], "n_predict": 10, "temperature": 0,
-                                       "stop": [ref.split()[2]], "n_probs": 3}).json()
+    r = http.post(
+        "/completion",
+        json={"prompt": PROMPTS[2], "n_predict": 10, "temperature": 0, "stop": [ref.split()[2]], "n_probs": 3},
+    ).json()
     assert r["stop_type"] == "word" and ref.startswith(r["content"]) and len(r["content"]) < len(ref)
     top = r["completion_probabilities"][0]["top_logprobs"]
     assert len(top) == 3 and top[0]["logprob"] >= top[1]["logprob"]
@@ -299,8 +354,11 @@ def test_disconnect_non_streaming(small_server):
     url = small_server.url
     before = _stats(url)["cancelled"]
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(url + "/completion", json={"prompt": "Once", "n_predict": 1500, "ignore_eos": True,
-                                              "temperature": 0}, timeout=1.5)
+        httpx.post(
+            url + "/completion",
+            json={"prompt": "Once", "n_predict": 1500, "ignore_eos": True, "temperature": 0},
+            timeout=1.5,
+        )
     deadline = time.monotonic() + 10
     while True:
         s = _stats(url)
@@ -314,18 +372,21 @@ def test_chat_content_parts_and_null_content_are_normalised():
     from powerinfer_backend.server.errors import APIError
     from powerinfer_backend.server.schemas import chat_message as _chat_message
 
-    assert _chat_message({"role": "user", "content": [{"type": "text", "text": "Hi "},
-                                                      {"type": "text", "text": "there"}]})["content"] == "Hi there"
+    assert (
+        _chat_message(
+            {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}
+        )["content"]
+        == "Hi there"
+    )
     assert _chat_message({"role": "assistant", "content": None, "tool_calls": []})["content"] == ""
     assert _chat_message({"role": "user"})["content"] == ""
-    for bad in ({"content": "x"}, {"role": "user", "content": [{"type": "image_url"}]},
-                {"role": "user", "content": 5}):
+    for bad in ({"content": "x"}, {"role": "user", "content": [{"type": "image_url"}]}, {"role": "user", "content": 5}):
         with pytest.raises(APIError):
             _chat_message(bad)
 
 
 def test_serve_flag_ranges():
-    from powerinfer_backend.cli.commands import main
+    from powerinfer_backend.cli import main
 
     for argv in (["serve", "--max-queue", "-1"], ["serve", "--port", "99999"]):
         with pytest.raises(SystemExit):

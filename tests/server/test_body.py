@@ -24,9 +24,11 @@ def _depth(v) -> int:
 
 # strings full of what a bracket counter could trip on
 _tricky = st.text(alphabet='[]{}"\\,:x é', max_size=8)
-_json = st.recursive(st.none() | st.integers() | _tricky,
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_tricky, inner, max_size=3),
-                     max_leaves=20)
+_json = st.recursive(
+    st.none() | st.integers() | _tricky,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_tricky, inner, max_size=3),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -65,11 +67,21 @@ def test_size_limit(tiny_app, tiny_client):
         for _ in range(limit // 1000 + 1):
             yield b"x" * 1000
         yield b'"}'
+
     assert tiny_client.post("/tokenize", content=chunks()).status_code == 413
 
 
-@pytest.mark.parametrize("raw", [b'{"content": "x", "y": NaN}', b'{"content": "x", "y": -Infinity}',
-                                 b'{"content": "x"', b'{"content": "x"}}', b"\xff\xfe{}", b"{'content': 'x'}"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"content": "x", "y": NaN}',
+        b'{"content": "x", "y": -Infinity}',
+        b'{"content": "x"',
+        b'{"content": "x"}}',
+        b"\xff\xfe{}",
+        b"{'content': 'x'}",
+    ],
+)
 def test_not_standard_json(tiny_client, raw):
     r = tiny_client.post("/tokenize", content=raw)
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
@@ -89,7 +101,9 @@ def test_api_key_checked_before_the_body_is_read(tmp_path):
                 for raw in (b"x" * 2000, b"[" * 500, b"{bad"):
                     assert c.post("/tokenize", content=raw).status_code == 401
                     assert c.post("/tokenize", content=raw, headers={"Authorization": "Bearer k"}).status_code in (
-                        400, 413)
+                        400,
+                        413,
+                    )
                 assert c.post("/tokenize", json={"content": "hi"}, headers={"x-api-key": "k"}).status_code == 200
         finally:
             app.state.serve.worker.stop()

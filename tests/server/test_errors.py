@@ -21,11 +21,20 @@ from powerinfer_backend.server.errors import APIError, error_from_exception
 def _raise(exc):
     def boom(*args, **kwargs):
         raise exc
+
     return boom
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("injected"), TypeError("injected"), KeyError("injected"),
-                                 IndexError("injected"), AttributeError("injected")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("injected"),
+        TypeError("injected"),
+        KeyError("injected"),
+        IndexError("injected"),
+        AttributeError("injected"),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_internal_error_in_the_worker_is_500(tiny_app, tiny_client, monkeypatch, exc, stream):
     monkeypatch.setattr(type(tiny_app.state.serve.llm), "create_completion", _raise(exc))
@@ -51,8 +60,10 @@ def test_refused_arguments_stay_400(tiny_app, tiny_client, monkeypatch):
 
 
 def test_error_from_exception():
-    assert error_from_exception(ValueError("Requested tokens (9) exceed context window of 8")).type == \
-        "exceed_context_size_error"
+    assert (
+        error_from_exception(ValueError("Requested tokens (9) exceed context window of 8")).type
+        == "exceed_context_size_error"
+    )
     assert error_from_exception(NotImplementedError("x")).status == 400
     assert error_from_exception(RuntimeError("generate: empty prompt")).status == 400
     for e in (RuntimeError("x"), TypeError("x"), KeyError("x"), RecursionError("x"), OSError("x")):
@@ -82,8 +93,7 @@ def _post(url: str, path: str, body: dict):
     import httpx
 
     # json.dumps escapes the surrogate as JSON allows; httpx's own encoder would refuse it
-    return httpx.post(url + path, content=json.dumps(body), headers={"Content-Type": "application/json"},
-                      timeout=60)
+    return httpx.post(url + path, content=json.dumps(body), headers={"Content-Type": "application/json"}, timeout=60)
 
 
 def _records_after(records: list, start: int, settle: float = 0.3) -> list:
@@ -114,8 +124,10 @@ def test_client_mistake_is_one_log_line(tiny_http, path, body):
     assert "Traceback" not in line and "\n" not in line
 
 
-@pytest.mark.parametrize("where,exc", [("handler", KeyError("injected")), ("handler", RuntimeError("injected")),
-                                       ("worker", KeyError("injected"))])
+@pytest.mark.parametrize(
+    "where,exc",
+    [("handler", KeyError("injected")), ("handler", RuntimeError("injected")), ("worker", KeyError("injected"))],
+)
 def test_fault_logs_its_traceback_and_answers_500(tiny_app, tiny_http, monkeypatch, where, exc):
     """A RuntimeError is a fault unless it is one of the refusals error_from_exception
     knows: it passes the client-error handler on to the 500."""

@@ -24,8 +24,16 @@ pytest.importorskip("sse_starlette")
 from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packages checked above
 
 N_TOKENS = 12
-COMPLETIONS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
-               "Water boils at", "My favourite food is", "In 1969, the first man on the moon", "A haiku about rain:"]
+COMPLETIONS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite food is",
+    "In 1969, the first man on the moon",
+    "A haiku about rain:",
+]
 CHATS = ["What is the capital of Italy?", "Name a fruit.", "Say hello.", "What is 2+2?"]
 LLAMA_SERVER = ["The best way to learn", "Roses are red,"]
 EMBED = ["hello world", "goodbye"]
@@ -47,8 +55,9 @@ def solo(model_path):
             out["c", p] = llm.create_completion(p, max_tokens=N_TOKENS, temperature=0)["choices"][0]["text"]
         for q in CHATS:
             msgs = [{"role": "user", "content": q}]
-            out["chat", q] = llm.create_chat_completion(msgs, max_tokens=N_TOKENS,
-                                                        temperature=0)["choices"][0]["message"]["content"]
+            out["chat", q] = llm.create_chat_completion(msgs, max_tokens=N_TOKENS, temperature=0)["choices"][0][
+                "message"
+            ]["content"]
         for p in LLAMA_SERVER:
             out["ls", p] = llm.create_completion(p, max_tokens=N_TOKENS, temperature=0)["choices"][0]["text"]
         yield out
@@ -68,11 +77,18 @@ def _request(url: str, kind: str, text: str, stream: bool, n_tokens: int = N_TOK
             body = {"prompt": text, "max_tokens": n_tokens, "temperature": 0, "stream": stream}
             path, pick = "/v1/completions", (lambda d: d["choices"][0]["text"])
         else:
-            body = {"messages": [{"role": "user", "content": text}], "max_tokens": n_tokens, "temperature": 0,
-                    "stream": stream}
+            body = {
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": n_tokens,
+                "temperature": 0,
+                "stream": stream,
+            }
             path = "/v1/chat/completions"
-            pick = (lambda d: d["choices"][0]["delta"].get("content") or "") if stream else \
-                (lambda d: d["choices"][0]["message"]["content"])
+            pick = (
+                (lambda d: d["choices"][0]["delta"].get("content") or "")
+                if stream
+                else (lambda d: d["choices"][0]["message"]["content"])
+            )
         if not stream:
             r = c.post(path, json=body)
             return (pick(r.json()) if r.status_code == 200 else r.text), r.status_code
@@ -85,8 +101,12 @@ def _request(url: str, kind: str, text: str, stream: bool, n_tokens: int = N_TOK
 
 
 def test_16_concurrent_clients_get_their_solo_text(server, solo):
-    work = ([("c", p) for p in COMPLETIONS] + [("chat", q) for q in CHATS] + [("ls", p) for p in LLAMA_SERVER]
-            + [("emb", t) for t in EMBED])
+    work = (
+        [("c", p) for p in COMPLETIONS]
+        + [("chat", q) for q in CHATS]
+        + [("ls", p) for p in LLAMA_SERVER]
+        + [("emb", t) for t in EMBED]
+    )
     assert len(work) == 16
     emb_solo = {t: _request(server.url, "emb", t, False)[0] for t in EMBED}
     before = httpx.get(server.url + "/stats").json()
@@ -141,12 +161,16 @@ def test_cancel_mid_stream_frees_its_slot_within_one_step(server):
                 a_slot = json.loads(next(line for line in a_lines if line.startswith("data: "))[6:])["id_slot"]
                 assert _wait(lambda: httpx.get(url + "/stats").json()["slots_processing"] == 2, "two running")
             # A's client is gone: the scheduler drops its slot at the next step
-            s = _wait(lambda: (lambda s: s if len(s["cancel_steps"]) > cancels else None)(
-                httpx.get(url + "/stats").json()), "the cancel was not seen")
+            s = _wait(
+                lambda: (lambda s: s if len(s["cancel_steps"]) > cancels else None)(httpx.get(url + "/stats").json()),
+                "the cancel was not seen",
+            )
             cancel_step, left_step = s["cancel_steps"][-1]
             assert 0 <= left_step - cancel_step <= 1, s["cancel_steps"]
-            slots = _wait(lambda: (lambda sl: sl if not sl[a_slot]["is_processing"] else None)(
-                httpx.get(url + "/slots").json()), "A's slot still busy")
+            slots = _wait(
+                lambda: (lambda sl: sl if not sl[a_slot]["is_processing"] else None)(httpx.get(url + "/slots").json()),
+                "A's slot still busy",
+            )
             assert slots[a_slot]["n_past"] == 0  # its KV cells were cleared
             # B decodes on, and a new request runs next to it
             steps = httpx.get(url + "/stats").json()["steps"]
@@ -155,6 +179,8 @@ def test_cancel_mid_stream_frees_its_slot_within_one_step(server):
             for _ in range(3):
                 assert next(line for line in b_lines if line.startswith("data: "))
             assert httpx.get(url + "/stats").json()["steps"] > steps
-    s = _wait(lambda: (lambda s: s if s["slots_processing"] == 0 else None)(httpx.get(url + "/stats").json()),
-              "B's slot still busy")
+    s = _wait(
+        lambda: (lambda s: s if s["slots_processing"] == 0 else None)(httpx.get(url + "/stats").json()),
+        "B's slot still busy",
+    )
     assert s["cancelled"] >= 2 and server.alive()

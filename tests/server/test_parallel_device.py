@@ -23,18 +23,40 @@ BUDGET = "48MiB"
 
 
 def test_parallel_slots_on_a_device_answer_as_alone(model_path, xdg_cache):
-    with Llama(model_path, n_ctx=512, n_batch=64, n_threads=1, n_seq_max=2, device="ggml-cpu", vram_budget=BUDGET,
-               verbose=False) as llm:
+    with Llama(
+        model_path,
+        n_ctx=512,
+        n_batch=64,
+        n_threads=1,
+        n_seq_max=2,
+        device="ggml-cpu",
+        vram_budget=BUDGET,
+        verbose=False,
+    ) as llm:
         solo = [llm.create_completion(p, max_tokens=N_TOKENS, temperature=0)["choices"][0]["text"] for p in PROMPTS]
         dev = llm.stats()["device"]
     print(f"placed: {dev['buffers']}")
     assert dev["buffers"]["kv"] > 0 and dev["buffers"]["weights"] > 0  # partly placed: attention and hot rows
-    s = ServerProcess("--model", model_path, "--ctx-size", "512", "--batch-size", "64", "--parallel", "2",
-                      "--device", "ggml-cpu", "--vram-budget", BUDGET)
+    s = ServerProcess(
+        "--model",
+        model_path,
+        "--ctx-size",
+        "512",
+        "--batch-size",
+        "64",
+        "--parallel",
+        "2",
+        "--device",
+        "ggml-cpu",
+        "--vram-budget",
+        BUDGET,
+    )
     try:
+
         def ask(prompt: str) -> dict:
-            return httpx.post(s.url + "/completion", json={"prompt": prompt, "n_predict": N_TOKENS, "temperature": 0},
-                              timeout=300).json()
+            return httpx.post(
+                s.url + "/completion", json={"prompt": prompt, "n_predict": N_TOKENS, "temperature": 0}, timeout=300
+            ).json()
 
         with ThreadPoolExecutor(len(PROMPTS)) as ex:
             got = list(ex.map(ask, PROMPTS))

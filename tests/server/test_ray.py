@@ -31,8 +31,9 @@ def ray_serve(model_path):
     port = free_port()
     # the replicas import this checkout (as the CLI tests' subprocesses do)
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": env})
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env}
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(deployment(model_path, num_replicas=2, num_cpus=1, n_ctx=512, n_threads=1), route_prefix="/")
@@ -47,8 +48,9 @@ def test_two_replicas_answer_and_both_are_right(ray_serve, model_path):
         solo = {p: llm.create_completion(p, max_tokens=8, temperature=0)["choices"][0]["text"] for p in PROMPTS}
 
     def ask(p):
-        r = httpx.post(ray_serve + "/v1/completions", json={"prompt": p, "max_tokens": 8, "temperature": 0},
-                       timeout=120)
+        r = httpx.post(
+            ray_serve + "/v1/completions", json={"prompt": p, "max_tokens": 8, "temperature": 0}, timeout=120
+        )
         return p, r.status_code, r.headers.get("x-replica-id"), r.json()["choices"][0]["text"]
 
     seen = {}

@@ -20,8 +20,16 @@ from tests.server.test_parallel import _request  # noqa: E402 - needs the packag
 
 N_TOKENS = 8
 SLOT_CTX = 256  # 2048 / 8
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "Water boils at",
-           "My favourite food is", "A haiku about rain:", "The best way to learn", "Roses are red,"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "Water boils at",
+    "My favourite food is",
+    "A haiku about rain:",
+    "The best way to learn",
+    "Roses are red,",
+]
 CHATS = ["Name a fruit.", "Say hello.", "What is 2+2?", "Name a colour."]
 TURN_1 = [{"role": "user", "content": "Give me a word that rhymes with cat."}]
 TURN_2 = " And one that rhymes with dog?"
@@ -39,13 +47,16 @@ def solo(model_path):
     """A lone Llama with one slot's context: each prompt's greedy text, and the prompt
     tokens a second chat turn evaluates after the first."""
     with Llama(model_path, n_ctx=SLOT_CTX, n_threads=1, verbose=False) as llm:
-        out = {("c", p): llm.create_completion(p, max_tokens=N_TOKENS, temperature=0)["choices"][0]["text"]
-               for p in PROMPTS}
+        out = {
+            ("c", p): llm.create_completion(p, max_tokens=N_TOKENS, temperature=0)["choices"][0]["text"]
+            for p in PROMPTS
+        }
         out.update({("ls", p): out["c", p] for p in PROMPTS})
         for q in CHATS:
             msgs = [{"role": "user", "content": q}]
-            out["chat", q] = llm.create_chat_completion(msgs, max_tokens=N_TOKENS,
-                                                        temperature=0)["choices"][0]["message"]["content"]
+            out["chat", q] = llm.create_chat_completion(msgs, max_tokens=N_TOKENS, temperature=0)["choices"][0][
+                "message"
+            ]["content"]
         llm.reset()
         reply = llm.create_chat_completion(TURN_1, max_tokens=N_TOKENS, temperature=0)["choices"][0]["message"]
         out["reply"] = reply["content"]

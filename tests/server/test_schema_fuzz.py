@@ -23,12 +23,14 @@ from powerinfer_backend.server.body import MAX_DEPTH
 from tests.fixtures.schema_strategies import request_cases
 
 #: every POST endpoint, its paths
-ENDPOINTS = {"completions": ["/v1/completions", "/completions"],
-             "chat": ["/v1/chat/completions", "/chat/completions"],
-             "embeddings": ["/v1/embeddings", "/embeddings"],
-             "tokenize": ["/tokenize", "/extras/tokenize"],
-             "detokenize": ["/detokenize", "/extras/detokenize"],
-             "llama_completion": ["/completion", "/v1/completion"]}
+ENDPOINTS = {
+    "completions": ["/v1/completions", "/completions"],
+    "chat": ["/v1/chat/completions", "/chat/completions"],
+    "embeddings": ["/v1/embeddings", "/embeddings"],
+    "tokenize": ["/tokenize", "/extras/tokenize"],
+    "detokenize": ["/detokenize", "/extras/detokenize"],
+    "llama_completion": ["/completion", "/v1/completion"],
+}
 # hypothesis examples per endpoint (>= 200 must reach the server); more for a long run
 CASES = int(os.environ.get("POWERINFER_SCHEMA_FUZZ_CASES", 210))
 
@@ -60,8 +62,14 @@ def test_schema_fuzz(tiny_app, tiny_client, endpoint, capsys):
     ref = doc["paths"][paths[0]]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     stats: Counter = Counter()
 
-    @settings(max_examples=CASES, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=CASES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(request_cases(doc, ref, MAX_DEPTH, tiny_app.state.max_body_bytes))
     def fuzz(case):
         path = paths[stats["cases"] % len(paths)]
@@ -78,7 +86,9 @@ def test_schema_fuzz(tiny_app, tiny_client, endpoint, capsys):
     dt = time.perf_counter() - t0
     with capsys.disabled():
         per_path = ", ".join(f"{p} {stats[p]}" for p in paths)
-        print(f"\nschema fuzz {endpoint}: {stats['cases']} cases ({per_path}): {stats['2xx']} 2xx, {stats['4xx']} 4xx "
-              f"({stats['malformed']} malformed, all 4xx), no 5xx, {dt:.1f} s")
+        print(
+            f"\nschema fuzz {endpoint}: {stats['cases']} cases ({per_path}): {stats['2xx']} 2xx, {stats['4xx']} 4xx "
+            f"({stats['malformed']} malformed, all 4xx), no 5xx, {dt:.1f} s"
+        )
     assert stats["cases"] >= min(200, CASES)
     assert stats["2xx"] >= 20 and stats["malformed"] >= 40, stats  # both sides of the schema reached

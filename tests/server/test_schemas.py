@@ -14,8 +14,14 @@ pytest.importorskip("fastapi")
 USER = [{"role": "user", "content": "hi"}]
 CALL = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
 
-BODIES = {"/v1/completions": "CompletionBody", "/v1/chat/completions": "ChatBody", "/v1/embeddings": "EmbeddingBody",
-          "/tokenize": "TokenizeBody", "/detokenize": "DetokenizeBody", "/completion": "LlamaCompletionBody"}
+BODIES = {
+    "/v1/completions": "CompletionBody",
+    "/v1/chat/completions": "ChatBody",
+    "/v1/embeddings": "EmbeddingBody",
+    "/tokenize": "TokenizeBody",
+    "/detokenize": "DetokenizeBody",
+    "/completion": "LlamaCompletionBody",
+}
 
 
 def test_openapi_declares_every_request_body(tiny_app):
@@ -41,7 +47,7 @@ REFUSED = [
     ("/v1/completions", {"prompt": "x", "echo": 1}, "echo"),
     ("/v1/completions", {"prompt": "x", "temperature": 2.5}, "temperature"),
     ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p"),
-    ("/v1/completions", {"prompt": "x", "seed": 2 ** 64}, "seed"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**64}, "seed"),
     ("/v1/completions", {"prompt": []}, "prompt"),
     ("/v1/completions", {"prompt": [[1, 2]]}, "prompt"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
@@ -52,14 +58,20 @@ REFUSED = [
     ("/v1/chat/completions", {"messages": [{"role": "assistant"}]}, "messages[0].assistant"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None}]}, "messages[0].assistant"),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool.tool_call_id"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages[0].user.content"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages[0].user.content",
+    ),
     ("/v1/chat/completions", {"messages": USER, "max_tokens": -1}, "max_tokens"),
     ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": -1}, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, "tools[0].function"),
     ("/v1/chat/completions", {"messages": USER, "tool_choice": "sometimes"}, "tool_choice"),
-    ("/v1/chat/completions", {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
-     "response_format.json_schema.name"),
+    (
+        "/v1/chat/completions",
+        {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
+        "response_format.json_schema.name",
+    ),
     ("/v1/embeddings", {"input": ""}, "input"),
     ("/v1/embeddings", {"input": [1, 2]}, "input"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, "encoding_format"),
@@ -69,7 +81,7 @@ REFUSED = [
     ("/completion", {"prompt": "x", "n_predict": -3}, "n_predict"),
     ("/completion", {"prompt": "x", "n_predict": "5"}, "n_predict"),
     ("/completion", {"prompt": "x", "n_probs": -1}, "n_probs"),
-    ("/completion", {"prompt": "x", "top_k": 2 ** 40}, "top_k"),
+    ("/completion", {"prompt": "x", "top_k": 2**40}, "top_k"),
     ("/completion", {"prompt": {"multimodal_data": []}}, "prompt"),  # the message names prompt.prompt_string
     ("/tokenize", {"content": "x", "add_special": "yes"}, "add_special"),
     ("/detokenize", {"tokens": ["1"]}, "tokens[0]"),
@@ -87,21 +99,45 @@ def test_refused_with_the_field_named(tiny_client, path, body, param):
 
 ACCEPTED = [
     # unknown fields, as OpenAI's and llama-server's clients send them
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "user": "u", "best_of": 1, "foo": [1, {"a": None}],
-                         "stream_options": {"include_usage": True}}),
+    (
+        "/v1/completions",
+        {
+            "prompt": "hi",
+            "max_tokens": 1,
+            "user": "u",
+            "best_of": 1,
+            "foo": [1, {"a": None}],
+            "stream_options": {"include_usage": True},
+        },
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "developer", "content": "Be brief."}] + USER, "max_tokens": 1}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                              "max_tokens": 1}),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 1},
+    ),
     # an assistant turn that only calls tools may leave content out (or null), then the tool's answer
-    ("/v1/chat/completions", {"messages": USER + [{"role": "assistant", "tool_calls": CALL},
-                                                  {"role": "tool", "tool_call_id": "c1", "content": "42"}],
-                              "max_tokens": 1}),
-    ("/v1/chat/completions", {"messages": USER + [{"role": "assistant", "content": None, "tool_calls": CALL}],
-                              "max_tokens": 1}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": USER
+            + [{"role": "assistant", "tool_calls": CALL}, {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+            "max_tokens": 1,
+        },
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": USER + [{"role": "assistant", "content": None, "tool_calls": CALL}], "max_tokens": 1},
+    ),
     # a tool without parameters (OpenAI: no parameters), chosen by name
-    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "tools": [{"type": "function",
-                                                                             "function": {"name": "f"}}],
-                              "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": USER,
+            "max_tokens": 2,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+    ),
     ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "response_format": {"type": "json_object"}}),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "temperature": 0, "top_p": 1}),  # ints where numbers go
     # llama-server's logit_bias: [[id or text, bias or false], ...] or {"id or text": bias}
@@ -140,8 +176,10 @@ def test_max_tokens_zero_means_no_limit(tiny_app, tiny_client):
         ref = llm.create_completion("hi", max_tokens=0, temperature=0)
         # the random tiny model never ends: the context does (the default would stop at 16)
         assert ref["usage"]["total_tokens"] == served.n_ctx_slot and ref["choices"][0]["finish_reason"] == "length"
-        assert llm.create_completion("hi", max_tokens=None, temperature=0)["choices"][0]["text"] == \
-            ref["choices"][0]["text"]
+        assert (
+            llm.create_completion("hi", max_tokens=None, temperature=0)["choices"][0]["text"]
+            == ref["choices"][0]["text"]
+        )
         chat_ref = llm.create_chat_completion(USER, max_tokens=0, temperature=0)["choices"][0]["message"]
     for body in ({"max_tokens": 0}, {"max_tokens": None}):
         r = tiny_client.post("/v1/completions", json=dict(body, prompt="hi", temperature=0)).json()

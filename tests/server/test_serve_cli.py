@@ -23,8 +23,14 @@ from tests.fixtures.server import ServerProcess  # noqa: E402 - needs the packag
 
 
 def _serve(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "powerinfer_backend", "serve", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        [sys.executable, "-m", "powerinfer_backend", "serve", *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env=dict(os.environ, **(env or {})),
+    )
 
 
 def test_taken_port_fails_before_the_model_loads(model_path):
@@ -36,16 +42,20 @@ def test_taken_port_fails_before_the_model_loads(model_path):
         p = _serve("--model", model_path, "--port", str(port), "--verbose")
         took = time.monotonic() - t0
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.splitlines() == [f"powerinfer-backend: error: cannot listen on 127.0.0.1:{port}: Address already "
-                                     f"in use (is another server running there? choose another --port)"]
+    assert p.stderr.splitlines() == [
+        f"powerinfer-backend: error: cannot listen on 127.0.0.1:{port}: Address already "
+        f"in use (is another server running there? choose another --port)"
+    ]
     assert "serving" not in p.stderr and "loaded" not in p.stderr and took < 60  # the model never loaded
 
 
 def test_bad_budget_variable_is_one_clear_line(model_path):
     p = _serve("--model", model_path, "--port", "0", env={"POWERINFER_VRAM_BUDGET": "lots"})
     assert p.returncode == 2 and p.stdout == ""
-    assert p.stderr.splitlines() == ["powerinfer-backend: error: $POWERINFER_VRAM_BUDGET='lots': vram_budget 'lots' "
-                                     "is not a size: use GiB as a number or a string like '8GiB', '512MiB', '1.5GB'"]
+    assert p.stderr.splitlines() == [
+        "powerinfer-backend: error: $POWERINFER_VRAM_BUDGET='lots': vram_budget 'lots' "
+        "is not a size: use GiB as a number or a string like '8GiB', '512MiB', '1.5GB'"
+    ]
 
 
 def test_ctx_size_zero_is_the_models_context_split_over_the_slots(model_path):
@@ -63,13 +73,17 @@ def test_serve_takes_a_size_budget_device_placement_and_says_what_ngl_does(model
     """The budget from the environment as a size, the whole model on ggml's CPU backend as
     the device by layers; -ngl beside a budget is ignored, and says so on one line."""
     monkeypatch.setenv("POWERINFER_VRAM_BUDGET", "512MiB")
-    s = ServerProcess("--model", model_path, "--ctx-size", "256", "--device", "ggml-cpu", "--placement", "layers",
-                      "-ngl", "4")
+    s = ServerProcess(
+        "--model", model_path, "--ctx-size", "256", "--device", "ggml-cpu", "--placement", "layers", "-ngl", "4"
+    )
     try:
         props = httpx.get(s.url + "/props", timeout=60).json()
         card = httpx.get(s.url + "/v1/models", timeout=60).json()["data"][0]
-        r = httpx.post(s.url + "/completion", json={"prompt": "The capital of France is", "n_predict": 2,
-                                                    "temperature": 0}, timeout=120).json()
+        r = httpx.post(
+            s.url + "/completion",
+            json={"prompt": "The capital of France is", "n_predict": 2, "temperature": 0},
+            timeout=120,
+        ).json()
     finally:
         s.proc.terminate()
         s.proc.wait(timeout=30)

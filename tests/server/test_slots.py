@@ -48,8 +48,9 @@ def test_two_slots_logprobs_echo_equal_a_lone_llama(tiny_path):
                 ch = r.json()["choices"][0]
                 assert ch["text"] == w["text"]
                 assert ch["logprobs"]["tokens"] == w["logprobs"]["tokens"]
-                assert ch["logprobs"]["token_logprobs"][1:] == pytest.approx(w["logprobs"]["token_logprobs"][1:],
-                                                                            abs=1e-5)
+                assert ch["logprobs"]["token_logprobs"][1:] == pytest.approx(
+                    w["logprobs"]["token_logprobs"][1:], abs=1e-5
+                )
             stats = c.get("/stats").json()
             assert stats["served"] == 4 and stats["slots_processing"] == 0
     finally:
@@ -68,7 +69,7 @@ def test_parallel_beyond_the_context_is_refused(tiny_path):
 
 
 def test_parallel_flag_range():
-    from powerinfer_backend.cli.commands import main
+    from powerinfer_backend.cli import main
 
     for argv in (["serve", "--parallel", "0"], ["serve", "-np", "many"]):
         with pytest.raises(SystemExit):
@@ -87,6 +88,7 @@ def test_a_burst_fills_free_slots_before_the_queue_limit(tiny_path):
     with Llama(tiny_path, n_ctx=256, n_seq_max=4, n_threads=1, verbose=False) as llm:
         worker = ModelWorker(llm, max_queue=1)
         try:
+
             async def burst():
                 jobs, refused = [], 0
                 with worker._cv:  # the scheduler admits nothing until the whole burst is in
@@ -108,12 +110,13 @@ def test_a_burst_fills_free_slots_before_the_queue_limit(tiny_path):
 def test_slots_too_small_for_a_request_are_refused_naming_both_flags(model_path, capsys):
     """serve --parallel 64 --ctx-size 64 started with 1-token slots where every request failed;
     it is refused before the port is bound or the model loaded."""
-    from powerinfer_backend.cli.commands import main
+    from powerinfer_backend.cli import main
 
     assert main(["serve", "--model", model_path, "--parallel", "64", "--ctx-size", "64", "--port", "0"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "powerinfer-backend: error: --ctx-size 64 split over --parallel 64 slots leaves 1 token per slot "
-        "(at least 16): raise --ctx-size or lower --parallel"]
+        "(at least 16): raise --ctx-size or lower --parallel"
+    ]
 
 
 def test_a_step_waits_for_a_slot_busy_in_python(tiny_path):
@@ -133,16 +136,21 @@ def test_a_step_waits_for_a_slot_busy_in_python(tiny_path):
         worker = ModelWorker(llm)
         kw = dict(max_tokens=6, temperature=0, logit_bias={llm.token_eos(): -100.0})
         try:
+
             async def both():
                 with worker._cv:  # both join the same step
-                    jobs = [worker.submit(lambda slot, p=p, lp=lp: slot.create_completion(p, logits_processor=lp, **kw))
-                            for p, lp in ((PROMPTS[0], [slow]), (PROMPTS[1], None))]
+                    jobs = [
+                        worker.submit(lambda slot, p=p, lp=lp: slot.create_completion(p, logits_processor=lp, **kw))
+                        for p, lp in ((PROMPTS[0], [slow]), (PROMPTS[1], None))
+                    ]
                 return [await asyncio.wait_for(j.items.get(), 60) for j in jobs]
 
             got = asyncio.run(both())
             assert [(kind, r["choices"][0]["finish_reason"]) for kind, r in got] == [("item", "length")] * 2
-            assert worker.steps == 6 and worker.tokens_decoded == sum(
-                len(llm.prompt_tokens(p)) for p in PROMPTS[:2]) + 2 * 5
+            assert (
+                worker.steps == 6
+                and worker.tokens_decoded == sum(len(llm.prompt_tokens(p)) for p in PROMPTS[:2]) + 2 * 5
+            )
         finally:
             worker.stop()
 

@@ -10,9 +10,16 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
-from powerinfer_backend.sparsity.calibrate import (CalibrationError, calibrate, fraction_at_or_above, greedy_path,
-                                          hist_edges, hist_quantiles, threshold_for_sparsity)
-from powerinfer_backend.cli.commands import main as cli_main
+from powerinfer_backend.sparsity.calibrate import (
+    CalibrationError,
+    calibrate,
+    fraction_at_or_above,
+    greedy_path,
+    hist_edges,
+    hist_quantiles,
+    threshold_for_sparsity,
+)
+from powerinfer_backend.cli import main as cli_main
 from powerinfer_backend.engine.native import FFN_HIST_BINS, NativeContext, NativeModel
 from powerinfer_backend.loader import load_gguf
 from powerinfer_backend.sparsity.perplexity import perplexity, read_text
@@ -23,7 +30,7 @@ from tests.fixtures.tiny_gguf import write_tiny_llama
 
 SHAKESPEARE = str(SHARED_DATA / "tinyshakespeare.txt")
 F32 = {"matrix": T.F32, "token_embd": T.F32}
-TEXT = ("the quick brown fox jumps over the lazy dog. " * 40 + "to be or not to be, that is the question. " * 40)
+TEXT = "the quick brown fox jumps over the lazy dog. " * 40 + "to be or not to be, that is the question. " * 40
 
 
 pytestmark = pytest.mark.usefixtures("xdg_cache")  # artifacts of every test in its own user cache
@@ -33,8 +40,17 @@ def tiny(tmp_path, name="m.gguf", act=None, seed=3, extra_kv=None):
     extra = dict(extra_kv or {})
     if act:
         extra["powerinfer.ffn_act"] = act
-    return write_tiny_llama(tmp_path / name, n_vocab=64, n_embd=64, n_ff=128, n_layer=2, types=F32, seed=seed,
-                            extra_kv=extra, n_ctx_train=512)
+    return write_tiny_llama(
+        tmp_path / name,
+        n_vocab=64,
+        n_embd=64,
+        n_ff=128,
+        n_layer=2,
+        types=F32,
+        seed=seed,
+        extra_kv=extra,
+        n_ctx_train=512,
+    )
 
 
 def text_file(tmp_path, text=TEXT, name="t.txt"):
@@ -49,7 +65,7 @@ def text_file(tmp_path, text=TEXT, name="t.txt"):
 def test_hist_edges_shape_and_octaves():
     e = hist_edges()
     assert e.shape == (FFN_HIST_BINS + 1,) and e[0] == 0 and np.isinf(e[-1])
-    assert e[1] == 2.0 ** -20 and e[5] == 2.0 ** -19
+    assert e[1] == 2.0**-20 and e[5] == 2.0**-19
     assert np.all(np.diff(e[:-1]) > 0)
     np.testing.assert_allclose(e[2:5] / e[1], [1.25, 1.5, 1.75])
 
@@ -153,16 +169,27 @@ def test_swiglu_auto_is_dense_without_sidecar_and_threshold_needs_one(tmp_path):
 
 def _chunk_eval(be):
     """perplexity's chunk evaluator over a backend (every row's logits)."""
+
     def chunk(c):
         be.truncate(0)
         return be.eval(c, logits_all=True)
+
     return chunk
 
 
 def _calibrate_tiny(tmp_path, path, **kw):
     # no speed check by default: a 64-wide model's timings would decide whether "auto" runs sparse
-    args = dict(tokens=256, heldout_tokens=64, n_ctx=64, sens_tokens=32, levels=(0.3, 0.6), n_threads=2,
-                progress=False, log=lambda s: None, speed_check=False)
+    args = dict(
+        tokens=256,
+        heldout_tokens=64,
+        n_ctx=64,
+        sens_tokens=32,
+        levels=(0.3, 0.6),
+        n_threads=2,
+        progress=False,
+        log=lambda s: None,
+        speed_check=False,
+    )
     args.update(kw)
     return calibrate(path, text_file(tmp_path), **args)
 
@@ -234,8 +261,19 @@ def test_sidecar_of_another_model_is_refused(tmp_path):
         _calibrate_tiny(tmp_path, b, target_sparsity=0.3, max_ppl_increase=None, out=str(prof.path))
     other_text = text_file(tmp_path, TEXT.upper(), "other.txt")
     with pytest.raises(ValueError, match="another text"):
-        calibrate(a, other_text, target_sparsity=0.3, max_ppl_increase=None, out=str(prof.path), tokens=256,
-                  heldout_tokens=64, n_ctx=64, sens_tokens=32, levels=(0.5,), progress=False)
+        calibrate(
+            a,
+            other_text,
+            target_sparsity=0.3,
+            max_ppl_increase=None,
+            out=str(prof.path),
+            tokens=256,
+            heldout_tokens=64,
+            n_ctx=64,
+            sens_tokens=32,
+            levels=(0.5,),
+            progress=False,
+        )
     assert prof.path.read_bytes() == before
     _calibrate_tiny(tmp_path, b, target_sparsity=0.3, max_ppl_increase=None, out=str(prof.path), force=True)
     assert read_sidecar(prof.path, model_path=b).info["model_file"] == "b.gguf"
@@ -250,26 +288,96 @@ def test_cli_calibrate_and_perplexity_json(tmp_path, capsys):
     path = tiny(tmp_path)
     txt = text_file(tmp_path)
     out = str(tmp_path / "cli.gguf")
-    rc = cli_main(["calibrate", "--model", path, "--text", txt, "--ctx", "64", "--tokens", "256",
-                   "--heldout-tokens", "64", "--target-sparsity", "0.4", "--out", out, "--threads", "2", "--json",
-                   "--no-speed-check"])
+    rc = cli_main(
+        [
+            "calibrate",
+            "--model",
+            path,
+            "--text",
+            txt,
+            "--ctx",
+            "64",
+            "--tokens",
+            "256",
+            "--heldout-tokens",
+            "64",
+            "--target-sparsity",
+            "0.4",
+            "--out",
+            out,
+            "--threads",
+            "2",
+            "--json",
+            "--no-speed-check",
+        ]
+    )
     assert rc == 0
     import json
 
     res = json.loads(capsys.readouterr().out)
     assert res["sidecar"] == out and len(res["thresholds"]) == 2 and res["target_sparsity"] == 0.4
     assert "decode_speedup" not in res and res["forms_tried"].startswith("product: ")
-    assert cli_main(["perplexity", "--model", path, "--text", txt, "--ctx", "64", "--chunks", "2", "--json",
-                     "--sparse", out, "--threads", "2"]) == 0
+    assert (
+        cli_main(
+            [
+                "perplexity",
+                "--model",
+                path,
+                "--text",
+                txt,
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "--json",
+                "--sparse",
+                out,
+                "--threads",
+                "2",
+            ]
+        )
+        == 0
+    )
     sparse = json.loads(capsys.readouterr().out)
-    assert cli_main(["perplexity", "--model", path, "--text", txt, "--ctx", "64", "--chunks", "2", "--json",
-                     "--dense", "--threads", "2"]) == 0
+    assert (
+        cli_main(
+            [
+                "perplexity",
+                "--model",
+                path,
+                "--text",
+                txt,
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "--json",
+                "--dense",
+                "--threads",
+                "2",
+            ]
+        )
+        == 0
+    )
     dense = json.loads(capsys.readouterr().out)
     assert dense["ffn_sparsity"] == 0.0 and 0.2 < sparse["ffn_sparsity"] < 0.6
     assert sparse["tokens"] == dense["tokens"] == 126
     with pytest.raises(SystemExit):  # a budget or a target, not both
-        cli_main(["calibrate", "--model", path, "--text", txt, "--out", out, "--target-sparsity", "0.4",
-                  "--max-ppl-increase", "0.1"])
+        cli_main(
+            [
+                "calibrate",
+                "--model",
+                path,
+                "--text",
+                txt,
+                "--out",
+                out,
+                "--target-sparsity",
+                "0.4",
+                "--max-ppl-increase",
+                "0.1",
+            ]
+        )
     assert cli_main(["calibrate", "--model", path, "--text", str(tmp_path / "none.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -304,9 +412,20 @@ def test_smollm2_budget_on_unseen_tail(model_path, tmp_path):
     # 2,048 statistics tokens instead of 16,384, and a 64-token sensitivity chunk; the held-out
     # tail keeps the default 2,048 tokens: with 1,024 it measured +1.4% where the unseen tail
     # came out +2.0..2.6%, one easy held-out chunk deciding the budget
-    prof = calibrate(model_path, SHAKESPEARE, max_bytes=cut, tokens=2048, heldout_tokens=2048, sens_tokens=64,
-                     n_threads=2, out=out, progress=False, log=lambda s: None, threshold_on="product",
-                     speed_check=False)
+    prof = calibrate(
+        model_path,
+        SHAKESPEARE,
+        max_bytes=cut,
+        tokens=2048,
+        heldout_tokens=2048,
+        sens_tokens=64,
+        n_threads=2,
+        out=out,
+        progress=False,
+        log=lambda s: None,
+        threshold_on="product",
+        speed_check=False,
+    )
     assert prof.info["threshold_on"] == "product" and "decode_speedup" not in prof.info
     text = read_text(SHAKESPEARE, offset_bytes=cut)
     res = {}
@@ -360,8 +479,9 @@ def test_calibrate_checks_its_output_before_running(tmp_path):
     with pytest.raises(CalibrationError, match="is a folder"):
         _calibrate_tiny(tmp_path, path, target_sparsity=0.3, max_ppl_increase=None, out=str(tmp_path))
     with pytest.raises(CalibrationError, match="not writable"):
-        _calibrate_tiny(tmp_path, path, target_sparsity=0.3, max_ppl_increase=None,
-                        out=str(tmp_path / "no" / "such" / "dir.gguf"))
+        _calibrate_tiny(
+            tmp_path, path, target_sparsity=0.3, max_ppl_increase=None, out=str(tmp_path / "no" / "such" / "dir.gguf")
+        )
     with pytest.raises(CalibrationError, match="training context"):
         _calibrate_tiny(tmp_path, path, target_sparsity=0.3, max_ppl_increase=None, n_ctx=1024)
 

@@ -31,8 +31,16 @@ TOKS = [1, 5, 9, 3, 7, 2, 11, 13]
 
 @pytest.fixture
 def relu_q8(tmp_path, xdg_cache):
-    return write_tiny_llama(tmp_path / "relu.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, seed=3,
-                            extra_kv={"powerinfer.ffn_act": "relu"}, n_ctx_train=512)
+    return write_tiny_llama(
+        tmp_path / "relu.gguf",
+        n_vocab=64,
+        n_embd=64,
+        n_ff=128,
+        n_layer=2,
+        seed=3,
+        extra_kv={"powerinfer.ffn_act": "relu"},
+        n_ctx_train=512,
+    )
 
 
 def _logits(llm) -> np.ndarray:
@@ -103,8 +111,7 @@ def test_dense_down_gate_form(tmp_path, xdg_cache):
     the down_t form skipped, logits close to it; a split turns it off."""
     from powerinfer_backend.engine.down_cache import dense_down_cheaper
 
-    path = write_tiny_llama(tmp_path / "sw.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, seed=3,
-                            n_ctx_train=512)
+    path = write_tiny_llama(tmp_path / "sw.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, seed=3, n_ctx_train=512)
     g = load_gguf(path, verbose=False)
     m = NativeModel(g)
 

@@ -48,8 +48,12 @@ def test_scores_same_bits_any_thread_count():
 
 
 def _model(tmp_path, **kw):
-    return NativeModel(load_gguf(write_tiny_llama(tmp_path / "m.gguf", n_vocab=64, n_embd=64, n_ff=128,
-                                                  n_layer=2, types=F32, seed=5, **kw), verbose=False))
+    return NativeModel(
+        load_gguf(
+            write_tiny_llama(tmp_path / "m.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, types=F32, seed=5, **kw),
+            verbose=False,
+        )
+    )
 
 
 def _logits(m, toks, setup=None, n_threads=1, kv_f16=True):
@@ -79,8 +83,9 @@ def test_predictor_all_active_equals_dense_and_none_active_drops_ffn(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     # Against the sparse FFN without a predictor (same kernel, same rows): the same bits.
     dt = down_t_dtype(m.gguf)
-    _, exact, el = _logits(m, toks, lambda c: [c.set_ffn_sparsity(i, transposed_down(m.gguf, i, dtype=dt), 0.0)
-                                               for i in range(2)])
+    _, exact, el = _logits(
+        m, toks, lambda c: [c.set_ffn_sparsity(i, transposed_down(m.gguf, i, dtype=dt), 0.0) for i in range(2)]
+    )
     ctx, out, last = _logits(m, toks, lambda c: apply(c, m.gguf, ps))
     assert np.array_equal(out.view(np.uint32), exact.view(np.uint32))
     for a, b in zip(last, el):
@@ -124,11 +129,14 @@ def test_predictor_mode_matches_masked_reference(tmp_path):
     assert 0.05 < dens < 0.95
 
 
-@pytest.mark.parametrize("which,shape1,shape2,msg", [
-    ("fc1 n_embd", (32, 60), (128, 32), "blk.1.fc1.weight"),
-    ("fc2 n_ff", (32, 64), (100, 32), "blk.1.fc2.weight"),
-    ("rank", (32, 64), (128, 16), "blk.1.fc2.weight"),
-])
+@pytest.mark.parametrize(
+    "which,shape1,shape2,msg",
+    [
+        ("fc1 n_embd", (32, 60), (128, 32), "blk.1.fc1.weight"),
+        ("fc2 n_ff", (32, 64), (100, 32), "blk.1.fc2.weight"),
+        ("rank", (32, 64), (128, 16), "blk.1.fc2.weight"),
+    ],
+)
 def test_malformed_predictor_tensors_raise(tmp_path, which, shape1, shape2, msg):
     m = _model(tmp_path)
     ctx = NativeContext(m, n_ctx=16, n_batch=4, n_threads=1)

@@ -21,13 +21,22 @@ def _profile() -> SparsityProfile:
         ps.fc2[layer] = rng.standard_normal((N_FF, RANK)).astype(np.float16)
         ps.thresholds[layer] = 0.125 * (layer + 1)
     return SparsityProfile(
-        thresholds=rng.random(N_LAYER, dtype=np.float32), layer_sparsity=rng.random(N_LAYER, dtype=np.float32),
+        thresholds=rng.random(N_LAYER, dtype=np.float32),
+        layer_sparsity=rng.random(N_LAYER, dtype=np.float32),
         neuron_freq=rng.random((N_LAYER, N_FF), dtype=np.float32),
         neuron_quantiles=rng.random((N_LAYER, N_FF, len(QUANTILES)), dtype=np.float32),
-        layer_hist=rng.random((N_LAYER, BINS), dtype=np.float32), ffn_act="silu",
-        info={"model_sha256": "ab" * 32, "model_file": "m\u00e9.gguf", "model_size": 1 << 33, "n_ctx": 64,
-              "ppl_dense": 9.75, "method": "greedy"},
-        predictors=ps)
+        layer_hist=rng.random((N_LAYER, BINS), dtype=np.float32),
+        ffn_act="silu",
+        info={
+            "model_sha256": "ab" * 32,
+            "model_file": "m\u00e9.gguf",
+            "model_size": 1 << 33,
+            "n_ctx": 64,
+            "ppl_dense": 9.75,
+            "method": "greedy",
+        },
+        predictors=ps,
+    )
 
 
 def test_round_trip_is_exact(tmp_path):
@@ -48,9 +57,12 @@ def test_round_trip_is_exact(tmp_path):
 def test_damaged_file_is_a_value_error_naming_it(tmp_path):
     good = write_sidecar(tmp_path / "s.gguf", _profile()).read_bytes()
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(good[:good.index(b"powerinfer.calibration.thresholds") + 40])  # inside that array
-    with pytest.raises(ValueError, match=rf"{cut}: truncated or corrupt GGUF header: reading key "
-                                         r"'powerinfer\.calibration\.thresholds'"):
+    cut.write_bytes(good[: good.index(b"powerinfer.calibration.thresholds") + 40])  # inside that array
+    with pytest.raises(
+        ValueError,
+        match=rf"{cut}: truncated or corrupt GGUF header: reading key "
+        r"'powerinfer\.calibration\.thresholds'",
+    ):
         read_sidecar(cut)
     short = tmp_path / "short.gguf"
     short.write_bytes(good[:-4])  # the last tensor's data cut

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.usefixtures("xdg_cache")
 
 def test_calibration_records_decode_speed(tmp_path):
     path = tiny(tmp_path)
-    prof = _calibrate_tiny(tmp_path, path, target_sparsity=0.4, max_ppl_increase=None, speed_check=True,
-                           speed_steps=8, speed_repeats=1)
+    prof = _calibrate_tiny(
+        tmp_path, path, target_sparsity=0.4, max_ppl_increase=None, speed_check=True, speed_steps=8, speed_repeats=1
+    )
     info = read_sidecar(prof.path).info
     assert info["decode_speedup"] > 0 and info["decode_dense_tok_s"] > 0 and info["decode_sparse_tok_s"] > 0
     assert info["speed_threads"] == 2 and info["speed_host"] == host_id()
@@ -84,8 +85,15 @@ def test_measure_speedup_alternates_and_checks_its_input(tmp_path):
     ctx = NativeContext(model, n_ctx=64, n_batch=64, n_threads=1)
     calls = []
     try:
-        r = measure_speedup(ctx, lambda: calls.append("d"), lambda: calls.append("s"), list(range(40)),
-                            prompt_tokens=4, steps=4, repeats=3)
+        r = measure_speedup(
+            ctx,
+            lambda: calls.append("d"),
+            lambda: calls.append("s"),
+            list(range(40)),
+            prompt_tokens=4,
+            steps=4,
+            repeats=3,
+        )
         with pytest.raises(ValueError, match="needs 40 tokens"):
             measure_speedup(ctx, lambda: None, lambda: None, list(range(39)), prompt_tokens=8, steps=32)
         with pytest.raises(ValueError, match=">= 1"):
@@ -105,8 +113,21 @@ def test_auto_prefers_the_fastest_of_predictors_thresholds_and_dense(tmp_path):
 
     path = tiny(tmp_path)
     prof = _calibrate_tiny(tmp_path, path, target_sparsity=0.4, max_ppl_increase=None, threshold_on="product")
-    train_predictors(path, str(tmp_path / "t.txt"), density=0.6, rank=8, epochs=1, tokens=256, heldout_tokens=64,
-                     n_ctx=64, backend="numpy", n_threads=1, progress=False, log=lambda s: None, speed_check=False)
+    train_predictors(
+        path,
+        str(tmp_path / "t.txt"),
+        density=0.6,
+        rank=8,
+        epochs=1,
+        tokens=256,
+        heldout_tokens=64,
+        n_ctx=64,
+        backend="numpy",
+        n_threads=1,
+        progress=False,
+        log=lambda s: None,
+        speed_check=False,
+    )
 
     def auto_with(pred, thr):
         back = read_sidecar(prof.path)
@@ -118,8 +139,10 @@ def test_auto_prefers_the_fastest_of_predictors_thresholds_and_dense(tmp_path):
 
     assert auto_with(1.5, 1.2)["mode"] == "predictor"
     st = auto_with(1.1, 1.2)
-    assert st["mode"] == "threshold" and "predictors decoded 1.10x dense (slower than the thresholds' 1.20x)" \
-        in st["reason"]
+    assert (
+        st["mode"] == "threshold"
+        and "predictors decoded 1.10x dense (slower than the thresholds' 1.20x)" in st["reason"]
+    )
     st = auto_with(0.9, 0.8)
     assert st["mode"] == "dense" and "predictors decoded 0.90x" in st["reason"] and "0.80x dense" in st["reason"]
 

@@ -10,24 +10,31 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from powerinfer_backend import Llama
-from powerinfer_backend.cli.commands import main as cli_main
+from powerinfer_backend.cli import main as cli_main
 from powerinfer_backend.sparsity.predictors import quantize_q8_0, scores
 from powerinfer_backend.sparsity.sidecar import read_sidecar, sidecar_path
-from powerinfer_backend.sparsity.train import (LAYER_DENSITIES, TrainError, allocate_densities, error_curve,
-                                                threshold_for_recall, train_predictors)
+from powerinfer_backend.sparsity.train import (
+    LAYER_DENSITIES,
+    TrainError,
+    allocate_densities,
+    error_curve,
+    threshold_for_recall,
+    train_predictors,
+)
 
 from tests.fixtures.tiny_gguf import write_tiny_llama
 
 F32 = {"matrix": T.F32, "token_embd": T.F32}
-TEXT = ("the quick brown fox jumps over the lazy dog. " * 60 + "to be or not to be, that is the question. " * 60)
+TEXT = "the quick brown fox jumps over the lazy dog. " * 60 + "to be or not to be, that is the question. " * 60
 
 
 pytestmark = pytest.mark.usefixtures("xdg_cache")  # artifacts of every test in its own user cache
 
 
 def tiny(tmp_path):
-    return write_tiny_llama(tmp_path / "m.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, types=F32, seed=3,
-                            n_ctx_train=512)
+    return write_tiny_llama(
+        tmp_path / "m.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, types=F32, seed=3, n_ctx_train=512
+    )
 
 
 def text_file(tmp_path):
@@ -49,9 +56,33 @@ def test_train_predictor_cli_and_predictor_mode(tmp_path, capsys, backend):
     if backend == "torch":
         pytest.importorskip("torch")
     model, text = tiny(tmp_path), text_file(tmp_path)
-    rc = cli_main(["train-predictor", "--model", model, "--text", text, "--rank", "16", "--epochs", "2",
-                   "--tokens", "512", "--heldout-tokens", "128", "--ctx", "64", "--threads", "1",
-                   "--backend", backend, "--json", "--max-ppl-increase", "0.05", "--no-speed-check"])
+    rc = cli_main(
+        [
+            "train-predictor",
+            "--model",
+            model,
+            "--text",
+            text,
+            "--rank",
+            "16",
+            "--epochs",
+            "2",
+            "--tokens",
+            "512",
+            "--heldout-tokens",
+            "128",
+            "--ctx",
+            "64",
+            "--threads",
+            "1",
+            "--backend",
+            backend,
+            "--json",
+            "--max-ppl-increase",
+            "0.05",
+            "--no-speed-check",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["backend"] == backend and len(out["layer_recall"]) == 2 and len(out["density"]) == 2
@@ -76,8 +107,21 @@ def test_train_predictor_cli_and_predictor_mode(tmp_path, capsys, backend):
 
 def test_train_predictor_fixed_recall_and_layers(tmp_path):
     model, text = tiny(tmp_path), text_file(tmp_path)
-    ps = train_predictors(model, text, recall=0.9, rank=8, epochs=1, tokens=256, heldout_tokens=64, n_ctx=64,
-                          layers=[1], backend="numpy", n_threads=1, progress=False, log=lambda s: None)
+    ps = train_predictors(
+        model,
+        text,
+        recall=0.9,
+        rank=8,
+        epochs=1,
+        tokens=256,
+        heldout_tokens=64,
+        n_ctx=64,
+        layers=[1],
+        backend="numpy",
+        n_threads=1,
+        progress=False,
+        log=lambda s: None,
+    )
     assert ps.info["recall_target"] == 0.9
     assert set(ps.layers) <= {1}
     assert ps.info["layer_recall"][1] >= 0.85
@@ -87,8 +131,21 @@ def test_train_predictor_fixed_density_q8_0(tmp_path):
     """--density allocates a mean density over the layers; --quantize q8_0 stores Q8_0
     predictors that survive the sidecar round trip and run in predictor mode."""
     model, text = tiny(tmp_path), text_file(tmp_path)
-    ps = train_predictors(model, text, density=0.6, rank=32, epochs=2, tokens=512, heldout_tokens=128, n_ctx=64,
-                          quantize="q8_0", backend="numpy", n_threads=1, progress=False, log=lambda s: None)
+    ps = train_predictors(
+        model,
+        text,
+        density=0.6,
+        rank=32,
+        epochs=2,
+        tokens=512,
+        heldout_tokens=128,
+        n_ctx=64,
+        quantize="q8_0",
+        backend="numpy",
+        n_threads=1,
+        progress=False,
+        log=lambda s: None,
+    )
     assert ps.info["density_target"] == 0.6 and ps.info["select"] == "density" and ps.info["quantize"] == "q8_0"
     assert ps.info["decode_speedup"] > 0 and ps.info["speed_threads"] == 1  # timed vs dense (sparse="auto" uses it)
     dens = ps.info["density"]
@@ -117,10 +174,40 @@ def test_train_predictor_fixed_density_q8_0(tmp_path):
 def test_train_predictor_cli_options(tmp_path, capsys):
     """The new options reach train_predictors: uniform allocation at a fixed density, BCE."""
     model, text = tiny(tmp_path), text_file(tmp_path)
-    rc = cli_main(["train-predictor", "--model", model, "--text", text, "--rank", "8", "--epochs", "1",
-                   "--tokens", "256", "--heldout-tokens", "128", "--ctx", "64", "--threads", "1", "--backend", "numpy",
-                   "--json", "--density", "0.5", "--allocate", "uniform", "--loss", "bce", "--max-density", "0.8",
-                   "--probe-tokens", "64"])
+    rc = cli_main(
+        [
+            "train-predictor",
+            "--model",
+            model,
+            "--text",
+            text,
+            "--rank",
+            "8",
+            "--epochs",
+            "1",
+            "--tokens",
+            "256",
+            "--heldout-tokens",
+            "128",
+            "--ctx",
+            "64",
+            "--threads",
+            "1",
+            "--backend",
+            "numpy",
+            "--json",
+            "--density",
+            "0.5",
+            "--allocate",
+            "uniform",
+            "--loss",
+            "bce",
+            "--max-density",
+            "0.8",
+            "--probe-tokens",
+            "64",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["allocate"] == "uniform" and out["loss"] == "bce" and out["density_target"] == 0.5

@@ -22,10 +22,14 @@ def test_counts_and_layout():
     assert abs(r["prompt_tok_s"] - 200.0) < 1e-9 and abs(r["eval_tok_s"] - 100.0) < 1e-9
     lines = p.format().splitlines()
     assert lines[0] == "llama_perf_context_print:        load time =    1500.00 ms"
-    assert lines[1] == ("llama_perf_context_print: prompt eval time =     100.00 ms /    20 tokens "
-                        "(    5.00 ms per token,   200.00 tokens per second)")
-    assert lines[2] == ("llama_perf_context_print:        eval time =      40.00 ms /     4 runs   "
-                        "(   10.00 ms per token,   100.00 tokens per second)")
+    assert lines[1] == (
+        "llama_perf_context_print: prompt eval time =     100.00 ms /    20 tokens "
+        "(    5.00 ms per token,   200.00 tokens per second)"
+    )
+    assert lines[2] == (
+        "llama_perf_context_print:        eval time =      40.00 ms /     4 runs   "
+        "(   10.00 ms per token,   100.00 tokens per second)"
+    )
     assert re.fullmatch(r"llama_perf_context_print:       total time = +\d+\.\d\d ms /    24 tokens", lines[3])
     p.reset_timings()  # the load time stays, the rest restarts
     r = p.report()

@@ -76,9 +76,19 @@ def test_piece_text_spans_drop_the_space_after_a_leading_bos():
     assert t.text() == b"<s> a\xc3\xa9" and t.span(1) == b" a\xc3\xa9" and t.span(2, 3) == b"\xc3"
 
 
-@pytest.mark.parametrize("tail,hold", [(b"ab\xf0", 3), (b"a\xf0", 2), (b"\xf0\x9f", 1), (b"ab\xc3", 1),
-                                       (b"x\xc3", None), (b"ab\xe2\x82", 1), (b"\xf0\x9f\x8d\xa8", None),
-                                       (b"abc", None)])
+@pytest.mark.parametrize(
+    "tail,hold",
+    [
+        (b"ab\xf0", 3),
+        (b"a\xf0", 2),
+        (b"\xf0\x9f", 1),
+        (b"ab\xc3", 1),
+        (b"x\xc3", None),
+        (b"ab\xe2\x82", 1),
+        (b"\xf0\x9f\x8d\xa8", None),
+        (b"abc", None),
+    ],
+)
 def test_utf8_hold(tail, hold):
     """llama-cpp-python's rule, counted as if the tail were 3 bytes: b"a\\xf0" needs 3 more
     bytes but holds 2 tokens (the rule re-arms on the next token), b"x\\xc3" holds none."""

@@ -24,8 +24,14 @@ _CHILD = textwrap.dedent("""
 
 
 def test_grammar_without_a_possible_token_raises_value_error(tmp_path):
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**__import__("os").environ, "GGML_NO_BACKTRACE": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "GGML_NO_BACKTRACE": "1"},
+    )
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert "ValueError: no token can be sampled" in r.stdout and "masked the whole vocabulary" in r.stdout
 
@@ -35,8 +41,12 @@ def _greedy_pair(n_vocab, processors):
     from powerinfer_backend.text.sampling import ChainSampler, SamplingParams, TokenDataBuffer, build_chain
 
     p = SamplingParams(temp=0.0, logits_processor=processors)
-    fast, slow = (ChainSampler(p, build_chain(p, seed=1, n_vocab=n_vocab, vocab=None, penalty_last_n=64),
-                               TokenDataBuffer(n_vocab)) for _ in range(2))
+    fast, slow = (
+        ChainSampler(
+            p, build_chain(p, seed=1, n_vocab=n_vocab, vocab=None, penalty_last_n=64), TokenDataBuffer(n_vocab)
+        )
+        for _ in range(2)
+    )
     slow.argmax_exact = False
     return fast, slow
 

@@ -39,13 +39,30 @@ try:  # the [langchain] extra
     from langchain_core.utils import pre_init
     from pydantic import model_validator
 except ImportError as e:
-    raise ImportError(f"the LangChain adapter needs langchain-community and langchain-core ({e}): "
-                      "pip install 'powerinfer_backend[langchain]' "
-                      "(from a clone: pip install -e '.[langchain]')") from e
+    raise ImportError(
+        f"the LangChain adapter needs langchain-community and langchain-core ({e}): "
+        "pip install 'powerinfer_backend[langchain]' "
+        "(from a clone: pip install -e '.[langchain]')"
+    ) from e
 
-_PARAMS = ("rope_freq_scale", "rope_freq_base", "lora_path", "lora_base", "n_ctx", "n_parts", "seed", "f16_kv",
-           "logits_all", "vocab_only", "use_mlock", "n_threads", "n_batch", "use_mmap", "last_n_tokens_size",
-           "verbose")
+_PARAMS = (
+    "rope_freq_scale",
+    "rope_freq_base",
+    "lora_path",
+    "lora_base",
+    "n_ctx",
+    "n_parts",
+    "seed",
+    "f16_kv",
+    "logits_all",
+    "vocab_only",
+    "use_mlock",
+    "n_threads",
+    "n_batch",
+    "use_mmap",
+    "last_n_tokens_size",
+    "verbose",
+)
 
 
 def _make_client(get, model_kwargs: Dict[str, Any], vram_budget, sparse):
@@ -71,8 +88,7 @@ def _grammar(grammar, grammar_path):
     from llama_cpp import LlamaGrammar
 
     if grammar and grammar_path:
-        raise ValueError(f"Can only pass in one of grammar and grammar_path. Received {grammar=} and "
-                         f"{grammar_path=}.")
+        raise ValueError(f"Can only pass in one of grammar and grammar_path. Received {grammar=} and {grammar_path=}.")
     if isinstance(grammar, str):
         return LlamaGrammar.from_string(grammar)
     if grammar_path:
@@ -90,8 +106,9 @@ class LlamaCpp(_LlamaCpp):
 
     @pre_init
     def validate_environment(cls, values: Dict) -> Dict:  # replaces the parent's validator (same name)
-        values["client"] = _make_client(values.get, values.get("model_kwargs") or {}, values.get("vram_budget"),
-                                        values.get("sparse", "auto"))
+        values["client"] = _make_client(
+            values.get, values.get("model_kwargs") or {}, values.get("vram_budget"), values.get("sparse", "auto")
+        )
         values["grammar"] = _grammar(values.get("grammar"), values.get("grammar_path"))
         return values
 

@@ -142,8 +142,12 @@ def apply() -> None:
             import gradio as gr
 
             shared.gradio["vram_budget"] = gr.Number(
-                label="vram_budget (GiB)", value=shared.args.vram_budget, precision=2, minimum=0,
-                info="PowerInfer: GPU memory for hot neurons and dense blocks; 0 = CPU only.")
+                label="vram_budget (GiB)",
+                value=shared.args.vram_budget,
+                precision=2,
+                minimum=0,
+                info="PowerInfer: GPU memory for hot neurons and dense blocks; 0 = CPU only.",
+            )
             return result
 
         ui_model_menu.create_ui = create_ui
@@ -165,5 +169,6 @@ def missing_widgets() -> list:
             break
         except OSError:
             continue
-    return [p for p in loaders.loaders_and_params[LOADER]
-            if f"shared.gradio['{p}']" not in src and p not in NEW_ELEMENTS]
+    return [
+        p for p in loaders.loaders_and_params[LOADER] if f"shared.gradio['{p}']" not in src and p not in NEW_ELEMENTS
+    ]

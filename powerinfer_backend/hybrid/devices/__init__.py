@@ -3,8 +3,26 @@
 buffer type (:class:`DeviceSizer`). The device half itself runs in C
 (native/src/device/ggml/), reached through :mod:`powerinfer_backend.engine.ggml`."""
 
-from .select import (BACKENDS, CPU_DEVICE_NAME, DeviceChoice, DeviceSizer, describe_devices,
-                     ggml_lib_dir, open_device, planning_sizer, resolve_device)
+from .select import (
+    BACKENDS,
+    CPU_DEVICE_NAME,
+    DeviceChoice,
+    DeviceSizer,
+    describe_devices,
+    ggml_lib_dir,
+    open_device,
+    planning_sizer,
+    resolve_device,
+)
 
-__all__ = ["BACKENDS", "CPU_DEVICE_NAME", "DeviceChoice", "DeviceSizer", "describe_devices", "ggml_lib_dir",
-           "open_device", "planning_sizer", "resolve_device"]
+__all__ = [
+    "BACKENDS",
+    "CPU_DEVICE_NAME",
+    "DeviceChoice",
+    "DeviceSizer",
+    "describe_devices",
+    "ggml_lib_dir",
+    "open_device",
+    "planning_sizer",
+    "resolve_device",
+]

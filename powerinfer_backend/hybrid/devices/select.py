@@ -23,8 +23,17 @@ from typing import Iterator, Optional
 
 from ..placement.sizes import kv_cells
 
-__all__ = ["BACKENDS", "CPU_DEVICE_NAME", "DeviceChoice", "DeviceSizer", "resolve_device", "open_device",
-           "ggml_lib_dir", "describe_devices", "planning_sizer"]
+__all__ = [
+    "BACKENDS",
+    "CPU_DEVICE_NAME",
+    "DeviceChoice",
+    "DeviceSizer",
+    "resolve_device",
+    "open_device",
+    "ggml_lib_dir",
+    "describe_devices",
+    "planning_sizer",
+]
 
 #: backend name -> the prefixes of its ggml device names (HIP builds of ggml-cuda say "ROCm")
 BACKENDS = {"cuda": ("CUDA",), "metal": ("Metal", "MTL"), "vulkan": ("Vulkan",), "hip": ("ROCm", "HIP")}
@@ -76,8 +85,10 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
     if device is None:
         device = "auto"
     if not isinstance(device, str) or not device.strip():
-        raise ValueError(f"device must be a name ('auto', 'cuda', 'metal', 'vulkan', 'hip', a ggml device name, "
-                         f"'ggml-cpu', 'cpu'), got {device!r}")
+        raise ValueError(
+            f"device must be a name ('auto', 'cuda', 'metal', 'vulkan', 'hip', a ggml device name, "
+            f"'ggml-cpu', 'cpu'), got {device!r}"
+        )
     name = device.strip()
     if name == "cpu":
         return DeviceChoice(name, None)
@@ -92,8 +103,9 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
         devs = ggml.list_devices()
         gpu = next((d for d in devs if d.type == "gpu"), None)
         if gpu is None:
-            return DeviceChoice(req, None, message=f"device='auto': ggml found no discrete GPU (devices: "
-                                                   f"{describe_devices(devs)})")
+            return DeviceChoice(
+                req, None, message=f"device='auto': ggml found no discrete GPU (devices: {describe_devices(devs)})"
+            )
         return DeviceChoice(req, gpu.name, gpu.type)
     ggml.bind()
     devs = ggml.list_devices()
@@ -105,10 +117,13 @@ def resolve_device(device: Optional[str]) -> DeviceChoice:
         found = [d for d in devs if d.name == name] or [d for d in devs if d.name.lower() == name.lower()]
     if not found:
         what = f"no {req} device" if req in BACKENDS else f"no device named {device!r}"
-        hint = (" (a GPU backend comes with a GPU build of llama-cpp-python, docs/building.md)"
-                if req in BACKENDS else "")
-        raise ValueError(f"device={device!r}: ggml reports {what}; devices found: {describe_devices(devs)} "
-                         f"(backends loaded from {ggml_lib_dir()}){hint}")
+        hint = (
+            " (a GPU backend comes with a GPU build of llama-cpp-python, docs/building.md)" if req in BACKENDS else ""
+        )
+        raise ValueError(
+            f"device={device!r}: ggml reports {what}; devices found: {describe_devices(devs)} "
+            f"(backends loaded from {ggml_lib_dir()}){hint}"
+        )
     keyword = req == CPU_DEVICE_NAME or req in BACKENDS
     return DeviceChoice(req if keyword else name, found[0].name, found[0].type)
 
@@ -162,8 +177,9 @@ class DeviceSizer:
             ValueError: asked for another n_ctx than the context's.
         """
         if int(n_ctx) != self._ctx.n_ctx:
-            raise ValueError(f"the device's KV cache is counted for the context's n_ctx {self._ctx.n_ctx}; "
-                             f"asked for n_ctx {n_ctx}")
+            raise ValueError(
+                f"the device's KV cache is counted for the context's n_ctx {self._ctx.n_ctx}; asked for n_ctx {n_ctx}"
+            )
         return kv_cells(self._ctx.n_ctx, self._ctx.n_seq_max)
 
     def compute_bytes(self, sizes, n_ctx: int, n_batch: int) -> int:
@@ -173,8 +189,10 @@ class DeviceSizer:
             ValueError: asked for another n_ctx / n_batch than the context's.
         """
         if (int(n_ctx), int(n_batch)) != (self._ctx.n_ctx, self._ctx.n_batch):
-            raise ValueError(f"the device's compute buffer is measured for the context's n_ctx {self._ctx.n_ctx}, "
-                             f"n_batch {self._ctx.n_batch}; asked for n_ctx {n_ctx}, n_batch {n_batch}")
+            raise ValueError(
+                f"the device's compute buffer is measured for the context's n_ctx {self._ctx.n_ctx}, "
+                f"n_batch {self._ctx.n_batch}; asked for n_ctx {n_ctx}, n_batch {n_batch}"
+            )
         if self._compute is None:
             self._compute = int(self._ctx.ggml_compute_bytes(self._dev))
         return self._compute

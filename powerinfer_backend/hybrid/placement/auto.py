@@ -28,9 +28,18 @@ import numpy as np
 
 from .plan import LayerPlan, Plan
 from .planners import _check_freq, _check_int, plan_layer_split, plan_placement
-from .predict import (LayerBytes, _check_predict_args, layer_time, predict_layer_split, predict_ours)
-from .sizes import (CPU_BUFT, NEURON_GROUP, ModelSizes, Sizer, attn_block_bytes, compute_bytes, hot_bytes,
-                    kv_bytes_per_layer, output_block_bytes)
+from .predict import LayerBytes, _check_predict_args, layer_time, predict_layer_split, predict_ours
+from .sizes import (
+    CPU_BUFT,
+    NEURON_GROUP,
+    ModelSizes,
+    Sizer,
+    attn_block_bytes,
+    compute_bytes,
+    hot_bytes,
+    kv_bytes_per_layer,
+    output_block_bytes,
+)
 
 __all__ = ["POLICIES", "plan_throughput", "plan_auto"]
 
@@ -45,8 +54,7 @@ class _Layer:
     on the device), ``k`` (neurons there), CPU only first; :meth:`cost` of any (a, k).
     ``memo``: hot bytes by (the layer's FFN tensors, k), shared by layers of equal shapes."""
 
-    def __init__(self, sizes: ModelSizes, i: int, f_sorted: np.ndarray, n_ctx: int, sizer: Sizer, timer,
-                 memo: dict):
+    def __init__(self, sizes: ModelSizes, i: int, f_sorted: np.ndarray, n_ctx: int, sizer: Sizer, timer, memo: dict):
         self.sizes, self.i, self.sizer, self.timer, self.memo = sizes, i, sizer, timer, memo
         key = tuple(sorted((k, v) for k, v in sizes.layers[i].items() if k.startswith("ffn_")))
         self.key = memo.setdefault(key, len(memo))  # a small int: cheap to hash per (key, k)
@@ -94,10 +102,22 @@ def _best_move(b: np.ndarray, t: np.ndarray, cur: int, left: int) -> tuple[float
     return float(rate[j]), j
 
 
-def plan_throughput(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: int, *, n_ctx: int,
-                    n_batch: int, device_gbps: float, host_gbps: float, mode: str, sizer: Sizer = CPU_BUFT,
-                    device_skips: bool = False, n_past: int = 0, predictor_bytes: int = 0,
-                    sync_s: float = 0.0) -> Plan:
+def plan_throughput(
+    sizes: ModelSizes,
+    neuron_freq: np.ndarray | None,
+    vram_budget: int,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    device_gbps: float,
+    host_gbps: float,
+    mode: str,
+    sizer: Sizer = CPU_BUFT,
+    device_skips: bool = False,
+    n_past: int = 0,
+    predictor_bytes: int = 0,
+    sync_s: float = 0.0,
+) -> Plan:
     """The placement that the greedy on predicted seconds saved per device byte chooses
     (module docstring) within ``vram_budget`` bytes.
 
@@ -114,8 +134,7 @@ def plan_throughput(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budg
     """
     budget = _check_int("vram_budget", vram_budget, 0)
     n_ctx, n_batch = _check_int("n_ctx", n_ctx, 1), _check_int("n_batch", n_batch, 1)
-    bd, bh, n_past, predictor_bytes = _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes,
-                                                          sync_s)
+    bd, bh, n_past, predictor_bytes = _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes, sync_s)
     freq = _check_freq(sizes, neuron_freq)
     nl, nff = sizes.n_layer, sizes.n_ff
     order = [np.lexsort((np.arange(nff), -freq[i])) for i in range(nl)]  # as plan_placement ranks
@@ -126,16 +145,34 @@ def plan_throughput(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budg
         lb = [LayerBytes.of(sizes, i, n_past) for i in range(nl)]
 
         def timer(i, a, k, hot, cold):
-            return layer_time(lb[i], i, n_ff=nff, attn_on=a, n_hot=k, hot_fsum=hot, cold_fsum=cold, bd=bd, bh=bh,
-                              mode=mode, device_skips=device_skips, predictor_bytes=predictor_bytes,
-                              sync_s=sync_s).t
+            return layer_time(
+                lb[i],
+                i,
+                n_ff=nff,
+                attn_on=a,
+                n_hot=k,
+                hot_fsum=hot,
+                cold_fsum=cold,
+                bd=bd,
+                bh=bh,
+                mode=mode,
+                device_skips=device_skips,
+                predictor_bytes=predictor_bytes,
+                sync_s=sync_s,
+            ).t
 
         memo: dict = {}
         lays = [_Layer(sizes, i, freq[i][order[i]], n_ctx, sizer, timer, memo) for i in range(nl)]
         choices = [(L.b, L.t, L.a, L.k) for L in lays]
         out = sizes.output_norm.nbytes + sizes.output.nbytes
-        choices.append((np.asarray([0, output_block_bytes(sizes, n_batch, sizer)], np.int64),
-                        np.asarray([out / bh, out / bd]), None, None))
+        choices.append(
+            (
+                np.asarray([0, output_block_bytes(sizes, n_batch, sizer)], np.int64),
+                np.asarray([out / bh, out / bd]),
+                None,
+                None,
+            )
+        )
         left = budget - compute
         version = [0] * (nl + 1)
         heap: list[tuple] = []
@@ -180,22 +217,51 @@ def plan_throughput(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budg
         ids = np.sort(order[i][:k]).astype(np.int32)
         total = float(freq[i].sum())
         mass = float(freq[i][ids].sum()) / total if total > 0 else (1.0 if k == nff else 0.0)
-        layers.append(LayerPlan(i, a, attn_block_bytes(sizes, i, n_ctx, sizer) if a else 0,
-                                kv_bytes_per_layer(sizes, n_ctx, sizer) if a else 0, ids,
-                                hot_bytes(sizes, i, k, sizer), mass))
+        layers.append(
+            LayerPlan(
+                i,
+                a,
+                attn_block_bytes(sizes, i, n_ctx, sizer) if a else 0,
+                kv_bytes_per_layer(sizes, n_ctx, sizer) if a else 0,
+                ids,
+                hot_bytes(sizes, i, k, sizer),
+                mass,
+            )
+        )
     output_on = bool(choices) and cur[nl] == 1
     if not output_on and not any(L.attn_on_device or L.n_hot for L in layers):
         compute = 0  # nothing placed: no compute buffer either
-    plan = Plan(budget, n_ctx, n_batch, nff, compute, output_on,
-                output_block_bytes(sizes, n_batch, sizer) if output_on else 0, layers)
+    plan = Plan(
+        budget,
+        n_ctx,
+        n_batch,
+        nff,
+        compute,
+        output_on,
+        output_block_bytes(sizes, n_batch, sizer) if output_on else 0,
+        layers,
+    )
     assert plan.device_bytes <= budget, (plan.device_bytes, budget)
     return plan
 
 
-def plan_auto(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: int, *, n_ctx: int, n_batch: int,
-              device_gbps: float, host_gbps: float, mode: str, sizer: Sizer = CPU_BUFT,
-              disable_gpu_index: bool = False, device_skips: bool = False, n_past: int = 0,
-              predictor_bytes: int = 0, sync_s: float = 0.0) -> Plan:
+def plan_auto(
+    sizes: ModelSizes,
+    neuron_freq: np.ndarray | None,
+    vram_budget: int,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    device_gbps: float,
+    host_gbps: float,
+    mode: str,
+    sizer: Sizer = CPU_BUFT,
+    disable_gpu_index: bool = False,
+    device_skips: bool = False,
+    n_past: int = 0,
+    predictor_bytes: int = 0,
+    sync_s: float = 0.0,
+) -> Plan:
     """``placement="auto"``: the fastest predicted of :func:`plan_throughput`, the neuron plan
     and the layer split (:data:`POLICIES`; ties go to the earlier). With
     ``disable_gpu_index`` (no FFN neurons on the device) the neuron plan's dense blocks.
@@ -209,22 +275,42 @@ def plan_auto(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: in
     Raises:
         ValueError: as :func:`plan_throughput`.
     """
-    kw: dict[str, Any] = dict(device_gbps=device_gbps, host_gbps=host_gbps, mode=mode, device_skips=device_skips,
-                              n_past=n_past, predictor_bytes=predictor_bytes, sync_s=sync_s)
+    kw: dict[str, Any] = dict(
+        device_gbps=device_gbps,
+        host_gbps=host_gbps,
+        mode=mode,
+        device_skips=device_skips,
+        n_past=n_past,
+        predictor_bytes=predictor_bytes,
+        sync_s=sync_s,
+    )
     if disable_gpu_index:
-        plans = {"neurons": plan_placement(sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch,
-                                           disable_gpu_index=True, sizer=sizer)}
+        plans = {
+            "neurons": plan_placement(
+                sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch, disable_gpu_index=True, sizer=sizer
+            )
+        }
     else:
-        plans = {"throughput": plan_throughput(sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch,
-                                               sizer=sizer, **kw),
-                 "neurons": plan_placement(sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch,
-                                           sizer=sizer),
-                 "layers": plan_layer_split(sizes, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer)}
+        plans = {
+            "throughput": plan_throughput(
+                sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer, **kw
+            ),
+            "neurons": plan_placement(sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer),
+            "layers": plan_layer_split(sizes, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer),
+        }
     tok_s = {k: predict_ours(sizes, p, neuron_freq, **kw).tok_s for k, p in plans.items()}
     best = max(plans, key=lambda k: (tok_s[k], -POLICIES.index(k)))
-    llama = predict_layer_split(sizes, vram_budget, device_gbps=device_gbps, host_gbps=host_gbps, n_ctx=n_ctx,
-                                n_batch=n_batch, n_past=n_past).tok_s
+    llama = predict_layer_split(
+        sizes, vram_budget, device_gbps=device_gbps, host_gbps=host_gbps, n_ctx=n_ctx, n_batch=n_batch, n_past=n_past
+    ).tok_s
     plan = plans[best]
-    plan.choice = {"policy": best, "tok_s": tok_s, "llama_cpp_tok_s": llama, "ratio": tok_s[best] / llama,
-                   "device_gbps": float(device_gbps), "host_gbps": float(host_gbps), "mode": mode}
+    plan.choice = {
+        "policy": best,
+        "tok_s": tok_s,
+        "llama_cpp_tok_s": llama,
+        "ratio": tok_s[best] / llama,
+        "device_gbps": float(device_gbps),
+        "host_gbps": float(host_gbps),
+        "mode": mode,
+    }
     return plan

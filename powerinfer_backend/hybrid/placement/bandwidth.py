@@ -17,14 +17,51 @@ __all__ = ["GPU_BANDWIDTH_GBPS", "UNKNOWN_GPU_GBPS", "gpu_bandwidth", "host_band
 #: vendor-specified memory bandwidth in GB/s, by a name ggml's device description
 #: contains (case-insensitive; the longest match wins, so "RTX 4060 Ti" before "RTX 4060")
 GPU_BANDWIDTH_GBPS: dict[str, float] = {
-    "RTX 3050": 224, "RTX 3060": 360, "RTX 3060 Ti": 448, "RTX 3070": 448, "RTX 3070 Ti": 608, "RTX 3080": 760,
-    "RTX 3080 Ti": 912, "RTX 3090": 936, "RTX 3090 Ti": 1008, "RTX 4060": 272, "RTX 4060 Ti": 288,
-    "RTX 4070": 504, "RTX 4070 Ti": 504, "RTX 4070 Super": 504, "RTX 4080": 717, "RTX 4080 Super": 736,
-    "RTX 4090": 1008, "RTX 5070": 672, "RTX 5080": 960, "RTX 5090": 1792, "RTX A6000": 768, "RTX 6000 Ada": 960,
-    "T4": 320, "L4": 300, "A10": 600, "L40S": 864, "L40": 864, "V100": 900, "A100": 1555, "A100-SXM4-80GB": 2039,
-    "A100 80GB": 2039, "A100-PCIE-80GB": 1935, "H100 PCIe": 2000, "H100": 3350, "H200": 4800, "B200": 8000,
-    "MI300X": 5300, "Radeon RX 7900 XTX": 960, "Apple M1": 68, "Apple M2": 100, "Apple M3": 100,
-    "Apple M1 Max": 400, "Apple M2 Max": 400, "Apple M1 Ultra": 800, "Apple M2 Ultra": 800,
+    "RTX 3050": 224,
+    "RTX 3060": 360,
+    "RTX 3060 Ti": 448,
+    "RTX 3070": 448,
+    "RTX 3070 Ti": 608,
+    "RTX 3080": 760,
+    "RTX 3080 Ti": 912,
+    "RTX 3090": 936,
+    "RTX 3090 Ti": 1008,
+    "RTX 4060": 272,
+    "RTX 4060 Ti": 288,
+    "RTX 4070": 504,
+    "RTX 4070 Ti": 504,
+    "RTX 4070 Super": 504,
+    "RTX 4080": 717,
+    "RTX 4080 Super": 736,
+    "RTX 4090": 1008,
+    "RTX 5070": 672,
+    "RTX 5080": 960,
+    "RTX 5090": 1792,
+    "RTX A6000": 768,
+    "RTX 6000 Ada": 960,
+    "T4": 320,
+    "L4": 300,
+    "A10": 600,
+    "L40S": 864,
+    "L40": 864,
+    "V100": 900,
+    "A100": 1555,
+    "A100-SXM4-80GB": 2039,
+    "A100 80GB": 2039,
+    "A100-PCIE-80GB": 1935,
+    "H100 PCIe": 2000,
+    "H100": 3350,
+    "H200": 4800,
+    "B200": 8000,
+    "MI300X": 5300,
+    "Radeon RX 7900 XTX": 960,
+    "Apple M1": 68,
+    "Apple M2": 100,
+    "Apple M3": 100,
+    "Apple M1 Max": 400,
+    "Apple M2 Max": 400,
+    "Apple M1 Ultra": 800,
+    "Apple M2 Ultra": 800,
 }
 #: assumed for a GPU the table does not name (an entry-level discrete GPU's); said in the plan
 UNKNOWN_GPU_GBPS = 300.0
@@ -68,8 +105,9 @@ def host_bandwidth(n_threads: int = 1, *, refresh: bool = False) -> float:
     return gbps
 
 
-def device_bandwidth(name: str, description: str, type_: str, *, override: float | None = None,
-                     n_threads: int = 1) -> tuple[float, str]:
+def device_bandwidth(
+    name: str, description: str, type_: str, *, override: float | None = None, n_threads: int = 1
+) -> tuple[float, str]:
     """(GB/s, where it came from) of a ggml device: ``override`` ("given"); ggml's CPU
     backend (type "cpu" or name "CPU"): the host's (:func:`host_bandwidth`, "measured");
     a GPU the table names ("table: <description>"); else :data:`UNKNOWN_GPU_GBPS`
@@ -79,8 +117,11 @@ def device_bandwidth(name: str, description: str, type_: str, *, override: float
         ValueError: an override that is not a finite number > 0.
     """
     if override is not None:
-        if isinstance(override, bool) or not isinstance(override, (int, float)) or not (
-                math.isfinite(override) and override > 0):
+        if (
+            isinstance(override, bool)
+            or not isinstance(override, (int, float))
+            or not (math.isfinite(override) and override > 0)
+        ):
             raise ValueError(f"device_bandwidth must be a finite bandwidth > 0 in GB/s, got {override!r}")
         return float(override), "given"
     if str(type_).lower() == "cpu" or name == "CPU":
@@ -88,5 +129,6 @@ def device_bandwidth(name: str, description: str, type_: str, *, override: float
     gbps = gpu_bandwidth(description or name)
     if gbps is not None:
         return gbps, f"table: {description or name}"
-    return UNKNOWN_GPU_GBPS, (f"assumed: {description or name!r} is not in the bandwidth table "
-                              f"(pass device_bandwidth= GB/s)")
+    return UNKNOWN_GPU_GBPS, (
+        f"assumed: {description or name!r} is not in the bandwidth table (pass device_bandwidth= GB/s)"
+    )

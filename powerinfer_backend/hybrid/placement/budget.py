@@ -12,16 +12,41 @@ from typing import Any
 
 import numpy as np
 
-from .sizes import (CPU_BUFT, GiB, KiB, MiB, TiB, ModelSizes, Sizer, compute_bytes, full_device_bytes, layer_bytes,
-                    output_block_bytes)
+from .sizes import (
+    CPU_BUFT,
+    GiB,
+    KiB,
+    MiB,
+    TiB,
+    ModelSizes,
+    Sizer,
+    compute_bytes,
+    full_device_bytes,
+    layer_bytes,
+    output_block_bytes,
+)
 
 __all__ = ["DEFAULT_FREE_MARGIN", "parse_vram_budget", "BudgetDecision", "resolve_budget"]
 
 #: When no budget and no n_gpu_layers is given: free device memory minus this.
 DEFAULT_FREE_MARGIN = 512 * MiB
 
-_UNITS = {"": GiB, "b": 1, "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB, "k": KiB, "m": MiB, "g": GiB,
-          "t": TiB, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = {
+    "": GiB,
+    "b": 1,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": TiB,
+    "k": KiB,
+    "m": MiB,
+    "g": GiB,
+    "t": TiB,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -56,14 +81,16 @@ def parse_vram_budget(value: Any) -> int | None:
         if m is None or unit not in _UNITS:
             if value.strip().startswith("-"):
                 raise ValueError(f"vram_budget must be >= 0, got {value!r}")
-            raise ValueError(f"vram_budget {value!r} is not a size: use GiB as a number or a string like "
-                             f"'8GiB', '512MiB', '1.5GB'")
+            raise ValueError(
+                f"vram_budget {value!r} is not a size: use GiB as a number or a string like '8GiB', '512MiB', '1.5GB'"
+            )
         x = float(m.group(1))
         if not math.isfinite(x):
             raise ValueError(f"vram_budget must be finite, got {value!r}")
         return int(x * _UNITS[unit]) if unit else int(x * GiB)
-    raise ValueError(f"vram_budget must be GiB as a number or a string like '8GiB', got {type(value).__name__} "
-                     f"{value!r}")
+    raise ValueError(
+        f"vram_budget must be GiB as a number or a string like '8GiB', got {type(value).__name__} {value!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -81,9 +108,17 @@ class BudgetDecision:
     message: str
 
 
-def resolve_budget(vram_budget: Any, n_gpu_layers: int | None, sizes: ModelSizes, *, free_bytes: int | None,
-                   n_ctx: int, n_batch: int, margin: int = DEFAULT_FREE_MARGIN,
-                   sizer: Sizer = CPU_BUFT) -> BudgetDecision:
+def resolve_budget(
+    vram_budget: Any,
+    n_gpu_layers: int | None,
+    sizes: ModelSizes,
+    *,
+    free_bytes: int | None,
+    n_ctx: int,
+    n_batch: int,
+    margin: int = DEFAULT_FREE_MARGIN,
+    sizer: Sizer = CPU_BUFT,
+) -> BudgetDecision:
     """Decide the budget from the user's ``vram_budget`` and ``n_gpu_layers``.
 
     Rules, in order (issue 6):
@@ -110,11 +145,15 @@ def resolve_budget(vram_budget: Any, n_gpu_layers: int | None, sizes: ModelSizes
     b = parse_vram_budget(vram_budget)
     if b is not None:
         if n_gpu_layers is not None:
-            warnings.warn(f"n_gpu_layers={n_gpu_layers} ignored: vram_budget={vram_budget!r} decides placement",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                f"n_gpu_layers={n_gpu_layers} ignored: vram_budget={vram_budget!r} decides placement",
+                UserWarning,
+                stacklevel=2,
+            )
         if free_bytes is not None and b > free_bytes:
-            raise ValueError(f"vram_budget {vram_budget!r} = {b} bytes exceeds the device's free memory "
-                             f"{free_bytes} bytes")
+            raise ValueError(
+                f"vram_budget {vram_budget!r} = {b} bytes exceeds the device's free memory {free_bytes} bytes"
+            )
         return BudgetDecision(b, "vram_budget", "")
     if n_gpu_layers is not None:
         if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, (int, np.integer)) or n_gpu_layers < -1:
@@ -128,15 +167,20 @@ def resolve_budget(vram_budget: Any, n_gpu_layers: int | None, sizes: ModelSizes
             want = full_device_bytes(sizes, n_ctx, n_batch, sizer)
         else:
             want = compute_bytes(sizes, n_ctx, n_batch, sizer) + sum(
-                layer_bytes(sizes, i, n_ctx, sizer) for i in range(min(n, sizes.n_layer)))
+                layer_bytes(sizes, i, n_ctx, sizer) for i in range(min(n, sizes.n_layer))
+            )
             if n > sizes.n_layer:
                 want += output_block_bytes(sizes, n_batch, sizer)
         got = min(want, free_bytes)
         capped = f", capped at free device memory {free_bytes} bytes" if got < want else ""
-        return BudgetDecision(got, "n_gpu_layers", f"n_gpu_layers={n} converted to vram_budget {got} bytes "
-                                                   f"({got / GiB:.3f} GiB){capped}")
+        return BudgetDecision(
+            got, "n_gpu_layers", f"n_gpu_layers={n} converted to vram_budget {got} bytes ({got / GiB:.3f} GiB){capped}"
+        )
     if free_bytes is None:
         return BudgetDecision(0, "no_device", "")
     got = max(0, free_bytes - margin)
-    return BudgetDecision(got, "default", f"vram_budget defaults to free device memory {free_bytes} bytes minus "
-                                          f"{margin} bytes margin = {got} bytes")
+    return BudgetDecision(
+        got,
+        "default",
+        f"vram_budget defaults to free device memory {free_bytes} bytes minus {margin} bytes margin = {got} bytes",
+    )

@@ -13,8 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from ...loader.artifacts import (artifact_dir, artifact_metadata, atomic_write_json, check_provenance,
-                                 model_fingerprint, read_metadata)
+from ...loader.artifacts import (
+    artifact_dir,
+    artifact_metadata,
+    atomic_write_json,
+    check_provenance,
+    model_fingerprint,
+    read_metadata,
+)
 from .plan import FORMAT_VERSION, Plan
 from .planners import _check_int, plan_placement
 from .sizes import CPU_BUFT, KV_TYPE, NEURON_GROUP, ModelSizes, Sizer, _n_cells, _sizer_cells, compute_bytes
@@ -43,8 +49,9 @@ def load_plan(path: str | os.PathLike) -> Plan:
     return plan
 
 
-def neuron_frequencies(model_path: str | os.PathLike, *, model=None, sparsity_sidecar: Any = "auto",
-                       verbose: bool = False) -> tuple[np.ndarray | None, str]:
+def neuron_frequencies(
+    model_path: str | os.PathLike, *, model=None, sparsity_sidecar: Any = "auto", verbose: bool = False
+) -> tuple[np.ndarray | None, str]:
     """The firing frequencies placement ranks neurons by, and their source name:
     the calibration sidecar's ``neuron_freq`` ("sidecar:<sha256>"); else, with
     ``sparsity_sidecar="auto"``, PowerInfer's ``<model>.generated.gpuidx`` beside the
@@ -80,13 +87,26 @@ def neuron_frequencies(model_path: str | os.PathLike, *, model=None, sparsity_si
     return None, "uniform"
 
 
-def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: int, n_batch: int,
-                   model=None, neuron_freq: np.ndarray | None = None, freq_source: str | None = None,
-                   sparsity_sidecar: str | os.PathLike | None = "auto", reset_gpu_index: bool = False,
-                   disable_gpu_index: bool = False, out: str | os.PathLike | None = None,
-                   sizer: Sizer = CPU_BUFT, verbose: bool = False, placement: str = "neurons",
-                   device_gbps: float | None = None, host_gbps: float | None = None,
-                   mode: str = "dense") -> Plan:
+def plan_for_model(
+    model_path: str | os.PathLike,
+    vram_budget: int,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    model=None,
+    neuron_freq: np.ndarray | None = None,
+    freq_source: str | None = None,
+    sparsity_sidecar: str | os.PathLike | None = "auto",
+    reset_gpu_index: bool = False,
+    disable_gpu_index: bool = False,
+    out: str | os.PathLike | None = None,
+    sizer: Sizer = CPU_BUFT,
+    verbose: bool = False,
+    placement: str = "neurons",
+    device_gbps: float | None = None,
+    host_gbps: float | None = None,
+    mode: str = "dense",
+) -> Plan:
     """The plan for the model file at ``model_path``, cached in its artifact folder.
 
     The stored plan (``out`` or :func:`plan_path`) is reused when its recorded inputs
@@ -124,8 +144,9 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
         if freq_source is None:
             freq_source = "array:" + hashlib.sha256(np.ascontiguousarray(neuron_freq, np.float32).tobytes()).hexdigest()
     else:
-        neuron_freq, freq_source = neuron_frequencies(model_path, model=model, sparsity_sidecar=sparsity_sidecar,
-                                                      verbose=verbose)
+        neuron_freq, freq_source = neuron_frequencies(
+            model_path, model=model, sparsity_sidecar=sparsity_sidecar, verbose=verbose
+        )
     fp = model_fingerprint(model_path)
     own = model is None
     if own:
@@ -137,11 +158,20 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
     finally:
         if own:
             model.close()
-    inputs = {"format_version": FORMAT_VERSION, "model_sha256": fp, "vram_budget": budget, "n_ctx": int(n_ctx),
-              "n_batch": int(n_batch), "disable_gpu_index": bool(disable_gpu_index), "freq_source": freq_source,
-              "device": sizer.name, "align": int(sizer.alignment),
-              "compute_bytes": compute_bytes(sizes, n_ctx, n_batch, sizer), "group": NEURON_GROUP,
-              "kv_type": KV_TYPE}
+    inputs = {
+        "format_version": FORMAT_VERSION,
+        "model_sha256": fp,
+        "vram_budget": budget,
+        "n_ctx": int(n_ctx),
+        "n_batch": int(n_batch),
+        "disable_gpu_index": bool(disable_gpu_index),
+        "freq_source": freq_source,
+        "device": sizer.name,
+        "align": int(sizer.alignment),
+        "compute_bytes": compute_bytes(sizes, n_ctx, n_batch, sizer),
+        "group": NEURON_GROUP,
+        "kv_type": KV_TYPE,
+    }
     cells = _sizer_cells(n_ctx, sizer)
     if cells != _n_cells(n_ctx):  # parallel sequences: their slots' KV cells (n_seq_max)
         inputs["kv_cells"] = cells
@@ -161,17 +191,29 @@ def plan_for_model(model_path: str | os.PathLike, vram_budget: int, *, n_ctx: in
                 return plan
             except ValueError:
                 pass  # unreadable: recompute
-    check_provenance(path, fp, force=reset_gpu_index, model_path=model_path,
-                     force_hint="reset_gpu_index=True (--reset-gpu-index)")
+    check_provenance(
+        path, fp, force=reset_gpu_index, model_path=model_path, force_hint="reset_gpu_index=True (--reset-gpu-index)"
+    )
     if placement == "auto":
         from .auto import plan_auto
 
         assert device_gbps is not None and host_gbps is not None  # checked with the inputs above
-        plan = plan_auto(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch, device_gbps=device_gbps,
-                         host_gbps=host_gbps, mode=mode, sizer=sizer, disable_gpu_index=disable_gpu_index)
+        plan = plan_auto(
+            sizes,
+            neuron_freq,
+            budget,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            device_gbps=device_gbps,
+            host_gbps=host_gbps,
+            mode=mode,
+            sizer=sizer,
+            disable_gpu_index=disable_gpu_index,
+        )
     else:
-        plan = plan_placement(sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch,
-                              disable_gpu_index=disable_gpu_index, sizer=sizer)
+        plan = plan_placement(
+            sizes, neuron_freq, budget, n_ctx=n_ctx, n_batch=n_batch, disable_gpu_index=disable_gpu_index, sizer=sizer
+        )
     plan.inputs = inputs
     d = plan.to_json()
     d.update(artifact_metadata(model_path, inputs=inputs))

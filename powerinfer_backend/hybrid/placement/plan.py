@@ -88,7 +88,7 @@ class Plan:
 
     @property
     def kv_location(self) -> str:
-        """"device" (every layer's KV cache), "cpu" (none) or "split"."""
+        """ "device" (every layer's KV cache), "cpu" (none) or "split"."""
         on = sum(L.attn_on_device for L in self.layers)
         return "device" if on == len(self.layers) else ("cpu" if on == 0 else "split")
 
@@ -108,54 +108,102 @@ class Plan:
         """Device bytes per category: compute, attention (weights), kv_cache, output,
         ffn_hot; and free (budget - device_bytes)."""
         kv = sum(L.kv_bytes for L in self.layers)
-        return {"compute": self.compute_bytes, "attention": sum(L.attn_bytes for L in self.layers) - kv,
-                "kv_cache": kv, "output": self.output_bytes, "ffn_hot": sum(L.hot_bytes for L in self.layers),
-                "free": self.budget_bytes - self.device_bytes}
+        return {
+            "compute": self.compute_bytes,
+            "attention": sum(L.attn_bytes for L in self.layers) - kv,
+            "kv_cache": kv,
+            "output": self.output_bytes,
+            "ffn_hot": sum(L.hot_bytes for L in self.layers),
+            "free": self.budget_bytes - self.device_bytes,
+        }
 
     def to_json(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, "budget_bytes": self.budget_bytes, "n_ctx": self.n_ctx,
-                "n_batch": self.n_batch, "n_ff": self.n_ff, "compute_bytes": self.compute_bytes,
-                "output_on_device": self.output_on_device, "output_bytes": self.output_bytes,
-                "device_bytes": self.device_bytes, "inputs": self.inputs, "choice": self.choice,
-                "layers": [{"layer": L.layer, "attn_on_device": L.attn_on_device, "attn_bytes": L.attn_bytes,
-                            "kv_bytes": L.kv_bytes, "hot_bytes": L.hot_bytes, "freq_mass": L.freq_mass,
-                            "hot_ids": L.hot_ids.tolist()} for L in self.layers]}
+        return {
+            "format_version": FORMAT_VERSION,
+            "budget_bytes": self.budget_bytes,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_ff": self.n_ff,
+            "compute_bytes": self.compute_bytes,
+            "output_on_device": self.output_on_device,
+            "output_bytes": self.output_bytes,
+            "device_bytes": self.device_bytes,
+            "inputs": self.inputs,
+            "choice": self.choice,
+            "layers": [
+                {
+                    "layer": L.layer,
+                    "attn_on_device": L.attn_on_device,
+                    "attn_bytes": L.attn_bytes,
+                    "kv_bytes": L.kv_bytes,
+                    "hot_bytes": L.hot_bytes,
+                    "freq_mass": L.freq_mass,
+                    "hot_ids": L.hot_ids.tolist(),
+                }
+                for L in self.layers
+            ],
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Plan":
         """Inverse of :meth:`to_json`. Raises ValueError for another format version
         or a malformed plan (missing keys, inconsistent byte total)."""
         if d.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"placement plan format version {d.get('format_version')!r}, "
-                             f"this code reads {FORMAT_VERSION}")
+            raise ValueError(
+                f"placement plan format version {d.get('format_version')!r}, this code reads {FORMAT_VERSION}"
+            )
         try:
-            layers = [LayerPlan(int(L["layer"]), bool(L["attn_on_device"]), int(L["attn_bytes"]),
-                                int(L["kv_bytes"]), np.asarray(L["hot_ids"], dtype=np.int32),
-                                int(L["hot_bytes"]), float(L["freq_mass"])) for L in d["layers"]]
-            plan = cls(int(d["budget_bytes"]), int(d["n_ctx"]), int(d["n_batch"]), int(d["n_ff"]),
-                       int(d["compute_bytes"]), bool(d["output_on_device"]), int(d["output_bytes"]), layers,
-                       dict(d.get("inputs", {})), choice=dict(d.get("choice", {})))
+            layers = [
+                LayerPlan(
+                    int(L["layer"]),
+                    bool(L["attn_on_device"]),
+                    int(L["attn_bytes"]),
+                    int(L["kv_bytes"]),
+                    np.asarray(L["hot_ids"], dtype=np.int32),
+                    int(L["hot_bytes"]),
+                    float(L["freq_mass"]),
+                )
+                for L in d["layers"]
+            ]
+            plan = cls(
+                int(d["budget_bytes"]),
+                int(d["n_ctx"]),
+                int(d["n_batch"]),
+                int(d["n_ff"]),
+                int(d["compute_bytes"]),
+                bool(d["output_on_device"]),
+                int(d["output_bytes"]),
+                layers,
+                dict(d.get("inputs", {})),
+                choice=dict(d.get("choice", {})),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed placement plan ({type(e).__name__}: {e})") from e
         if plan.device_bytes != d.get("device_bytes") or plan.device_bytes > plan.budget_bytes:
-            raise ValueError(f"malformed placement plan: device_bytes {d.get('device_bytes')} recorded, "
-                             f"{plan.device_bytes} summed, budget {plan.budget_bytes}")
+            raise ValueError(
+                f"malformed placement plan: device_bytes {d.get('device_bytes')} recorded, "
+                f"{plan.device_bytes} summed, budget {plan.budget_bytes}"
+            )
         return plan
 
     def format_table(self) -> str:
         """Human-readable per-layer table and byte totals."""
+
         def mib(b):
             return f"{b / MiB:9.2f}"
 
-        lines = [f"vram budget {self.budget_bytes} B ({self.budget_bytes / GiB:.3f} GiB), plan uses "
-                 f"{self.device_bytes} B ({self.device_bytes / GiB:.3f} GiB); n_ctx {self.n_ctx}, "
-                 f"n_batch {self.n_batch}; KV cache: {self.kv_location}; output: "
-                 f"{'device' if self.output_on_device else 'cpu'}",
-                 "layer  attn+kv     hot/n_ff    hot%  freq%   attn MiB    kv MiB   hot MiB",
-                 ]
+        lines = [
+            f"vram budget {self.budget_bytes} B ({self.budget_bytes / GiB:.3f} GiB), plan uses "
+            f"{self.device_bytes} B ({self.device_bytes / GiB:.3f} GiB); n_ctx {self.n_ctx}, "
+            f"n_batch {self.n_batch}; KV cache: {self.kv_location}; output: "
+            f"{'device' if self.output_on_device else 'cpu'}",
+            "layer  attn+kv     hot/n_ff    hot%  freq%   attn MiB    kv MiB   hot MiB",
+        ]
         for L in self.layers:
-            lines.append(f"{L.layer:5d}  {'device' if L.attn_on_device else 'cpu':7s} {L.n_hot:6d}/{self.n_ff:<6d}"
-                         f" {100 * L.n_hot / self.n_ff:6.1f} {100 * L.freq_mass:6.1f} "
-                         f"{mib(L.attn_bytes - L.kv_bytes)} {mib(L.kv_bytes)} {mib(L.hot_bytes)}")
+            lines.append(
+                f"{L.layer:5d}  {'device' if L.attn_on_device else 'cpu':7s} {L.n_hot:6d}/{self.n_ff:<6d}"
+                f" {100 * L.n_hot / self.n_ff:6.1f} {100 * L.freq_mass:6.1f} "
+                f"{mib(L.attn_bytes - L.kv_bytes)} {mib(L.kv_bytes)} {mib(L.hot_bytes)}"
+            )
         lines.append("bytes by category: " + ", ".join(f"{k} {v}" for k, v in self.bytes_by_category().items()))
         return "\n".join(lines)

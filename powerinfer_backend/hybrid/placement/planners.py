@@ -9,8 +9,19 @@ from typing import Any
 import numpy as np
 
 from .plan import LayerPlan, Plan
-from .sizes import (CPU_BUFT, NEURON_GROUP, ModelSizes, Sizer, attn_block_bytes, compute_bytes, hot_bytes,
-                    kv_bytes_per_layer, layer_bytes, neuron_bytes, output_block_bytes)
+from .sizes import (
+    CPU_BUFT,
+    NEURON_GROUP,
+    ModelSizes,
+    Sizer,
+    attn_block_bytes,
+    compute_bytes,
+    hot_bytes,
+    kv_bytes_per_layer,
+    layer_bytes,
+    neuron_bytes,
+    output_block_bytes,
+)
 
 __all__ = ["plan_placement", "plan_layer_split", "why_nothing_placed"]
 
@@ -32,8 +43,16 @@ def _check_freq(s: ModelSizes, neuron_freq: np.ndarray | None) -> np.ndarray:
     return f
 
 
-def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budget: int, *, n_ctx: int,
-                   n_batch: int, disable_gpu_index: bool = False, sizer: Sizer = CPU_BUFT) -> Plan:
+def plan_placement(
+    sizes: ModelSizes,
+    neuron_freq: np.ndarray | None,
+    vram_budget: int,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    disable_gpu_index: bool = False,
+    sizer: Sizer = CPU_BUFT,
+) -> Plan:
     """Place dense blocks and FFN neurons on the device within ``vram_budget`` bytes.
 
     Args:
@@ -88,8 +107,12 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
         groups.sort()
         memo: dict = {}
         kinds: dict = {}
-        ffn_keys = [kinds.setdefault(tuple(sorted((k, v) for k, v in sizes.layers[i].items()
-                                                  if k.startswith("ffn_"))), len(kinds)) for i in range(nl)]
+        ffn_keys = [
+            kinds.setdefault(
+                tuple(sorted((k, v) for k, v in sizes.layers[i].items() if k.startswith("ffn_"))), len(kinds)
+            )
+            for i in range(nl)
+        ]
 
         def hb(i, n):  # hot_bytes; layers of equal FFN tensors share their counts
             key = (ffn_keys[i], n)
@@ -138,20 +161,36 @@ def plan_placement(sizes: ModelSizes, neuron_freq: np.ndarray | None, vram_budge
         compute = 0  # a compute buffer alone is no plan: nothing goes to the device
     layers = []
     for i in range(nl):
-        ids = np.sort(order[i][:n_hot[i]]).astype(np.int32) if order else np.zeros(0, np.int32)
+        ids = np.sort(order[i][: n_hot[i]]).astype(np.int32) if order else np.zeros(0, np.int32)
         total = float(freq[i].sum())
         mass = float(freq[i][ids].sum()) / total if total > 0 else (1.0 if n_hot[i] == nff else 0.0)
         kv = kv_bytes_per_layer(sizes, n_ctx, sizer) if attn_on[i] else 0
-        layers.append(LayerPlan(i, attn_on[i], attn_block_bytes(sizes, i, n_ctx, sizer) if attn_on[i] else 0, kv,
-                                ids, hot_bytes(sizes, i, n_hot[i], sizer), mass))
-    plan = Plan(budget, n_ctx, n_batch, nff, compute, output_on,
-                output_block_bytes(sizes, n_batch, sizer) if output_on else 0, layers)
+        layers.append(
+            LayerPlan(
+                i,
+                attn_on[i],
+                attn_block_bytes(sizes, i, n_ctx, sizer) if attn_on[i] else 0,
+                kv,
+                ids,
+                hot_bytes(sizes, i, n_hot[i], sizer),
+                mass,
+            )
+        )
+    plan = Plan(
+        budget,
+        n_ctx,
+        n_batch,
+        nff,
+        compute,
+        output_on,
+        output_block_bytes(sizes, n_batch, sizer) if output_on else 0,
+        layers,
+    )
     assert plan.device_bytes == used and used <= budget, (plan.device_bytes, used, budget)
     return plan
 
 
-def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int,
-                     sizer: Sizer = CPU_BUFT) -> Plan:
+def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BUFT) -> Plan:
     """The classic split llama.cpp's ``-ngl`` makes, in the same :class:`Plan` form:
     whole layers (attention block, KV cache and all n_ff neurons) on the device from
     the last layer backwards while they fit, then the output block (llama.cpp counts it
@@ -181,33 +220,56 @@ def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch
         compute = used = 0
     if not any(whole) and not output_on:
         compute = used = 0
-    layers = [LayerPlan(i, whole[i], attn_block_bytes(sizes, i, n_ctx, sizer) if whole[i] else 0,
-                        kv_bytes_per_layer(sizes, n_ctx, sizer) if whole[i] else 0,
-                        np.arange(nff if whole[i] else 0, dtype=np.int32),
-                        hot_bytes(sizes, i, nff if whole[i] else 0, sizer), 1.0 if whole[i] else 0.0)
-              for i in range(nl)]
-    plan = Plan(budget, n_ctx, n_batch, nff, compute, output_on,
-                output_block_bytes(sizes, n_batch, sizer) if output_on else 0, layers)
+    layers = [
+        LayerPlan(
+            i,
+            whole[i],
+            attn_block_bytes(sizes, i, n_ctx, sizer) if whole[i] else 0,
+            kv_bytes_per_layer(sizes, n_ctx, sizer) if whole[i] else 0,
+            np.arange(nff if whole[i] else 0, dtype=np.int32),
+            hot_bytes(sizes, i, nff if whole[i] else 0, sizer),
+            1.0 if whole[i] else 0.0,
+        )
+        for i in range(nl)
+    ]
+    plan = Plan(
+        budget,
+        n_ctx,
+        n_batch,
+        nff,
+        compute,
+        output_on,
+        output_block_bytes(sizes, n_batch, sizer) if output_on else 0,
+        layers,
+    )
     assert plan.device_bytes == used <= budget, (plan.device_bytes, used, budget)
     return plan
 
 
-def why_nothing_placed(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int,
-                       sizer: Sizer = CPU_BUFT) -> str:
+def why_nothing_placed(
+    sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BUFT
+) -> str:
     """Why a plan at ``vram_budget`` bytes puts nothing on the device, as one sentence for
     the user (the planners place nothing until the compute buffer and then at least one
     block or neuron group fit); "" for a budget of 0 (CPU only was asked for)."""
     if vram_budget <= 0:
         return ""
+
     def size(n: int) -> str:
         return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
     compute = compute_bytes(sizes, n_ctx, n_batch, sizer)
     if compute > vram_budget:
-        return (f"vram_budget {size(vram_budget)} places nothing: the device's compute buffer alone needs "
-                f"{size(compute)} at n_ctx {n_ctx}, n_batch {n_batch} (a larger budget, or a smaller "
-                f"context or batch, needs less)")
-    need = min([attn_block_bytes(sizes, i, n_ctx, sizer) for i in range(sizes.n_layer)]
-               + [output_block_bytes(sizes, n_batch, sizer)])
-    return (f"vram_budget {size(vram_budget)} places nothing: after the compute buffer ({size(compute)}) "
-            f"{size(vram_budget - compute)} are left, the smallest block needs {size(need)}")
+        return (
+            f"vram_budget {size(vram_budget)} places nothing: the device's compute buffer alone needs "
+            f"{size(compute)} at n_ctx {n_ctx}, n_batch {n_batch} (a larger budget, or a smaller "
+            f"context or batch, needs less)"
+        )
+    need = min(
+        [attn_block_bytes(sizes, i, n_ctx, sizer) for i in range(sizes.n_layer)]
+        + [output_block_bytes(sizes, n_batch, sizer)]
+    )
+    return (
+        f"vram_budget {size(vram_budget)} places nothing: after the compute buffer ({size(compute)}) "
+        f"{size(vram_budget - compute)} are left, the smallest block needs {size(need)}"
+    )

@@ -58,8 +58,10 @@ def write_plot(plan: Plan, path: str | os.PathLike, *, force: bool = False) -> P
     out = Path(path)
     if out.exists() and not force and _PLOT_MARK.encode() not in out.read_bytes()[:4096]:
         plt.close(fig)
-        raise ValueError(f"Refusing to overwrite {out}: it is not a plot written by powerinfer-backend plan "
-                         f"(pass --force / force=True to replace it)")
+        raise ValueError(
+            f"Refusing to overwrite {out}: it is not a plot written by powerinfer-backend plan "
+            f"(pass --force / force=True to replace it)"
+        )
     atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100, metadata={"Software": _PLOT_MARK}))
     plt.close(fig)
     return out

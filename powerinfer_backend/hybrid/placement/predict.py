@@ -47,9 +47,22 @@ from .plan import Plan
 from .planners import _check_freq, _check_int
 from .sizes import _FFN_ROW_SLOTS, ACT_BYTES, KV_ELEM_BYTES, ModelSizes, kv_bytes_per_layer, row_bytes, scratch_bytes
 
-__all__ = ["ROW_READS", "MODES", "LayerTime", "LayerBytes", "Prediction", "default_mode", "attn_weight_bytes",
-           "ffn_row_bytes", "layer_time", "predict_ours", "llama_cpp_offload", "predict_layer_split",
-           "measure_host_bandwidth", "format_predictions"]
+__all__ = [
+    "ROW_READS",
+    "MODES",
+    "LayerTime",
+    "LayerBytes",
+    "Prediction",
+    "default_mode",
+    "attn_weight_bytes",
+    "ffn_row_bytes",
+    "layer_time",
+    "predict_ours",
+    "llama_cpp_offload",
+    "predict_layer_split",
+    "measure_host_bandwidth",
+    "format_predictions",
+]
 
 #: Per FFN mode, how each neuron row (gate, up, down) is read: "always" (every neuron)
 #: or "freq" (only when the neuron fires: probability = its firing frequency).
@@ -140,22 +153,33 @@ class Prediction:
     @property
     def device_bytes_read(self) -> float:
         """Bytes per token read from device memory."""
-        return (sum(L.device_ffn_bytes + (L.attn_bytes if L.attn_on_device else 0) for L in self.layers)
-                + (self.output_bytes if self.output_on_device else 0))
+        return sum(L.device_ffn_bytes + (L.attn_bytes if L.attn_on_device else 0) for L in self.layers) + (
+            self.output_bytes if self.output_on_device else 0
+        )
 
     @property
     def host_bytes_read(self) -> float:
         """Bytes per token read from host memory."""
-        return (sum(L.host_ffn_bytes + (0 if L.attn_on_device else L.attn_bytes) for L in self.layers)
-                + (0 if self.output_on_device else self.output_bytes))
+        return sum(L.host_ffn_bytes + (0 if L.attn_on_device else L.attn_bytes) for L in self.layers) + (
+            0 if self.output_on_device else self.output_bytes
+        )
 
     def to_json(self) -> dict:
-        return {"engine": self.engine, "tok_s": self.tok_s, "seconds_per_token": self.seconds_per_token,
-                "device_gbps": self.device_gbps, "host_gbps": self.host_gbps, "mode": self.mode,
-                "device_bytes_read": self.device_bytes_read, "host_bytes_read": self.host_bytes_read,
-                "output_on_device": self.output_on_device, "t_output": self.t_output,
-                "n_gpu_layers": self.n_gpu_layers, "notes": self.notes,
-                "layers": [vars(L).copy() for L in self.layers]}
+        return {
+            "engine": self.engine,
+            "tok_s": self.tok_s,
+            "seconds_per_token": self.seconds_per_token,
+            "device_gbps": self.device_gbps,
+            "host_gbps": self.host_gbps,
+            "mode": self.mode,
+            "device_bytes_read": self.device_bytes_read,
+            "host_bytes_read": self.host_bytes_read,
+            "output_on_device": self.output_on_device,
+            "t_output": self.t_output,
+            "n_gpu_layers": self.n_gpu_layers,
+            "notes": self.notes,
+            "layers": [vars(L).copy() for L in self.layers],
+        }
 
 
 def _check_bw(name: str, v: float) -> float:
@@ -224,15 +248,35 @@ class LayerBytes:
     def of(cls, s: ModelSizes, i: int, n_past: int = 0) -> "LayerBytes":
         L = s.layers[i]
         whole = tuple(L[k].nbytes / s.n_ff if k in L else 0 for k in _FFN_ROW_SLOTS[:2]) + (
-            L["ffn_down"].nbytes / s.n_ff,)
-        return cls(attn_weight_bytes(s, i) + _kv_read(s, n_past), ffn_row_bytes(s, i),
-                   ffn_row_bytes(s, i, split=False), ffn_row_bytes(s, i, device=True), whole,
-                   sum(L[k].nbytes for k in _FFN_ROW_SLOTS if k in L), L["ffn_down"].nbytes)
+            L["ffn_down"].nbytes / s.n_ff,
+        )
+        return cls(
+            attn_weight_bytes(s, i) + _kv_read(s, n_past),
+            ffn_row_bytes(s, i),
+            ffn_row_bytes(s, i, split=False),
+            ffn_row_bytes(s, i, device=True),
+            whole,
+            sum(L[k].nbytes for k in _FFN_ROW_SLOTS if k in L),
+            L["ffn_down"].nbytes,
+        )
 
 
-def layer_time(b: LayerBytes, i: int, *, n_ff: int, attn_on: bool, n_hot: int, hot_fsum: float, cold_fsum: float,
-               bd: float, bh: float, mode: str, device_skips: bool = False, predictor_bytes: int = 0,
-               sync_s: float = 0.0) -> LayerTime:
+def layer_time(
+    b: LayerBytes,
+    i: int,
+    *,
+    n_ff: int,
+    attn_on: bool,
+    n_hot: int,
+    hot_fsum: float,
+    cold_fsum: float,
+    bd: float,
+    bh: float,
+    mode: str,
+    device_skips: bool = False,
+    predictor_bytes: int = 0,
+    sync_s: float = 0.0,
+) -> LayerTime:
     """One layer's predicted decode cost (the model in this module's docstring), with its
     attention block on the device or not and its ``n_hot`` most frequent neurons there
     (frequency sums ``hot_fsum`` / ``cold_fsum``); bd, bh in bytes/s. With no neuron on the
@@ -268,9 +312,19 @@ def _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes, s
     return bd, bh, n_past, predictor_bytes
 
 
-def predict_ours(sizes: ModelSizes, plan: Plan, neuron_freq: np.ndarray | None, *, device_gbps: float,
-                 host_gbps: float, mode: str, device_skips: bool = False, n_past: int = 0,
-                 predictor_bytes: int = 0, sync_s: float = 0.0) -> Prediction:
+def predict_ours(
+    sizes: ModelSizes,
+    plan: Plan,
+    neuron_freq: np.ndarray | None,
+    *,
+    device_gbps: float,
+    host_gbps: float,
+    mode: str,
+    device_skips: bool = False,
+    n_past: int = 0,
+    predictor_bytes: int = 0,
+    sync_s: float = 0.0,
+) -> Prediction:
     """Predicted decode tok/s of our hybrid under ``plan`` (the model in this module's docstring).
 
     Args:
@@ -295,22 +349,43 @@ def predict_ours(sizes: ModelSizes, plan: Plan, neuron_freq: np.ndarray | None, 
             or sync_s, a plan whose layer count or n_ff differs from ``sizes``, or a bad
             ``neuron_freq``.
     """
-    bd, bh, n_past, predictor_bytes = _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes,
-                                                          sync_s)
+    bd, bh, n_past, predictor_bytes = _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes, sync_s)
     if len(plan.layers) != sizes.n_layer or plan.n_ff != sizes.n_ff:
-        raise ValueError(f"plan has {len(plan.layers)} layers of n_ff {plan.n_ff}; the model has {sizes.n_layer} "
-                         f"of {sizes.n_ff}")
+        raise ValueError(
+            f"plan has {len(plan.layers)} layers of n_ff {plan.n_ff}; the model has {sizes.n_layer} of {sizes.n_ff}"
+        )
     freq = _check_freq(sizes, neuron_freq)
     layers = []
     for i, L in enumerate(plan.layers):
         hot = float(freq[i][L.hot_ids].sum())
-        layers.append(layer_time(LayerBytes.of(sizes, i, n_past), i, n_ff=sizes.n_ff, attn_on=L.attn_on_device,
-                                 n_hot=L.n_hot, hot_fsum=hot, cold_fsum=float(freq[i].sum()) - hot, bd=bd, bh=bh,
-                                 mode=mode, device_skips=device_skips, predictor_bytes=predictor_bytes,
-                                 sync_s=sync_s))
+        layers.append(
+            layer_time(
+                LayerBytes.of(sizes, i, n_past),
+                i,
+                n_ff=sizes.n_ff,
+                attn_on=L.attn_on_device,
+                n_hot=L.n_hot,
+                hot_fsum=hot,
+                cold_fsum=float(freq[i].sum()) - hot,
+                bd=bd,
+                bh=bh,
+                mode=mode,
+                device_skips=device_skips,
+                predictor_bytes=predictor_bytes,
+                sync_s=sync_s,
+            )
+        )
     out = sizes.output_norm.nbytes + sizes.output.nbytes
-    pred = Prediction("ours", device_gbps, host_gbps, layers, plan.output_on_device, out,
-                      out / (bd if plan.output_on_device else bh), mode=mode)
+    pred = Prediction(
+        "ours",
+        device_gbps,
+        host_gbps,
+        layers,
+        plan.output_on_device,
+        out,
+        out / (bd if plan.output_on_device else bh),
+        mode=mode,
+    )
     if neuron_freq is None and mode != "dense":
         pred.notes.append("no measured frequencies: every neuron counted as firing")
     return pred
@@ -338,8 +413,16 @@ def llama_cpp_offload(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batc
     return n, n == sizes.n_layer and out <= left
 
 
-def predict_layer_split(sizes: ModelSizes, vram_budget: int, *, device_gbps: float, host_gbps: float, n_ctx: int,
-                        n_batch: int, n_past: int = 0) -> Prediction:
+def predict_layer_split(
+    sizes: ModelSizes,
+    vram_budget: int,
+    *,
+    device_gbps: float,
+    host_gbps: float,
+    n_ctx: int,
+    n_batch: int,
+    n_past: int = 0,
+) -> Prediction:
     """Predicted decode tok/s of llama.cpp with its layer split at ``vram_budget`` bytes
     (:func:`llama_cpp_offload`): every layer read densely as stored, from the device for
     the offloaded ones, else from the host; times add up.
@@ -356,11 +439,30 @@ def predict_layer_split(sizes: ModelSizes, vram_budget: int, *, device_gbps: flo
         bw = bd if on else bh
         attn = attn_weight_bytes(sizes, i) + _kv_read(sizes, n_past)
         ffn = float(sum(sizes.layers[i][slot].nbytes for slot in _FFN_ROW_SLOTS if slot in sizes.layers[i]))
-        layers.append(LayerTime(i, on, attn, ffn if on else 0.0, 0.0 if on else ffn, attn / bw,
-                                ffn / bw if on else 0.0, 0.0 if on else ffn / bw, (attn + ffn) / bw))
+        layers.append(
+            LayerTime(
+                i,
+                on,
+                attn,
+                ffn if on else 0.0,
+                0.0 if on else ffn,
+                attn / bw,
+                ffn / bw if on else 0.0,
+                0.0 if on else ffn / bw,
+                (attn + ffn) / bw,
+            )
+        )
     out = sizes.output_norm.nbytes + sizes.output.nbytes
-    return Prediction("llama.cpp layer split", device_gbps, host_gbps, layers, out_on, out,
-                      out / (bd if out_on else bh), n_gpu_layers=n_gpu)
+    return Prediction(
+        "llama.cpp layer split",
+        device_gbps,
+        host_gbps,
+        layers,
+        out_on,
+        out,
+        out / (bd if out_on else bh),
+        n_gpu_layers=n_gpu,
+    )
 
 
 def measure_host_bandwidth(nbytes: int = 256 << 20, n_threads: int = 1, repeats: int = 5) -> float:
@@ -381,13 +483,20 @@ def measure_host_bandwidth(nbytes: int = 256 << 20, n_threads: int = 1, repeats:
 
 def format_predictions(ours: Prediction, split: Prediction) -> str:
     """Two lines (one per engine: tok/s, bytes read per token on each side) and the ratio."""
+
     def line(p: Prediction) -> str:
         where = f"n_gpu_layers {p.n_gpu_layers}" if p.n_gpu_layers is not None else f"mode {p.mode}"
-        return (f"{p.engine:22s} {p.tok_s:10.2f} tok/s   device {p.device_bytes_read / 1e6:10.2f} MB/token   "
-                f"host {p.host_bytes_read / 1e6:10.2f} MB/token   ({where})")
+        return (
+            f"{p.engine:22s} {p.tok_s:10.2f} tok/s   device {p.device_bytes_read / 1e6:10.2f} MB/token   "
+            f"host {p.host_bytes_read / 1e6:10.2f} MB/token   ({where})"
+        )
 
-    lines = [f"predicted decode (device {ours.device_gbps:g} GB/s, host {ours.host_gbps:g} GB/s; memory-bound model, "
-             f"docs/placement.md):", line(ours), line(split),
-             f"ratio ours / layer split: {ours.tok_s / split.tok_s:.2f}"]
+    lines = [
+        f"predicted decode (device {ours.device_gbps:g} GB/s, host {ours.host_gbps:g} GB/s; memory-bound model, "
+        f"docs/placement.md):",
+        line(ours),
+        line(split),
+        f"ratio ours / layer split: {ours.tok_s / split.tok_s:.2f}",
+    ]
     lines += [f"note: {n}" for n in ours.notes]
     return "\n".join(lines)

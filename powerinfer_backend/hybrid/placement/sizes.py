@@ -31,11 +31,37 @@ from typing import Mapping, Protocol
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["KiB", "MiB", "GiB", "TiB", "NEURON_GROUP", "KV_PAD", "KV_TYPE", "KV_ELEM_BYTES", "ACT_BYTES",
-           "CPU_ALIGN", "Sizer", "BufferRule", "CPU_BUFT", "TensorSize", "ModelSizes", "align_up", "row_bytes",
-           "tensor_device_bytes", "compute_bytes", "scratch_bytes", "kv_bytes_per_layer", "dense_weight_bytes",
-           "attn_block_bytes", "output_block_bytes", "neuron_bytes", "hot_bytes", "layer_bytes", "full_device_bytes",
-           "kv_cells"]
+__all__ = [
+    "KiB",
+    "MiB",
+    "GiB",
+    "TiB",
+    "NEURON_GROUP",
+    "KV_PAD",
+    "KV_TYPE",
+    "KV_ELEM_BYTES",
+    "ACT_BYTES",
+    "CPU_ALIGN",
+    "Sizer",
+    "BufferRule",
+    "CPU_BUFT",
+    "TensorSize",
+    "ModelSizes",
+    "align_up",
+    "row_bytes",
+    "tensor_device_bytes",
+    "compute_bytes",
+    "scratch_bytes",
+    "kv_bytes_per_layer",
+    "dense_weight_bytes",
+    "attn_block_bytes",
+    "output_block_bytes",
+    "neuron_bytes",
+    "hot_bytes",
+    "layer_bytes",
+    "full_device_bytes",
+    "kv_cells",
+]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -129,8 +155,9 @@ class BufferRule:
         """Estimate: per token F32 x, residual and norm output (n_embd), q and the attention
         output (n_embd_q), k and v (n_embd_kv), gate and up of n_ff neurons, the scores and
         softmax of n_head x n_cells, and the logits (n_vocab)."""
-        per_tok = (3 * s.n_embd + 2 * s.n_embd_q + 2 * s.n_embd_kv + 2 * s.n_ff
-                   + 2 * s.n_head * _n_cells(n_ctx) + s.n_vocab)
+        per_tok = (
+            3 * s.n_embd + 2 * s.n_embd_q + 2 * s.n_embd_kv + 2 * s.n_ff + 2 * s.n_head * _n_cells(n_ctx) + s.n_vocab
+        )
         return align_up(4 * int(n_batch) * per_tok, self.alignment)
 
 
@@ -215,18 +242,29 @@ class ModelSizes:
         hp = model.hparams
         layers = []
         for i in range(hp.n_layer):
-            layers.append({slot: TensorSize(int(t.type), tuple(int(x) for x in t.ne))
-                           for slot, t in zip(LAYER_SLOTS, model.layer_tensors(i))
-                           if t is not None})  # optional slots an architecture lacks
+            layers.append(
+                {
+                    slot: TensorSize(int(t.type), tuple(int(x) for x in t.ne))
+                    for slot, t in zip(LAYER_SLOTS, model.layer_tensors(i))
+                    if t is not None
+                }
+            )  # optional slots an architecture lacks
         g = model.global_tensors()
         out = g["output"] if g["output"] is not None else g["tok_embd"]
-        return cls(n_layer=hp.n_layer, n_embd=hp.n_embd, n_ff=hp.n_ff, n_head=hp.n_head,
-                   n_head_kv=hp.n_head_kv, n_embd_head=hp.n_embd_head, n_vocab=hp.n_vocab,
-                   layers=tuple(layers),
-                   output_norm=TensorSize(int(g["output_norm"].type), tuple(g["output_norm"].ne)),
-                   output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)),
-                   down_t_type=down_t_type or down_t_dtype(model, split=True),
-                   cpu_down_t_type=down_t_dtype(model))
+        return cls(
+            n_layer=hp.n_layer,
+            n_embd=hp.n_embd,
+            n_ff=hp.n_ff,
+            n_head=hp.n_head,
+            n_head_kv=hp.n_head_kv,
+            n_embd_head=hp.n_embd_head,
+            n_vocab=hp.n_vocab,
+            layers=tuple(layers),
+            output_norm=TensorSize(int(g["output_norm"].type), tuple(g["output_norm"].ne)),
+            output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)),
+            down_t_type=down_t_type or down_t_dtype(model, split=True),
+            cpu_down_t_type=down_t_dtype(model),
+        )
 
 
 def _n_cells(n_ctx: int) -> int:
@@ -300,8 +338,9 @@ def hot_bytes(s: ModelSizes, i: int, n_hot: int, sizer: Sizer = CPU_BUFT) -> int
     if n_hot >= s.n_ff:
         return sum(tensor_device_bytes(L[slot], sizer) for slot in _FFN_ROW_SLOTS if slot in L)
     rows = [L[slot].type for slot in ("ffn_gate", "ffn_up") if slot in L]
-    return (sum(align_up(sizer.tensor_bytes(t, s.n_embd, n_hot), a) for t in rows)
-            + align_up(sizer.tensor_bytes(_F16, n_hot, s.n_embd), a))
+    return sum(align_up(sizer.tensor_bytes(t, s.n_embd, n_hot), a) for t in rows) + align_up(
+        sizer.tensor_bytes(_F16, n_hot, s.n_embd), a
+    )
 
 
 def layer_bytes(s: ModelSizes, i: int, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
@@ -312,6 +351,8 @@ def layer_bytes(s: ModelSizes, i: int, n_ctx: int, sizer: Sizer = CPU_BUFT) -> i
 def full_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BUFT) -> int:
     """Bytes of a plan that puts everything on the device (compute buffer, every layer
     whole, the output block): the smallest budget at which nothing stays on the CPU."""
-    return (compute_bytes(s, n_ctx, n_batch, sizer) + sum(layer_bytes(s, i, n_ctx, sizer) for i in range(s.n_layer))
-            + output_block_bytes(s, n_batch, sizer))
-
+    return (
+        compute_bytes(s, n_ctx, n_batch, sizer)
+        + sum(layer_bytes(s, i, n_ctx, sizer) for i in range(s.n_layer))
+        + output_block_bytes(s, n_batch, sizer)
+    )

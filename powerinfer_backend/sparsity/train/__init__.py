@@ -40,11 +40,30 @@ PowerInfer ships predictors but not the code that trains them; this is ours.
 
 from __future__ import annotations
 
-from .allocate import (DENSITY_GRID, LAYER_DENSITIES, RECALL_GRID, allocate_densities, error_curve, layer_metrics,
-                       threshold_for_recall)
+from .allocate import (
+    DENSITY_GRID,
+    LAYER_DENSITIES,
+    RECALL_GRID,
+    allocate_densities,
+    error_curve,
+    layer_metrics,
+    threshold_for_recall,
+)
 from .capture import layer_h
 from .command import TrainError, format_table, train_predictors
 from .fit import have_torch
 
-__all__ = ["train_predictors", "TrainError", "have_torch", "RECALL_GRID", "DENSITY_GRID", "LAYER_DENSITIES",
-           "format_table", "error_curve", "allocate_densities", "layer_metrics", "threshold_for_recall", "layer_h"]
+__all__ = [
+    "train_predictors",
+    "TrainError",
+    "have_torch",
+    "RECALL_GRID",
+    "DENSITY_GRID",
+    "LAYER_DENSITIES",
+    "format_table",
+    "error_curve",
+    "allocate_densities",
+    "layer_metrics",
+    "threshold_for_recall",
+    "layer_h",
+]

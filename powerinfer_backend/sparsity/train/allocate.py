@@ -15,8 +15,19 @@ import numpy as np
 
 from ..predictors import PredictorSet
 
-__all__ = ["RECALL_GRID", "DENSITY_GRID", "LAYER_DENSITIES", "threshold_for_recall", "layer_metrics", "error_curve",
-           "allocate_densities", "sensitivity_costs", "Trained", "predictor_set_at", "lowest_within_budget"]
+__all__ = [
+    "RECALL_GRID",
+    "DENSITY_GRID",
+    "LAYER_DENSITIES",
+    "threshold_for_recall",
+    "layer_metrics",
+    "error_curve",
+    "allocate_densities",
+    "sensitivity_costs",
+    "Trained",
+    "predictor_set_at",
+    "lowest_within_budget",
+]
 
 RECALL_GRID = (0.80, 0.85, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
 #: mean predicted densities tried by the budget search (``select="density"``)
@@ -38,9 +49,12 @@ def layer_metrics(scores: np.ndarray, y: np.ndarray, h: np.ndarray, dnorm: np.nd
     pred = scores >= tau
     tp = float((pred & (y > 0)).sum())
     mag = h * dnorm[None, :]
-    return {"density": float(pred.mean()), "recall": tp / max(1.0, float((y > 0).sum())),
-            "precision": tp / max(1.0, float(pred.sum())),
-            "mass_recall": float(mag[pred].sum() / max(1e-30, mag.sum()))}
+    return {
+        "density": float(pred.mean()),
+        "recall": tp / max(1.0, float((y > 0).sum())),
+        "precision": tp / max(1.0, float(pred.sum())),
+        "mass_recall": float(mag[pred].sum() / max(1e-30, mag.sum())),
+    }
 
 
 def error_curve(scores: np.ndarray, h: np.ndarray, down: np.ndarray, densities=LAYER_DENSITIES):
@@ -62,15 +76,20 @@ def error_curve(scores: np.ndarray, h: np.ndarray, down: np.ndarray, densities=L
     return out
 
 
-def allocate_densities(curves: dict, target: float, max_density: float = 0.9,
-                       densities=LAYER_DENSITIES, n_layer: Optional[int] = None, min_density: float = 0.0) -> dict:
+def allocate_densities(
+    curves: dict,
+    target: float,
+    max_density: float = 0.9,
+    densities=LAYER_DENSITIES,
+    n_layer: Optional[int] = None,
+    min_density: float = 0.0,
+) -> dict:
     """Per-layer densities with mean <= ``target`` (layers missing from ``curves`` count
     as dense), chosen greedily: each step lowers the layer whose next allowed density
     adds the least output error per unit of density saved. Allowed: 1.0 (dense, no
     predictor) or a grid value in [``min_density``, ``max_density``]. -> layer -> index
     into ``densities``."""
-    allowed = [i for i, d in enumerate(densities)
-               if d >= 1.0 or min_density - 1e-9 <= d <= max_density + 1e-9]
+    allowed = [i for i, d in enumerate(densities) if d >= 1.0 or min_density - 1e-9 <= d <= max_density + 1e-9]
     pos = {layer: 0 for layer in curves}  # position in `allowed`
     n_layer = max(n_layer or len(curves), len(curves), 1)
     n_dense = n_layer - len(curves)
@@ -125,8 +144,17 @@ class Trained:
         return ps
 
 
-def predictor_set_at(tr: Trained, r: float, costs: dict, *, select: str, allocate: str, max_density: float,
-                     probe_density: float, n_layer: int) -> tuple[PredictorSet, dict]:
+def predictor_set_at(
+    tr: Trained,
+    r: float,
+    costs: dict,
+    *,
+    select: str,
+    allocate: str,
+    max_density: float,
+    probe_density: float,
+    n_layer: int,
+) -> tuple[PredictorSet, dict]:
     """recall mode: every layer at recall r; density mode: mean density r, allocated
     over layers by measured output error (allocate_densities on ``costs``), or every
     layer at the grid density nearest r (``allocate="uniform"``). A layer whose density
@@ -140,8 +168,9 @@ def predictor_set_at(tr: Trained, r: float, costs: dict, *, select: str, allocat
         i_r = int(np.argmin([abs(d - r) for d in LAYER_DENSITIES]))
         alloc = {x: (i_r if LAYER_DENSITIES[i_r] <= max_density + 1e-9 else 0) for x in tr.curves}
     else:
-        alloc = allocate_densities(costs, r, max_density, n_layer=n_layer,
-                                   min_density=probe_density if allocate == "sensitivity" else 0.0)
+        alloc = allocate_densities(
+            costs, r, max_density, n_layer=n_layer, min_density=probe_density if allocate == "sensitivity" else 0.0
+        )
     for layer in tr.layers:
         sv, y, hv, dnorm, t_l = tr.val[layer]
         if alloc is None:

@@ -12,6 +12,7 @@ __all__ = ["capture_ffn_inputs", "layer_h"]
 
 def _dequant(view) -> np.ndarray:
     from gguf import quants
+
     n_cols, n_rows = view.ne[0], view.ne[1]
     return np.asarray(quants.dequantize(view.data, view.type), np.float32).reshape(n_rows, n_cols)
 
@@ -20,7 +21,7 @@ def _act(name: str, g: np.ndarray) -> np.ndarray:
     if name == "silu":
         return g / (1.0 + np.exp(-g))
     if name == "gelu":
-        return 0.5 * g * (1.0 + np.tanh(0.7978845608 * (g + 0.044715 * g ** 3)))
+        return 0.5 * g * (1.0 + np.tanh(0.7978845608 * (g + 0.044715 * g**3)))
     return np.maximum(g, 0.0)
 
 
@@ -34,8 +35,9 @@ def layer_h(x: np.ndarray, wg: np.ndarray, wu: np.ndarray, act: str, signed: boo
     return h if signed else np.abs(h)
 
 
-def capture_ffn_inputs(ctx, model_path: str, hp, train_ids, text_sha: str, n_ctx: int,
-                       progress: bool = True) -> np.ndarray:
+def capture_ffn_inputs(
+    ctx, model_path: str, hp, train_ids, text_sha: str, n_ctx: int, progress: bool = True
+) -> np.ndarray:
     """Every layer's normed FFN input for ``train_ids``, run densely through ``ctx`` in
     chunks of ``n_ctx``: float16 (n_layer, len(train_ids), n_embd). Cached in the
     artifact folder, keyed by the text slice and n_ctx (a cache hit is memory-mapped;
@@ -58,10 +60,10 @@ def capture_ffn_inputs(ctx, model_path: str, hp, train_ids, text_sha: str, n_ctx
     cap = np.zeros((hp.n_layer, n_ctx, hp.n_embd), np.float32)
     ctx.set_ffn_capture(cap)
     for s in tqdm(range(0, len(train_ids), n_ctx), desc="capture", unit="chunk", disable=not progress):
-        chunk = train_ids[s:s + n_ctx]
+        chunk = train_ids[s : s + n_ctx]
         ctx.truncate(0)
         ctx.eval(chunk, logits_all=False)
-        xs[:, s:s + len(chunk)] = cap[:, :len(chunk)]
+        xs[:, s : s + len(chunk)] = cap[:, : len(chunk)]
     ctx.set_ffn_capture(None)
     try:
         atomic_write_path(cache, lambda tmp: _save_npy(tmp, xs))

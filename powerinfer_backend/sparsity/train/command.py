@@ -14,8 +14,16 @@ import numpy as np
 from ..perplexity import perplexity
 from ..predictors import PredictorSet, apply, quantize_q8_0, scores
 from ..sidecar_run import SidecarRun, speed_info
-from .allocate import (DENSITY_GRID, LAYER_DENSITIES, RECALL_GRID, Trained, error_curve, lowest_within_budget,
-                       predictor_set_at, sensitivity_costs)
+from .allocate import (
+    DENSITY_GRID,
+    LAYER_DENSITIES,
+    RECALL_GRID,
+    Trained,
+    error_curve,
+    lowest_within_budget,
+    predictor_set_at,
+    sensitivity_costs,
+)
 from .capture import _dequant, capture_ffn_inputs, layer_h
 from .fit import fit_layer, have_torch
 
@@ -26,8 +34,24 @@ class TrainError(ValueError):
     """Bad training input (empty or short text, bad options)."""
 
 
-def _check_options(*, loss, recall, density, select, max_ppl_increase, rank, epochs, tokens, n_ctx,
-                   label_sparsity, backend, allocate, probe_density, max_density, quantize) -> str:
+def _check_options(
+    *,
+    loss,
+    recall,
+    density,
+    select,
+    max_ppl_increase,
+    rank,
+    epochs,
+    tokens,
+    n_ctx,
+    label_sparsity,
+    backend,
+    allocate,
+    probe_density,
+    max_density,
+    quantize,
+) -> str:
     """Raise TrainError for a bad option; -> ``select`` resolved."""
     if loss not in ("mse", "bce"):
         raise TrainError(f"loss must be mse or bce, got {loss!r}")
@@ -106,25 +130,52 @@ def _sensitivity(meas: _Measure, tr: Trained, held, train_ids, i_p: int, probe_t
     probe = list(held[:n_probe])
     extra = (n_probe - len(probe)) // n_ctx * n_ctx
     if extra > 0 and len(train_ids) >= extra:
-        probe += list(train_ids[len(train_ids) - extra:])
+        probe += list(train_ids[len(train_ids) - extra :])
     nll0 = meas.nll(None, probe)
-    return {layer: meas.nll(tr.put(PredictorSet(), layer, tr.curves[layer][i_p][0]), probe) - nll0
-            for layer in tr.layers}
+    return {
+        layer: meas.nll(tr.put(PredictorSet(), layer, tr.curves[layer][i_p][0]), probe) - nll0 for layer in tr.layers
+    }
 
 
-def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optional[float] = 0.02,
-                     recall: Optional[float] = None, rank: int = 128, epochs: int = 16,
-                     offset_bytes: int = 0, max_bytes: Optional[int] = None, force: bool = False,
-                     out: Optional[str] = None, tokens: int = 12288, heldout_tokens: int = 2048,
-                     n_ctx: int = 512, label_sparsity: float = 0.5, pos_weight: float = 4.0,
-                     weight_cap: float = 20.0, lr: float = 2e-3, batch: int = 256,
-                     max_density: float = 0.9, margin: float = 0.75, layers: Optional[Sequence[int]] = None,
-                     n_threads: Optional[int] = None, backend: str = "auto", seed: int = 0,
-                     recall_grid: Sequence[float] = RECALL_GRID, loss: str = "mse", select: Optional[str] = None,
-                     density: Optional[float] = None, density_grid: Sequence[float] = DENSITY_GRID,
-                     quantize: str = "f16", allocate: str = "sensitivity", probe_density: float = 0.6,
-                     probe_tokens: int = 3072, speed_check: bool = True, progress: bool = True,
-                     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> PredictorSet:
+def train_predictors(
+    model_path: str,
+    text_path: str,
+    *,
+    max_ppl_increase: Optional[float] = 0.02,
+    recall: Optional[float] = None,
+    rank: int = 128,
+    epochs: int = 16,
+    offset_bytes: int = 0,
+    max_bytes: Optional[int] = None,
+    force: bool = False,
+    out: Optional[str] = None,
+    tokens: int = 12288,
+    heldout_tokens: int = 2048,
+    n_ctx: int = 512,
+    label_sparsity: float = 0.5,
+    pos_weight: float = 4.0,
+    weight_cap: float = 20.0,
+    lr: float = 2e-3,
+    batch: int = 256,
+    max_density: float = 0.9,
+    margin: float = 0.75,
+    layers: Optional[Sequence[int]] = None,
+    n_threads: Optional[int] = None,
+    backend: str = "auto",
+    seed: int = 0,
+    recall_grid: Sequence[float] = RECALL_GRID,
+    loss: str = "mse",
+    select: Optional[str] = None,
+    density: Optional[float] = None,
+    density_grid: Sequence[float] = DENSITY_GRID,
+    quantize: str = "f16",
+    allocate: str = "sensitivity",
+    probe_density: float = 0.6,
+    probe_tokens: int = 3072,
+    speed_check: bool = True,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> PredictorSet:
     """Train per-layer predictors and write them into the sidecar (see the package
     docstring). Returns the :class:`PredictorSet` (``info`` has the per-layer table).
     With ``speed_check``, decode with the chosen predictors is timed against dense on this
@@ -143,19 +194,43 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     from ...loader import load_gguf
     from ..sidecar import check_overwrite, read_sidecar
 
-    select = _check_options(loss=loss, recall=recall, density=density, select=select,
-                            max_ppl_increase=max_ppl_increase, rank=rank, epochs=epochs, tokens=tokens, n_ctx=n_ctx,
-                            label_sparsity=label_sparsity, backend=backend, allocate=allocate,
-                            probe_density=probe_density, max_density=max_density, quantize=quantize)
+    select = _check_options(
+        loss=loss,
+        recall=recall,
+        density=density,
+        select=select,
+        max_ppl_increase=max_ppl_increase,
+        rank=rank,
+        epochs=epochs,
+        tokens=tokens,
+        n_ctx=n_ctx,
+        label_sparsity=label_sparsity,
+        backend=backend,
+        allocate=allocate,
+        probe_density=probe_density,
+        max_density=max_density,
+        quantize=quantize,
+    )
     use_torch = backend == "torch" or (backend == "auto" and have_torch())
     gguf = load_gguf(model_path, verbose=False)  # first: its errors name the file and tensor
     hp = gguf.hparams
     if gguf.layer_tensor(0, "ffn_gate") is None:  # the labels are act(gate x) * up x
-        raise TrainError(f"{model_path}: predictor training needs a gated FFN; {gguf.arch}'s is ungated "
-                         "(not implemented yet)")
-    run = SidecarRun.prepare(model_path, text_path, gguf, out=out, n_ctx=n_ctx, tokens=tokens,
-                             heldout_tokens=heldout_tokens, offset_bytes=offset_bytes, max_bytes=max_bytes,
-                             error=TrainError, purpose="training")
+        raise TrainError(
+            f"{model_path}: predictor training needs a gated FFN; {gguf.arch}'s is ungated (not implemented yet)"
+        )
+    run = SidecarRun.prepare(
+        model_path,
+        text_path,
+        gguf,
+        out=out,
+        n_ctx=n_ctx,
+        tokens=tokens,
+        heldout_tokens=heldout_tokens,
+        offset_bytes=offset_bytes,
+        max_bytes=max_bytes,
+        error=TrainError,
+        purpose="training",
+    )
     train_ids, held, model_sha, text_sha, path = run.head, run.held, run.model_sha, run.text_sha, run.path
     layers = list(range(hp.n_layer)) if layers is None else sorted(set(int(x) for x in layers))
     if any(not 0 <= x < hp.n_layer for x in layers):
@@ -190,8 +265,12 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         n_tr = n - n_val
         rng = np.random.default_rng(seed)
         tr = Trained()
-        bar = tqdm(total=len(layers) * epochs, desc=f"train ({'torch' if use_torch else 'numpy'})", unit="epoch",
-                   disable=not progress)
+        bar = tqdm(
+            total=len(layers) * epochs,
+            desc=f"train ({'torch' if use_torch else 'numpy'})",
+            unit="epoch",
+            disable=not progress,
+        )
         t1 = time.time()
         for layer in layers:
             wg = _dequant(gguf.tensors[f"blk.{layer}.ffn_gate.weight"])
@@ -199,10 +278,27 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
             dn = _dequant(gguf.tensors[f"blk.{layer}.ffn_down.weight"])  # (n_embd, n_ff)
             dnorm = np.linalg.norm(dn, axis=0).astype(np.float32)
             x = xs[layer].astype(np.float32)
-            w1, w2, t_l = fit_layer(x, n_tr, wg, wu, dnorm, hp.act_name, rng, use_torch=use_torch, loss=loss,
-                                    label_sparsity=label_sparsity, pos_weight=pos_weight, weight_cap=weight_cap,
-                                    rank=rank, epochs=epochs, lr=lr, batch=batch, seed=seed + layer,
-                                    n_threads=n_threads, progress_cb=lambda ep: bar.update())
+            w1, w2, t_l = fit_layer(
+                x,
+                n_tr,
+                wg,
+                wu,
+                dnorm,
+                hp.act_name,
+                rng,
+                use_torch=use_torch,
+                loss=loss,
+                label_sparsity=label_sparsity,
+                pos_weight=pos_weight,
+                weight_cap=weight_cap,
+                rank=rank,
+                epochs=epochs,
+                lr=lr,
+                batch=batch,
+                seed=seed + layer,
+                n_threads=n_threads,
+                progress_cb=lambda ep: bar.update(),
+            )
             if quantize == "q8_0":
                 tr.fc1[layer] = quantize_q8_0(w1, f"blk.{layer}.fc1.weight")
                 tr.fc2[layer] = quantize_q8_0(w2, f"blk.{layer}.fc2.weight")
@@ -223,12 +319,22 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
         if select == "density" and allocate == "sensitivity":
             sens = _sensitivity(meas, tr, held, train_ids, LAYER_DENSITIES.index(probe_density), probe_tokens, n_ctx)
             costs = sensitivity_costs(tr.curves, sens, LAYER_DENSITIES.index(probe_density))
-            log("  sensitivity (NLL rise at density %.2f): %s" % (
-                probe_density, " ".join(f"{x}:{sens[x]:.4f}" for x in layers)))
+            log(
+                "  sensitivity (NLL rise at density %.2f): %s"
+                % (probe_density, " ".join(f"{x}:{sens[x]:.4f}" for x in layers))
+            )
 
         def pset_for(r: float) -> tuple[PredictorSet, dict]:
-            return predictor_set_at(tr, r, costs, select=select, allocate=allocate, max_density=max_density,
-                                    probe_density=probe_density, n_layer=hp.n_layer)
+            return predictor_set_at(
+                tr,
+                r,
+                costs,
+                select=select,
+                allocate=allocate,
+                max_density=max_density,
+                probe_density=probe_density,
+                n_layer=hp.n_layer,
+            )
 
         fixed = recall if select == "recall" else density
         if fixed is not None:
@@ -247,8 +353,10 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
                 if i not in measured:
                     ps_i, table_i = pset_for(grid[i])
                     measured[i] = (meas.held(ps_i, held), ps_i, table_i)
-                    log(f"  {what} {grid[i]:.3f}: {len(ps_i.layers)} layers with predictors, held-out density "
-                        f"{measured[i][0][1]:.3f}, perplexity {measured[i][0][0] / ppl_dense - 1:+.2%}")
+                    log(
+                        f"  {what} {grid[i]:.3f}: {len(ps_i.layers)} layers with predictors, held-out density "
+                        f"{measured[i][0][1]:.3f}, perplexity {measured[i][0][0] / ppl_dense - 1:+.2%}"
+                    )
                 return measured[i]
 
             # even the most accurate point missing the budget is reported (see the log line)
@@ -261,19 +369,33 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
 
     # 5. output
     dens = [table[x]["density"] if x in ps.fc1 else 1.0 for x in range(hp.n_layer)]
-    ps.info = {"select": select, "loss": loss, "recall_target": r_best if select == "recall" else None,
-               "density_target": r_best if select == "density" else None,
-               "ppl_dense": ppl_dense, "ppl_predictor": ppl_pred,
-               "heldout_density": dens_held, "rank": float(rank), "epochs": float(epochs),
-               "tokens_train": float(n_tr), "tokens_val": float(n_val), "tokens_heldout": float(len(held)),
-               "label_sparsity": label_sparsity, "max_ppl_increase": max_ppl_increase, "quantize": quantize,
-               "backend": "torch" if use_torch else "numpy",
-               "layer_recall": [table[x]["recall"] if x in table else 0.0 for x in range(hp.n_layer)],
-               "layer_precision": [table[x]["precision"] if x in table else 0.0 for x in range(hp.n_layer)],
-               "layer_mass_recall": [table[x]["mass_recall"] if x in table else 0.0 for x in range(hp.n_layer)],
-               "layer_error": [table[x]["error"] if x in table else 0.0 for x in range(hp.n_layer)],
-               "layer_sensitivity": [sens.get(x, 0.0) for x in range(hp.n_layer)], "allocate": allocate,
-               "density": dens, "train_seconds": t_train, "capture_seconds": t_cap}
+    ps.info = {
+        "select": select,
+        "loss": loss,
+        "recall_target": r_best if select == "recall" else None,
+        "density_target": r_best if select == "density" else None,
+        "ppl_dense": ppl_dense,
+        "ppl_predictor": ppl_pred,
+        "heldout_density": dens_held,
+        "rank": float(rank),
+        "epochs": float(epochs),
+        "tokens_train": float(n_tr),
+        "tokens_val": float(n_val),
+        "tokens_heldout": float(len(held)),
+        "label_sparsity": label_sparsity,
+        "max_ppl_increase": max_ppl_increase,
+        "quantize": quantize,
+        "backend": "torch" if use_torch else "numpy",
+        "layer_recall": [table[x]["recall"] if x in table else 0.0 for x in range(hp.n_layer)],
+        "layer_precision": [table[x]["precision"] if x in table else 0.0 for x in range(hp.n_layer)],
+        "layer_mass_recall": [table[x]["mass_recall"] if x in table else 0.0 for x in range(hp.n_layer)],
+        "layer_error": [table[x]["error"] if x in table else 0.0 for x in range(hp.n_layer)],
+        "layer_sensitivity": [sens.get(x, 0.0) for x in range(hp.n_layer)],
+        "allocate": allocate,
+        "density": dens,
+        "train_seconds": t_train,
+        "capture_seconds": t_cap,
+    }
     if speed is not None:
         ps.info.update(speed_info(speed))
     if prof is None:
@@ -283,11 +405,13 @@ def train_predictors(model_path: str, text_path: str, *, max_ppl_increase: Optio
     run.write(prof)
     ps.source = str(path)
     log(format_table(ps, table, hp.n_layer))
-    log(f"trained {len(layers)} predictors (rank {rank}, {epochs} epochs, {n_tr} tokens, "
+    log(
+        f"trained {len(layers)} predictors (rank {rank}, {epochs} epochs, {n_tr} tokens, "
         f"{'torch' if use_torch else 'numpy'}) in {time.time() - t0:.0f} s (capture {t_cap:.0f} s, "
         f"training {t_train:.0f} s): {select} target {r_best:.3f}, {len(ps.layers)} layers with predictors, "
         f"held-out predicted density {dens_held:.3f}, perplexity {ppl_dense:.4f} -> {ppl_pred:.4f} "
-        f"({ppl_pred / ppl_dense - 1:+.2%}); wrote {path}")
+        f"({ppl_pred / ppl_dense - 1:+.2%}); wrote {path}"
+    )
     return ps
 
 
@@ -298,11 +422,15 @@ def _empty_profile(hp):
     from ..sidecar import QUANTILES, SparsityProfile
 
     L, F = hp.n_layer, hp.n_ff
-    return SparsityProfile(thresholds=np.zeros(L, np.float32), layer_sparsity=np.zeros(L, np.float32),
-                           neuron_freq=np.ones((L, F), np.float32),
-                           neuron_quantiles=np.zeros((L, F, len(QUANTILES)), np.float32),
-                           layer_hist=np.zeros((L, FFN_HIST_BINS), np.float32), ffn_act=hp.act_name,
-                           info={"method": "predictors only (no threshold calibration)"})
+    return SparsityProfile(
+        thresholds=np.zeros(L, np.float32),
+        layer_sparsity=np.zeros(L, np.float32),
+        neuron_freq=np.ones((L, F), np.float32),
+        neuron_quantiles=np.zeros((L, F, len(QUANTILES)), np.float32),
+        layer_hist=np.zeros((L, FFN_HIST_BINS), np.float32),
+        ffn_act=hp.act_name,
+        info={"method": "predictors only (no threshold calibration)"},
+    )
 
 
 def format_table(ps: PredictorSet, table: dict, n_layer: int) -> str:
@@ -314,7 +442,9 @@ def format_table(ps: PredictorSet, table: dict, n_layer: int) -> str:
             lines.append(f"{x:5d}  {'-':>9}")
             continue
         m = table[x]
-        lines.append(f"{x:5d}  {'yes' if x in ps.fc1 else 'no (dense)':>9}  {m['tau']:9.3g}  {m['density']:7.3f}  "
-                     f"{m['recall']:6.3f}  {m['precision']:9.3f}  {m['mass_recall']:11.4f}  "
-                     f"{m.get('error', float('nan')):12.4f}")
+        lines.append(
+            f"{x:5d}  {'yes' if x in ps.fc1 else 'no (dense)':>9}  {m['tau']:9.3g}  {m['density']:7.3f}  "
+            f"{m['recall']:6.3f}  {m['precision']:9.3f}  {m['mass_recall']:11.4f}  "
+            f"{m.get('error', float('nan')):12.4f}"
+        )
     return "\n".join(lines)

@@ -18,6 +18,7 @@ __all__ = ["have_torch", "fit_layer"]
 def have_torch() -> bool:
     try:
         import torch  # noqa: F401 - installed?
+
         return True
     except ImportError:
         return False
@@ -63,7 +64,7 @@ def _fit_torch(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_
     for ep in range(epochs):
         perm = rng.permutation(n)
         for s in range(0, n, batch):
-            idx = np.sort(perm[s:s + batch])
+            idx = np.sort(perm[s : s + batch])
             xb = torch.from_numpy(x[idx].astype(np.float32))
             yb, wb = (torch.from_numpy(a) for a in y_fn(idx))
             logits = l2(torch.relu(l1(xb)))
@@ -77,8 +78,7 @@ def _fit_torch(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_
             opt.step()
             sched.step()
         progress_cb(ep)
-    return (l1.weight.detach().numpy().astype(np.float32).copy(),
-            l2.weight.detach().numpy().astype(np.float32).copy())
+    return (l1.weight.detach().numpy().astype(np.float32).copy(), l2.weight.detach().numpy().astype(np.float32).copy())
 
 
 def _fit_numpy(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_cb, loss_kind="bce"):
@@ -96,7 +96,7 @@ def _fit_numpy(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_
     for ep in range(epochs):
         perm = rng.permutation(n)
         for s in range(0, n, batch):
-            idx = np.sort(perm[s:s + batch])
+            idx = np.sort(perm[s : s + batch])
             xb = x[idx].astype(np.float32)
             yb, wb = y_fn(idx)
             a = xb @ w1.T
@@ -116,16 +116,35 @@ def _fit_numpy(x, y_fn, fc1, n_ff, epochs, lr, batch, seed, n_threads, progress_
             for i, (w, g) in enumerate(((w1, g1), (w2, g2))):
                 m[i] = b1 * m[i] + (1 - b1) * g
                 v[i] = b2 * v[i] + (1 - b2) * g * g
-                mh = m[i] / (1 - b1 ** k)
-                vh = v[i] / (1 - b2 ** k)
+                mh = m[i] / (1 - b1**k)
+                vh = v[i] / (1 - b2**k)
                 w -= (lr_k * mh / (np.sqrt(vh) + eps)).astype(np.float32)
         progress_cb(ep)
     return w1, w2
 
 
-def fit_layer(x: np.ndarray, n_tr: int, wg: np.ndarray, wu: np.ndarray, dnorm: np.ndarray, act: str, rng, *,
-              use_torch: bool, loss: str, label_sparsity: float, pos_weight: float, weight_cap: float, rank: int,
-              epochs: int, lr: float, batch: int, seed: int, n_threads, progress_cb):
+def fit_layer(
+    x: np.ndarray,
+    n_tr: int,
+    wg: np.ndarray,
+    wu: np.ndarray,
+    dnorm: np.ndarray,
+    act: str,
+    rng,
+    *,
+    use_torch: bool,
+    loss: str,
+    label_sparsity: float,
+    pos_weight: float,
+    weight_cap: float,
+    rank: int,
+    epochs: int,
+    lr: float,
+    batch: int,
+    seed: int,
+    n_threads,
+    progress_cb,
+):
     """Fit one layer's predictor on the first ``n_tr`` rows of ``x`` (float32 (n_tok,
     n_embd)); wg/wu (n_ff, n_embd) the dequantized gate/up, dnorm (n_ff,) the norms of
     the down columns. A neuron's label is ``|h| >= t_l``, t_l the ``label_sparsity``
@@ -146,6 +165,7 @@ def fit_layer(x: np.ndarray, n_tr: int, wg: np.ndarray, wu: np.ndarray, dnorm: n
         return _weights(h, t_l, dnorm, pos_weight, weight_cap)
 
     fit = _fit_torch if use_torch else _fit_numpy
-    w1, w2 = fit(x[:n_tr], y_fn, _init_fc1(wg, rank, rng), n_ff, epochs, lr, batch, seed, n_threads, progress_cb,
-                 loss_kind=loss)
+    w1, w2 = fit(
+        x[:n_tr], y_fn, _init_fc1(wg, rank, rng), n_ff, epochs, lr, batch, seed, n_threads, progress_cb, loss_kind=loss
+    )
     return w1, w2, t_l

@@ -40,10 +40,18 @@ def test_auto_without_a_gpu_is_cpu_only_with_one_message():
         assert c.message == "device='auto': ggml found no discrete GPU (devices: CPU (cpu))"
 
 
-@pytest.mark.parametrize("name, what", [("cuda", "no cuda device"), ("metal", "no metal device"),
-                                        ("vulkan", "no vulkan device"), ("hip", "no hip device"),
-                                        ("CUDA0", "no device named 'CUDA0'"), ("Vulkan1", "no device named 'Vulkan1'"),
-                                        ("cpu-device", "no device named 'cpu-device'")])  # 0.1.0's alias, removed
+@pytest.mark.parametrize(
+    "name, what",
+    [
+        ("cuda", "no cuda device"),
+        ("metal", "no metal device"),
+        ("vulkan", "no vulkan device"),
+        ("hip", "no hip device"),
+        ("CUDA0", "no device named 'CUDA0'"),
+        ("Vulkan1", "no device named 'Vulkan1'"),
+        ("cpu-device", "no device named 'cpu-device'"),
+    ],
+)  # 0.1.0's alias, removed
 def test_missing_device_names_it_the_devices_and_the_folder(name, what):
     have = {d.name for d in ggml.list_devices()}
     if name in have or (name in ("cuda", "metal", "vulkan", "hip") and _has_gpu()):
@@ -79,8 +87,9 @@ def test_cpu_device_counts_as_the_cpu_buffer_rule():
             block = 256 if t in (Q4_K, Q5_K, Q6_K) else (32 if t not in (F32, F16, BF16) else 1)
             for _ in range(5):
                 ne0, ne1 = block * int(rng.integers(1, 20)), int(rng.integers(1, 300))
-                assert z.tensor_bytes(t, ne0, ne1) == P.CPU_BUFT.tensor_bytes(t, ne0, ne1) == \
-                    P.row_bytes(t, ne0) * ne1, (t, ne0, ne1)
+                assert (
+                    z.tensor_bytes(t, ne0, ne1) == P.CPU_BUFT.tensor_bytes(t, ne0, ne1) == P.row_bytes(t, ne0) * ne1
+                ), (t, ne0, ne1)
         assert z.compute_bytes(None, 64, 4) == 12345
         with pytest.raises(ValueError, match="measured for the context's n_ctx 64, n_batch 4"):
             z.compute_bytes(None, 128, 4)
