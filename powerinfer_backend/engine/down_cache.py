@@ -88,9 +88,8 @@ def down_t_dtype(model: GGUFModel, *, split: bool = False) -> str:
     * "f32" when every ffn_down is stored F32 (exact);
     * "f16" when any ffn_down is unquantized (F32/F16/BF16: F16 holds F16 exactly),
       when n_embd is not a multiple of 32 (no whole Q8_0 blocks), or with ``split``
-      (a device split: the device holds its hot down columns as F16, so the CPU's
-      cold rows keep those values and moving a neuron across the split changes only
-      the summation order, docs/placement.md);
+      (the unquantized down_t: what tests and benches pinning F16 numbers ask for; a
+      device split itself uses the default, the CPU-only engine's type);
     * else (quantized sources: Q4_0, Q4_1, Q8_0, K-quants, ...) "q8_0": a kept
       neuron's row costs n_embd / 32 * 34 bytes instead of 2 * n_embd (53%), and the
       sparse down product reads density x n_ff such rows per token, so Q8_0 reads

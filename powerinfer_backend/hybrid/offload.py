@@ -121,26 +121,26 @@ class Offload:
 def split_arithmetic(ctx, layers=None) -> None:
     """Give every layer of ``ctx`` with neurons on the device (``layers``: the plan's
     :class:`~powerinfer_backend.hybrid.placement.LayerPlan` list; None: every layer) the
-    split's transposed down, with threshold 0 unless a sparse mode set one: the CPU half of
-    a split computes its cold neurons over it (docs/placement.md). The split's down_t is
-    F16 (F32 for an all-F32 model: ``down_t_dtype(split=True)``), the values of the
-    device's hot down columns; a layer a sparse mode gave a Q8_0 down_t gets the split's
-    instead, with its threshold kept, and runs its down over down_t (no
-    ``set_ffn_down_dense``). A layer with no neuron on the device keeps the CPU-only
-    engine's FFN (dense, or its sparse mode's down_t): it reads no more bytes than
-    without a device."""
-    from ..engine.down_cache import down_t_dtype, transposed_down
+    transposed down its CPU half computes the cold neurons over: the CPU-only engine's
+    (``down_t_dtype``: Q8_0 for a quantized file), so a split layer's host reads no more
+    bytes than CPU-only for the same neurons (docs/placement.md). A layer a sparse mode
+    configured keeps its down_t and threshold; a dense layer (no sparse mode) gets
+    threshold 0, and with ``layers`` given its cold rows' down runs over the GGUF
+    ffn_down (``set_ffn_down_dense``, hot neurons' h 0) where n_cold down_t rows would
+    read more (:func:`~powerinfer_backend.engine.down_cache.dense_down_cheaper`), which is
+    the CPU-only dense FFN's down for those neurons. A layer with no neuron on the device
+    keeps the CPU-only engine's FFN."""
+    from ..engine.down_cache import dense_down_cheaper, down_t_dtype, transposed_down
 
     gguf = ctx.model.gguf
-    dtype = down_t_dtype(gguf, split=True)
-    types = ctx.ffn_down_t_types()
-    split = range(gguf.hparams.n_layer) if layers is None else [L.layer for L in layers if L.n_hot > 0]
-    for i in split:
-        if types.get(i) not in (None, dtype.upper()) or not ctx.has_ffn_sparsity(i):
-            thr = ctx.ffn_threshold(i)
-            ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0 if thr is None else thr)
-    for i in set(ctx.ffn_down_dense_layers()) & set(split):
-        ctx.set_ffn_down_dense(i, False)
+    dtype, n_ff = down_t_dtype(gguf), gguf.hparams.n_ff
+    n_hot = {i: 0 for i in range(gguf.hparams.n_layer)} if layers is None else {L.layer: L.n_hot for L in layers}
+    for i, hot in n_hot.items():
+        if (layers is not None and hot == 0) or ctx.has_ffn_sparsity(i):
+            continue
+        ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
+        if layers is not None and dense_down_cheaper(gguf, i, dtype, (n_ff - hot) / n_ff):
+            ctx.set_ffn_down_dense(i, True)
 
 
 def engine_mode(ctx) -> str:
@@ -336,7 +336,7 @@ def place_plan(ctx, dev, plan: P.Plan, budget_bytes: int) -> None:
             f"placement plan made for n_ctx {plan.n_ctx}, n_batch {plan.n_batch}; the context has "
             f"n_ctx {ctx.n_ctx}, n_batch {ctx.n_batch}"
         )
-    split_arithmetic(ctx, plan.layers)  # the split layers' cold neurons over the device's down values
+    split_arithmetic(ctx, plan.layers)  # the split layers' cold neurons as the CPU-only engine reads them
     ctx.set_ggml_device(dev, plan.layers, bool(plan.output_on_device), int(budget_bytes))
     ctx.hold_device(dev)  # the device outlives the context's use of it
     got, want = ctx.ggml_buffers(), plan.buffer_bytes()

@@ -35,6 +35,7 @@ from gguf import GGMLQuantizationType as GT
 from tests.fixtures.llama_reference import reference_logits
 from tests.fixtures.tiny_gguf import write_tiny_llama
 
+from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
 from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.hybrid.devices import DeviceSizer, open_device, resolve_device
@@ -147,18 +148,26 @@ def _case(path):
             sizes, z = P.ModelSizes.from_gguf(g), DeviceSizer(dev, ctx)
             full = P.full_device_bytes(sizes, N_CTX, N_BATCH, z)
             last = P.compute_bytes(sizes, N_CTX, N_BATCH, z) + P.layer_bytes(sizes, sizes.n_layer - 1, N_CTX, z)
-        # the CPU engine's two FFN arithmetics: the dense one (CPU-only layers of a placed
-        # context) and the split layers' one (sparse="exact" over the transposed down)
-        split_arithmetic(ctx)
+        # the tokens: the greedy continuation of the CPU engine over an F16 transposed down
+        # (the split's arithmetic before its down_t became the CPU-only engine's; on other
+        # greedy tokens Gemma 3 with every layer on the device, no split, is up to 0.52 from
+        # the CPU engine: docs/placement.md, "Not done yet")
+        for i in range(g.hparams.n_layer):
+            ctx.set_ffn_sparsity(i, transposed_down(g, i, dtype=down_t_dtype(g, split=True)), 0.0)
         seqs = [_greedy(ctx, p, N_GEN) for p in prompts]
-        ref = {"split": [_teacher_forced(ctx, s, len(p)) for s, p in zip(seqs, prompts)]}
     finally:
         ctx.close()
-    ctx = _context(model)
-    try:
-        ref["dense"] = [_teacher_forced(ctx, s, len(p)) for s, p in zip(seqs, prompts)]
-    finally:
-        ctx.close()
+    # the CPU engine's two FFN arithmetics: the dense one (CPU-only layers of a placed
+    # context) and the split layers' one (sparse="exact" over the CPU-only transposed down)
+    ref = {}
+    for name in ("split", "dense"):
+        ctx = _context(model)
+        try:
+            if name == "split":
+                split_arithmetic(ctx)
+            ref[name] = [_teacher_forced(ctx, s, len(p)) for s, p in zip(seqs, prompts)]
+        finally:
+            ctx.close()
     delta = _llama_cpp(path, seqs=seqs)
     assert delta > 0, "llama.cpp's own ways of computing the tokens agree exactly: no tolerance to measure"
     return Case(path, model, full, seqs, [len(p) for p in prompts], ref, SLACK * delta, last)

@@ -87,19 +87,33 @@ def test_q8_0_down_t_bits_tolerance_and_stats(relu_q8):
     assert not np.array_equal(runs[2], by_hand["f32"])  # a different rounding, not the exact values
 
 
-def test_split_gets_f16_down_t_with_thresholds_kept(relu_q8):
-    """A device split replaces a sparse mode's Q8_0 down_t by the F16 one (the values of
-    the device's hot down columns), keeping each layer's threshold; stats say so."""
+def test_split_keeps_the_cpu_only_down_t(relu_q8, tmp_path):
+    """A device split runs its cold neurons over the CPU-only engine's down_t (Q8_0 for a
+    quantized file), keeping a sparse mode's down_t and thresholds; a dense layer with
+    neurons on the device gets that down_t at threshold 0, and its down over the GGUF
+    ffn_down where the cold rows' down_t would read more; a layer with none stays dense."""
+    from types import SimpleNamespace
+
     g = load_gguf(relu_q8, verbose=False)
     m = NativeModel(g)
     ctx = NativeContext(m, n_ctx=32, n_batch=8, n_threads=1)
     state = modes.configure(ctx, g, relu_q8, "auto")
     ctx.set_ffn_sparsity(1, transposed_down(g, 1, dtype="q8_0"), 0.25)
-    assert modes.stats(ctx, state)["down_t_type"] == "Q8_0"
     split_arithmetic(ctx)
-    assert ctx.ffn_down_t_types() == {0: "F16", 1: "F16"}
+    assert ctx.ffn_down_t_types() == {0: "Q8_0", 1: "Q8_0"} and ctx.ffn_down_dense_layers() == []
     assert (ctx.ffn_threshold(0), ctx.ffn_threshold(1)) == (0.0, 0.25)
-    assert modes.stats(ctx, state)["down_t_type"] == "F16"
+    assert modes.stats(ctx, state)["down_t_type"] == "Q8_0"
+    ctx.close()
+    m.close()
+    # a Q4_1 SwiGLU file (20 B per 32 weights): n_cold of 128 Q8_0 rows (68 B) read more than
+    # ffn_down (64 rows of 80 B = 5120 B) above 75 cold neurons
+    path = write_tiny_llama(tmp_path / "q41.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=3, types={"matrix": 3})
+    g = load_gguf(path, verbose=False)
+    m = NativeModel(g)
+    ctx = NativeContext(m, n_ctx=32, n_batch=8, n_threads=1)
+    split_arithmetic(ctx, [SimpleNamespace(layer=i, n_hot=n) for i, n in enumerate((0, 52, 53))])
+    assert ctx.ffn_down_t_types() == {1: "Q8_0", 2: "Q8_0"} and not ctx.has_ffn_sparsity(0)
+    assert ctx.ffn_down_dense_layers() == [1] and ctx.ffn_threshold(1) == ctx.ffn_threshold(2) == 0.0
     ctx.close()
     m.close()
 
@@ -108,7 +122,7 @@ def test_dense_down_gate_form(tmp_path, xdg_cache):
     """The gate form with its down product over the GGUF ffn_down (h of skipped neurons 0):
     at threshold 0 it is the dense model bit for bit (the gathered gate/up dots have the
     dense rows' bits); at a threshold, the same bits for 1 and 2 threads, the neurons of
-    the down_t form skipped, logits close to it; a split turns it off."""
+    the down_t form skipped, logits close to it; a split keeps it."""
     from powerinfer_backend.engine.down_cache import dense_down_cheaper
 
     path = write_tiny_llama(tmp_path / "sw.gguf", n_vocab=64, n_embd=64, n_ff=128, n_layer=2, seed=3, n_ctx_train=512)
@@ -125,8 +139,8 @@ def test_dense_down_gate_form(tmp_path, xdg_cache):
         rows = [ctx.eval(TOKS[:4]).copy()] + [ctx.eval([t]).copy() for t in (4, 8, 12)]
         out = (np.concatenate(rows), ctx.ffn_stats(), ctx.ffn_down_dense_layers())
         if thr is not None and dense_down:
-            split_arithmetic(ctx)
-            assert ctx.ffn_down_dense_layers() == []
+            split_arithmetic(ctx)  # a sparse mode's choice is kept
+            assert ctx.ffn_down_dense_layers() == [0, 1]
         ctx.close()
         return out
 

@@ -144,6 +144,7 @@ static void ffn_cold(pi_context *c, const pi_ffn_sparse_args *base, const pi_dev
     const int64_t n_tok = base->n_tok, n = cold->n;
     if (n == 0) {
         if (phase == 1 && base->n_used) memset(base->n_used, 0, (size_t)n_tok * sizeof *base->n_used);
+        if (phase == 1 && base->h_dense) memset(base->h_dense, 0, (size_t)(n_tok * c->m->hp.n_ff) * sizeof(float));
         return;
     }
     for (int64_t t = 0; t <= n_tok; t++) { /* every token's candidates: the cold ids */
@@ -161,10 +162,21 @@ int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
     pi_dev *d = c->dev;
     pi_dev_cold cold;
     if (d == NULL || !d->iface.ffn_start(d, c, l, n_tok, &cold)) return 0;
-    const pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
+    pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
+    /* the cold rows' down over the GGUF ffn_down (hot and skipped h 0) where that reads fewer
+     * bytes than their down_t rows: the CPU-only dense FFN's bytes and arithmetic for them */
+    const int dense_down = c->ffn_dense_down != NULL && c->ffn_dense_down[l];
+    a.h_dense = dense_down ? c->ffn_hd : NULL;
     ffn_cold(c, &a, &cold, 1); /* the cold rows' h while the device computes the hot rows */
     /* y = the device's partial sum, continued by the cold rows (a failure fails the eval: error()) */
-    if (d->iface.ffn_finish(d, c, l, n_tok, a.y, a.n_used) == PI_OK) ffn_cold(c, &a, &cold, 2);
+    if (d->iface.ffn_finish(d, c, l, n_tok, a.y, a.n_used) == PI_OK) {
+        if (!dense_down) {
+            ffn_cold(c, &a, &cold, 2);
+        } else { /* c->xn is free once the device has finished with it */
+            pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], c->ffn_hd, n_tok, c->xn);
+            pi_add_rows(a.y, c->xn, n_tok * c->m->hp.n_embd);
+        }
+    }
     pi_ffn_sparse_done(c, l, n_tok);
     return 1;
 }
