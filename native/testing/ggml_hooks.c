@@ -15,8 +15,8 @@ int pi_test_ggml_zero_rows(pi_context *c, int32_t layer, int32_t slot, int64_t r
                                                                                                  : p->L[layer].w[slot];
     if (t == NULL) return pi_set_error(PI_ERR_INVALID, "blk.%d: slot %d is not on the device", layer, slot);
     const pi_tensor *lt = &c->m->hp.layers[layer * PI_L_COUNT + slot];
-    const int32_t type = slot == PI_L_FFN_DOWN && H->n_hot < c->m->hp.n_ff ? PI_TYPE_F16 : lt->type; /* layout.c */
-    const int64_t ne0 = slot == PI_L_FFN_DOWN ? H->n_hot : lt->ne[0];
+    const int32_t type = slot == PI_L_FFN_DOWN ? H->down_type : lt->type; /* layout.c */
+    const int64_t ne0 = slot == PI_L_FFN_DOWN ? H->n_down : lt->ne[0];
     const int64_t rows = pi_gg_is_ffn_rows(slot) ? (slot == PI_L_FFN_DOWN ? c->m->hp.n_embd : H->n_hot)
                                                  : lt->ne[1] * lt->ne[2] * lt->ne[3];
     if (row0 < 0 || n_rows < 1 || row0 + n_rows > rows)

@@ -21,7 +21,7 @@ from tests.fixtures.tiny_gguf import write_tiny_llama
 
 TOKS = [1, 5, 9, 3, 7, 2, 8, 4, 6, 11, 13, 12]
 N_CTX, N_BATCH = 64, 4
-F16 = 1
+F16, Q8_0 = 1, 8
 
 
 def layer(attn: bool, hot=()) -> types.SimpleNamespace:
@@ -76,7 +76,9 @@ def plan_buffers(dev, g, layers, output_on: bool, n_cells: int) -> dict[str, int
         n_hot = len(L.hot_ids)
         if n_hot:
             w += slot(ts["ffn_gate"].type, hp.n_embd, n_hot) + slot(ts["ffn_up"].type, hp.n_embd, n_hot)
-            w += slot(F16, n_hot, hp.n_embd)
+            # down columns: Q8_0 in whole blocks of 32 neurons for a quantized ffn_down, else F16
+            quantized = ts["ffn_down"].type not in (0, F16, 30)
+            w += slot(Q8_0, -(-n_hot // 32) * 32, hp.n_embd) if quantized else slot(F16, n_hot, hp.n_embd)
     if output_on:
         gl = g.global_tensors()
         out = gl["output"] if gl["output"] is not None else gl["tok_embd"]

@@ -27,7 +27,8 @@ F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
 #   = 13568, + KV for n_ctx 100 (128 cells x 32 x F16, K and V: 2 x 8192) 16384
 ATTN_BLOCK = 13568 + 16384
 #   all 128 neurons (a whole FFN, as stored): gate [64, 128] Q8_0 8704 + up 8704 + down
-#   [128, 64] Q8_0 8704; fewer are gathered, their down columns F16 (128 B per neuron)
+#   [128, 64] Q8_0 8704; fewer are gathered, their down columns Q8_0 [n_hot rounded up to
+#   32, 64] (68 B per neuron, in blocks of 32 neurons: 2176 B)
 HOT_ALL = 26112
 #   output_norm 256 + tied embedding 4352 (the logits are in the compute buffer)
 OUTPUT = 4608
@@ -42,10 +43,11 @@ def test_byte_accounting_is_exact(tiny_sizes):
     assert P.kv_bytes_per_layer(s, 100) == 16384 and P.kv_bytes_per_layer(s, 128) == 16384
     assert P.kv_bytes_per_layer(s, 129) == 24576  # 192 cells: one more KV_PAD block of 64
     assert P.attn_block_bytes(s, 0, 100) == ATTN_BLOCK == 29952
-    # one neuron: gate 68 -> 96, up 68 -> 96, down column F16 128
-    assert P.hot_bytes(s, 0, 128) == HOT_ALL and P.hot_bytes(s, 0, 1) == 96 + 96 + 128 and P.hot_bytes(s, 0, 0) == 0
-    assert P.hot_bytes(s, 0, 127) == 2 * 8640 + 127 * 128  # gathered: F16 down columns
-    assert P.neuron_bytes(s, 1) == (68, 68, 128)
+    # one neuron: gate 68 -> 96, up 68 -> 96, down columns Q8_0 [32, 64]: one block of 32 per row
+    assert P.hot_bytes(s, 0, 128) == HOT_ALL and P.hot_bytes(s, 0, 1) == 96 + 96 + 2176 and P.hot_bytes(s, 0, 0) == 0
+    assert P.hot_bytes(s, 0, 127) == 2 * 8640 + 8704  # gathered: Q8_0 down columns [128, 64]
+    assert P.neuron_bytes(s, 1) == (68, 68, 68)
+    assert P.down_cols(s, 0, 33) == (Q8_0, 64)
     assert P.output_block_bytes(s, 4) == OUTPUT
     assert P.compute_bytes(s, 100, 4) == COMPUTE
     assert P.full_device_bytes(s, 100, 4) == FULL == 144384
@@ -73,7 +75,8 @@ def test_sizer_decides_every_byte(tiny_sizes):
     q8_pad = 448 // 32 * 34  # 448 more Q8_0 elements
     assert P.tensor_device_bytes(s.layers[0]["attn_q"], z) == P.align_up(4352 + q8_pad, 128) == 4864
     assert P.kv_bytes_per_layer(s, 100, z) == 16384  # F16: no padding, 8192 is 128-aligned
-    assert P.hot_bytes(s, 0, 1, z) == 2 * P.align_up(68 + q8_pad, 128) + 128
+    down = P.align_up(64 * 34 + 480 // 32 * 34, 128)  # Q8_0 [32, 64], each row padded by 480 elements
+    assert P.hot_bytes(s, 0, 1, z) == 2 * P.align_up(68 + q8_pad, 128) + down
     assert P.compute_bytes(s, 100, 4, z) == 1000
     full = P.full_device_bytes(s, 100, 4, z)
     p = P.plan_placement(s, None, full, n_ctx=100, n_batch=4, sizer=z)
@@ -100,12 +103,12 @@ def test_full_zero_and_below_compute(tiny_sizes):
         assert p.device_bytes == 0 and p.kv_location == "cpu" and not p.output_on_device
         assert all(L.n_hot == 0 for L in p.layers)
     # one byte short of everything: dense blocks come first, and layer 1's FFN is gathered,
-    # its down columns F16 (264 B per neuron against the whole FFN's 204): 98 neurons fit in
-    # 26111 B (gate and up 98 x 68 = 6664 -> 6688, down 98 x 128 = 12544)
+    # its down columns Q8_0 (68 B per neuron as the whole FFN's, in blocks of 32): 127 neurons
+    # fit in 26111 B (gate and up 127 x 68 = 8636 -> 8640, down [128, 64] Q8_0 8704)
     p = P.plan_placement(s, None, FULL - 1, n_ctx=100, n_batch=4)
-    assert P.hot_bytes(s, 1, 98) == 2 * 6688 + 12544 == 25920 and P.hot_bytes(s, 1, 99) > HOT_ALL - 1
-    assert p.device_bytes == FULL - HOT_ALL + 25920 and p.output_on_device
-    assert [L.n_hot for L in p.layers] == [128, 98] and p.kv_location == "device"
+    assert P.hot_bytes(s, 1, 127) == 2 * 8640 + 8704 == 25984
+    assert p.device_bytes == FULL - HOT_ALL + 25984 and p.output_on_device
+    assert [L.n_hot for L in p.layers] == [128, 127] and p.kv_location == "device"
 
 
 def test_dense_first_then_hot_by_frequency(tiny_sizes):
@@ -114,15 +117,15 @@ def test_dense_first_then_hot_by_frequency(tiny_sizes):
     freq[1, [5, 77, 100]] = 0.9  # the most frequent neurons are in layer 1
     freq[0, 3] = 0.5
     base = COMPUTE + 2 * ATTN_BLOCK + OUTPUT
-    # 3 hot neurons: gate 3 x 68 = 204 -> 224, up 224, down F16 3 x 128 = 384; 4: 288 + 288 + 512
-    assert P.hot_bytes(s, 1, 3) == 832 and P.hot_bytes(s, 1, 4) == 1088
-    p = P.plan_placement(s, freq, base + 832, n_ctx=100, n_batch=4)
+    # 3 hot neurons: gate 3 x 68 = 204 -> 224, up 224, down Q8_0 [32, 64] 2176; 4: 288 + 288 + 2176
+    assert P.hot_bytes(s, 1, 3) == 2624 and P.hot_bytes(s, 1, 4) == 2752
+    p = P.plan_placement(s, freq, base + 2624, n_ctx=100, n_batch=4)
     assert p.kv_location == "device" and p.output_on_device
     assert p.layers[1].hot_ids.tolist() == [5, 77, 100] and p.layers[0].n_hot == 0
-    assert p.device_bytes == base + 832 and p.layers[1].freq_mass == 1.0
+    assert p.device_bytes == base + 2624 and p.layers[1].freq_mass == 1.0
     # room for two groups of 32: layer 1's first group, then layer 0's (mean 0.5/32 > 0)
     g32 = P.hot_bytes(s, 0, 32)
-    assert g32 == 2176 + 2176 + 4096
+    assert g32 == 2176 + 2176 + 2176
     p = P.plan_placement(s, freq, base + 2 * g32, n_ctx=100, n_batch=4)
     assert [L.n_hot for L in p.layers] == [32, 32] and p.device_bytes == base + 2 * g32
     assert {5, 77, 100} <= set(p.layers[1].hot_ids.tolist())

@@ -6,6 +6,7 @@ budget edges, monotonicity in the budget, bad inputs, the host bandwidth measure
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -15,14 +16,19 @@ from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.hybrid.placement import predict as pr
 from powerinfer_backend.loader import load_gguf
 
+from tests.fixtures import ROOT
 from tests.fixtures.tiny_gguf import write_tiny_llama
+
+sys.path.insert(0, str(ROOT / "bench"))
+from predict_paper import Q4_0, SHAPES, paper_sizes
 
 # the tiny Q8_0 model (n_embd 64, n_ff 128, 4 heads, 2 KV heads, tied embedding of 64
 # tokens), bytes as stored (no alignment: these are bytes read, not allocated):
 #   attention weights: attn_norm 256 + q 64 x 68 + k 32 x 68 + v 32 x 68 + out 64 x 68 + ffn_norm 256
 ATTN_W = 256 + 4352 + 2176 + 2176 + 4352 + 256  # 13568
-#   one neuron's rows: gate 68 (2 Q8_0 blocks), up 68, down_t 64 x F16 128
-ROW = (68, 68, 128)
+#   one neuron's rows: gate 68 (2 Q8_0 blocks), up 68, down 68: a Q8_0 column of 64 on the
+#   device (34 B per 32 neurons per row), the CPU-only engine's Q8_0 down_t row on the host
+ROW = HOST_ROW = (68, 68, 68)
 #   GGUF FFN tensors: gate 8704 + up 8704 + down (64 rows of 128 Q8_0 = 136 B) 8704
 FFN_GGUF = 3 * 8704
 OUT = 256 + 4352  # output_norm + tied embedding
@@ -39,9 +45,9 @@ def _plan(attn_on, hot, output_on=False, n_ff=128):
 def test_row_and_block_bytes(tiny_sizes, tmp_path):
     _, s = tiny_sizes
     assert pr.attn_weight_bytes(s, 0) == ATTN_W == 13568
-    assert pr.ffn_row_bytes(s, 1) == pr.ffn_row_bytes(s, 1, device=True) == ROW
-    assert pr.ffn_row_bytes(s, 1, split=False) == (68, 68, 68)  # CPU-only's down_t: Q8_0
-    # an all-F32 model: the CPU's down_t stays F32, the device's down columns are F16
+    assert pr.ffn_row_bytes(s, 1, device=True) == ROW
+    assert pr.ffn_row_bytes(s, 1) == pr.ffn_row_bytes(s, 1, split=False) == HOST_ROW  # CPU-only's down_t: Q8_0
+    # an all-F32 model: the CPU's down_t stays F32, the device's down columns are F16 (unquantized)
     m = load_gguf(write_tiny_llama(tmp_path / "f32.gguf", types={"matrix": 0, "token_embd": 0}), verbose=False)
     s32 = P.ModelSizes.from_gguf(m)
     m.close()
@@ -57,30 +63,30 @@ def test_ours_bytes_and_times_exact(tiny_sizes):
     p = pr.predict_ours(s, plan, freq, device_gbps=10, host_gbps=1, mode="relu")
     L0, L1 = p.layers
     assert L0.attn_bytes == L1.attn_bytes == ATTN_W
-    assert L0.device_ffn_bytes == 32 * sum(ROW) == 8448  # all hot rows (a dense mul_mat over them)
+    assert L0.device_ffn_bytes == 32 * sum(ROW) == 6528  # all hot rows (a dense mul_mat over them)
     # relu: every cold gate row (96 x 68), up and down rows only when firing (96 x 0.25 = 24)
-    assert L0.host_ffn_bytes == 96 * 68 + 24 * 68 + 24 * 128 == 11232
+    assert L0.host_ffn_bytes == 96 * 68 + 24 * 68 + 24 * 68 == 9792
     # layer 1 has no neuron on the device: the CPU-only engine's FFN, its down_t Q8_0 (68 B)
     assert L1.device_ffn_bytes == 0 and L1.host_ffn_bytes == 128 * 68 + 64 * 68 + 64 * 68 == 17408
-    assert L0.t == pytest.approx(13568 / 10e9 + max(8448 / 10e9, 11232 / 1e9), rel=1e-12)
+    assert L0.t == pytest.approx(13568 / 10e9 + max(6528 / 10e9, 9792 / 1e9), rel=1e-12)
     assert L1.t == pytest.approx((13568 + 17408) / 1e9, rel=1e-12)
     assert p.t_output == pytest.approx(OUT / 1e9, rel=1e-12) and p.output_bytes == OUT
-    assert p.seconds_per_token == pytest.approx(4.81728e-5, rel=1e-12)
-    assert p.tok_s == pytest.approx(1 / 4.81728e-5, rel=1e-12)
-    assert p.device_bytes_read == 13568 + 8448 and p.host_bytes_read == 11232 + 13568 + 17408 + OUT
+    assert p.seconds_per_token == pytest.approx(4.67328e-5, rel=1e-12)
+    assert p.tok_s == pytest.approx(1 / 4.67328e-5, rel=1e-12)
+    assert p.device_bytes_read == 13568 + 6528 and p.host_bytes_read == 9792 + 13568 + 17408 + OUT
     # the device skipping rows as the host does; KV read at 10 positions (2 x 10 x 32 x F16); sync
     q = pr.predict_ours(
         s, plan, freq, device_gbps=10, host_gbps=1, mode="relu", device_skips=True, n_past=10, sync_s=1e-6
     )
     assert q.layers[0].device_ffn_bytes == 32 * sum(ROW)  # frequency 1.0: every row still read
     assert q.layers[0].attn_bytes == ATTN_W + 1280
-    assert q.layers[0].t == pytest.approx((ATTN_W + 1280) / 10e9 + 11232 / 1e9 + 1e-6, rel=1e-12)
+    assert q.layers[0].t == pytest.approx((ATTN_W + 1280) / 10e9 + 9792 / 1e9 + 1e-6, rel=1e-12)
     assert q.layers[1].t == pytest.approx((ATTN_W + 1280 + 17408) / 1e9, rel=1e-12)  # host only: no sync
 
 
 @pytest.mark.parametrize(
     "mode,cold_bytes",
-    [("dense", 96 * 264), ("relu", 96 * 68 + 24 * 196), ("threshold", 96 * 136 + 24 * 128), ("predictor", 24 * 264)],
+    [("dense", 96 * 204), ("relu", 96 * 68 + 24 * 136), ("threshold", 96 * 136 + 24 * 68), ("predictor", 24 * 204)],
 )
 def test_modes(tiny_sizes, mode, cold_bytes):
     _, s = tiny_sizes
@@ -137,16 +143,15 @@ def test_layer_split_monotone_in_budget(tiny_sizes):
         last = split.tok_s
 
 
-def test_ours_monotone_once_dense_placed_with_a_fast_device(tmp_path):
+@pytest.mark.parametrize("wtype", [1, 8])  # F16, Q8_0
+def test_ours_monotone_once_dense_placed_with_a_fast_device(tmp_path, wtype):
     """Once the dense blocks are all placed more budget only adds hot rows; with a device
-    so fast that its half never limits a layer, each one removes host bytes: never slower.
-    (An F16 model: its CPU-only down_t is the split's F16 too; with a quantized file the
-    first hot rows of a layer can cost more than they save: the split's F16 down_t against
-    CPU-only's Q8_0, docs/placement.md.)"""
-    m = load_gguf(write_tiny_llama(tmp_path / "f16.gguf", n_layer=2, n_ff=128, types={"matrix": 1}), verbose=False)
+    so fast that its half never limits a layer, each one removes host bytes: never slower
+    (a split layer's host rows are the CPU-only engine's, F16 or Q8_0 down_t)."""
+    m = load_gguf(write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128, types={"matrix": wtype}), verbose=False)
     s = P.ModelSizes.from_gguf(m)
     m.close()
-    assert s.cpu_down_t_type == s.down_t_type == "f16"
+    assert s.cpu_down_t_type == s.down_t_type == ("f16" if wtype == 1 else "q8_0")
     freq = np.clip(np.random.default_rng(0).pareto(1.5, (2, 128)) / 4, 0.2, 1.0)
     full = P.full_device_bytes(s, 100, 4)
     last, n = 0.0, 0
@@ -160,11 +165,52 @@ def test_ours_monotone_once_dense_placed_with_a_fast_device(tmp_path):
     assert n >= 10
 
 
+@pytest.mark.parametrize("wtype", [8, 3, 1, "7b"])  # Q8_0, Q4_1 (ffn_down cheaper than Q8_0 rows), F16, 7B Q4_0
+def test_split_host_reads_no_more_than_cpu_only(tmp_path, wtype):
+    """A split layer's host bytes (its cold neurons) never exceed the same layer's CPU-only
+    bytes in the same mode, for every number of hot neurons (the most frequent first) and
+    frequency profile: the host rows are the CPU-only engine's, their down over ffn_down
+    where the cold rows would read more (modes dense and threshold, as CPU-only)."""
+    if wtype == "7b":  # LLaMA-2-7B's shapes, no file (bench/predict_paper.py)
+        s = paper_sizes(*SHAPES["LLaMA(ReLU)-2-7B"], wtype=Q4_0)
+    else:
+        m = load_gguf(
+            write_tiny_llama(tmp_path / "m.gguf", n_layer=1, n_ff=128, types={"matrix": wtype}), verbose=False
+        )
+        s = P.ModelSizes.from_gguf(m)
+        m.close()
+    b, n_ff = pr.LayerBytes.of(s, 0), s.n_ff
+    assert b.host_rows == b.cpu_rows
+    skewed = np.sort(np.random.default_rng(1).uniform(0.0, 1.0, n_ff))[::-1]
+    for freq in (np.ones(n_ff), np.full(n_ff, 0.9), skewed, np.full(n_ff, 0.05)):
+        for mode in pr.MODES:
+
+            def host(n_hot, freq=freq, mode=mode):
+                return pr.layer_time(
+                    b,
+                    0,
+                    n_ff=n_ff,
+                    attn_on=False,
+                    n_hot=n_hot,
+                    hot_fsum=float(freq[:n_hot].sum()),
+                    cold_fsum=float(freq[n_hot:].sum()),
+                    bd=1e9,
+                    bh=1e9,
+                    mode=mode,
+                    predictor_bytes=100,
+                ).host_ffn_bytes
+
+            cpu = host(0)
+            steps = range(1, n_ff + 1, max(1, n_ff // 128))
+            assert all(host(n) <= cpu * (1 + 1e-12) for n in steps), (mode, freq[:4], cpu)
+
+
 def test_more_hot_rows_can_be_slower(tiny_sizes):
     """The halves overlap (max): once a layer is device-bound, more hot rows make it slower.
-    Layer 0 with 112 hot rows: device 112 x 264 B / 20 GB/s = 1.4784 us, host 16 gate rows +
-    16 x 0.05 x (68 + 128) B / 1 GB/s = 1.2448 us; 127 hot: 127 x 264 B / 20 GB/s = 1.6764 us.
-    All 128 are the whole FFN as stored, its down Q8_0: 26112 B / 20 GB/s = 1.3056 us."""
+    Layer 0 with 112 hot rows: device (112 x 204 + 16 zero down columns x 68) B / 20 GB/s =
+    1.1968 us, host 16 gate rows + 16 x 0.05 x (68 + 68) B / 1 GB/s = 1.1968 us; 127 hot:
+    (127 x 204 + 68) B / 20 GB/s = 1.2988 us. All 128 are the whole FFN as stored, its down
+    Q8_0 as the gathered columns: 26112 B / 20 GB/s = 1.3056 us."""
     _, s = tiny_sizes
     freq = np.full((2, 128), 0.05)
     t = [
@@ -173,9 +219,9 @@ def test_more_hot_rows_can_be_slower(tiny_sizes):
         ).layers[0]
         for n in (112, 127, 128)
     ]
-    assert t[0].t_ffn_device == pytest.approx(1.4784e-6) and t[0].t_ffn_host == pytest.approx(1.2448e-6)
-    assert t[1].t_ffn_device == pytest.approx(1.6764e-6) and t[1].t > t[0].t
-    assert t[2].t_ffn_device == pytest.approx(1.3056e-6) and t[2].t_ffn_host == 0 and t[2].t < t[0].t
+    assert t[0].t_ffn_device == pytest.approx(1.1968e-6) and t[0].t_ffn_host == pytest.approx(1.1968e-6)
+    assert t[1].t_ffn_device == pytest.approx(1.2988e-6) and t[1].t > t[0].t
+    assert t[2].t_ffn_device == pytest.approx(1.3056e-6) and t[2].t_ffn_host == 0 and t[2].t > t[1].t
 
 
 def test_bad_inputs(tiny_sizes):

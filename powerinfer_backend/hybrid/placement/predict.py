@@ -9,7 +9,8 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   KV cache of ``n_past`` positions (K and V, F16) — from the device when the plan put it
   there, else from the host; then the split FFN, whose two halves run at once:
   ``max(device FFN bytes / device bandwidth, host FFN bytes / host bandwidth)``. The
-  device reads its hot neurons' rows (gate row, up row, an F16 down row); the host reads
+  device reads its hot neurons' rows (gate row, up row, a Q8_0 down row for a quantized
+  file, F16 for an unquantized one); the host reads
   its cold neurons' rows, each row with the probability the FFN mode reads it
   (:data:`ROW_READS`: a row marked "always" is read for every neuron, "freq" only for a
   neuron that fires, with probability its firing frequency). With ``device_skips`` the
@@ -20,8 +21,10 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   A layer with no neuron on the device runs its FFN as the CPU-only engine does (mode
   "dense": the GGUF tensors as stored; a sparse mode: its rows over the CPU-only down_t,
   in mode "threshold" the GGUF ffn_down instead where the kept rows would read more,
-  ``ModelSizes.cpu_down_t_type``); a split layer's host rows use the split's down_t
-  (``ModelSizes.down_t_type``, F16); a layer with every neuron on the device reads its
+  ``ModelSizes.cpu_down_t_type``); a split layer's host rows use the same down_t
+  (``ModelSizes.down_t_type``), their down over the GGUF ffn_down where the cold rows would
+  read more (mode "dense": all n_cold; "threshold": by frequency), so a split layer's host
+  never reads more than CPU-only's; a layer with every neuron on the device reads its
   FFN tensors as stored there (a whole layer, as llama.cpp's split).
 * **llama.cpp's layer split** (:func:`predict_layer_split`): whole layers as stored in
   the GGUF (all tensors plus the KV cache) on the device from the last layer backwards
@@ -45,7 +48,17 @@ import numpy as np
 
 from .plan import Plan
 from .planners import _check_freq, _check_int
-from .sizes import _FFN_ROW_SLOTS, ACT_BYTES, KV_ELEM_BYTES, ModelSizes, kv_bytes_per_layer, row_bytes, scratch_bytes
+from .sizes import (
+    _FFN_ROW_SLOTS,
+    ACT_BYTES,
+    KV_ELEM_BYTES,
+    ModelSizes,
+    down_cols,
+    kv_bytes_per_layer,
+    neuron_bytes,
+    row_bytes,
+    scratch_bytes,
+)
 
 __all__ = [
     "ROW_READS",
@@ -197,16 +210,17 @@ def attn_weight_bytes(s: ModelSizes, i: int) -> int:
 def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False, split: bool = True) -> tuple[int, int, int]:
     """Bytes of one neuron's rows in layer ``i``, as the FFN reads them: gate row (0 for
     an ungated FFN) and up row of n_embd in their GGUF types, the down row of n_embd: on
-    the device F16 (the ggml device's gathered down columns); on the host the down_t of a
-    split layer (``s.down_t_type``: F16, F32 for an all-F32 model), or with ``split=False``
-    the CPU-only engine's (``s.cpu_down_t_type``: Q8_0 for a quantized file), which a layer
-    with no neuron on the device keeps."""
+    the device the gathered down columns' (:func:`~.sizes.down_cols`: Q8_0 for a quantized
+    ffn_down, 34 bytes per 32 weights; F16 for an unquantized one); on the host the down_t of a
+    split layer (``s.down_t_type``: the CPU-only engine's unless a test pins another), or
+    with ``split=False`` the CPU-only engine's (``s.cpu_down_t_type``: Q8_0 for a quantized
+    file), which a layer with no neuron on the device keeps."""
     from ...engine.down_cache import down_t_row_bytes
 
     L = s.layers[i]
     gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0
     if device:
-        down = 2 * s.n_embd
+        down = neuron_bytes(s, i)[2]
     else:
         down = down_t_row_bytes(s.down_t_type if split else s.cpu_down_t_type, s.n_embd)
     return gate, row_bytes(L["ffn_up"].type, s.n_embd), down
@@ -230,7 +244,10 @@ class LayerBytes:
         attn: the attention weights (:func:`attn_weight_bytes`) + the KV read at n_past.
         host_rows: a neuron's gate, up and down_t rows on the host in a split layer.
         cpu_rows: the same for a layer with no neuron on the device (CPU-only's down_t).
-        device_rows: a hot neuron's rows on the device (F16 down).
+        device_rows: a hot neuron's rows on the device (its down column Q8_0, or F16 for an
+            unquantized ffn_down).
+        down_block: the device's down columns come in whole blocks of this many neurons
+            (32 for Q8_0: zero columns pad the last block, read with it; 1 for F16).
         whole_rows: a neuron's share of the layer's FFN tensors as stored (a whole layer).
         gguf_ffn: the FFN tensors as stored (the dense CPU path).
         gguf_down: ffn_down as stored (the CPU-only threshold mode's down where cheaper).
@@ -243,6 +260,7 @@ class LayerBytes:
     whole_rows: tuple
     gguf_ffn: int
     gguf_down: int
+    down_block: int = 1
 
     @classmethod
     def of(cls, s: ModelSizes, i: int, n_past: int = 0) -> "LayerBytes":
@@ -258,6 +276,7 @@ class LayerBytes:
             whole,
             sum(L[k].nbytes for k in _FFN_ROW_SLOTS if k in L),
             L["ffn_down"].nbytes,
+            down_cols(s, i, 1)[1],
         )
 
 
@@ -294,7 +313,12 @@ def layer_time(
         dev, host = _rows_read(b.whole_rows, n_ff, hot_fsum, dev_how), 0.0
     else:
         dev = _rows_read(b.device_rows, n_hot, hot_fsum, dev_how)
+        if not device_skips:  # the zero columns of the last down block, read with it
+            dev += (-(-n_hot // b.down_block) * b.down_block - n_hot) * b.device_rows[2]
         host = _rows_read(b.host_rows, n_ff - n_hot, cold_fsum, how) + pred
+        if mode in ("dense", "threshold"):  # the cold rows' down over ffn_down where their down_t rows read more
+            kept = n_ff - n_hot if mode == "dense" else cold_fsum
+            host -= max(0.0, b.host_rows[2] * kept - b.gguf_down)
     t_attn = b.attn / (bd if attn_on else bh)
     td, th = dev / bd, host / bh
     # a layer with work on both sides pays one round trip of its activations

@@ -10,8 +10,9 @@ The device memory layout counted here is the one the ggml device allocates
 * ``weights``: per layer with its attention block on the device, every tensor of the
   layer except ffn_gate/ffn_up/ffn_down, in its GGUF type and shape; per layer with
   n_hot > 0, the hot gate rows [n_embd, n_hot] and up rows [n_embd, n_hot] in their
-  GGUF types and the hot down columns as F16 [n_hot, n_embd] (with every neuron hot, a
-  whole layer, ffn_down [n_ff, n_embd] in its GGUF type); with the output block,
+  GGUF types and the hot down columns (:func:`down_cols`: Q8_0 [n_hot rounded up to 32,
+  n_embd] for a quantized ffn_down, F16 [n_hot, n_embd] for an unquantized one; with every
+  neuron hot, a whole layer, ffn_down [n_ff, n_embd] in its GGUF type); with the output block,
   output_norm and the output matrix (tok_embd when tied);
 * ``kv``: per layer with its attention block on the device, K and V caches of
   [n_embd_kv, n_cells] F16 (n_cells = n_ctx rounded up to :data:`KV_PAD`; with
@@ -57,6 +58,7 @@ __all__ = [
     "attn_block_bytes",
     "output_block_bytes",
     "neuron_bytes",
+    "down_cols",
     "hot_bytes",
     "layer_bytes",
     "full_device_bytes",
@@ -75,6 +77,8 @@ KV_PAD = 64
 _T = GGMLQuantizationType
 _F32 = int(_T.F32)
 _F16 = int(_T.F16)
+_Q8_0 = int(_T.Q8_0)
+_UNQUANTIZED = {_F32, _F16, int(_T.BF16)}
 #: the KV cache's element type (the context's default kv type)
 KV_TYPE = _F16
 #: ggml's CPU buffer type alignment (TENSOR_ALIGNMENT; ggml_backend_buft_get_alignment of
@@ -201,11 +205,10 @@ class ModelSizes:
         layers: per layer, slot name (:data:`arch.LAYER_SLOTS`) -> :class:`TensorSize`.
         output_norm: F32 [n_embd].
         output: the output projection [n_embd, n_vocab] (the token embedding when tied).
-        down_t_type: the type of the CPU's transposed down cache in a device split, "f16"
-            or "f32" (:func:`powerinfer_backend.engine.down_cache.down_t_dtype` with
-            ``split=True``: F32 when every ffn_down is F32; never Q8_0, so a neuron has the
-            values of the device's F16 hot down columns on either side of the split);
-            ``down_t_row_bytes`` gives a neuron's row.
+        down_t_type: the type of the CPU's transposed down cache in a device split: the
+            CPU-only engine's (:func:`powerinfer_backend.engine.down_cache.down_t_dtype`;
+            "" when constructed: ``cpu_down_t_type``), so a split layer's host reads no more
+            than CPU-only's; ``down_t_row_bytes`` gives a neuron's row.
         cpu_down_t_type: the down_t type of the CPU-only engine's sparse modes
             (``down_t_dtype(model)``: Q8_0 for quantized files), which a layer with no
             neuron on the device keeps under a placement.
@@ -221,8 +224,12 @@ class ModelSizes:
     layers: tuple[Mapping[str, TensorSize], ...]
     output_norm: TensorSize
     output: TensorSize
-    down_t_type: str = "f16"
+    down_t_type: str = ""
     cpu_down_t_type: str = "f16"
+
+    def __post_init__(self) -> None:
+        if not self.down_t_type:  # the split's host rows are the CPU-only engine's
+            object.__setattr__(self, "down_t_type", self.cpu_down_t_type)
 
     @property
     def n_embd_kv(self) -> int:
@@ -235,7 +242,7 @@ class ModelSizes:
     @classmethod
     def from_gguf(cls, model, down_t_type: str | None = None) -> "ModelSizes":
         """Sizes of a :class:`powerinfer_backend.loader.GGUFModel` (types as loaded);
-        ``down_t_type`` None: the split's (``down_t_dtype(model, split=True)``)."""
+        ``down_t_type`` None: the CPU-only engine's (``down_t_dtype(model)``)."""
         from ...engine.down_cache import down_t_dtype
         from ...loader.arch import LAYER_SLOTS
 
@@ -262,7 +269,7 @@ class ModelSizes:
             layers=tuple(layers),
             output_norm=TensorSize(int(g["output_norm"].type), tuple(g["output_norm"].ne)),
             output=TensorSize(int(out.type), tuple(int(x) for x in out.ne)),
-            down_t_type=down_t_type or down_t_dtype(model, split=True),
+            down_t_type=down_t_type or "",
             cpu_down_t_type=down_t_dtype(model),
         )
 
@@ -318,18 +325,32 @@ def output_block_bytes(s: ModelSizes, n_batch: int | None = None, sizer: Sizer =
     return tensor_device_bytes(s.output_norm, sizer) + tensor_device_bytes(s.output, sizer)
 
 
+def down_cols(s: ModelSizes, i: int, n_hot: int) -> tuple[int, int]:
+    """(ggml type, ne0) of layer ``i``'s gathered hot down columns on the device, a
+    [ne0, n_embd] tensor: a quantized ffn_down gives Q8_0 with ne0 = ``n_hot`` rounded up
+    to a whole block of 32 (zero columns; the graph pads h with zeros to match), an
+    unquantized one F16 with ne0 = ``n_hot`` (a column gather cannot keep the file's
+    blocks, which run along n_ff)."""
+    if s.layers[i]["ffn_down"].type in _UNQUANTIZED:
+        return _F16, int(n_hot)
+    return _Q8_0, align_up(n_hot, 32)
+
+
 def neuron_bytes(s: ModelSizes, i: int) -> tuple[int, int, int]:
     """Bytes of one hot neuron in layer ``i`` before alignment: (gate row, up row, down
     column) — gate and up rows of n_embd in their stored types (gate 0 without one), the
-    down column of n_embd as F16. The knapsack's cost per neuron."""
+    down column of n_embd in :func:`down_cols`' type (Q8_0: 34 bytes per 32 weights,
+    rounded up). The knapsack's cost per neuron."""
     L = s.layers[i]
     gate = row_bytes(L["ffn_gate"].type, s.n_embd) if "ffn_gate" in L else 0  # ungated FFN (Falcon, OPT)
-    return (gate, row_bytes(L["ffn_up"].type, s.n_embd), row_bytes(_F16, s.n_embd))
+    dt = down_cols(s, i, 1)[0]
+    down = row_bytes(_F16, s.n_embd) if dt == _F16 else -(-row_bytes(dt, 32) * s.n_embd // 32)
+    return (gate, row_bytes(L["ffn_up"].type, s.n_embd), down)
 
 
 def hot_bytes(s: ModelSizes, i: int, n_hot: int, sizer: Sizer = CPU_BUFT) -> int:
     """Device bytes of layer ``i``'s ``n_hot`` hot neurons: gate rows [n_embd, n_hot] and up
-    rows [n_embd, n_hot] in their stored types, down columns F16 [n_hot, n_embd], each
+    rows [n_embd, n_hot] in their stored types, down columns (:func:`down_cols`), each
     aligned (0 for 0 neurons); all n_ff (a whole layer's FFN): the three tensors as stored
     (ffn_down needs no column gather, so it keeps its GGUF type, as llama.cpp's split)."""
     if n_hot <= 0:
@@ -338,8 +359,9 @@ def hot_bytes(s: ModelSizes, i: int, n_hot: int, sizer: Sizer = CPU_BUFT) -> int
     if n_hot >= s.n_ff:
         return sum(tensor_device_bytes(L[slot], sizer) for slot in _FFN_ROW_SLOTS if slot in L)
     rows = [L[slot].type for slot in ("ffn_gate", "ffn_up") if slot in L]
+    dt, ne0 = down_cols(s, i, n_hot)
     return sum(align_up(sizer.tensor_bytes(t, s.n_embd, n_hot), a) for t in rows) + align_up(
-        sizer.tensor_bytes(_F16, n_hot, s.n_embd), a
+        sizer.tensor_bytes(dt, ne0, s.n_embd), a
     )
 
 

@@ -75,6 +75,7 @@ enum { PI_G_BUFFER_USAGE_WEIGHTS = 1 };
     X(gt *, gelu, (gctx *, gt *))                                                                         \
     X(gt *, relu, (gctx *, gt *))                                                                         \
     X(gt *, cast, (gctx *, gt *, int))                                                                    \
+    X(gt *, pad, (gctx *, gt *, int, int, int, int))                                                      \
     X(gt *, set_name, (gt *, const char *))                                                               \
     X(void, set_input, (gt *))                                                                            \
     X(void, set_output, (gt *))                                                                           \

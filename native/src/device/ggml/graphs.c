@@ -127,6 +127,7 @@ int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_
     case PI_ACT_DRELU: h = g->mul(ctx, g->relu(ctx, gx), g->relu(ctx, ux)); break;
     default: return pi_set_error(PI_ERR_UNSUPPORTED, "ggml device: FFN activation %d", hp->act);
     }
+    if (Hn->n_down > Hn->n_hot) h = g->pad(ctx, h, (int)(Hn->n_down - Hn->n_hot), 0, 0, 0); /* zeros */
     io->out0 = g->mul_mat(ctx, Hn->down, h); /* [n_embd, n_tok] */
     g->set_output(io->out0);
     g->build_forward_expand(io->gf, io->out0);

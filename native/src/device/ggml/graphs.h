@@ -17,10 +17,12 @@ typedef struct {
     gt *k, *v;
 } pi_gg_layer;
 
-/* a layer's hot neurons: gate and up rows [n_embd, n_hot], down columns F16 [n_hot, n_embd] */
+/* a layer's hot neurons: gate and up rows [n_embd, n_hot], down columns [n_down, n_embd]
+ * (layout.h: n_down > n_hot for Q8_0 columns padded to a whole block; h is padded with zeros) */
 typedef struct {
     gt *gate, *up, *down;
-    int64_t n_hot;
+    int64_t n_hot, n_down;
+    int32_t down_type;
 } pi_gg_hot;
 
 typedef struct {

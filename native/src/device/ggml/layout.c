@@ -3,6 +3,16 @@
 
 static int64_t rows_of(const pi_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 
+int32_t pi_gg_down_cols(const pi_context *c, int l, int64_t n_hot, int64_t *ne0) {
+    const int32_t t = c->m->hp.layers[l * PI_L_COUNT + PI_L_FFN_DOWN].type;
+    if (t == PI_TYPE_F32 || t == PI_TYPE_F16 || t == PI_TYPE_BF16) {
+        *ne0 = n_hot;
+        return PI_TYPE_F16;
+    }
+    *ne0 = (n_hot + PI_QK - 1) / PI_QK * PI_QK;
+    return PI_TYPE_Q8_0;
+}
+
 void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot, const pi_gg_visit *v, pi_gg_layer *L,
                          pi_gg_hot *H) {
     const pi_model_params *hp = &c->m->hp;
@@ -16,7 +26,9 @@ void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot,
         v->fn(v->user, lt[PI_L_FFN_GATE].type, hp->n_embd, n_hot, &H->gate);
         v->fn(v->user, lt[PI_L_FFN_UP].type, hp->n_embd, n_hot, &H->up);
         /* a whole FFN keeps ffn_down as stored (no column gather: quant blocks stay whole) */
-        v->fn(v->user, n_hot == hp->n_ff ? lt[PI_L_FFN_DOWN].type : PI_TYPE_F16, n_hot, hp->n_embd, &H->down);
+        H->n_down = n_hot;
+        H->down_type = n_hot == hp->n_ff ? lt[PI_L_FFN_DOWN].type : pi_gg_down_cols(c, l, n_hot, &H->n_down);
+        v->fn(v->user, H->down_type, H->n_down, hp->n_embd, &H->down);
     }
 }
 

@@ -2,7 +2,9 @@
  * the byte rule (the Python plan counts the same), the allocation and the compute sizing:
  * "weights": per layer with attention on the device every slot but ffn_gate/up/down in its type
  * and shape, per layer with hot neurons gate and up rows [n_embd, n_hot] in their types and down
- * columns F16 [n_hot, n_embd] (with every neuron hot, ffn_down [n_ff, n_embd] in its type), with the output on the device output_norm (+ bias) and the output
+ * columns (pi_gg_down_cols: Q8_0 [n_hot rounded up to 32, n_embd] for a quantized ffn_down, else
+ * F16 [n_hot, n_embd]; with every neuron hot, ffn_down [n_ff, n_embd] in its type), with the
+ * output on the device output_norm (+ bias) and the output
  * matrix; "kv": per layer with attention K and V, [kv_row, n_cells] each in the KV type. */
 #ifndef PI_GGML_LAYOUT_H
 #define PI_GGML_LAYOUT_H
@@ -19,6 +21,10 @@ void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot,
                          pi_gg_hot *H);
 void pi_gg_kv_tensors(const pi_context *c, const pi_gg_visit *v, pi_gg_layer *L);
 void pi_gg_output_tensors(const pi_context *c, const pi_gg_visit *v, pi_gg_output *O);
+/* the type of layer l's gathered hot down columns and their row length (ne0) for n_hot < n_ff
+ * neurons: Q8_0 over n_hot rounded up to a block of 32 (zero columns past n_hot) when ffn_down
+ * is quantized (the file's blocks run along n_ff, so a column gather cannot keep them), else F16 */
+int32_t pi_gg_down_cols(const pi_context *c, int l, int64_t n_hot, int64_t *ne0);
 /* the output matrix: output, or tok_embd when tied */
 const pi_tensor *pi_gg_output_matrix(const pi_context *c);
 /* 1 for the slots that stay on the CPU with a placed attention block (the FFN rows) */

@@ -71,7 +71,10 @@ static size_t largest(const pi_ggml_api *g, const pi_context *c) {
     pi_gg_layer L;
     pi_gg_hot H;
     pi_gg_output O;
-    for (int l = 0; l < c->m->hp.n_layer; l++) pi_gg_layer_tensors(c, l, 1, c->m->hp.n_ff, &v, &L, &H);
+    for (int l = 0; l < c->m->hp.n_layer; l++) {
+        pi_gg_layer_tensors(c, l, 1, c->m->hp.n_ff, &v, &L, &H);
+        pi_gg_layer_tensors(c, l, 0, c->m->hp.n_ff - 1, &v, &L, &H); /* the most gathered down columns */
+    }
     pi_gg_kv_tensors(c, &v, &L);
     pi_gg_output_tensors(c, &v, &O);
     return s.max_bytes;
@@ -87,14 +90,16 @@ static int measure_with(const pi_gdev *d, const pi_context *c, int flash, struct
         standins s = {.g = g, .ctx = g->init((pi_ggml_init_params){meta_bytes, meta, true})};
         gctx *gc = pi_gg_meta(g, graph_meta);
         const pi_gg_visit v = {visit, &s};
-        pi_gg_layer L;
-        pi_gg_hot H;
+        pi_gg_layer L, Lg;
+        pi_gg_hot H, Hg = {0};
         pi_gg_output O;
         pi_gg_io io;
         const int gated = l < hp->n_layer && hp->layers[l * PI_L_COUNT + PI_L_FFN_GATE].data != NULL;
         if (l < hp->n_layer) {
             pi_gg_layer_tensors(c, l, 1, gated ? hp->n_ff : 0, &v, &L, &H);
             pi_gg_kv_tensors(c, &v, &L);
+            /* the FFN as stored, and the most neurons gathered (h padded to the down's blocks) */
+            if (gated && hp->n_ff > 1) pi_gg_layer_tensors(c, l, 0, hp->n_ff - 1, &v, &Lg, &Hg);
         } else {
             pi_gg_output_tensors(c, &v, &O);
         }
@@ -107,6 +112,12 @@ static int measure_with(const pi_gdev *d, const pi_context *c, int flash, struct
             gc = pi_gg_meta(g, graph_meta);
             if (rc == PI_OK && gated) rc = pi_gg_ffn(g, gc, c, &H, c->cp.n_batch, &io);
             if (rc == PI_OK && gated) rc = size_graph(g, ga, reserve, io.gf, out);
+            if (rc == PI_OK && Hg.n_hot > 0) {
+                g->free(gc);
+                gc = pi_gg_meta(g, graph_meta);
+                rc = pi_gg_ffn(g, gc, c, &Hg, c->cp.n_batch, &io);
+                if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, out);
+            }
         } else if (rc == PI_OK) {
             rc = pi_gg_output_graph(g, gc, c, &O, c->cp.n_batch, &io);
             if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, out);
