@@ -62,7 +62,8 @@ def chunk_counts(ctx) -> tuple[list[int], list[int] | None]:
 def zero_rows(ctx, layer: int, slot: str, row0: int = 0, n_rows: int | None = None) -> None:
     """Zero rows [row0, row0 + n_rows) of a placed device tensor of ``layer`` of a context on a
     ggml device: an attention slot by name (``"attn_q"``, ...; all rows when n_rows is None), or
-    ``"ffn_gate"`` / ``"ffn_up"`` (the hot rows in plan order), ``"ffn_down"`` (the F16 down rows).
+    ``"ffn_gate"`` / ``"ffn_up"`` (the hot rows in plan order), ``"ffn_down"`` (the down rows:
+    Q8_0 or F16, ``placement.down_cols``).
 
     Raises:
         ValueError: not placed on a ggml device, slot not on the device, rows out of range.

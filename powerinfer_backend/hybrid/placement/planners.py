@@ -147,7 +147,7 @@ def plan_placement(
 
         def complete(used: int) -> int:
             """A layer's whole FFN is held as stored, often in fewer bytes than most of its
-            neurons gathered (F16 down columns): complete the started layers that fit,
+            neurons gathered (Q8_0 or F16 down columns): complete the started layers that fit,
             cheapest first."""
             for i in sorted(range(nl), key=lambda i: (hb(i, nff) - hb(i, n_hot[i]), i)):
                 if 0 < n_hot[i] < nff and used + hb(i, nff) - hb(i, n_hot[i]) <= budget:
