@@ -480,7 +480,7 @@ class NativeContext:
         Raises:
             MemoryError: weights + kv + compute exceed ``budget_bytes`` or the device's free memory (both
                 counts named; nothing is allocated). ValueError: bad layers or hot ids, no down_t.
-            NotImplementedError: what cannot be placed (ungated or predictor layers, a fused attn_qkv).
+            NotImplementedError: what cannot be placed (ungated layers, a fused attn_qkv).
 
         With ``n_seq_max`` > 1 the device's KV holds every slot and each device step runs once per
         sequence of the batch: a sequence gets the bits it gets alone (a context of n_ctx_seq with

@@ -67,11 +67,6 @@ class HybridBackend:
         self.n_ctx_seq = self.ctx.n_ctx_seq  # sequence 0's window: eval / truncate / n_past
         try:
             self.sparse = sparsity.configure(self.ctx, self.gguf, model_path, sparse)
-            if self.sparse.mode == "predictor" and (vram_budget or n_gpu_layers or device not in (None, "cpu")):
-                raise ValueError(
-                    "sparse='predictor' cannot be combined with a device placement yet; "
-                    "use sparse='threshold' or 'auto' with vram_budget"
-                )
             self.offload = offload_mod.offload(
                 self.ctx,
                 model_path,

@@ -138,18 +138,42 @@ void pi_ffn_sparse_done(pi_context *c, int l, int64_t n_tok) {
     ffn_out(c, l, c->ffn_y, n_tok);
 }
 
-/* the CPU half of a split: the sparse FFN over the cold neurons only (base->active ignored);
- * phase 1 their h (and the per-token counts), phase 2 y continued by their sum in id order */
+/* layer l's cold candidates per token into cold->ids_buf / off_buf: every cold id, or with a
+ * predictor the cold ids it predicts active (scored here while the device runs the hot rows,
+ * which it computes all of); the predicted count covers every neuron, as in pi_ffn_sparse_layer */
+static void cold_lists(pi_context *c, int l, int64_t n_tok, const pi_dev_cold *cold) {
+    const int64_t n = cold->n, F = c->m->hp.n_ff;
+    if (c->pred_fc1 == NULL || c->pred_fc1[l].data == NULL) {
+        for (int64_t t = 0; t <= n_tok; t++) {
+            cold->off_buf[t] = t * n;
+            if (t < n_tok) memcpy(cold->ids_buf + t * n, cold->ids, (size_t)n * sizeof *cold->ids);
+        }
+        return;
+    }
+    const int64_t t0 = pi_now_ns();
+    const float thr = c->pred_threshold[l];
+    pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
+    int64_t k = 0, all = 0;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *s = c->pred_scores + t * F;
+        cold->off_buf[t] = k;
+        for (int64_t i = 0; i < n; i++)
+            if (s[cold->ids[i]] >= thr) cold->ids_buf[k++] = cold->ids[i];
+        for (int64_t i = 0; i < F; i++) all += s[i] >= thr;
+    }
+    cold->off_buf[n_tok] = k;
+    c->pred_count[l] += all;
+    c->pred_ns[l] += pi_now_ns() - t0;
+}
+
+/* the CPU half of a split: the sparse FFN over layer l's cold candidates (cold_lists; base->active
+ * ignored); phase 1 their h (and the per-token counts), phase 2 y continued by their sum in id order */
 static void ffn_cold(pi_context *c, const pi_ffn_sparse_args *base, const pi_dev_cold *cold, int32_t phase) {
-    const int64_t n_tok = base->n_tok, n = cold->n;
-    if (n == 0) {
+    const int64_t n_tok = base->n_tok;
+    if (cold->n == 0) {
         if (phase == 1 && base->n_used) memset(base->n_used, 0, (size_t)n_tok * sizeof *base->n_used);
         if (phase == 1 && base->h_dense) memset(base->h_dense, 0, (size_t)(n_tok * c->m->hp.n_ff) * sizeof(float));
         return;
-    }
-    for (int64_t t = 0; t <= n_tok; t++) { /* every token's candidates: the cold ids */
-        cold->off_buf[t] = t * n;
-        if (t < n_tok && phase == 1) memcpy(cold->ids_buf + t * n, cold->ids, (size_t)n * sizeof *cold->ids);
     }
     pi_ffn_sparse_args a = *base;
     a.phase = phase;
@@ -162,7 +186,11 @@ int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
     pi_dev *d = c->dev;
     pi_dev_cold cold;
     if (d == NULL || !d->iface.ffn_start(d, c, l, n_tok, &cold)) return 0;
+    const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
+    const int64_t t0 = pred ? pi_now_ns() : 0;
+    if (cold.n > 0) cold_lists(c, l, n_tok, &cold);
     pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
+    a.on_gate = c->ffn_on_gate; /* the gate form skips a cold neuron's up and down rows */
     /* the cold rows' down over the GGUF ffn_down (hot and skipped h 0) where that reads fewer
      * bytes than their down_t rows: the CPU-only dense FFN's bytes and arithmetic for them */
     const int dense_down = c->ffn_dense_down != NULL && c->ffn_dense_down[l];
@@ -177,6 +205,7 @@ int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
             pi_add_rows(a.y, c->xn, n_tok * c->m->hp.n_embd);
         }
     }
+    if (pred) c->ffn_ns[l] += pi_now_ns() - t0;
     pi_ffn_sparse_done(c, l, n_tok);
     return 1;
 }

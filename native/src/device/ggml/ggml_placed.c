@@ -44,9 +44,6 @@ static int check_layer(const pi_context *c, const pi_layer_placement *L, int l) 
     if (c->down_t == NULL || c->down_t[l].data == NULL)
         return pi_set_error(PI_ERR_INVALID, "blk.%d: hot neurons need the layer's down_t (pi_context_set_ffn_sparsity) "
                             "first: the CPU half runs the cold neurons sparsely", l);
-    if (c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL)
-        return pi_set_error(PI_ERR_UNSUPPORTED, "blk.%d: a predictor layer cannot be split with a device yet", l);
-    if (c->ffn_on_gate) return pi_set_error(PI_ERR_UNSUPPORTED, "the hybrid FFN thresholds the product |h|, not the gate");
     return PI_OK;
 }
 

@@ -1,0 +1,169 @@
+"""The CPU half of a split at full strength (issue 24 item 3) on ``device="ggml-cpu"``: a
+predictor skips the gate rows of the cold neurons it predicts inactive, and gate thresholds
+(the CATS form) skip a cold neuron's up and down rows; the device computes every hot row.
+Teacher-forced against the CPU engine with the same predictor / thresholds, with the
+tolerance of tests/hybrid/test_ggml_parity.py (llama.cpp's own largest difference on the
+same tokens, x 1.25; top-1 equal where the CPU engine's margin is at least that).
+
+The model is a tiny SwiGLU llama (Q4_1, n_embd 256: llama.cpp's own runs differ measurably)
+carrying PowerInfer-style predictors (``blk.N.fc1/fc2.weight``, random, rank 16, score
+threshold 0, about half the neurons predicted, the same ones for every token: a decision near
+the threshold would flip with the device's rounding and move a random model far more than
+llama.cpp's tolerance; gate thresholds give every token its own cold set) in a second copy of the file, since llama.cpp
+refuses the extra tensors; both copies have the same weights (same seed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from tests.fixtures.tiny_gguf import write_tiny_llama
+from tests.hybrid.test_ggml_parity import (
+    MARGIN,
+    N_BATCH,
+    N_CTX,
+    PROMPTS,
+    SLACK,
+    THREADS,
+    _compare,
+    _greedy,
+    _llama_cpp,
+    _teacher_forced,
+)
+
+from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
+from powerinfer_backend.engine.native import NativeContext, NativeModel
+from powerinfer_backend.hybrid import placement as P
+from powerinfer_backend.hybrid.devices import DeviceSizer, open_device, resolve_device
+from powerinfer_backend.hybrid.offload import offload, split_arithmetic
+from powerinfer_backend.loader import load_gguf
+from powerinfer_backend.plugins.hybrid import HybridBackend
+from powerinfer_backend.sparsity import modes as sparsity
+
+N_LAYER, N_EMBD, N_FF, RANK = 4, 256, 512, 16
+GATE_THRESHOLD = 0.05  # |silu(gate x)| below this skips the neuron: about a third of them
+N_GEN = 32
+SHAPE = dict(n_layer=N_LAYER, n_embd=N_EMBD, n_head=4, n_head_kv=2, n_ff=N_FF, n_vocab=256, seed=5)
+
+
+def _predictors() -> dict:
+    rng = np.random.default_rng(11)
+    out = {}
+    for layer in range(N_LAYER):
+        out[f"blk.{layer}.fc1.weight"] = (rng.standard_normal((RANK, N_EMBD)) / np.sqrt(N_EMBD)).astype(np.float32)
+        # each neuron's row of one sign: >= 0 scores it always predicted, <= 0 never (unless all
+        # 16 relu(fc1 x) are 0), so the device's rounding of the FFN input flips no decision
+        sign = np.where(rng.random(N_FF) < 0.5, 1.0, -1.0)[:, None]
+        out[f"blk.{layer}.fc2.weight"] = (sign * np.abs(rng.standard_normal((N_FF, RANK)))).astype(np.float32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(path with predictors, llama.cpp's bound, tokens, prompt lengths, model, budget: half
+    the full device bytes)."""
+    d = tmp_path_factory.mktemp("split_sparse")
+    with pytest.MonkeyPatch.context() as mp:  # plans and down_t caches in a private folder
+        mp.setenv("XDG_CACHE_HOME", str(d / "xdg"))
+        plain = write_tiny_llama(d / "plain.gguf", types={"matrix": GT.Q4_1}, **SHAPE)
+        path = write_tiny_llama(d / "pred.gguf", types={"matrix": GT.Q4_1}, extra_tensors=_predictors(), **SHAPE)
+        prompts = _llama_cpp(plain, PROMPTS)
+        model = NativeModel(load_gguf(path, verbose=False))
+        ctx = _context(model, "predictor")
+        try:
+            seqs = [_greedy(ctx, p, N_GEN) for p in prompts]
+            with open_device(resolve_device("ggml-cpu")) as dev:
+                full = P.full_device_bytes(P.ModelSizes.from_gguf(model.gguf), N_CTX, N_BATCH, DeviceSizer(dev, ctx))
+        finally:
+            ctx.close()
+        bound = SLACK * _llama_cpp(plain, seqs=seqs)
+        assert bound > 0
+        yield path, bound, seqs, [len(p) for p in prompts], model, f"{full // 2}B"
+        model.close()
+
+
+def _context(model, form: str) -> NativeContext:
+    """A context of ``model`` in FFN form "predictor" (the file's) or "gate" (CATS thresholds)."""
+    ctx = NativeContext(model, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=THREADS)
+    g = model.gguf
+    if form == "predictor":
+        assert sparsity.configure(ctx, g, g.path, "predictor").mode == "predictor"
+    elif form == "exact":
+        split_arithmetic(ctx)
+    else:
+        ctx.set_ffn_threshold_on("gate")
+        for i in range(N_LAYER):
+            ctx.set_ffn_sparsity(i, transposed_down(g, i, dtype=down_t_dtype(g)), GATE_THRESHOLD)
+    return ctx
+
+
+def _reference(model, form: str, hot: dict) -> NativeContext:
+    """The CPU engine computing what the split computes: the device runs every hot row, so
+    with a predictor the hot neurons are always predicted (their fc2 rows made >= 0: score
+    >= 0 = the threshold)."""
+    ctx = _context(model, form)
+    if form == "predictor":
+        pred = _predictors()
+        for layer, ids in hot.items():
+            fc2 = pred[f"blk.{layer}.fc2.weight"].copy()
+            fc2[ids] = np.abs(fc2[ids])
+            ctx.set_ffn_predictor(layer, pred[f"blk.{layer}.fc1.weight"], fc2, 0.0)
+    return ctx
+
+
+@pytest.mark.parametrize("form", ["predictor", "gate"])
+def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, form):
+    path, bound, seqs, n_prompt, model, budget = tiny
+    ctx = _context(model, form)
+    off = None
+    try:
+        off = offload(ctx, path, vram_budget=budget, device="ggml-cpu", placement="neurons", device_threads=THREADS)
+        assert off.plan is not None
+        hot = {L.layer: np.asarray(L.hot_ids) for L in off.plan.layers if L.n_hot > 0}
+        assert any(0 < len(ids) < N_FF for ids in hot.values()), hot  # split layers: a CPU half to skip in
+        ctx.ffn_stats(reset=True)
+        if form == "predictor":
+            ctx.predictor_stats(reset=True)
+        placed = [_teacher_forced(ctx, s, n) for s, n in zip(seqs, n_prompt)]
+        used, total = ctx.ffn_stats(reset=False)
+        if form == "predictor":
+            ps = ctx.predictor_stats(reset=False)
+            assert ps["predicted"].sum() > 0 and ps["pred_ns"].sum() > 0
+    finally:
+        ctx.close()
+        if off is not None:
+            off.close()
+    refs = {}
+    for name in (form, "exact"):  # the split's function, and with the gate form its dense bound
+        cpu = _reference(model, name, hot) if name == form else _context(model, "exact")
+        try:
+            cpu.ffn_stats(reset=True)
+            refs[name] = [_teacher_forced(cpu, s, n) for s, n in zip(seqs, n_prompt)]
+            if name == form:
+                used_cpu, total_cpu = cpu.ffn_stats(reset=False)
+        finally:
+            cpu.close()
+    assert total == total_cpu and used < total  # the cold half skipped neurons
+    if form == "predictor":
+        # the CPU engine's neurons with the hot ones predicted, up to scores at the threshold
+        # moved by the device's rounding of the FFN input
+        assert abs(used - used_cpu) <= 0.002 * total, (used, used_cpu, total)
+    need = max(MARGIN, bound)
+    results = {name: _compare(placed, ref, need) for name, ref in refs.items()}
+    worst, flips, checked = results[form]
+    assert checked >= sum(len(s) - 1 for s in seqs) // 2
+    assert flips == [], f"top-1 differs from the CPU engine at {flips} (margins >= {need:.3g} checked)"
+    assert worst <= bound, f"max |delta logprob| {worst:.4g} > {bound:.4g}"
+
+
+def test_predictor_file_with_a_device_is_no_longer_refused(tiny):
+    path, budget = tiny[0], tiny[-1]
+    b = HybridBackend(
+        path, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=1, vram_budget=budget, device="ggml-cpu", verbose=False
+    )
+    try:
+        assert b.sparse.mode == "predictor" and b.offload.plan is not None
+        b.eval([1, 2, 3])
+        assert b.stats()["mode"] == "predictor"
+    finally:
+        b.close()
