@@ -447,6 +447,13 @@ class NativeContext:
         """The threshold layer ``layer``'s sparse FFN was set with; None when it is dense."""
         return self._ffn_thr.get(int(layer))
 
+    def ffn_predictor_bytes(self) -> int:
+        """Bytes the largest layer's predictor (fc1 + fc2, :meth:`set_ffn_predictor`) reads per
+        token; 0 when no layer has one."""
+        return max(
+            (int(t1.nbytes) + int(t2.nbytes) for _, _, t1, t2 in self.__dict__.get("_pred", {}).values()), default=0
+        )
+
     def has_ffn_sparsity(self, layer: int) -> bool:
         """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""
         return layer in self._down_t

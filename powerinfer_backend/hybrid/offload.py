@@ -145,8 +145,11 @@ def split_arithmetic(ctx, layers=None) -> None:
 
 def engine_mode(ctx) -> str:
     """The FFN mode of the CPU engine as configured on ``ctx``, in the cost model's terms
-    (:data:`powerinfer_backend.hybrid.placement.MODES`): "relu" (exact zeros of a ReLU
-    model), "threshold" (a layer thresholded), else "dense"."""
+    (:data:`powerinfer_backend.hybrid.placement.MODES`): "predictor" (a layer with a
+    predictor: a split layer's CPU half reads only the predicted cold rows), "relu" (exact
+    zeros of a ReLU model), "threshold" (a layer thresholded), else "dense"."""
+    if ctx.ffn_predictor_bytes() > 0:
+        return "predictor"
     hp = ctx.model.gguf.hparams
     sparse = [i for i in range(hp.n_layer) if ctx.has_ffn_sparsity(i)]
     if sparse and hp.act_name == "relu":
@@ -286,9 +289,10 @@ def _place(
             bd, src = P.device_bandwidth(
                 info.name, info.description, info.type, override=device_bandwidth, n_threads=device_threads
             )
-            auto = dict(
-                placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads), mode=engine_mode(ctx)
-            )
+            mode = engine_mode(ctx)
+            auto = dict(placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads), mode=mode)
+            if mode == "predictor":
+                auto["predictor_bytes"] = ctx.ffn_predictor_bytes()
         plan = P.plan_for_model(
             model_path,
             dec.bytes,

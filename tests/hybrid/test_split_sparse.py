@@ -156,13 +156,26 @@ def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, for
     assert worst <= bound, f"max |delta logprob| {worst:.4g} > {bound:.4g}"
 
 
-def test_predictor_file_with_a_device_is_no_longer_refused(tiny):
+def test_predictor_file_with_a_device_runs_and_auto_plans_for_the_predictor(tiny):
+    """Llama's path: sparse "auto" takes the file's predictors, a placement is not refused,
+    and placement "auto" (a bandwidth given: ggml-cpu shares the host's) plans for the CPU
+    half's predictor mode, counting the predictor's bytes read per token."""
     path, budget = tiny[0], tiny[-1]
     b = HybridBackend(
-        path, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=1, vram_budget=budget, device="ggml-cpu", verbose=False
+        path,
+        n_ctx=N_CTX,
+        n_batch=N_BATCH,
+        n_threads=1,
+        vram_budget=budget,
+        device="ggml-cpu",
+        device_bandwidth=100,
+        verbose=False,
     )
     try:
         assert b.sparse.mode == "predictor" and b.offload.plan is not None
+        assert b.ctx.ffn_predictor_bytes() == 4 * (RANK * N_EMBD + N_FF * RANK)  # F32 fc1 + fc2
+        choice = b.offload.plan.choice
+        assert choice["mode"] == "predictor" and b.offload.plan.inputs["predictor_bytes"] == 4 * RANK * (N_EMBD + N_FF)
         b.eval([1, 2, 3])
         assert b.stats()["mode"] == "predictor"
     finally:

@@ -106,6 +106,7 @@ def plan_for_model(
     device_gbps: float | None = None,
     host_gbps: float | None = None,
     mode: str = "dense",
+    predictor_bytes: int = 0,
 ) -> Plan:
     """The plan for the model file at ``model_path``, cached in its artifact folder.
 
@@ -133,7 +134,8 @@ def plan_for_model(
         placement: "neurons" (:func:`plan_placement`) or "auto" (:func:`~.auto.plan_auto`:
             the fastest predicted of the throughput planner, the neuron plan and the layer
             split, with ``device_gbps`` / ``host_gbps`` in GB/s and the CPU half's FFN
-            ``mode``, :data:`~.predict.MODES`).
+            ``mode``, :data:`~.predict.MODES`; mode "predictor" with ``predictor_bytes``, one
+            layer's predictor bytes read per token).
 
     Raises:
         ValueError: bad arguments, a sidecar for another model, or a stored plan
@@ -179,6 +181,8 @@ def plan_for_model(
         if device_gbps is None or host_gbps is None:
             raise ValueError("placement='auto' needs device_gbps and host_gbps")
         inputs.update(placement="auto", device_gbps=float(device_gbps), host_gbps=float(host_gbps), mode=mode)
+        if predictor_bytes:
+            inputs["predictor_bytes"] = _check_int("predictor_bytes", predictor_bytes, 0)
     elif placement != "neurons":
         raise ValueError(f"plan_for_model: placement must be 'neurons' or 'auto', got {placement!r}")
     path = Path(out) if out is not None else plan_path(model_path, create=True)
@@ -209,6 +213,7 @@ def plan_for_model(
             mode=mode,
             sizer=sizer,
             disable_gpu_index=disable_gpu_index,
+            predictor_bytes=predictor_bytes,
         )
     else:
         plan = plan_placement(
