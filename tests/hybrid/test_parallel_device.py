@@ -3,8 +3,10 @@ placed on ``device="ggml-cpu"`` (attention blocks and their KV slots, hot rows s
 the lowest ids on some layers, scattered ids on others, none on a third; the output block) decodes
 each of 4 sequences - prompts prefilled in the same pass as other sequences' decode tokens, a slot
 left and reused - bit for bit as that sequence alone in a one-sequence context of n_ctx_seq with
-the same placement, device and threads: the same greedy tokens and the same logits. On SmolLM2 and
-on a tiny Gemma 3 (F32 weights, a sliding window of 3 shorter than the prompts, q/k norms)."""
+the same placement, device and threads: the same greedy tokens and the same logits. On SmolLM2, on
+a tiny Gemma 3 (F32 weights, a sliding window of 3 shorter than the prompts, q/k norms), and on
+tests/hybrid/test_split_sparse.py's tiny llama with its CPU half under predictors or gate
+thresholds (a sequence's cold neurons chosen from its own rows)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from powerinfer_backend.hybrid import placement as P
 from powerinfer_backend.hybrid.devices import open_device, resolve_device
 from powerinfer_backend.hybrid.offload import split_arithmetic
 from powerinfer_backend.loader import load_gguf
+from powerinfer_backend.sparsity import modes as sparsity
 
 STEPS = 4
 
@@ -31,7 +34,7 @@ def _layers(n_layer: int, n_ff: int) -> list:
     return out
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3-tiny"])
+@pytest.fixture(scope="module", params=["smollm2", "gemma3-tiny", "predictor-tiny", "gate-tiny"])
 def placed(request, model_path, tmp_path_factory):
     """(the prompts, a function making a context of n sequences under the placement on ggml-cpu)."""
     with pytest.MonkeyPatch.context() as mp:  # down_t caches in a private folder
@@ -39,9 +42,14 @@ def placed(request, model_path, tmp_path_factory):
         mp.setenv("XDG_CACHE_HOME", str(folder))
         if request.param == "smollm2":
             path, prompts = model_path, PROMPTS
-        else:
+        elif request.param == "gemma3-tiny":
             path = write_tiny_gemma3(folder / "gemma3.gguf")
             prompts = [np.random.default_rng(3).integers(0, 64, n).tolist() for n in (5, 12, 3, 9)]
+        else:
+            from tests.hybrid.test_split_sparse import gate_thresholds, write_model
+
+            path = write_model(folder / "tiny.gguf", predictors=request.param == "predictor-tiny")
+            prompts = [np.random.default_rng(3).integers(0, 256, n).tolist() for n in (5, 12, 3, 9)]
         g = load_gguf(path, verbose=False)
         m = NativeModel(g)
         layers = _layers(g.hparams.n_layer, g.hparams.n_ff)
@@ -49,6 +57,10 @@ def placed(request, model_path, tmp_path_factory):
 
             def make(n_seq: int) -> NativeContext:
                 ctx = NativeContext(m, n_ctx=n_seq * N_CTX_SEQ, n_batch=N_BATCH, n_threads=1, n_seq_max=n_seq)
+                if request.param == "predictor-tiny":
+                    sparsity.configure(ctx, g, path, "predictor")
+                elif request.param == "gate-tiny":
+                    gate_thresholds(ctx, g)
                 split_arithmetic(ctx, layers)
                 ctx.set_ggml_device(dev, layers, True, 1 << 40)
                 return ctx

@@ -58,6 +58,19 @@ def _predictors() -> dict:
     return out
 
 
+def write_model(path, predictors: bool) -> str:
+    """The tiny SwiGLU llama (Q4_1), with its predictors or without (the same weights)."""
+    extra = _predictors() if predictors else None
+    return write_tiny_llama(path, types={"matrix": GT.Q4_1}, extra_tensors=extra, **SHAPE)
+
+
+def gate_thresholds(ctx, g) -> None:
+    """Every layer of ``ctx`` (the tiny model ``g``) in the gate form at GATE_THRESHOLD."""
+    ctx.set_ffn_threshold_on("gate")
+    for i in range(g.hparams.n_layer):
+        ctx.set_ffn_sparsity(i, transposed_down(g, i, dtype=down_t_dtype(g)), GATE_THRESHOLD)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(path with predictors, llama.cpp's bound, tokens, prompt lengths, model, budget: half
@@ -65,8 +78,7 @@ def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("split_sparse")
     with pytest.MonkeyPatch.context() as mp:  # plans and down_t caches in a private folder
         mp.setenv("XDG_CACHE_HOME", str(d / "xdg"))
-        plain = write_tiny_llama(d / "plain.gguf", types={"matrix": GT.Q4_1}, **SHAPE)
-        path = write_tiny_llama(d / "pred.gguf", types={"matrix": GT.Q4_1}, extra_tensors=_predictors(), **SHAPE)
+        plain, path = write_model(d / "plain.gguf", predictors=False), write_model(d / "pred.gguf", predictors=True)
         prompts = _llama_cpp(plain, PROMPTS)
         model = NativeModel(load_gguf(path, verbose=False))
         ctx = _context(model, "predictor")
@@ -91,9 +103,7 @@ def _context(model, form: str) -> NativeContext:
     elif form == "exact":
         split_arithmetic(ctx)
     else:
-        ctx.set_ffn_threshold_on("gate")
-        for i in range(N_LAYER):
-            ctx.set_ffn_sparsity(i, transposed_down(g, i, dtype=down_t_dtype(g)), GATE_THRESHOLD)
+        gate_thresholds(ctx, g)
     return ctx
 
 
