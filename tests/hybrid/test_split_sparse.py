@@ -73,8 +73,8 @@ def gate_thresholds(ctx, g) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(path with predictors, llama.cpp's bound, tokens, prompt lengths, model, budget: half
-    the full device bytes)."""
+    """(path with predictors, llama.cpp's bound, tokens, prompt lengths, model, the full
+    device bytes)."""
     d = tmp_path_factory.mktemp("split_sparse")
     with pytest.MonkeyPatch.context() as mp:  # plans and down_t caches in a private folder
         mp.setenv("XDG_CACHE_HOME", str(d / "xdg"))
@@ -90,7 +90,7 @@ def tiny(tmp_path_factory):
             ctx.close()
         bound = SLACK * _llama_cpp(plain, seqs=seqs)
         assert bound > 0
-        yield path, bound, seqs, [len(p) for p in prompts], model, f"{full // 2}B"
+        yield path, bound, seqs, [len(p) for p in prompts], model, full
         model.close()
 
 
@@ -123,11 +123,13 @@ def _reference(model, form: str, hot: dict) -> NativeContext:
 
 @pytest.mark.parametrize("form", ["predictor", "gate"])
 def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, form):
-    path, bound, seqs, n_prompt, model, budget = tiny
+    path, bound, seqs, n_prompt, model, full = tiny
     ctx = _context(model, form)
     off = None
     try:
-        off = offload(ctx, path, vram_budget=budget, device="ggml-cpu", placement="neurons", device_threads=THREADS)
+        off = offload(
+            ctx, path, vram_budget=f"{full // 2}B", device="ggml-cpu", placement="neurons", device_threads=THREADS
+        )
         assert off.plan is not None
         hot = {L.layer: np.asarray(L.hot_ids) for L in off.plan.layers if L.n_hot > 0}
         assert any(0 < len(ids) < N_FF for ids in hot.values()), hot  # split layers: a CPU half to skip in
@@ -135,10 +137,14 @@ def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, for
         if form == "predictor":
             ctx.predictor_stats(reset=True)
         placed = [_teacher_forced(ctx, s, n) for s, n in zip(seqs, n_prompt)]
-        used, total = ctx.ffn_stats(reset=False)
-        if form == "predictor":
+        used_l, total_l = ctx.ffn_stats(reset=False, per_layer=True)
+        used, total = int(used_l.sum()), int(total_l.sum())
+        if form == "predictor":  # per layer: the predictor's choice, every neuron where all are hot
             ps = ctx.predictor_stats(reset=False)
-            assert ps["predicted"].sum() > 0 and ps["pred_ns"].sum() > 0
+            assert ps["pred_ns"].sum() > 0
+            for layer, n_hot in enumerate(L.n_hot for L in off.plan.layers):
+                pred = ps["predicted"][layer]
+                assert pred == total_l[layer] if n_hot == N_FF else 0 < pred < total_l[layer], (layer, n_hot)
     finally:
         ctx.close()
         if off is not None:
@@ -170,7 +176,7 @@ def test_predictor_file_with_a_device_runs_and_auto_plans_for_the_predictor(tiny
     """Llama's path: sparse "auto" takes the file's predictors, a placement is not refused,
     and placement "auto" (a bandwidth given: ggml-cpu shares the host's) plans for the CPU
     half's predictor mode, counting the predictor's bytes read per token."""
-    path, budget = tiny[0], tiny[-1]
+    path, budget = tiny[0], f"{tiny[-1] // 2}B"
     b = HybridBackend(
         path,
         n_ctx=N_CTX,
@@ -190,3 +196,21 @@ def test_predictor_file_with_a_device_runs_and_auto_plans_for_the_predictor(tiny
         assert b.stats()["mode"] == "predictor"
     finally:
         b.close()
+
+
+def test_predictor_layers_wholly_on_the_device_count_every_neuron_predicted(tiny):
+    """The layer split at the full budget: no cold neuron, no scores; the predictor's count is
+    every neuron (all computed), as for a layer without a predictor."""
+    path, _, seqs, _, model, full = tiny
+    ctx = _context(model, "predictor")
+    off = offload(ctx, path, vram_budget=f"{full}B", device="ggml-cpu", placement="layers", device_threads=THREADS)
+    try:
+        assert all(L.n_hot == N_FF for L in off.plan.layers)
+        ctx.eval(seqs[0][:8])
+        ps = ctx.predictor_stats(reset=False)
+        used, total = ctx.ffn_stats(reset=False, per_layer=True)
+        assert list(ps["predicted"]) == list(total) == list(used) == [8 * N_FF] * N_LAYER
+        assert ps["pred_ns"].sum() == 0
+    finally:
+        ctx.close()
+        off.close()

@@ -188,7 +188,10 @@ int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
     if (d == NULL || !d->iface.ffn_start(d, c, l, n_tok, &cold)) return 0;
     const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
     const int64_t t0 = pred ? pi_now_ns() : 0;
-    if (cold.n > 0) cold_lists(c, l, n_tok, &cold);
+    if (cold.n > 0)
+        cold_lists(c, l, n_tok, &cold);
+    else if (pred) /* every neuron on the device: no scores needed, all of them computed */
+        c->pred_count[l] += n_tok * c->m->hp.n_ff;
     pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
     a.on_gate = c->ffn_on_gate; /* the gate form skips a cold neuron's up and down rows */
     /* the cold rows' down over the GGUF ffn_down (hot and skipped h 0) where that reads fewer
