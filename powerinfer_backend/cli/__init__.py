@@ -3,7 +3,7 @@
 (``sweeps``)."""
 
 from .commands import cmd_bench, cmd_calibrate, cmd_generate, cmd_perplexity, cmd_plan, cmd_serve, cmd_train_predictor
-from .main import main
+from .console import main
 from .parser import build_parser
 
 __all__ = [

@@ -83,7 +83,9 @@ def perplexity(
         raise ValueError(f"n_ctx must be >= 2 for perplexity, got {n_ctx}")
     available = len(tokens) // n_ctx
     if available == 0:
-        raise ValueError(f"text has {len(tokens)} tokens, fewer than one chunk of {n_ctx}")
+        raise ValueError(
+            f"text has {len(tokens)} token{'' if len(tokens) == 1 else 's'}, fewer than one chunk of {n_ctx}"
+        )
     count = available if n_chunks is None else max(1, min(n_chunks, available))
     chunks = range(count)
     if progress:

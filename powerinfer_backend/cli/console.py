@@ -1,5 +1,6 @@
-"""The ``powerinfer-backend`` console script: parse the arguments, run the subcommand,
-turn the errors a user can cause into one ``error:`` line and exit status 2."""
+"""The ``powerinfer-backend`` console script (also ``python -m powerinfer_backend.cli.console``):
+parse the arguments, run the subcommand, turn the errors a user can cause into one ``error:``
+line and exit status 2."""
 
 from __future__ import annotations
 
@@ -34,3 +35,7 @@ def main(argv=None) -> int:
         # too big; RuntimeError: ggml missing or of another version
         print(f"powerinfer-backend: error: {e}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
