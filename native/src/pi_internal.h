@@ -196,7 +196,7 @@ void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *con
 
 const pi_isa *pi_isa_current(void);
 
-/* Q8_K activation quantizer, shared by every ISA path (ops/convert.c) */
+/* Q8_K activation quantizer of the scalar path (ops/convert.c; the x86 paths' twin gives its bytes) */
 void pi_quantize_row_q8_K(const float *x, void *y, int64_t n);
 
 /* ---- thread pool (threads.c) ---- */

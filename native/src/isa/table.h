@@ -34,7 +34,7 @@
                 [PI_TYPE_BF16] = from_float_bf16,                                                   \
                 [PI_TYPE_Q8_0] = from_float_q8_0,                                                   \
                 [PI_TYPE_Q8_1] = from_float_q8_1,                                                   \
-                [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,                                              \
+                [PI_TYPE_Q8_K] = from_float_q8_K,                                                    \
             },                                                                                      \
         .matvec = PI_ISA_MATVEC,                                                                    \
         .matmul_tiles =                                                                             \
