@@ -1,18 +1,22 @@
-/* Single-token products (decode's matrix-vector step) for Q4_K and Q6_K, shared by avx2.c
- * and avx512.c (include after x86_256.h, whose helpers they use; compiled under the
- * including file's target).
+/* Single-token products (decode's matrix-vector step), shared by avx2.c and avx512.c
+ * (include after x86_256.h, whose helpers they use; compiled under the including file's
+ * target).
  *
- * pi_matvec_fn: y[r] = dot(row r, x) for n_rows rows. Each row's result is the float of
- * vec_dot_q4_K / vec_dot_q6_K in x86_256.h bit for bit: the same exact int32 lanes per
- * super-block, the same float products, FMAs and horizontal sums in the same order. What
- * changes is the work around them:
- *   - R rows per step of a super-block, so the activation's per-block values (d, the
- *     chunk sums of the min / offset term) are loaded once for R rows and the rows'
- *     independent chains overlap;
- *   - the scales are unpacked with a few 64-bit integer operations into one vector, and
- *     each chunk's int16 scale vector is one byte shuffle of it (the row kernel stores the
- *     bytes and broadcasts each from memory);
- *   - F16 scales by F16C (exact, the floats of pi_fp16_to_fp32 without its branches).
+ * pi_matvec_fn: y[r] = dot(row r, x) for n_rows rows. Each row's result is the float of its
+ * row kernel in x86_256.h (vec_dot_*) bit for bit: the same exact int32 lanes per block,
+ * the same float products, FMAs and horizontal sums in the same order. What changes is the
+ * work around them:
+ *   - Q4_K / Q6_K: the scales are unpacked with a few 64-bit integer operations into one
+ *     vector and each chunk's int16 scale vector is one byte shuffle of it (the row kernel
+ *     stores the bytes and broadcasts each from memory), F16 scales by F16C (exact: the
+ *     floats of pi_fp16_to_fp32 without its branches), and the weights PI_GEMV_PF bytes
+ *     ahead are prefetched (a chunk's rows are one contiguous stream). One row per step:
+ *     two or four rows per step measured slower here (llvm-mca -mcpu=znver3: 16.6 cycles
+ *     per Q4_K super-block at one row, 19-20 per row at two or four: the rows' scale
+ *     vectors and masks spill), and so did decode.
+ *   - blocks of 32: PI_GEMV_R32 rows per step of a block, so the rows' FMA chains overlap
+ *     (the row kernel waits on one chain, 4 cycles a block) and the activation block is
+ *     loaded once for them.
  * Integer lanes are exact whatever the order of their additions, so only their contents
  * must match the row kernel: lane l of a 32-byte chunk's sum is always bytes 4l..4l+3. */
 #ifndef PI_ISA_X86_GEMV_H
@@ -20,6 +24,14 @@
 
 #define PI_GEMV_INLINE static inline __attribute__((always_inline))
 #define PI_GEMV_UNROLL _Pragma("GCC unroll 8")
+#define PI_GEMV_PF 3072 /* bytes ahead: Qwen2.5-1.5B Q4_K_M decode 5-10% faster than none (1.5, 6 KiB: no better) */
+#define PI_GEMV_R32 2   /* rows per step, blocks of 32 */
+
+/* the cache lines of n bytes at p (a block; prefetches never fault past the weights' end) */
+PI_GEMV_INLINE void pi_gemv_prefetch(const char *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    _mm_prefetch(p + n - 1, _MM_HINT_T0);
+}
 
 /* ---- Q4_K ---------------------------------------------------------------------------- */
 
@@ -56,6 +68,7 @@ PI_GEMV_INLINE void q4_K_gemv_rows(const int R, int64_t nb, float *y, const char
         const int8_t *yq = x[i].qs;
         PI_GEMV_UNROLL for (int r = 0; r < R; r++) {
             const pi_block_q4_K *b = (const pi_block_q4_K *)(w + r * wrow) + i;
+            pi_gemv_prefetch((const char *)b + PI_GEMV_PF, sizeof *b);
             const __m128i sb = k4_scale_bytes(b->scales);
             const __m256i sv = _mm256_broadcastsi128_si256(sb);
             const __m128 dm = _mm_mul_ps(xd, load_halfs(b)); /* [d_x * d_w, d_x * dmin_w, ...] */
@@ -94,11 +107,13 @@ PI_GEMV_INLINE void q6_K_gemv_rows(const int R, int64_t nb, float *y, const char
         const int8_t *yq = x[i].qs;
         PI_GEMV_UNROLL for (int r = 0; r < R; r++) {
             const pi_block_q6_K *b = (const pi_block_q6_K *)(w + r * wrow) + i;
+            pi_gemv_prefetch((const char *)b + PI_GEMV_PF, sizeof *b);
             const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
             /* the offset 32 * (scale * activation sum) per lane, as the row kernel */
             __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 5));
             PI_GEMV_UNROLL for (int h = 0; h < 2; h++) {
-                const __m256i sh = _mm256_permute2x128_si256(s16, s16, h ? 0x11 : 0x00);
+                /* literal immediates: the sanitizer build (-O1) does not unroll h */
+                const __m256i sh = h ? _mm256_permute2x128_si256(s16, s16, 0x11) : _mm256_permute2x128_si256(s16, s16, 0x00);
                 const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
                 const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
                 const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
@@ -126,22 +141,58 @@ PI_GEMV_INLINE void q6_K_gemv_rows(const int R, int64_t nb, float *y, const char
     PI_GEMV_UNROLL for (int r = 0; r < R; r++) y[r] = hsum256(acc[r]);
 }
 
-/* The drivers: PI_GEMV_R rows at a time, the last n_rows % PI_GEMV_R one by one */
-#define PI_DEFINE_GEMV(NAME, ROWS)                                                                 \
+/* ---- blocks of 32: Q4_0, Q4_1, Q5_0, Q8_0 ------------------------------------------ */
+
+/* R rows (R <= 4) of a 32-block type: the row kernel's block step (PI_*_BLOCK in x86_256.h,
+ * one FMA per block into the row's accumulator; Q4_1's min term into its accm) for each
+ * row in turn, so the rows' FMA chains overlap (the row kernel waits on one chain) and the
+ * activation block is loaded once for R rows. FIN(r): what the row kernel adds to the
+ * horizontal sum of row r's accumulator. */
+#define PI_GEMV32_ROWS(NAME, WT, XT, BLOCK, DOT, CONSTS, FIN)                                     \
+    PI_GEMV_INLINE void NAME(const int R, int64_t nb, float *y, const char *wp, int64_t wrow, const XT *x) { \
+        CONSTS                                                                                     \
+        __m256 acc_[4];                                                                            \
+        __m128 accm_[4];                                                                           \
+        PI_GEMV_UNROLL for (int r = 0; r < R; r++) acc_[r] = _mm256_setzero_ps(), accm_[r] = _mm_setzero_ps(); \
+        for (int64_t i = 0; i < nb; i++)                                                           \
+            PI_GEMV_UNROLL for (int r = 0; r < R; r++) {                                           \
+                const WT *w = (const WT *)(wp + r * wrow);                                         \
+                __m128 accm = accm_[r];                                                            \
+                BLOCK(i, acc_[r], DOT);                                                            \
+                accm_[r] = accm;                                                                   \
+            }                                                                                      \
+        PI_GEMV_UNROLL for (int r = 0; r < R; r++) y[r] = FIN(r);                                  \
+    }
+#define PI_GEMV_FIN_SUM(r) hsum256(acc_[r])
+#define PI_GEMV_FIN_Q4_1(r) (hsum256(acc_[r]) + _mm_cvtss_f32(_mm_movehdup_ps(accm_[r])))
+#define PI_GEMV_EIGHT const __m256i eight = _mm256_set1_epi8(8);
+#define PI_GEMV_SIXTEEN const __m256i sixteen = _mm256_set1_epi8(16);
+#define PI_GEMV_NONE
+
+PI_GEMV32_ROWS(q4_0_gemv_rows, pi_block_q4_0, pi_block_q8_0, PI_Q4_0_BLOCK, dot4_diff_256, PI_GEMV_EIGHT, PI_GEMV_FIN_SUM)
+PI_GEMV32_ROWS(q4_1_gemv_rows, pi_block_q4_1, pi_block_q8_1, PI_Q4_1_BLOCK, dot4_256, PI_GEMV_NONE, PI_GEMV_FIN_Q4_1)
+PI_GEMV32_ROWS(q5_0_gemv_rows, pi_block_q5_0, pi_block_q8_0, PI_Q5_0_BLOCK, dot4_diff_256, PI_GEMV_SIXTEEN, PI_GEMV_FIN_SUM)
+PI_GEMV32_ROWS(q8_0_gemv_rows, pi_block_q8_0, pi_block_q8_0, PI_Q8_0_BLOCK, dot4_256, PI_GEMV_NONE, PI_GEMV_FIN_SUM)
+
+/* The drivers: ROWS_PER rows at a time, the last n_rows % ROWS_PER one by one */
+#define PI_DEFINE_GEMV(NAME, ROWS, XT, QK, ROWS_PER)                                              \
     static void NAME(int64_t n, int64_t n_rows, float *y, const void *vw, int64_t wrow, const void *vx) { \
         const char *w = vw;                                                                        \
-        const int64_t nb = n / PI_QK_K;                                                            \
+        const XT *x = vx;                                                                          \
         int64_t r = 0;                                                                             \
-        for (; r + PI_GEMV_R <= n_rows; r += PI_GEMV_R)                                            \
-            ROWS(PI_GEMV_R, nb, y + r, w + r * wrow, wrow, (const pi_block_q8_K *)vx);             \
-        for (; r < n_rows; r++) ROWS(1, nb, y + r, w + r * wrow, wrow, (const pi_block_q8_K *)vx);  \
+        for (; r + ROWS_PER <= n_rows; r += ROWS_PER) ROWS(ROWS_PER, n / QK, y + r, w + r * wrow, wrow, x); \
+        for (; r < n_rows; r++) ROWS(1, n / QK, y + r, w + r * wrow, wrow, x);                     \
     }
-
-#ifndef PI_GEMV_R
-#define PI_GEMV_R 2
-#endif
-PI_DEFINE_GEMV(matvec_q4_K, q4_K_gemv_rows)
-PI_DEFINE_GEMV(matvec_q6_K, q6_K_gemv_rows)
-#define PI_ISA_MATVEC {[PI_TYPE_Q4_K] = matvec_q4_K, [PI_TYPE_Q6_K] = matvec_q6_K}
+PI_DEFINE_GEMV(matvec_q4_K, q4_K_gemv_rows, pi_block_q8_K, PI_QK_K, 1)
+PI_DEFINE_GEMV(matvec_q6_K, q6_K_gemv_rows, pi_block_q8_K, PI_QK_K, 1)
+PI_DEFINE_GEMV(matvec_q4_0, q4_0_gemv_rows, pi_block_q8_0, PI_QK, PI_GEMV_R32)
+PI_DEFINE_GEMV(matvec_q4_1, q4_1_gemv_rows, pi_block_q8_1, PI_QK, PI_GEMV_R32)
+PI_DEFINE_GEMV(matvec_q5_0, q5_0_gemv_rows, pi_block_q8_0, PI_QK, PI_GEMV_R32)
+PI_DEFINE_GEMV(matvec_q8_0, q8_0_gemv_rows, pi_block_q8_0, PI_QK, PI_GEMV_R32)
+#define PI_ISA_MATVEC                                                                              \
+    {                                                                                              \
+        [PI_TYPE_Q4_0] = matvec_q4_0, [PI_TYPE_Q4_1] = matvec_q4_1, [PI_TYPE_Q5_0] = matvec_q5_0,  \
+        [PI_TYPE_Q8_0] = matvec_q8_0, [PI_TYPE_Q4_K] = matvec_q4_K, [PI_TYPE_Q6_K] = matvec_q6_K,  \
+    }
 
 #endif /* PI_ISA_X86_GEMV_H */
