@@ -1,11 +1,10 @@
-"""The single-token kernels of decode (isa/x86_gemv.h: Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q8_0,
-several weight rows per step) against the per-row reference: with one token pi_op_matmul runs them on the AVX
+"""The single-token kernels of decode (isa/x86_gemv.h: Q4_K, Q6_K) against the per-row
+reference: with one token pi_op_matmul runs them on the AVX
 paths, and every output must have the bits of the scalar path's row dot (which equals the
 AVX row dot and llama.cpp's, tests/_native/test_kernels_kquants.py) on random blocks
-(every bit pattern of quants, scales and mins; Q8_0's -128) and real quantized weights, for
-row counts that are not multiples of the kernel's rows per step, ragged splits across the
-pool's chunks, and 1 to 35 super-blocks (Qwen2.5's ffn_down) or 1 to 280 blocks of 32. An
-ISA this CPU lacks is skipped."""
+(every bit pattern of quants, scales and mins) and real quantized weights, for odd row
+counts, ragged splits across the pool's chunks, and 1 to 35 super-blocks (Qwen2.5's
+ffn_down). An ISA this CPU lacks is skipped."""
 
 from __future__ import annotations
 
@@ -16,17 +15,13 @@ from gguf import GGMLQuantizationType as GT
 from powerinfer_backend import _native
 
 from tests._native.test_kernels_kquants import activations, native_matmul, weights
-from tests._native.test_kernels_tiles import BLOCK32, block32_weights
 from tests.fixtures.ggml import ggml_base
 
 lib = _native.lib
 
-TYPES = ("Q4_K", "Q6_K") + BLOCK32
-# (n_rows, n_cols): 1, 3, 5, 6, 7, 37 rows; 1 to 35 super-blocks, or 1 to 280 blocks of 32
-SHAPES = {
-    "K": [(1, 256), (3, 512), (7, 768), (37, 1280), (5, 2816), (6, 8960)],
-    "32": [(1, 32), (3, 96), (7, 576), (37, 640), (5, 2816), (6, 8960)],
-}
+TYPES = ("Q4_K", "Q6_K")
+# (n_rows, n_cols): 1, 3, 5, 6, 7, 37 rows; 1 to 35 super-blocks
+SHAPES = [(1, 256), (3, 512), (7, 768), (37, 1280), (5, 2816), (6, 8960)]
 
 
 @pytest.mark.parametrize("tname", TYPES)
@@ -34,14 +29,11 @@ SHAPES = {
 def test_matvec_bit_identical_to_row_dot(pool, tname, name):
     if name not in _native.supported_isas():
         pytest.skip(f"this CPU lacks {name}")
-    for n_rows, n_cols in SHAPES["32" if tname in BLOCK32 else "K"]:
+    for n_rows, n_cols in SHAPES:
         for real in (False, True):
-            if tname in BLOCK32:
-                wq = block32_weights(tname, n_rows, n_cols, real)
-            elif real and ggml_base() is None:
+            if real and ggml_base() is None:
                 continue  # real K-quant weights need llama-cpp-python's libggml-base
-            else:
-                _, wq = weights(tname, n_rows, n_cols, real=real)
+            _, wq = weights(tname, n_rows, n_cols, real=real)
             x = activations(1, n_cols, n_rows + n_cols)
             try:
                 _native.set_isa("scalar")
@@ -62,6 +54,7 @@ def test_matvec_bit_identical_to_row_dot(pool, tname, name):
 def test_no_matvec_elsewhere():
     assert lib.pi_matmul_has_matvec(int(GT.Q8_K)) == 0  # an activation type
     assert lib.pi_matmul_has_matvec(int(GT.F32)) == 0  # the row loop
+    assert lib.pi_matmul_has_matvec(int(GT.Q8_0)) == 0  # the row loop (two rows per step were slower)
     assert lib.pi_matmul_has_matvec(-1) == 0
     try:
         _native.set_isa("scalar")

@@ -1,22 +1,20 @@
-/* Single-token products (decode's matrix-vector step), shared by avx2.c and avx512.c
+/* Single-token products (decode's matrix-vector step) of Q4_K and Q6_K, shared by avx2.c and avx512.c
  * (include after x86_256.h, whose helpers they use; compiled under the including file's
  * target).
  *
  * pi_matvec_fn: y[r] = dot(row r, x) for n_rows rows. Each row's result is the float of its
  * row kernel in x86_256.h (vec_dot_*) bit for bit: the same exact int32 lanes per block,
  * the same float products, FMAs and horizontal sums in the same order. What changes is the
- * work around them:
- *   - Q4_K / Q6_K: the scales are unpacked with a few 64-bit integer operations into one
- *     vector and each chunk's int16 scale vector is one byte shuffle of it (the row kernel
- *     stores the bytes and broadcasts each from memory), F16 scales by F16C (exact: the
- *     floats of pi_fp16_to_fp32 without its branches), and the weights PI_GEMV_PF bytes
- *     ahead are prefetched (a chunk's rows are one contiguous stream). One row per step:
- *     two or four rows per step measured slower here (llvm-mca -mcpu=znver3: 16.6 cycles
- *     per Q4_K super-block at one row, 19-20 per row at two or four: the rows' scale
- *     vectors and masks spill), and so did decode.
- *   - blocks of 32: PI_GEMV_R32 rows per step of a block, so the rows' FMA chains overlap
- *     (the row kernel waits on one chain, 4 cycles a block) and the activation block is
- *     loaded once for them.
+ * work around them: the scales are unpacked with a few 64-bit integer operations into one
+ * vector and each chunk's int16 scale vector is one byte shuffle of it (the row kernel
+ * stores the bytes and broadcasts each from memory), F16 scales by F16C (exact: the floats
+ * of pi_fp16_to_fp32 without its branches), and the weights PI_GEMV_PF bytes ahead are
+ * prefetched (a chunk's rows are one contiguous stream). One row per step: two or four
+ * rows per step measured slower (llvm-mca -mcpu=znver3: 16.6 cycles per Q4_K super-block
+ * at one row, 19-20 per row at two or four, the rows' scale vectors and masks spill; decode
+ * of Qwen2.5-1.5B 25-35% slower at two), and so did two rows per step of the blocks of 32
+ * (Q8_0 / Q5_0 / Q4_1: SmolLM2 and Qwen2.5-0.5B decode 10-20% slower than the row loop),
+ * which keep the row kernel.
  * Integer lanes are exact whatever the order of their additions, so only their contents
  * must match the row kernel: lane l of a 32-byte chunk's sum is always bytes 4l..4l+3. */
 #ifndef PI_ISA_X86_GEMV_H
@@ -25,7 +23,6 @@
 #define PI_GEMV_INLINE static inline __attribute__((always_inline))
 #define PI_GEMV_UNROLL _Pragma("GCC unroll 8")
 #define PI_GEMV_PF 3072 /* bytes ahead: Qwen2.5-1.5B Q4_K_M decode 5-10% faster than none (1.5, 6 KiB: no better) */
-#define PI_GEMV_R32 2   /* rows per step, blocks of 32 */
 
 /* the cache lines of n bytes at p (a block; prefetches never fault past the weights' end) */
 PI_GEMV_INLINE void pi_gemv_prefetch(const char *p, int64_t n) {
@@ -141,58 +138,14 @@ PI_GEMV_INLINE void q6_K_gemv_rows(const int R, int64_t nb, float *y, const char
     PI_GEMV_UNROLL for (int r = 0; r < R; r++) y[r] = hsum256(acc[r]);
 }
 
-/* ---- blocks of 32: Q4_0, Q4_1, Q5_0, Q8_0 ------------------------------------------ */
-
-/* R rows (R <= 4) of a 32-block type: the row kernel's block step (PI_*_BLOCK in x86_256.h,
- * one FMA per block into the row's accumulator; Q4_1's min term into its accm) for each
- * row in turn, so the rows' FMA chains overlap (the row kernel waits on one chain) and the
- * activation block is loaded once for R rows. FIN(r): what the row kernel adds to the
- * horizontal sum of row r's accumulator. */
-#define PI_GEMV32_ROWS(NAME, WT, XT, BLOCK, DOT, CONSTS, FIN)                                     \
-    PI_GEMV_INLINE void NAME(const int R, int64_t nb, float *y, const char *wp, int64_t wrow, const XT *x) { \
-        CONSTS                                                                                     \
-        __m256 acc_[4];                                                                            \
-        __m128 accm_[4];                                                                           \
-        PI_GEMV_UNROLL for (int r = 0; r < R; r++) acc_[r] = _mm256_setzero_ps(), accm_[r] = _mm_setzero_ps(); \
-        for (int64_t i = 0; i < nb; i++)                                                           \
-            PI_GEMV_UNROLL for (int r = 0; r < R; r++) {                                           \
-                const WT *w = (const WT *)(wp + r * wrow);                                         \
-                __m128 accm = accm_[r];                                                            \
-                BLOCK(i, acc_[r], DOT);                                                            \
-                accm_[r] = accm;                                                                   \
-            }                                                                                      \
-        PI_GEMV_UNROLL for (int r = 0; r < R; r++) y[r] = FIN(r);                                  \
-    }
-#define PI_GEMV_FIN_SUM(r) hsum256(acc_[r])
-#define PI_GEMV_FIN_Q4_1(r) (hsum256(acc_[r]) + _mm_cvtss_f32(_mm_movehdup_ps(accm_[r])))
-#define PI_GEMV_EIGHT const __m256i eight = _mm256_set1_epi8(8);
-#define PI_GEMV_SIXTEEN const __m256i sixteen = _mm256_set1_epi8(16);
-#define PI_GEMV_NONE
-
-PI_GEMV32_ROWS(q4_0_gemv_rows, pi_block_q4_0, pi_block_q8_0, PI_Q4_0_BLOCK, dot4_diff_256, PI_GEMV_EIGHT, PI_GEMV_FIN_SUM)
-PI_GEMV32_ROWS(q4_1_gemv_rows, pi_block_q4_1, pi_block_q8_1, PI_Q4_1_BLOCK, dot4_256, PI_GEMV_NONE, PI_GEMV_FIN_Q4_1)
-PI_GEMV32_ROWS(q5_0_gemv_rows, pi_block_q5_0, pi_block_q8_0, PI_Q5_0_BLOCK, dot4_diff_256, PI_GEMV_SIXTEEN, PI_GEMV_FIN_SUM)
-PI_GEMV32_ROWS(q8_0_gemv_rows, pi_block_q8_0, pi_block_q8_0, PI_Q8_0_BLOCK, dot4_256, PI_GEMV_NONE, PI_GEMV_FIN_SUM)
-
-/* The drivers: ROWS_PER rows at a time, the last n_rows % ROWS_PER one by one */
-#define PI_DEFINE_GEMV(NAME, ROWS, XT, QK, ROWS_PER)                                              \
+/* The drivers: one row per step (see the top) */
+#define PI_DEFINE_GEMV(NAME, ROWS)                                                                 \
     static void NAME(int64_t n, int64_t n_rows, float *y, const void *vw, int64_t wrow, const void *vx) { \
         const char *w = vw;                                                                        \
-        const XT *x = vx;                                                                          \
-        int64_t r = 0;                                                                             \
-        for (; r + ROWS_PER <= n_rows; r += ROWS_PER) ROWS(ROWS_PER, n / QK, y + r, w + r * wrow, wrow, x); \
-        for (; r < n_rows; r++) ROWS(1, n / QK, y + r, w + r * wrow, wrow, x);                     \
+        for (int64_t r = 0; r < n_rows; r++) ROWS(1, n / PI_QK_K, y + r, w + r * wrow, wrow, vx);  \
     }
-PI_DEFINE_GEMV(matvec_q4_K, q4_K_gemv_rows, pi_block_q8_K, PI_QK_K, 1)
-PI_DEFINE_GEMV(matvec_q6_K, q6_K_gemv_rows, pi_block_q8_K, PI_QK_K, 1)
-PI_DEFINE_GEMV(matvec_q4_0, q4_0_gemv_rows, pi_block_q8_0, PI_QK, PI_GEMV_R32)
-PI_DEFINE_GEMV(matvec_q4_1, q4_1_gemv_rows, pi_block_q8_1, PI_QK, PI_GEMV_R32)
-PI_DEFINE_GEMV(matvec_q5_0, q5_0_gemv_rows, pi_block_q8_0, PI_QK, PI_GEMV_R32)
-PI_DEFINE_GEMV(matvec_q8_0, q8_0_gemv_rows, pi_block_q8_0, PI_QK, PI_GEMV_R32)
-#define PI_ISA_MATVEC                                                                              \
-    {                                                                                              \
-        [PI_TYPE_Q4_0] = matvec_q4_0, [PI_TYPE_Q4_1] = matvec_q4_1, [PI_TYPE_Q5_0] = matvec_q5_0,  \
-        [PI_TYPE_Q8_0] = matvec_q8_0, [PI_TYPE_Q4_K] = matvec_q4_K, [PI_TYPE_Q6_K] = matvec_q6_K,  \
-    }
+PI_DEFINE_GEMV(matvec_q4_K, q4_K_gemv_rows)
+PI_DEFINE_GEMV(matvec_q6_K, q6_K_gemv_rows)
+#define PI_ISA_MATVEC {[PI_TYPE_Q4_K] = matvec_q4_K, [PI_TYPE_Q6_K] = matvec_q6_K}
 
 #endif /* PI_ISA_X86_GEMV_H */
