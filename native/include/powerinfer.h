@@ -342,6 +342,9 @@ int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int
 /* 1 if pi_op_matmul runs a tiled kernel (several rows x tokens per step, the same bits
  * as the row dot) for `type` with more than one token on the current ISA path, else 0. */
 int pi_matmul_has_tiles(int32_t type);
+/* 1 if pi_op_matmul runs a single-token kernel (several rows per step, the same bits as
+ * the row dot) for `type` with one token on the current ISA path, else 0. */
+int pi_matmul_has_matvec(int32_t type);
 /* Convert n floats (a multiple of the block size) to `type`: the activation
  * quantization used by pi_op_matmul, and the KV cache store. */
 int pi_op_quantize(int32_t type, const float *x, int64_t n, void *y);

@@ -166,9 +166,15 @@ typedef struct {
 typedef void (*pi_matmul_tiles_fn)(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,
                                    const void *w, int64_t wrow, const pi_tile_act *a);
 
+/* The single-token product (decode): y[r] = dot(w row r, x) for r < n_rows, weight rows
+ * wrow bytes apart, x one row of the weight type's vec_dot_type; every y value has the bits
+ * of vec_dot on that row. Rows are any range (callers split them). */
+typedef void (*pi_matvec_fn)(int64_t n, int64_t n_rows, float *y, const void *w, int64_t wrow, const void *x);
+
 typedef struct pi_isa {
     const char *name;
     pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
+    pi_matvec_fn matvec[PI_TYPE_SLOTS];        /* by weight type; NULL: vec_dot per row */
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
     pi_matmul_tiles_fn matmul_tiles[PI_TYPE_SLOTS]; /* by weight type; NULL: vec_dot per row */
     void (*softmax)(float *x, int64_t n);      /* in place, llama.cpp's exp and sum order (isa/softmax.h) */
@@ -190,7 +196,7 @@ void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *con
 
 const pi_isa *pi_isa_current(void);
 
-/* Q8_K activation quantizer, shared by every ISA path (ops/convert.c) */
+/* Q8_K activation quantizer of the scalar path (ops/convert.c; the x86 paths' twin gives its bytes) */
 void pi_quantize_row_q8_K(const float *x, void *y, int64_t n);
 
 /* ---- thread pool (threads.c) ---- */

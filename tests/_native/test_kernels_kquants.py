@@ -173,6 +173,26 @@ def test_quantize_q8_K_matches_reference(isa):
     np.testing.assert_array_equal(got, ref_q8_K(x))
 
 
+def test_quantize_q8_K_same_bytes_every_isa():
+    """The x86 quantizer is a twin of the scalar one: same bytes, NaN and inf included."""
+    x = q8k_rows(np.random.default_rng(7))
+    b = x.reshape(-1, QK_K)
+    b[6, 5] = np.nan  # a NaN never becomes the maximum
+    b[6, 9] = -np.inf  # the maximum: iscale -0, inf * -0 is NaN
+    b[7, ::3] = np.nan
+    b[7, 200] = -0.0
+    ref = None
+    for name in _native.supported_isas():
+        _native.set_isa(name)
+        try:
+            got = native_quantize(GT.Q8_K, x)
+        finally:
+            _native.set_isa("auto")
+        if ref is None:
+            ref = got
+        np.testing.assert_array_equal(got, ref, err_msg=name)
+
+
 @pytest.mark.llama_cpp
 @pytest.mark.skipif(ggml_cpu() is None, reason="llama-cpp-python's libggml-cpu not found")
 def test_quantize_q8_K_bit_identical_to_llama_cpp(isa):

@@ -17,6 +17,7 @@
 #define PI_TILES_WIDE 1, 8 /* K-quants, Q5_0, Q8_0 */
 #define PI_TILES_NIBBLE 1, 8 /* Q4_0, Q4_1 */
 #include "x86_tiles.h"
+#include "x86_gemv.h"
 #include "table.h"
 
 /* ---- float rows ---------------------------------------------------------------- */

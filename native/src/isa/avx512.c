@@ -26,6 +26,7 @@
 #define PI_TILES_WIDE 2, 8 /* every type */
 #define PI_TILES_NIBBLE 2, 8
 #include "x86_tiles.h"
+#include "x86_gemv.h"
 #include "table.h"
 
 #define VNNI_TARGET __attribute__((target("avx512vnni")))

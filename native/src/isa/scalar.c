@@ -397,4 +397,6 @@ static void from_float_bf16(const float *x, void *vy, int64_t n) {
 
 static void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
 
+static void from_float_q8_K(const float *x, void *y, int64_t n) { pi_quantize_row_q8_K(x, y, n); }
+
 PI_ISA_DEFINE(pi_isa_scalar, "scalar", NULL);

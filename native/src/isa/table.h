@@ -6,6 +6,11 @@
 
 #include "softmax.h" /* softmax_w8 / softmax_w16: after the including file's target pragma */
 
+/* single-token kernels: x86_gemv.h defines them (and this list); elsewhere none */
+#ifndef PI_ISA_MATVEC
+#define PI_ISA_MATVEC {0}
+#endif
+
 #define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, TILES)                                                \
     {                                                                                               \
         .name = NAME,                                                                               \
@@ -29,8 +34,9 @@
                 [PI_TYPE_BF16] = from_float_bf16,                                                   \
                 [PI_TYPE_Q8_0] = from_float_q8_0,                                                   \
                 [PI_TYPE_Q8_1] = from_float_q8_1,                                                   \
-                [PI_TYPE_Q8_K] = pi_quantize_row_q8_K,                                              \
+                [PI_TYPE_Q8_K] = from_float_q8_K,                                                    \
             },                                                                                      \
+        .matvec = PI_ISA_MATVEC,                                                                    \
         .matmul_tiles =                                                                             \
             {                                                                                       \
                 [PI_TYPE_Q4_0] = matmul_tiles_q4_0,                                                 \

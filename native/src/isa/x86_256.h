@@ -413,6 +413,59 @@ static inline void from_float_q8_1(const float *x, void *vy, int64_t n) {
     }
 }
 
+/* Q8_K, byte for byte as pi_quantize_row_q8_K (ops/convert.c, the scalar path's): vmax is
+ * the first element of largest magnitude (NaNs never win: max_ps returns its second
+ * operand, the running maximum, when the first is NaN), iscale = -127 / vmax, q the
+ * magic-number rounding of iscale * x as an integer capped at 127 and truncated to its low
+ * byte, d = 1 / iscale; bsums from sums of biased bytes (sad against zero). */
+static inline void from_float_q8_K(const float *x, void *vy, int64_t n) {
+    pi_block_q8_K *y = vy;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int64_t b = 0; b < n / PI_QK_K; b++, x += PI_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < PI_QK_K; k += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), absmask), m);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        const __m256 va = _mm256_set1_ps(amax);
+        int j = 0;
+        for (int k = 0; k < PI_QK_K; k += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), absmask), va, _CMP_EQ_OQ));
+            if (hit) {
+                j = k + __builtin_ctz((unsigned)hit);
+                break;
+            }
+        }
+        const float iscale = -127.0f / x[j];
+        const __m256 vs = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.0f);
+        const __m256i mant = _mm256_set1_epi32(0x007FFFFF), bias = _mm256_set1_epi32(0x00400000);
+        const __m256i cap = _mm256_set1_epi32(127), low = _mm256_set1_epi32(0xFF);
+        for (int k = 0; k < PI_QK_K; k += 32) {
+            __m256i v[4];
+            for (int u = 0; u < 4; u++) {
+                const __m256 t = _mm256_add_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + k + 8 * u)), magic);
+                const __m256i q = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), mant), bias);
+                v[u] = _mm256_and_si256(_mm256_min_epi32(q, cap), low); /* (int8_t) keeps the low byte */
+            }
+            const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(v[0], v[1]), _mm256_packus_epi32(v[2], v[3]));
+            const __m256i q8 = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(y[b].qs + k), q8);
+            /* sums of 8 bytes biased by 128 */
+            uint64_t s[4];
+            _mm256_storeu_si256((__m256i *)s,
+                                _mm256_sad_epu8(_mm256_xor_si256(q8, _mm256_set1_epi8(-128)), _mm256_setzero_si256()));
+            y[b].bsums[k / 16] = (int16_t)((int)(s[0] + s[1]) - 16 * 128);
+            y[b].bsums[k / 16 + 1] = (int16_t)((int)(s[2] + s[3]) - 16 * 128);
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
 static inline void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
 
 #endif /* PI_ISA_X86_256_H */

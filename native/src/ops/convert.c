@@ -98,8 +98,8 @@ static inline int32_t nearest_even(float v) {
 /* Q8_K, per super-block of 256: the element of largest magnitude, vmax, maps to
  * -127 (iscale = -127 / vmax, d = 1 / iscale: llama.cpp's sign convention, which
  * its kernels and ours share), q = round-half-even(x * iscale), and bsums holds the
- * sums of each 16 quants (the Q4_K / Q5_K min terms use them). Scalar on every ISA
- * path: it runs once per token and matmul, and this keeps the bytes identical. */
+ * sums of each 16 quants (the Q4_K / Q5_K min terms use them). The scalar path's; the
+ * x86 paths run a twin with the same bytes (from_float_q8_K in isa/x86_256.h). */
 void pi_quantize_row_q8_K(const float *x, void *vy, int64_t n) {
     pi_block_q8_K *y = vy;
     for (int64_t b = 0; b < n / PI_QK_K; b++, x += PI_QK_K) {

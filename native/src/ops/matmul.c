@@ -64,10 +64,15 @@ static void matmul_task(void *varg, int ith, int nth) {
         if (r0 >= r1) continue;
         const pi_vec_dot_fn dot = j->isa->vec_dot[w->type];
         const pi_matmul_tiles_fn tiles = j->n_tok > 1 ? j->isa->matmul_tiles[w->type] : NULL;
+        const pi_matvec_fn matvec = j->n_tok == 1 ? j->isa->matvec[w->type] : NULL;
         const int64_t wrow = pi_row_size(w->type, w->n_cols);
         const char *wd = w->data;
         float *y = j->outs[o].y;
         const int64_t ldy = j->outs[o].ldy;
+        if (matvec != NULL) { /* decode: the same bits as the row loop below, several rows per step */
+            matvec(w->n_cols, r1 - r0, y + r0, wd + r0 * wrow, wrow, j->act.x);
+            continue;
+        }
         for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
             const int64_t re = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;
             if (tiles != NULL) { /* the same bits as the loop below, several rows x tokens at a time */
@@ -207,4 +212,9 @@ int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int
 int pi_matmul_has_tiles(int32_t type) {
     const pi_type_traits *t = pi_type_get(type);
     return t != NULL && pi_type_is_weight(type) && pi_isa_current()->matmul_tiles[type] != NULL;
+}
+
+int pi_matmul_has_matvec(int32_t type) {
+    const pi_type_traits *t = pi_type_get(type);
+    return t != NULL && pi_type_is_weight(type) && pi_isa_current()->matvec[type] != NULL;
 }
