@@ -180,6 +180,7 @@ def cmd_calibrate(args) -> int:
         target_sparsity=args.target_sparsity,
         tokens=args.tokens,
         heldout_tokens=args.heldout_tokens,
+        search_tokens=args.search_tokens,
         n_ctx=args.ctx,
         offset_bytes=args.offset_bytes,
         max_bytes=args.max_bytes,

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=2048,
         help="tokens held out at the end of the text for the budget (default 2048)",
     )
+    c.add_argument(
+        "--search-tokens",
+        type=positive("--search-tokens"),
+        default=1024,
+        help="held-out tokens each budget-search step measures; the result is checked on all of them (default 1024)",
+    )
     c.add_argument("--ctx", type=positive("--ctx"), default=512, help="tokens per chunk (default 512)")
     c.add_argument(
         "--offset-bytes", type=non_negative("--offset-bytes"), default=0, help="start this many bytes into the text"

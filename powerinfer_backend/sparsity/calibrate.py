@@ -300,6 +300,19 @@ def _held_ppl(setup: _Setup, held: list, n_ctx: int, thresholds: Optional[np.nda
     return r["ppl"], float(frac.mean())
 
 
+def _dense_ppl(setup: _Setup, held: list, n_ctx: int, n_search: int) -> tuple:
+    """Dense perplexity of the first ``n_search`` held-out tokens and of all of them, from one
+    pass over the tail (chunks start from an empty cache, so the two parts' log-likelihoods add):
+    ((ppl of the head, n_search), ppl of all)."""
+    setup.apply(None)
+    head = perplexity(held[:n_search], setup.eval_all, n_ctx)
+    if n_search >= len(held):
+        return (head["ppl"], n_search), head["ppl"]
+    rest = perplexity(held[n_search:], setup.eval_all, n_ctx)
+    nll = (head["nll"] * head["tokens"] + rest["nll"] * rest["tokens"]) / (head["tokens"] + rest["tokens"])
+    return (head["ppl"], n_search), math.exp(nll)
+
+
 def _choose_on_paths(
     setup: _Setup,
     held: list,
@@ -307,31 +320,41 @@ def _choose_on_paths(
     form: str,
     hist: np.ndarray,
     paths: dict,
-    ppl_dense: float,
+    ppl_dense: tuple,
     goal: Optional[float],
     target: Optional[float],
     progress: bool,
 ) -> _Choice:
     """Steps 3-4 for one form: on each candidate path the sparsest point within ``goal``
     (relative perplexity increase; :func:`~powerinfer_backend.sparsity.search.search_budget`),
-    or the first reaching ``target``; the path reaching more mean sparsity wins."""
-    measured: dict[tuple[str, int], tuple[float, float]] = {}
+    or the first reaching ``target``; the path reaching more mean sparsity wins.
 
-    def measure(name: str, i: int) -> tuple[float, float]:
+    The search measures the first ``len(ppl_dense[0])`` held-out chunks (``ppl_dense``: the
+    dense perplexity of those chunks and of all ``held``); the winner is then measured on all
+    of ``held``, and searched again there below it if it exceeds the goal, so the point
+    returned is always within the goal on the whole held-out tail."""
+    search_ppl, full_ppl = ppl_dense
+    n_search = search_ppl[1]
+    measured: dict[tuple[str, int, int], tuple[float, float]] = {}
+
+    def measure(name: str, i: int, n_tok: int) -> tuple[float, float]:
+        dense = search_ppl[0] if n_tok == n_search else full_ppl
         if i == 0:
-            return ppl_dense, 0.0
-        if (name, i) not in measured:
-            measured[name, i] = _held_ppl(setup, held, n_ctx, paths[name][0][i], form)
+            return dense, 0.0
+        if (name, i, n_tok) not in measured:
+            measured[name, i, n_tok] = _held_ppl(setup, held[:n_tok], n_ctx, paths[name][0][i], form)
             if progress:
+                where = "" if n_tok == len(held) else f" (first {n_tok} held-out tokens)"
                 print(
                     f"  {form} {name}: mean sparsity {paths[name][1][i].mean():.1%}: perplexity "
-                    f"{measured[name, i][0] / ppl_dense - 1:+.2%}",
+                    f"{measured[name, i, n_tok][0] / dense - 1:+.2%}{where}",
                     file=sys.stderr,
                 )
-        return measured[name, i]
+        return measured[name, i, n_tok]
 
-    def increase(name: str) -> Callable[[int], float]:
-        return lambda k: measure(name, k)[0] / ppl_dense - 1.0
+    def increase(name: str, n_tok: int) -> Callable[[int], float]:
+        dense = search_ppl[0] if n_tok == n_search else full_ppl
+        return lambda k: measure(name, k, n_tok)[0] / dense - 1.0
 
     choices = []  # (mean expected sparsity, name, index)
     for name, (_, alloc_rows) in paths.items():
@@ -339,14 +362,16 @@ def _choose_on_paths(
         if target is not None:
             reach = np.nonzero(means >= target - 1e-6)[0]
             i = int(reach[0]) if len(reach) else len(means) - 1
-            measure(name, i)
             choices.append((-abs(means[i] - target), name, i))
             continue
         assert goal is not None  # without a target the search has a perplexity goal
-        i, _ = search_budget(means, increase(name), goal)
+        i, _ = search_budget(means, increase(name, n_search), goal)
         choices.append((float(means[i]), name, i))
     _, name, i = max(choices)
-    ppl, held_sparsity = measure(name, i)
+    if goal is not None and n_search < len(held) and i > 0 and increase(name, len(held))(i) > goal:
+        # over the goal on the whole tail: search the rows below it, measuring the whole tail
+        i, _ = search_budget(paths[name][1][:i].mean(axis=1), increase(name, len(held)), goal)
+    ppl, held_sparsity = measure(name, i, len(held))
     return _Choice(form, hist, paths[name][0][i], paths[name][1][i], name, ppl, held_sparsity, len(measured))
 
 
@@ -358,6 +383,7 @@ def calibrate(
     target_sparsity: Optional[float] = None,
     tokens: int = 8192,
     heldout_tokens: int = 2048,
+    search_tokens: int = 1024,
     n_ctx: int = 512,
     offset_bytes: int = 0,
     max_bytes: Optional[int] = None,
@@ -383,6 +409,10 @@ def calibrate(
             Its token sequence is split: the last ``heldout_tokens`` (whole chunks of
             ``n_ctx``; at most a quarter of the text) are held out for the budget
             check, statistics and sensitivities use at most ``tokens`` from the start.
+        search_tokens: the budget search measures the first ``search_tokens`` of the
+            held-out tail (whole chunks, at least one); the point it finds is then measured on
+            the whole tail and, if over the goal there, searched again on the whole tail below
+            it. Two chunks per search step instead of four nearly halve the search.
         max_ppl_increase: relative perplexity budget on the held-out tail (0.02 = +2%),
             met with ``margin`` (the search targets margin * budget).
         target_sparsity: instead of a budget, the lowest allocation with this mean
@@ -419,8 +449,8 @@ def calibrate(
         raise CalibrationError(f"max_ppl_increase must be in (0, 10) (0.02 = +2%), got {max_ppl_increase}")
     if n_ctx < 16:
         raise CalibrationError(f"n_ctx must be >= 16, got {n_ctx}")
-    if tokens < 1 or heldout_tokens < 1 or gate_tokens < 1:
-        raise CalibrationError("tokens, heldout_tokens and gate_tokens must be >= 1")
+    if tokens < 1 or heldout_tokens < 1 or gate_tokens < 1 or search_tokens < 1:
+        raise CalibrationError("tokens, heldout_tokens, search_tokens and gate_tokens must be >= 1")
     if not 0.0 < margin <= 1.0:
         raise CalibrationError(f"margin must be in (0, 1], got {margin}")
     levels = sorted(float(x) for x in levels)
@@ -465,7 +495,9 @@ def calibrate(
 
     with run.context(n_threads) as ctx:
         setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
-        ppl_dense, _ = _held_ppl(setup, held, n_ctx, None)
+        n_search = min(max(1, search_tokens // n_ctx) * n_ctx, len(held))
+        dense = _dense_ppl(setup, held, n_ctx, n_search)
+        ppl_dense = dense[1]
         t = lap("dense", t0)
         results = []
         for form in forms:
@@ -478,7 +510,7 @@ def calibrate(
                 kl = _sensitivity(setup, stats_ids[:sens_tokens], layer_hist, levels, form, progress)
                 paths["kl-greedy"] = _greedy_candidates(greedy_path(kl, levels), layer_hist)
                 t = lap("sensitivity", t)
-            r = _choose_on_paths(setup, held, n_ctx, form, hist, paths, ppl_dense, goal, target_sparsity, progress)
+            r = _choose_on_paths(setup, held, n_ctx, form, hist, paths, dense, goal, target_sparsity, progress)
             t = lap("budget search", t)
             if r.alloc.mean() > 0 or form == forms[0]:
                 results.append(r)
@@ -509,6 +541,7 @@ def calibrate(
         **run.provenance(),
         "tokens_stats": len(stats_ids),
         "tokens_heldout": len(held),
+        "tokens_search": n_search,
         "ppl_dense": ppl_dense,
         "ppl_sparse": best.ppl,
         "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
