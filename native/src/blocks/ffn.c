@@ -80,7 +80,8 @@ void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
 /* The sparse FFN of layer l (see pi_context_set_ffn_sparsity). A batch thresholding
  * the product computes gate and up with the dense batched matmul (each weight row is
  * read once for the batch instead of once per token; the same bits per row) and
- * skips rows of down_t per token; decode, and the gate form, gather rows per token. */
+ * skips rows of down_t per token (decode as well for SwiGLU/GeGLU); the gate form, and a
+ * predictor's or a ReLU form's decode, gather rows per token. */
 pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok) {
     const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
     const int gated = lm[PI_L_FFN_GATE].data != NULL; /* else an ungated form (Falcon, OPT) */
@@ -104,7 +105,13 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
         c->pred_ns[l] += pi_now_ns() - t0;
     }
     float *h = NULL;
-    if (n_tok > 1 && !c->ffn_on_gate) {
+    /* the gated product form reads every gate and up row: the dense matmuls (the decode
+     * kernels for one token) give each row's bits faster than gathered row dots, and h the
+     * same activation as a batch. Gathered instead: a predictor's decode, and the ReLU forms'
+     * decode (no up row where the gate is <= 0) */
+    const int32_t form = ffn_form(c->m, l);
+    const int every_row = form == PI_FFN_SWIGLU || form == PI_FFN_GEGLU;
+    if (!c->ffn_on_gate && (n_tok > 1 || (every_row && !pred))) {
         h = act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
         if (pred) { /* batched: the same bits as gathered rows; unpredicted neurons are zeroed */
             for (int64_t i = 0; i < n_tok * F; i++)
