@@ -141,6 +141,16 @@ typedef void (*pi_down_tiles_fn)(int32_t type, int64_t n_tiles, float *y, const 
                                  int nr, const char *const *next, int n_next);
 #define PI_DOWN_TILE 32 /* one Q8_0 / Q4_0 block */
 
+/* The batched down accumulation over nk (<= PI_DOWN_BATCH_K) rows of a Q8_0 or Q4_0 down_t
+ * (ops/sparse_down_batch.c): for t < n_tok, c < n_cols (a multiple of 32), r = 0 .. nk-1 in order,
+ *   y[t * ldy + c] = y[t * ldy + c] + h[t * ldh + r] * w_r[c]
+ * with a separate multiply and add, except that a zero h adds +0 (even to an infinite w); w_r:
+ * the row at w + r * wrow (whole blocks from column 0). y must not hold -0: then an added +0
+ * leaves it unchanged, and y has the bits of adding only the rows of nonzero h (pi_down_tiles_fn). */
+typedef void (*pi_down_batch_fn)(int32_t type, int64_t n_cols, int64_t n_tok, int64_t nk, float *y, int64_t ldy,
+                                 const char *w, int64_t wrow, const float *h, int64_t ldh);
+#define PI_DOWN_BATCH_K 256
+
 #define PI_TYPE_SLOTS 31 /* indexable by enum pi_type */
 
 /* The activation of a batched product: n_tok rows of the weight type's vec_dot_type
@@ -179,6 +189,7 @@ typedef struct pi_isa {
     pi_matmul_tiles_fn matmul_tiles[PI_TYPE_SLOTS]; /* by weight type; NULL: vec_dot per row */
     void (*softmax)(float *x, int64_t n);      /* in place, llama.cpp's exp and sum order (isa/softmax.h) */
     pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
+    pi_down_batch_fn down_batch;                /* NULL: the per-token down accumulation */
 } pi_isa;
 
 /* F16 dot order: the float operations of llama.cpp's ggml_vec_dot_f16 on the CPU
@@ -193,6 +204,8 @@ extern const pi_isa pi_isa_avx2[PI_F16_ORDERS];   /* AVX2 + FMA + F16C */
 extern const pi_isa pi_isa_avx512[PI_F16_ORDERS]; /* AVX-512 F/BW/VL (+ VNNI where present) */
 void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *const *rows, const float *h, int nr,
                         const char *const *next, int n_next); /* isa/avx2_sparse.c, for both x86 tables */
+void pi_down_batch_avx2(int32_t type, int64_t n_cols, int64_t n_tok, int64_t nk, float *y, int64_t ldy,
+                        const char *w, int64_t wrow, const float *h, int64_t ldh);
 
 const pi_isa *pi_isa_current(void);
 
@@ -334,6 +347,12 @@ typedef struct {
 int64_t pi_ffn_sparse_scratch_size(int32_t gate_up_type, int64_t n_embd, int64_t n_ff, int64_t n_tok);
 /* The operator on validated arguments (ids sorted, unique, in range); no allocation. */
 void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch);
+/* The batched down accumulation (ops/sparse_down_batch.c): when it applies to a (phase 0, n_tok >= 2,
+ * Q8_0 / Q4_0 down_t, the ISA has a kernel) and pays at this density, writes y and n_used from h
+ * (the values at off[t] .. off[t+1], overwritten by n_tok dense rows of n_ff, skipped neurons +0)
+ * and returns 1; otherwise returns 0 and touches nothing. */
+int pi_sparse_down_batch(pi_pool *pool, const pi_ffn_sparse_args *a, const pi_isa *isa, float *h,
+                         const int64_t *off, float thr);
 
 /* ---- activation predictors (ops/predictor.c; see pi_op_predictor_scores) ---- */
 int64_t pi_now_ns(void); /* CLOCK_MONOTONIC */

@@ -558,3 +558,46 @@ def test_ungated_gelu(isa, pool, dtype):
     kept = np.where(np.abs(h) >= t, h, 0)
     assert_down_close(y, kept, f.down_f)
     np.testing.assert_array_equal(n_used, np.count_nonzero(kept, axis=1))
+
+
+# ---- (g) a batch: the batched down accumulation (Q8_0 / Q4_0 down_t) --------------------
+
+
+def one_at_a_time(f, pool, x, active, threshold):
+    """The operator on each token alone (the per-token path): (y rows, n_used)."""
+    outs = [f.sparse(pool, SWIGLU, x[t : t + 1], active and [active[t]], threshold) for t in range(len(x))]
+    return np.vstack([o[0] for o in outs]), np.concatenate([o[1] for o in outs])
+
+
+@pytest.mark.parametrize("dtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("n_tok", [2, 3, 5, 64, 67])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_batch_bits_equal_one_token_at_a_time(isa, pool, dtype, n_tok, ragged):
+    """A token's output has the same bits in a batch as alone (batch invariance), with a
+    threshold, NaN and inf h, an inf weight in a skipped row, and an all-zero h row."""
+    n_embd, n_ff = 96, 301  # odd n_ff, more than one block of 256 neurons
+    f = FFN("F32", dtype, n_embd, n_ff, seed=30 + n_tok)
+    rng = np.random.default_rng(n_tok)
+    x = rand_x(rng, n_tok, n_embd)
+    g, u = f.gu(pool, x)
+    threshold = float(np.quantile(np.abs(h_ref(SWIGLU, g, u)), 0.4))
+    x[n_tok - 1, 5] = np.nan if n_tok > 2 else x[n_tok - 1, 5]  # a token of NaN h
+    x[n_tok - 2] *= 1e30 if n_tok > 4 else 1  # a token of inf h (where gate x > 0; else +-0, skipped)
+    # row 19 of down_t: its first block's d is inf (w inf or NaN); 0 * inf must not reach y
+    f.down_t.reshape(n_ff, -1)[19, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    active = None
+    if ragged:  # random lists of random lengths; token 1's is empty (an all-zero h row)
+        active = [sorted(rng.choice(n_ff, rng.integers(1, n_ff + 1), replace=False).tolist()) for _ in x]
+        active[1] = []
+        active[0] = list(range(n_ff))
+    else:
+        x[1] = 0.0  # an all-zero h row
+    ref_y, ref_used = one_at_a_time(f, pool, x, active, threshold)
+    # dense enough for the masked form (MIN_DENSITY in sparse_down_batch.c, of every 8th token)
+    assert ref_used[::8].sum() >= 0.2 * n_ff * len(ref_used[::8])
+    assert np.isnan(ref_y[n_tok - 1]).all() == (n_tok > 2)
+    assert np.isfinite(ref_y[:, :32]).any()  # tokens that skip row 19
+    for n in (1, 2, 3):
+        y, n_used = f.sparse(make_pool(n), SWIGLU, x, active, threshold)
+        np.testing.assert_array_equal(n_used, ref_used)
+        np.testing.assert_array_equal(y.view(np.uint32), ref_y.view(np.uint32))

@@ -112,4 +112,4 @@ static void from_float_bf16(const float *x, void *vy, int64_t n) {
     for (; i < n; i++) y[i] = pi_fp32_to_bf16(x[i]);
 }
 
-PI_ISA_DEFINE(pi_isa_avx2, "avx2", pi_down_tiles_avx2);
+PI_ISA_DEFINE(pi_isa_avx2, "avx2", pi_down_tiles_avx2, pi_down_batch_avx2);

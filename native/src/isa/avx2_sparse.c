@@ -1,5 +1,6 @@
 /* AVX2 + F16C down accumulation of the sparse FFN (pi_isa.down_tiles; ops/sparse_ffn.c
- * has the portable loop), used by the avx2 and avx512 paths.
+ * has the portable loop) and its batched form (pi_isa.down_batch; ops/sparse_down_batch.c),
+ * used by the avx2 and avx512 paths.
  *
  * Each tile of a row is dequantized exactly (F16 -> F32 is exact; a Q8_0 or Q4_0 weight
  * q*d is exact in float), then acc = acc + h * w with a separate multiply and add. This
@@ -77,5 +78,96 @@ void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *con
         _mm256_storeu_ps(yb + 8, a1);
         _mm256_storeu_ps(yb + 16, a2);
         _mm256_storeu_ps(yb + 24, a3);
+    }
+}
+
+/* ---- the batched form (pi_down_batch_fn) ------------------------------------------ */
+
+#define AI static inline __attribute__((always_inline))
+#define STRIP 16 /* columns of a register tile: 2 vectors */
+
+/* 16 columns (half 0: 0-15 of each row's 32-block, 1: 16-31) of nk rows, exactly, into buf
+ * (16 floats a row, with the ops of the per-token kernel); returns whether every d is finite */
+static int dequant_strip(int32_t type, const char *w, int64_t wrow, int half, int64_t nk, float *buf) {
+    int finite = 1;
+    for (int64_t r = 0; r < nk; r++) {
+        const char *row = w + r * wrow;
+        uint16_t d16;
+        memcpy(&d16, row, sizeof d16); /* both block types begin with d */
+        finite &= (d16 & 0x7C00) != 0x7C00;
+        const __m256 d = _mm256_set1_ps(pi_fp16_to_fp32(d16));
+        __m128i q;
+        if (type == PI_TYPE_Q8_0) {
+            q = _mm_loadu_si128((const __m128i *)(((const pi_block_q8_0 *)row)->qs + STRIP * half));
+        } else { /* Q4_0: columns 0-15 in the low nibbles, 16-31 in the high ones */
+            const __m128i raw = _mm_loadu_si128((const __m128i *)((const pi_block_q4_0 *)row)->qs);
+            q = _mm_and_si128(half ? _mm_srli_epi16(raw, 4) : raw, _mm_set1_epi8(0x0F));
+            q = _mm_sub_epi8(q, _mm_set1_epi8(8));
+        }
+        _mm256_store_ps(buf + r * STRIP, _mm256_mul_ps(i8x8_to_ps(q), d));
+        _mm256_store_ps(buf + r * STRIP + 8, _mm256_mul_ps(i8x8_to_ps(_mm_srli_si128(q, 8)), d));
+    }
+    return finite;
+}
+
+/* NT (<= 4) tokens x 16 columns over nk rows of buf; the 2 * NT sums stay in registers. MASK
+ * (a row with a non-finite weight): a zero h adds +0, not 0 * w (NaN for an infinite w) */
+AI void strip(int NT, int MASK, int64_t nk, float *y, int64_t ldy, const float *buf, const float *h, int64_t ldh) {
+    __m256 a[4][2];
+    for (int i = 0; i < NT; i++) {
+        a[i][0] = _mm256_loadu_ps(y + i * ldy);
+        a[i][1] = _mm256_loadu_ps(y + i * ldy + 8);
+    }
+    for (int64_t r = 0; r < nk; r++) {
+        const __m256 w0 = _mm256_load_ps(buf + r * STRIP), w1 = _mm256_load_ps(buf + r * STRIP + 8);
+        for (int i = 0; i < NT; i++) {
+            const __m256 hv = _mm256_broadcast_ss(h + i * ldh + r);
+            __m256 p0 = _mm256_mul_ps(hv, w0), p1 = _mm256_mul_ps(hv, w1);
+            if (MASK) {
+                const __m256 m = _mm256_cmp_ps(hv, _mm256_setzero_ps(), _CMP_NEQ_UQ); /* NaN kept */
+                p0 = _mm256_and_ps(p0, m);
+                p1 = _mm256_and_ps(p1, m);
+            }
+            a[i][0] = _mm256_add_ps(a[i][0], p0);
+            a[i][1] = _mm256_add_ps(a[i][1], p1);
+        }
+    }
+    for (int i = 0; i < NT; i++) {
+        _mm256_storeu_ps(y + i * ldy, a[i][0]);
+        _mm256_storeu_ps(y + i * ldy + 8, a[i][1]);
+    }
+}
+
+AI void tokens(int MASK, int64_t n_tok, int64_t nk, float *y, int64_t ldy, const float *buf, const float *h,
+               int64_t ldh) {
+    int64_t t = 0;
+    for (; t + 4 <= n_tok; t += 4) strip(4, MASK, nk, y + t * ldy, ldy, buf, h + t * ldh, ldh);
+    y += t * ldy;
+    h += t * ldh;
+    switch (n_tok - t) {
+    case 3:
+        strip(3, MASK, nk, y, ldy, buf, h, ldh);
+        break;
+    case 2:
+        strip(2, MASK, nk, y, ldy, buf, h, ldh);
+        break;
+    case 1:
+        strip(1, MASK, nk, y, ldy, buf, h, ldh);
+        break;
+    default:
+        break;
+    }
+}
+
+void pi_down_batch_avx2(int32_t type, int64_t n_cols, int64_t n_tok, int64_t nk, float *y, int64_t ldy,
+                        const char *w, int64_t wrow, const float *h, int64_t ldh) {
+    _Alignas(32) float buf[PI_DOWN_BATCH_K * STRIP]; /* a strip of the nk rows, dequantized once */
+    const int64_t bb = pi_row_size(type, TILE);     /* bytes of a block */
+    for (int64_t c = 0; c < n_cols; c += STRIP) {
+        const int half = (int)((c / STRIP) & 1);
+        if (dequant_strip(type, w + (c / TILE) * bb, wrow, half, nk, buf))
+            tokens(0, n_tok, nk, y + c, ldy, buf, h, ldh);
+        else
+            tokens(1, n_tok, nk, y + c, ldy, buf, h, ldh);
     }
 }

@@ -202,4 +202,4 @@ static void from_float_bf16(const float *x, void *vy, int64_t n) {
     }
 }
 
-PI_ISA_DEFINE(pi_isa_avx512, "avx512", pi_down_tiles_avx2);
+PI_ISA_DEFINE(pi_isa_avx512, "avx512", pi_down_tiles_avx2, pi_down_batch_avx2);

@@ -399,4 +399,4 @@ static void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (s
 
 static void from_float_q8_K(const float *x, void *y, int64_t n) { pi_quantize_row_q8_K(x, y, n); }
 
-PI_ISA_DEFINE(pi_isa_scalar, "scalar", NULL);
+PI_ISA_DEFINE(pi_isa_scalar, "scalar", NULL, NULL);

@@ -11,7 +11,7 @@
 #define PI_ISA_MATVEC {0}
 #endif
 
-#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, TILES)                                                \
+#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, TILES, BATCH)                                         \
     {                                                                                               \
         .name = NAME,                                                                               \
         .vec_dot =                                                                                  \
@@ -34,7 +34,7 @@
                 [PI_TYPE_BF16] = from_float_bf16,                                                   \
                 [PI_TYPE_Q8_0] = from_float_q8_0,                                                   \
                 [PI_TYPE_Q8_1] = from_float_q8_1,                                                   \
-                [PI_TYPE_Q8_K] = from_float_q8_K,                                                    \
+                [PI_TYPE_Q8_K] = from_float_q8_K,                                                   \
             },                                                                                      \
         .matvec = PI_ISA_MATVEC,                                                                    \
         .matmul_tiles =                                                                             \
@@ -49,13 +49,14 @@
             },                                                                                      \
         .softmax = SOFTMAX,                                                                         \
         .down_tiles = TILES,                                                                        \
+        .down_batch = BATCH,                                                                        \
     }
 
-/* const pi_isa VAR[PI_F16_ORDERS]: the tables of one ISA, TILES its sparse down kernel */
-#define PI_ISA_DEFINE(VAR, NAME, TILES)                                                             \
+/* const pi_isa VAR[PI_F16_ORDERS]: the tables of one ISA, TILES and BATCH its sparse down kernels */
+#define PI_ISA_DEFINE(VAR, NAME, TILES, BATCH)                                                      \
     const pi_isa VAR[PI_F16_ORDERS] = {                                                             \
-        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, TILES),           \
-        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, TILES),        \
+        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, TILES, BATCH),    \
+        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, TILES, BATCH), \
     }
 
 #endif

@@ -23,7 +23,9 @@
  * The down accumulation has a portable path here and the ISA's whole-tile kernel
  * (pi_isa.down_tiles: isa/avx2_sparse.c for the avx2 and avx512 paths, none for
  * scalar). Both dequantize a 32-column tile of a row exactly, then do
- * acc = acc + h * w with a separate multiply and add, so both give the same bits. */
+ * acc = acc + h * w with a separate multiply and add, so both give the same bits.
+ * A batch with a Q8_0 / Q4_0 down_t and enough kept neurons takes the batched form
+ * instead (ops/sparse_down_batch.c), which gives these bits too. */
 #include <stdlib.h>
 
 #include "pi_internal.h"
@@ -275,6 +277,7 @@ void pi_ffn_sparse(pi_pool *pool, const pi_ffn_sparse_args *a, void *scratch) {
 
     /* keep |h| >= threshold and h != 0 (NaN kept); compact in place, in id order */
     const float thr = a->on_gate ? 0.0f : a->threshold; /* gate mode: zeros were made in h_task */
+    if (pi_sparse_down_batch(pool, a, isa, s.h, off, thr)) return; /* a batch: dense rows, skipped h +0 */
     if (a->h_dense != NULL) memset(a->h_dense, 0, (size_t)(n_tok * n_ff) * sizeof(float));
     int64_t m = 0;
     for (int64_t t = 0; t < n_tok; t++) {
