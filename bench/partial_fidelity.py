@@ -3,10 +3,12 @@ the device at fractions of its full device bytes, teacher-forced over llama.cpp'
 continuations (llama-cpp-python, same file, plain CPU kernels, 2 threads) of held-back prompts;
 per configuration the top-1 differences from llama.cpp where llama.cpp's top-2 logit margin is
 >= --margin, for the CPU engine (dense, and every layer over the split's CPU arithmetic) and for
-each placement. Switches, one at a time: --kv f32 (F32 KV cache, both engines), --no-flash
-(the device's attention as mul_mat + soft_max instead of ggml's flash attention).
+each placement. Switches, one at a time: --flash (the device's attention through ggml's flash
+attention, as before ggml's CPU backend defaulted to mul_mat + soft_max), --kv f32 (F32 KV cache,
+both engines; the planner sizes the KV as F16, so a placement of an F32 cache is refused).
+docs/placement.md ("Accuracy") has the results:
 
-    python bench/partial_fidelity.py [--fracs 0.1 0.25 0.5] [--placements neurons auto] [--no-flash] [--kv f32]
+    python bench/partial_fidelity.py [--text-file tinyshakespeare.txt] [--fracs 0.1 0.25 0.5] [--placements neurons auto] [--flash]
 """
 
 from __future__ import annotations
@@ -63,19 +65,19 @@ def main() -> None:
     ap.add_argument("--fracs", type=float, nargs="+", default=[0.1, 0.25, 0.5])
     ap.add_argument("--mib", type=float, nargs="*", default=[], help="budgets in MiB (besides --fracs)")
     ap.add_argument("--placements", nargs="+", default=["neurons", "auto"])
-    ap.add_argument("--text", type=int, default=0, help="this many more prompts from tinyshakespeare's last 10%%")
+    ap.add_argument("--text", type=int, default=15, help="this many more prompts from tinyshakespeare's last 10%%")
     ap.add_argument("--text-file", type=Path, default=TEXT)
     ap.add_argument("--n-gen", type=int, default=36)
-    ap.add_argument("--n-ctx", type=int, default=128)
+    ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--n-batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--margin", type=float, default=0.1)
     ap.add_argument("--kv", choices=["f16", "f32"], default="f16")
     ap.add_argument("--skip-cpu", action="store_true", help="no CPU engine runs (the switches leave them as they are)")
-    ap.add_argument("--no-flash", action="store_true")
+    ap.add_argument("--flash", action="store_true")
     a = ap.parse_args()
-    if a.no_flash:
-        os.environ["POWERINFER_GGML_FLASH_ATTN"] = "0"
+    if a.flash:
+        os.environ["POWERINFER_GGML_FLASH_ATTN"] = "1"
     path = a.model or str(default_model_path())
     r = load_reference(
         path, extra_buffer_types=False, n_ctx=a.n_ctx, n_batch=a.n_ctx, n_threads=a.threads,
