@@ -8,7 +8,7 @@ attention, as before ggml's CPU backend defaulted to mul_mat + soft_max), --kv f
 both engines; the planner sizes the KV as F16, so a placement of an F32 cache is refused).
 docs/placement.md ("Accuracy") has the results:
 
-    python bench/partial_fidelity.py [--text-file tinyshakespeare.txt] [--fracs 0.1 0.25 0.5] [--placements neurons auto] [--flash]
+    python bench/partial_fidelity.py [--text-file TXT] [--fracs 0.1 0.25 0.5] [--placements neurons auto] [--flash]
 """
 
 from __future__ import annotations
