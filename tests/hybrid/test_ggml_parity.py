@@ -11,7 +11,7 @@ transposed down, ``sparse="exact"``): each configuration is compared with the ne
 A device sums in its own order, so the hybrid is not bit-identical to the CPU engine; the
 tolerance is llama.cpp's own, measured here with llama-cpp-python on the same tokens: the
 largest difference between its own ways of computing them - one token at a time vs batched,
-and (ggml's CPU device runs flash attention) flash vs non-flash attention. Asserted per
+and flash vs non-flash attention (a GPU device runs flash attention). Asserted per
 configuration: max |delta logprob| of the chosen tokens <= 1.25 x that; top-1 equal wherever
 the CPU engine's top-2 logit margin is >= max(0.1, that bound); ggml's buffers are the plan's
 bytes, buffer by buffer.
@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
 from tests.fixtures.llama_reference import reference_logits
+from tests.fixtures.teacher_forced import log_softmax, teacher_forced
 from tests.fixtures.tiny_gguf import write_tiny_llama
 
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
@@ -67,33 +68,6 @@ class Case:
     last_layer: int  # bytes of the smallest layer split: the compute buffer and the last layer whole
 
 
-def _log_softmax(rows: np.ndarray) -> np.ndarray:
-    r = np.asarray(rows, dtype=np.float64)
-    r = r - r.max(axis=1, keepdims=True)
-    return r - np.log(np.exp(r).sum(axis=1, keepdims=True))
-
-
-def _schedule(n_prompt: int, n: int):
-    """Chunks a sequence is evaluated in: the prompt as one batch, 8 tokens one at a time
-    (decode), the rest in batches of 8 (prefill) - both device paths, on every sequence."""
-    out, i = [(0, n_prompt)], n_prompt
-    while i < n:
-        k = 1 if i < n_prompt + 8 else min(8, n - i)
-        out.append((i, i + k))
-        i += k
-    return out
-
-
-def _teacher_forced(ctx, seq, n_prompt):
-    """(top1, top-2 margin, logprob of the next token) at positions 0..n-2."""
-    ctx.truncate(0)
-    logits = np.concatenate([ctx.eval(seq[a:b], logits_all=True) for a, b in _schedule(n_prompt, len(seq))])
-    logits = logits[: len(seq) - 1].astype(np.float64)
-    top2 = np.sort(logits, axis=1)[:, -2:]
-    lp = _log_softmax(logits)[np.arange(len(seq) - 1), np.asarray(seq[1:])]
-    return logits.argmax(1), top2[:, 1] - top2[:, 0], lp
-
-
 def _greedy(ctx, prompt, n):
     ctx.truncate(0)
     seq = list(prompt)
@@ -109,7 +83,7 @@ def _llama_cpp_logprobs(r, seqs, *, one_by_one: bool) -> list:
     out = []
     for seq in seqs:
         rows = reference_logits(r, seq, one_by_one=one_by_one)[: len(seq) - 1]
-        out.append(_log_softmax(rows)[np.arange(len(seq) - 1), np.asarray(seq[1:])])
+        out.append(log_softmax(rows)[np.arange(len(seq) - 1), np.asarray(seq[1:])])
     return out
 
 
@@ -165,7 +139,7 @@ def _case(path):
         try:
             if name == "split":
                 split_arithmetic(ctx)
-            ref[name] = [_teacher_forced(ctx, s, len(p)) for s, p in zip(seqs, prompts)]
+            ref[name] = [teacher_forced(ctx, s, len(p)) for s, p in zip(seqs, prompts)]
         finally:
             ctx.close()
     delta = _llama_cpp(path, seqs=seqs)
@@ -236,7 +210,7 @@ def _check(case: Case, frac: float, placement: str):
         if frac == 1.0:
             assert plan.output_on_device and plan.kv_location == "device" and plan.hot_fraction == 1.0
         need = max(MARGIN, case.bound)
-        placed = [_teacher_forced(ctx, s, n_prompt) for s, n_prompt in zip(case.seqs, case.n_prompt)]
+        placed = [teacher_forced(ctx, s, n_prompt) for s, n_prompt in zip(case.seqs, case.n_prompt)]
     finally:
         ctx.close()
         if off is not None:

@@ -18,18 +18,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
 from tests.fixtures.tiny_gguf import write_tiny_llama
-from tests.hybrid.test_ggml_parity import (
-    MARGIN,
-    N_BATCH,
-    N_CTX,
-    PROMPTS,
-    SLACK,
-    THREADS,
-    _compare,
-    _greedy,
-    _llama_cpp,
-    _teacher_forced,
-)
+from tests.hybrid.test_ggml_parity import MARGIN, N_BATCH, N_CTX, PROMPTS, SLACK, THREADS, _compare, _greedy, _llama_cpp
+from tests.fixtures.teacher_forced import teacher_forced
 
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
@@ -136,7 +126,7 @@ def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, for
         ctx.ffn_stats(reset=True)
         if form == "predictor":
             ctx.predictor_stats(reset=True)
-        placed = [_teacher_forced(ctx, s, n) for s, n in zip(seqs, n_prompt)]
+        placed = [teacher_forced(ctx, s, n) for s, n in zip(seqs, n_prompt)]
         used_l, total_l = ctx.ffn_stats(reset=False, per_layer=True)
         used, total = int(used_l.sum()), int(total_l.sum())
         if form == "predictor":  # per layer: the predictor's choice, every neuron where all are hot
@@ -154,7 +144,7 @@ def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, for
         cpu = _reference(model, name, hot) if name == form else _context(model, "exact")
         try:
             cpu.ffn_stats(reset=True)
-            refs[name] = [_teacher_forced(cpu, s, n) for s, n in zip(seqs, n_prompt)]
+            refs[name] = [teacher_forced(cpu, s, n) for s, n in zip(seqs, n_prompt)]
             if name == form:
                 used_cpu, total_cpu = cpu.ffn_stats(reset=False)
         finally:

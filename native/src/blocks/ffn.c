@@ -201,8 +201,8 @@ int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
         c->pred_count[l] += n_tok * c->m->hp.n_ff;
     pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);
     a.on_gate = c->ffn_on_gate; /* the gate form skips a cold neuron's up and down rows */
-    /* the cold rows' down over the GGUF ffn_down (hot and skipped h 0) where that reads fewer
-     * bytes than their down_t rows: the CPU-only dense FFN's bytes and arithmetic for them */
+    /* the down over the GGUF ffn_down (skipped h 0, the hot rows' h from the device) where that
+     * reads fewer bytes than the cold down_t rows: the CPU-only dense FFN's bytes and arithmetic */
     const int dense_down = c->ffn_dense_down != NULL && c->ffn_dense_down[l];
     a.h_dense = dense_down ? c->ffn_hd : NULL;
     ffn_cold(c, &a, &cold, 1); /* the cold rows' h while the device computes the hot rows */
@@ -210,9 +210,8 @@ int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
     if (d->iface.ffn_finish(d, c, l, n_tok, a.y, a.n_used) == PI_OK) {
         if (!dense_down) {
             ffn_cold(c, &a, &cold, 2);
-        } else { /* c->xn is free once the device has finished with it */
-            pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], c->ffn_hd, n_tok, c->xn);
-            pi_add_rows(a.y, c->xn, n_tok * c->m->hp.n_embd);
+        } else { /* the device put the hot neurons' h among the cold ones: every neuron's down as dense */
+            pi_matmul1(c, &c->m->mats[l * PI_L_COUNT + PI_L_FFN_DOWN], c->ffn_hd, n_tok, a.y);
         }
     }
     if (pred) c->ffn_ns[l] += pi_now_ns() - t0;

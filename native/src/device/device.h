@@ -34,7 +34,9 @@ typedef struct pi_device_i {
      * After a 1 the caller computes the cold rows (blocks/ffn.c), then calls ffn_finish. */
     int (*ffn_start)(pi_dev *d, pi_context *c, int l, int64_t n_tok, pi_dev_cold *cold);
     /* wait for the hot half: y = its partial sum (n_tok rows of n_embd), n_used[t] = the hot
-     * rows it kept for token t; PI_OK or the half's failure */
+     * rows it kept for token t; PI_OK or the half's failure. A layer whose cold half sums its
+     * down densely (c->ffn_dense_down[l]) gets the hot rows' h in c->ffn_hd instead (y as it
+     * was): the host's dense down then sums every neuron as the CPU engine's dense FFN does */
     int (*ffn_finish)(pi_dev *d, pi_context *c, int l, int64_t n_tok, float *y, int64_t *n_used);
     /* output norm and matmul of n_out rows x: logits and c->embd out */
     int (*output)(pi_dev *d, pi_context *c, const float *x, int64_t n_out, float *logits);

@@ -87,6 +87,7 @@ static void gg_free(pi_gplaced *p) {
     pi_gg_worker_stop(p);
     const pi_ggml_api *g = p->g;
     for (int l = 0; p->cold != NULL && l < p->c->m->hp.n_layer; l++) free(p->cold[l]);
+    for (int l = 0; p->hot != NULL && l < p->c->m->hp.n_layer; l++) free(p->hot[l]);
     if (p->ga != NULL) g->gallocr_free(p->ga);
     if (p->wbuf != NULL) g->backend_buffer_free(p->wbuf);
     if (p->kvbuf != NULL) g->backend_buffer_free(p->kvbuf);
@@ -95,6 +96,7 @@ static void gg_free(pi_gplaced *p) {
     free(p->L);
     free(p->H);
     free(p->cold);
+    free(p->hot);
     free(p->cold_ids);
     free(p->cold_off);
     free(p->mask);
@@ -105,7 +107,7 @@ static void gg_free(pi_gplaced *p) {
     free(p);
 }
 
-static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold) {
+static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold, int64_t max_hot) {
     const size_t nl = (size_t)c->m->hp.n_layer, B = (size_t)c->cp.n_batch;
     pi_gplaced *p = calloc(1, sizeof *p);
     if (p == NULL) return NULL;
@@ -114,11 +116,12 @@ static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold) {
     p->d = d;
     p->g = d->g;
     if (!(p->L = calloc(nl, sizeof *p->L)) || !(p->H = calloc(nl, sizeof *p->H)) ||
-        !(p->cold = calloc(nl, sizeof *p->cold)) ||
+        !(p->cold = calloc(nl, sizeof *p->cold)) || !(p->hot = calloc(nl, sizeof *p->hot)) ||
         !(p->cold_ids = malloc((B * (size_t)max_cold + 1) * sizeof *p->cold_ids)) ||
         !(p->cold_off = malloc((B + 1) * sizeof *p->cold_off)) ||
         !(p->mask = malloc(B * (size_t)c->n_cells * sizeof *p->mask)) || !(p->kv_idx = malloc(B * sizeof *p->kv_idx)) ||
-        !(p->y_dev = malloc(B * (size_t)c->m->hp.n_embd * sizeof *p->y_dev)) ||
+        !(p->y_dev = malloc(B * (size_t)(2 * max_hot > c->m->hp.n_embd ? 2 * max_hot : c->m->hp.n_embd) *
+                            sizeof *p->y_dev)) ||
         !(p->graph_meta = malloc(pi_gg_meta_bytes(p->g)))) {
         gg_free(p);
         return NULL;
@@ -145,12 +148,14 @@ static gctx *meta_ctx(const pi_ggml_api *g, int64_t n_tensors) {
     return g->init((pi_ggml_init_params){g->tensor_overhead() * (size_t)(n_tensors + 1), NULL, true});
 }
 
-/* layer l's cold ids: the CPU half's neurons */
+/* layer l's cold ids (the CPU half's neurons) and hot ids (where a dense down takes the device's h) */
 static int cold_list(pi_gplaced *p, int l, const int32_t *hot_ids, int64_t n_hot) {
     const int64_t F = p->c->m->hp.n_ff;
-    if ((p->cold[l] = malloc((size_t)(F - n_hot + 1) * sizeof *p->cold[l])) == NULL)
+    if ((p->cold[l] = malloc((size_t)(F - n_hot + 1) * sizeof *p->cold[l])) == NULL ||
+        (p->hot[l] = malloc((size_t)n_hot * sizeof *p->hot[l])) == NULL)
         return pi_set_error(PI_ERR_NOMEM, "blk.%d: out of memory for the cold neuron list", l);
     pi_ffn_cold_ids(hot_ids, n_hot, F, p->cold[l]);
+    memcpy(p->hot[l], hot_ids, (size_t)n_hot * sizeof *hot_ids);
     return PI_OK;
 }
 
@@ -194,11 +199,12 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
     if (c->dev != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: the context already has a device");
     const pi_model_params *hp = &c->m->hp;
     int any = output_on_device != 0, rc = PI_OK;
-    int64_t max_cold = 0;
+    int64_t max_cold = 0, max_hot = 0;
     for (int l = 0; l < hp->n_layer && rc == PI_OK; l++) {
         rc = check_layer(c, &layers[l], l);
         any |= layers[l].attn_on_device || layers[l].n_hot > 0;
         if (layers[l].n_hot > 0 && hp->n_ff - layers[l].n_hot > max_cold) max_cold = hp->n_ff - layers[l].n_hot;
+        if (layers[l].n_hot > max_hot) max_hot = layers[l].n_hot;
     }
     if (rc) return rc;
     plan_sum w = {d, NULL, 0}, kv = {d, NULL, 0};
@@ -215,7 +221,7 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
     if (need > info.free_bytes)
         return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, ggml device %s has %lld free",
                             (long long)need, d->name, (long long)info.free_bytes);
-    pi_gplaced *p = gg_new(c, d, max_cold);
+    pi_gplaced *p = gg_new(c, d, max_cold, max_hot);
     if (p == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ggml_device: out of memory");
     p->flash = pi_gg_flash_supported(d, c);
     rc = place(p, layers, output_on_device, w.bytes, kv.bytes, compute);
@@ -265,10 +271,17 @@ static int gg_ffn_start(pi_dev *dv, pi_context *c, int l, int64_t n_tok, pi_dev_
 
 static int gg_ffn_finish(pi_dev *dv, pi_context *c, int l, int64_t n_tok, float *y, int64_t *n_used) {
     pi_gplaced *p = dv->impl;
-    (void)c;
     pi_gg_trace_add(p, PI_GG_EV_COLD, l, p->ev_t0, pi_now_ns()); /* the CPU half's activations */
-    const int rc = pi_gg_ffn_wait(p, n_tok, y);
+    const int64_t F = c->m->hp.n_ff, n_hot = p->H[l].n_hot;
+    const int h_only = pi_gg_h_only(p, l);
+    const int rc = pi_gg_ffn_wait(p, n_tok, h_only ? NULL : y);
     note(p, rc);
+    if (rc == PI_OK && h_only) /* the hot neurons' h (the host's activation, as the cold half's) into */
+        for (int64_t t = 0; t < n_tok; t++) { /* the dense down's input, where the cold half left them 0 */
+            float *h = p->y_dev + t * n_hot; /* in place over the gate products */
+            pi_act_mul(c->m->hp.act, h, p->y_dev + (c->cp.n_batch + t) * n_hot, h, n_hot);
+            for (int64_t r = 0; r < n_hot; r++) c->ffn_hd[t * F + p->hot[l][r]] = h[r];
+        }
     if (rc == PI_OK && n_used != NULL) /* the device sums its hot rows densely */
         for (int64_t t = 0; t < n_tok; t++) n_used[t] += p->H[l].n_hot;
     return rc;

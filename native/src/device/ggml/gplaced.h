@@ -34,11 +34,12 @@ typedef struct pi_gplaced {
     pi_gg_output O;
     int out_on;
     int32_t **cold;      /* per layer: the ids not in H[l] (increasing), NULL without hot neurons */
+    int32_t **hot;       /* per layer: H[l]'s ids (increasing), NULL without hot neurons */
     int32_t *cold_ids;   /* the CPU half's candidate lists (pi_dev_cold) */
     int64_t *cold_off;
     float *mask;          /* host staging: n_batch x n_cells mask rows */
     int64_t *kv_idx;      /* n_batch cell indices */
-    float *y_dev;         /* n_batch rows of the device's FFN partial sum */
+    float *y_dev;         /* n_batch rows of the device's FFN partial sum, or (pi_gg_h_only) its gate then up products */
     char *graph_meta;     /* graph metadata of the step running (steps are serialized) */
     int error;            /* first failure in this eval (pi_device_i.error) */
     /* the device thread and its one job: layer job_l's hot FFN on job_x */
@@ -68,7 +69,8 @@ int pi_gg_run_output(pi_gplaced *p, const float *x, float *logits, float *embd);
 void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1);
 
 /* worker.c: the device thread, and layer l's hot FFN half run on it: post starts it on the rows
- * x of c's groups, wait returns when y (n_tok rows) holds its partial sum (PI_OK or its failure) */
+ * x of c's groups, wait returns when y (n_tok rows) holds its partial sum (PI_OK or its failure;
+ * y NULL: left in p->y_dev, the gate and up products with pi_gg_h_only: steps.c) */
 int pi_gg_worker_start(pi_gplaced *p);
 void pi_gg_worker_stop(pi_gplaced *p);
 void pi_gg_ffn_post(pi_gplaced *p, int l, const float *x);
@@ -77,6 +79,14 @@ int pi_gg_ffn_wait(pi_gplaced *p, int64_t n_tok, float *y);
 /* upload.c: copy layer l's placed tensors (attention slots, hot rows and columns) and the output block */
 int pi_gg_upload_layer(pi_gplaced *p, int l, const int32_t *hot_ids);
 void pi_gg_upload_output(pi_gplaced *p);
+
+/* 1: layer l's split sums its down on the host, densely over the GGUF ffn_down (the cold half's
+ * ffn_dense_down): the device's FFN step stops at the hot neurons' gate and up products; the host
+ * applies the activation and its dense down takes them with the cold ones, so the layer sums as
+ * the CPU engine's dense FFN does (ggml's down and activation round differently: docs/placement.md) */
+static inline int pi_gg_h_only(const pi_gplaced *p, int l) {
+    return p->c->ffn_dense_down != NULL && p->c->ffn_dense_down[l];
+}
 
 /* the placement of c when it is on a ggml device, else NULL (with an error naming fn) */
 pi_gplaced *pi_gg_of(const pi_context *c, const char *fn);

@@ -113,12 +113,21 @@ int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, cons
     return PI_OK;
 }
 
-int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *Hn, int64_t n_tok,
+int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *Hn, int64_t n_tok, int h_only,
               pi_gg_io *io) {
     const pi_model_params *hp = &c->m->hp;
     begin(g, ctx, hp->n_embd, n_tok, io);
     gt *gx = g->mul_mat(ctx, Hn->gate, io->x); /* [n_hot, n_tok] */
     gt *ux = g->mul_mat(ctx, Hn->up, io->x);
+    if (h_only) { /* the host takes the products (its activation, then its dense down) */
+        io->out0 = gx;
+        io->out1 = ux;
+        g->set_output(gx);
+        g->set_output(ux);
+        g->build_forward_expand(io->gf, gx);
+        g->build_forward_expand(io->gf, ux);
+        return PI_OK;
+    }
     gt *h;
     switch (hp->act) {
     case PI_ACT_SILU: h = g->mul(ctx, g->silu(ctx, gx), ux); break;

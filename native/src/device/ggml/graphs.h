@@ -44,8 +44,10 @@ int pi_gg_is_swa(const pi_model_params *hp, int l);
  * soft_max_ext); ctx: a no_alloc metadata context */
 int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, const pi_gg_layer *L, int64_t n_tok,
                int64_t cell0, int64_t n_kv, int flash, pi_gg_io *io);
-/* y = down . act(gate x) * (up x) over the hot neurons, act an enum pi_act */
-int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *H, int64_t n_tok, pi_gg_io *io);
+/* y = down . act(gate x) * (up x) over the hot neurons, act an enum pi_act; with h_only the
+ * graph stops at the products: out0 = gate x, out1 = up x ([n_hot, n_tok] each) */
+int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *H, int64_t n_tok, int h_only,
+              pi_gg_io *io);
 /* embd = output_norm(x), logits = output . embd for n_out rows */
 int pi_gg_output_graph(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_output *O, int64_t n_out,
                        pi_gg_io *io);

@@ -23,8 +23,12 @@ static void visit(void *user, int32_t type, int64_t ne0, int64_t ne1, gt **dst) 
 
 int pi_gg_flash_supported(const pi_gdev *d, const pi_context *c) {
     const pi_ggml_api *g = d->g;
-    const char *env = getenv("POWERINFER_GGML_FLASH_ATTN"); /* "0": mul_mat + soft_max_ext even where FA runs */
+    /* "0": mul_mat + soft_max_ext even where FA runs; "1": FA where it runs, ggml's CPU backend too */
+    const char *env = getenv("POWERINFER_GGML_FLASH_ATTN");
     if (env != NULL && strcmp(env, "0") == 0) return 0;
+    /* ggml's CPU flash attention accumulates V in F16: mul_mat + soft_max_ext, llama.cpp's default
+     * CPU arithmetic, moves SmolLM2's greedy tokens less (docs/placement.md, "Accuracy") */
+    if (d->is_cpu && (env == NULL || strcmp(env, "1") != 0)) return 0;
     const pi_model_params *hp = &c->m->hp;
     _Alignas(64) char meta[8192];
     if (g->tensor_overhead() * 6 > sizeof meta) return 0;
@@ -110,12 +114,12 @@ static int measure_with(const pi_gdev *d, const pi_context *c, int flash, struct
             if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, out);
             g->free(gc);
             gc = pi_gg_meta(g, graph_meta);
-            if (rc == PI_OK && gated) rc = pi_gg_ffn(g, gc, c, &H, c->cp.n_batch, &io);
+            if (rc == PI_OK && gated) rc = pi_gg_ffn(g, gc, c, &H, c->cp.n_batch, 0, &io);
             if (rc == PI_OK && gated) rc = size_graph(g, ga, reserve, io.gf, out);
             if (rc == PI_OK && Hg.n_hot > 0) {
                 g->free(gc);
                 gc = pi_gg_meta(g, graph_meta);
-                rc = pi_gg_ffn(g, gc, c, &Hg, c->cp.n_batch, &io);
+                rc = pi_gg_ffn(g, gc, c, &Hg, c->cp.n_batch, 0, &io);
                 if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, out);
             }
         } else if (rc == PI_OK) {

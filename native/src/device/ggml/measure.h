@@ -5,7 +5,8 @@
 #include "device/ggml/backend.h"
 #include "device/ggml/layout.h"
 
-/* 1 when d runs ggml_flash_attn_ext on this context's worst-case attention shapes and KV type */
+/* 1 when d runs ggml_flash_attn_ext on this context's worst-case attention shapes and KV type, and
+ * is not ggml's CPU backend (POWERINFER_GGML_FLASH_ATTN "0" / "1" turns it off / on) */
 int pi_gg_flash_supported(const pi_gdev *d, const pi_context *c);
 /* the largest compute buffer of the worst-case graphs: every layer's attention (n_batch tokens over
  * n_cells cells) and hot FFN (all n_ff neurons), and the output block (n_batch rows). With

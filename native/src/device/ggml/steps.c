@@ -68,19 +68,22 @@ int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, const int32_t *cell
     return rc;
 }
 
-/* rows [a, a + n) of layer l's hot FFN: y = their partial sum */
+/* rows [a, a + n) of layer l's hot FFN: y = their partial sum, or with pi_gg_h_only their gate
+ * products at y + a * n_hot and up products at y + n_batch * n_hot + a * n_hot */
 static int ffn_group(pi_gplaced *p, int l, const float *x, int64_t a, int64_t n, float *y) {
     const pi_ggml_api *g = p->g;
-    const int64_t E = p->c->m->hp.n_embd;
+    const int64_t E = p->c->m->hp.n_embd, h_only = pi_gg_h_only(p, l), Y = h_only ? p->H[l].n_hot : E;
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
-    int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n, &io);
+    int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n, (int)h_only, &io);
     if (rc == PI_OK) rc = alloc(p, &io);
     if (rc == PI_OK) {
         g->backend_tensor_set(io.x, x + a * E, 0, (size_t)(n * E) * sizeof(float));
         rc = compute(p, &io);
     }
-    if (rc == PI_OK) g->backend_tensor_get(io.out0, y + a * E, 0, (size_t)(n * E) * sizeof(float));
+    if (rc == PI_OK) g->backend_tensor_get(io.out0, y + a * Y, 0, (size_t)(n * Y) * sizeof(float));
+    if (rc == PI_OK && h_only)
+        g->backend_tensor_get(io.out1, y + (p->c->cp.n_batch + a) * Y, 0, (size_t)(n * Y) * sizeof(float));
     g->free(ctx);
     return rc;
 }

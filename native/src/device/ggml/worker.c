@@ -120,6 +120,6 @@ int pi_gg_ffn_wait(pi_gplaced *p, int64_t n_tok, float *y) {
     if (claim(p)) run_job(p, job); /* not started yet: the caller computes it now */
     if (spin_until_not(p, &p->done_seq, job - 1, PI_GG_WAIT_SPIN_NS) != job) sleep_until_not(p, &p->waiting, &p->done_seq, job - 1);
     if (p->job_rc) return pi_set_error(p->job_rc, "%s", p->job_msg);
-    memcpy(y, p->y_dev, (size_t)(n_tok * p->c->m->hp.n_embd) * sizeof(float));
+    if (y != NULL) memcpy(y, p->y_dev, (size_t)(n_tok * p->c->m->hp.n_embd) * sizeof(float));
     return PI_OK;
 }
