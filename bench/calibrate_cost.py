@@ -43,8 +43,9 @@ def main():
     ap.add_argument("--reduced", action="store_true")
     ap.add_argument("--no-speed", action="store_true", help="skip the decode speed check (if calibrate has one)")
     ap.add_argument("--out", default=None, help="keep the sidecar here (default: a temporary folder)")
+    ap.add_argument("--model", default=None, help="GGUF file (default: SmolLM2-135M, the packaged test model)")
     args = ap.parse_args()
-    model = default_model_path()
+    model = args.model or default_model_path()
     cut = int(os.path.getsize(TEXT) * 0.9)
     kw = dict(max_bytes=cut, n_threads=args.threads, progress=False, log=print)
     if args.reduced:
@@ -75,7 +76,8 @@ def main():
                 "unseen_sparsity": round(sp, 4),
                 "mode": mode,
                 "method": prof.info.get("method"),
-                "speed": {k: v for k, v in prof.info.items() if k.startswith("speed")},
+                "speed": {k: v for k, v in prof.info.items() if k.startswith(("speed", "decode_"))},
+                "calibration_log": {k: prof.info.get(k) for k in ("forms_tried", "threshold_on", "tokens_search")},
                 "reduced": args.reduced,
                 "threads": args.threads,
                 "sidecar": out,

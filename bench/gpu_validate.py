@@ -56,7 +56,7 @@ _BACKEND_PREFIX = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan", "hip": 
 #: option defaults without / with --small
 _DEFAULTS = {
     False: dict(ctx=512, batch=128, n_check=32, n_decode=32, n_prefill=128, repeats=2),
-    True: dict(ctx=128, batch=16, n_check=16, n_decode=8, n_prefill=32, repeats=1),
+    True: dict(ctx=128, batch=8, n_check=16, n_decode=8, n_prefill=32, repeats=1),
 }
 #: top-2 margin (logits) above which the device must pick the CPU's top-1 token
 MARGIN = 0.1
