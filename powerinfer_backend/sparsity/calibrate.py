@@ -329,16 +329,19 @@ def _choose_on_paths(
     (relative perplexity increase; :func:`~powerinfer_backend.sparsity.search.search_budget`),
     or the first reaching ``target``; the path reaching more mean sparsity wins.
 
-    The search measures the first ``len(ppl_dense[0])`` held-out chunks (``ppl_dense``: the
-    dense perplexity of those chunks and of all ``held``); the winner is then measured on all
-    of ``held``, and searched again there below it if it exceeds the goal, so the point
-    returned is always within the goal on the whole held-out tail."""
-    search_ppl, full_ppl = ppl_dense
-    n_search = search_ppl[1]
+    ``ppl_dense`` is :func:`_dense_ppl`'s ((dense perplexity of the first n_search held-out
+    tokens, n_search), dense perplexity of all ``held``). The search measures those first
+    n_search tokens; the winner is then measured on all of ``held``, and searched again there
+    below it if it exceeds the goal, so the point returned is always within the goal on the
+    whole held-out tail."""
+    (search_ppl, n_search), full_ppl = ppl_dense
     measured: dict[tuple[str, int, int], tuple[float, float]] = {}
 
+    def dense_of(n_tok: int) -> float:
+        return search_ppl if n_tok == n_search else full_ppl
+
     def measure(name: str, i: int, n_tok: int) -> tuple[float, float]:
-        dense = search_ppl[0] if n_tok == n_search else full_ppl
+        dense = dense_of(n_tok)
         if i == 0:
             return dense, 0.0
         if (name, i, n_tok) not in measured:
@@ -353,8 +356,7 @@ def _choose_on_paths(
         return measured[name, i, n_tok]
 
     def increase(name: str, n_tok: int) -> Callable[[int], float]:
-        dense = search_ppl[0] if n_tok == n_search else full_ppl
-        return lambda k: measure(name, k, n_tok)[0] / dense - 1.0
+        return lambda k: measure(name, k, n_tok)[0] / dense_of(n_tok) - 1.0
 
     choices = []  # (mean expected sparsity, name, index)
     for name, (_, alloc_rows) in paths.items():
