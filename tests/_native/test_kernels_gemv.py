@@ -1,10 +1,10 @@
-"""The single-token kernels of decode (isa/x86_gemv.h: Q4_K, Q6_K; isa/x86_gemv32.h: Q5_0,
-Q8_0) against the per-row reference: with one token pi_op_matmul runs them on the AVX
+"""The single-token kernels of decode (isa/x86_gemv.h: Q4_K, Q6_K; isa/x86_gemv32.h: Q4_0,
+Q4_1, Q5_0, Q8_0) against the per-row reference: with one token pi_op_matmul runs them on the AVX
 paths, and every output must have the bits of the scalar path's row dot (which equals the
 AVX row dot and llama.cpp's, tests/_native/test_kernels_kquants.py) on random blocks
 (every bit pattern of quants, scales and mins) and real quantized weights, for odd row
 counts, ragged splits across the pool's chunks, and 1 to 35 super-blocks (Qwen2.5's
-ffn_down); the blocks of 32 also on the real blocks of Gemma 3 270M (where installed),
+ffn_down); the blocks of 32 also on the real blocks of Gemma 3 270M (where installed) and of SmolLM2 (Q4_1),
 odd block counts, and rows too long for the kernel's activation table. An ISA this CPU
 lacks is skipped."""
 
@@ -27,7 +27,7 @@ lib = _native.lib
 TYPES = ("Q4_K", "Q6_K")
 # (n_rows, n_cols): 1, 3, 5, 6, 7, 37 rows; 1 to 35 super-blocks
 SHAPES = [(1, 256), (3, 512), (7, 768), (37, 1280), (5, 2816), (6, 8960)]
-TYPES32 = ("Q5_0", "Q8_0")
+TYPES32 = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
 # blocks of 32: 1, 3, 7, 28 (Qwen2.5-0.5B's n_embd 896) and 152 (its n_ff 4864) blocks, and
 # 513, one past the kernels' activation table (PI_GEMV32_MAXB)
 SHAPES32 = [(1, 32), (3, 96), (7, 224), (37, 896), (5, 4864), (3, 513 * 32)]
@@ -71,7 +71,7 @@ def test_matvec_bit_identical_to_row_dot(pool, tname, name):
 
 
 def _blocks32(tname: str, n_rows: int, n_cols: int, kind: str, real_blocks: np.ndarray | None) -> np.ndarray:
-    """Q5_0 / Q8_0 rows (n_rows, row bytes): ``random`` bytes under small F16 scales (every
+    """Rows of blocks of 32 (n_rows, row bytes): ``random`` bytes under small F16 scales (every
     bit pattern of the quants), ``gauss`` quantized Gaussian weights, or ``model`` the real
     blocks of a model's tensor (blocks are independent: any regrouping is real rows)."""
     t = GT[tname]
@@ -81,6 +81,8 @@ def _blocks32(tname: str, n_rows: int, n_cols: int, kind: str, real_blocks: np.n
     if kind == "random":
         b = rng.integers(0, 256, (nb, bsize), dtype=np.uint8)
         b[:, :2] = rng.uniform(0.002, 0.01, nb).astype("<f2").view(np.uint8).reshape(nb, 2)
+        if t == GT.Q4_1:  # and a finite min
+            b[:, 2:4] = rng.uniform(-0.01, 0.01, nb).astype("<f2").view(np.uint8).reshape(nb, 2)
     elif kind == "gauss":
         b = quantize((rng.standard_normal((n_rows, n_cols)) * 0.05).astype(np.float32), t)
     else:
@@ -101,27 +103,35 @@ def gemma_blocks() -> dict[str, np.ndarray]:
     out = {}
     for tv in (g.layer_tensor(0, "ffn_gate"), g.layer_tensor(0, "attn_v")):
         t = GT(tv.type)
-        assert t.name in TYPES32, f"Gemma 3 270M: {t.name}"  # the file's mix (Q5_0 gate, Q8_0 v)
+        assert t.name in ("Q5_0", "Q8_0"), f"Gemma 3 270M: {t.name}"  # the file's mix (Q5_0 gate, Q8_0 v)
         out[t.name] = np.asarray(tv.data).reshape(-1, GGML_QUANT_SIZES[t][1])
-    assert sorted(out) == sorted(TYPES32)
+    assert sorted(out) == ["Q5_0", "Q8_0"]
     return out
+
+
+@pytest.fixture(scope="module")
+def real_blocks(gemma_blocks, model_path) -> dict[str, np.ndarray]:
+    """Real blocks of 32 per type: Gemma 3 270M's (where installed) and SmolLM2's Q4_1 ffn_gate."""
+    tv = load_gguf(model_path, verbose=False).layer_tensor(0, "ffn_gate")
+    assert GT(tv.type) == GT.Q4_1, f"SmolLM2: {GT(tv.type).name}"
+    return {**gemma_blocks, "Q4_1": np.asarray(tv.data).reshape(-1, GGML_QUANT_SIZES[GT.Q4_1][1])}
 
 
 @pytest.mark.parametrize("tname", TYPES32)
 @pytest.mark.parametrize("name", ISAS)
-def test_matvec32_bit_identical_to_row_dot(pool, gemma_blocks, tname, name):
+def test_matvec32_bit_identical_to_row_dot(pool, real_blocks, tname, name):
     _skip_unless(name)
-    kinds = ["random", "gauss"] + (["model"] if tname in gemma_blocks else [])
+    kinds = ["random", "gauss"] + (["model"] if tname in real_blocks else [])
     for n_rows, n_cols in SHAPES32:
         for kind in kinds:
-            wq = _blocks32(tname, n_rows, n_cols, kind, gemma_blocks.get(tname))
+            wq = _blocks32(tname, n_rows, n_cols, kind, real_blocks.get(tname))
             _check(pool, name, tname, wq, n_rows, n_cols, kind)
 
 
 def test_no_matvec_elsewhere():
     assert lib.pi_matmul_has_matvec(int(GT.Q8_K)) == 0  # an activation type
     assert lib.pi_matmul_has_matvec(int(GT.F32)) == 0  # the row loop
-    assert lib.pi_matmul_has_matvec(int(GT.Q4_1)) == 0  # the row loop (two rows per step were slower)
+    assert lib.pi_matmul_has_matvec(int(GT.Q5_1)) == 0  # the row loop
     assert lib.pi_matmul_has_matvec(-1) == 0
     try:
         _native.set_isa("scalar")

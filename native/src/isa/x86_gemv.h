@@ -1,5 +1,5 @@
 /* Single-token products (decode's matrix-vector step) of Q4_K and Q6_K, shared by avx2.c and avx512.c
- * (Q5_0 and Q8_0: x86_gemv32.h, included at the end)
+ * (the blocks of 32: x86_gemv32.h, included at the end)
  * (include after x86_256.h, whose helpers they use; compiled under the including file's
  * target).
  *
@@ -14,8 +14,7 @@
  * rows per step measured slower (llvm-mca -mcpu=znver3: 16.6 cycles per Q4_K super-block
  * at one row, 19-20 per row at two or four, the rows' scale vectors and masks spill; decode
  * of Qwen2.5-1.5B 25-35% slower at two), and so did two rows per step of the blocks of 32
- * (Q8_0 / Q5_0 / Q4_1: SmolLM2 and Qwen2.5-0.5B decode 10-20% slower than the row loop);
- * Q4_1 keeps the row kernel.
+ * (Q8_0 / Q5_0 / Q4_1: SmolLM2 and Qwen2.5-0.5B decode 10-20% slower than the row loop).
  * Integer lanes are exact whatever the order of their additions, so only their contents
  * must match the row kernel: lane l of a 32-byte chunk's sum is always bytes 4l..4l+3. */
 #ifndef PI_ISA_X86_GEMV_H
@@ -149,7 +148,7 @@ PI_DEFINE_GEMV(matvec_q4_K, q4_K_gemv_rows)
 PI_DEFINE_GEMV(matvec_q6_K, q6_K_gemv_rows)
 #include "x86_gemv32.h"
 #define PI_ISA_MATVEC                                                                              \
-    {[PI_TYPE_Q4_K] = matvec_q4_K, [PI_TYPE_Q6_K] = matvec_q6_K, [PI_TYPE_Q5_0] = matvec_q5_0,    \
-     [PI_TYPE_Q8_0] = matvec_q8_0}
+    {[PI_TYPE_Q4_K] = matvec_q4_K, [PI_TYPE_Q6_K] = matvec_q6_K, [PI_TYPE_Q4_0] = matvec_q4_0,    \
+     [PI_TYPE_Q4_1] = matvec_q4_1, [PI_TYPE_Q5_0] = matvec_q5_0, [PI_TYPE_Q8_0] = matvec_q8_0}
 
 #endif /* PI_ISA_X86_GEMV_H */

@@ -1,97 +1,105 @@
-/* Single-token products (decode's matrix-vector step) of the blocks of 32 with a Q8_0
- * activation row, Q5_0 and Q8_0 weights; included by x86_gemv.h (after x86_256.h, whose
- * helpers they use; compiled under the including file's target).
+/* Single-token products (decode's matrix-vector step) of the blocks of 32: Q4_0, Q5_0 and
+ * Q8_0 weights with a Q8_0 activation row, Q4_1 with a Q8_1 one; included by x86_gemv.h
+ * (after x86_256.h, whose helpers they use; compiled under the including file's target).
  *
- * Each row's result is the float of its row kernel in x86_256.h (PI_Q5_0_BODY /
- * PI_Q8_0_BODY) bit for bit: the same exact int32 lanes per block, the same float product
- * d_w * d_x, the same FMA into one accumulator in block order and the same horizontal sum.
- * What changes is the work around them. The activation's part of a block is the same for
- * every row, so it is done once per call into a table on the stack: its F16 scale as a
- * float and, for Q5_0, the int16 pair sums of 16 * y that the row kernel subtracts (one
- * maddubs per block and row less). The weights PI_GEMV_PF bytes ahead are prefetched,
- * one line per block (a chunk's rows are one contiguous stream). One row per step: two
- * rows per step measured slower for these types (x86_gemv.h). */
+ * Each row's result is the float of its row kernel in x86_256.h (PI_Q4_0_BODY,
+ * PI_Q4_1_BODY, PI_Q5_0_BODY, PI_Q8_0_BODY) bit for bit: the same exact int32 lanes per
+ * block, the same float product d_w * d_x, the same FMA into one accumulator in block
+ * order (Q4_1: and the same m_w * s_x accumulator) and the same horizontal sum. What
+ * changes is the work around them. The activation's part of a block is the same for every
+ * row, so it is done once per call into a table on the stack: its F16 scales as floats
+ * and, for the offset types (Q4_0: 8, Q5_0: 16), the int16 pair sums of offset * y that the
+ * row kernel subtracts (one maddubs per block and row less). The weights PI_GEMV_PF bytes
+ * ahead are prefetched, one line per block (a chunk's rows are one contiguous stream).
+ * One row per step: two rows per step measured slower for these types (x86_gemv.h). */
 #ifndef PI_ISA_X86_GEMV32_H
 #define PI_ISA_X86_GEMV32_H
 
-/* activation blocks of the stack table (16384 columns: 18 KiB); longer rows convert
+/* activation blocks of the stack table (16384 columns: 24 KiB); longer rows convert
  * each block's activation part in the row loop instead (the same values) */
 #define PI_GEMV32_MAXB 512
 
-/* d_w * d_x broadcast, as the row kernel's lane 0 of load_halfs(w) * load_halfs(x): the
- * block's first 8 bytes converted (d and junk lanes; all within the block) */
-PI_GEMV_INLINE __m256 gemv32_d(const void *b, float xd) {
-    const __m128 h = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)b));
-    return _mm256_broadcastss_ps(_mm_mul_ss(h, _mm_set_ss(xd)));
+/* the weight kinds: a template parameter of the row loop below */
+enum { G32_Q4_0, G32_Q5_0, G32_Q8_0, G32_Q4_1 };
+#define G32_OFFSET(K) ((K) == G32_Q4_0 || (K) == G32_Q5_0) /* a kind whose row kernel subtracts offset * y */
+
+/* bytes of a block of kind K, and of its activation block (Q8_1 for Q4_1, else Q8_0) */
+#define G32_WB(K) ((K) == G32_Q4_0 ? 18 : (K) == G32_Q5_0 ? 22 : (K) == G32_Q8_0 ? 34 : 20)
+#define G32_XB(K) ((K) == G32_Q4_1 ? 36 : 34)
+
+/* an activation block's qs (after d, and s for Q8_1) */
+PI_GEMV_INLINE __m256i gemv32_y(const int K, const char *xb) {
+    return _mm256_loadu_si256((const __m256i *)(xb + (K == G32_Q4_1 ? 4 : 2)));
 }
 
-/* ---- Q5_0 ---------------------------------------------------------------------------- */
-
-/* one Q5_0 row against the Q8_0 row x; xd / y16 (the activation's block scales and
- * maddubs(16, y)) from the table, or, with xd NULL, from x itself */
-PI_GEMV_INLINE float q5_0_gemv_row(int64_t nb, const pi_block_q5_0 *w, const pi_block_q8_0 *x, const float *xd,
-                                   const __m256i *y16) {
-    const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi8(16);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        _mm_prefetch((const char *)(w + i) + PI_GEMV_PF, _MM_HINT_T0);
-        const __m256i y = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256i p16 = xd ? y16[i] : _mm256_maddubs_epi16(sixteen, y);
-        const float dx = xd ? xd[i] : _cvtsh_ss(x[i].d);
-        /* dot4_diff_256(q, 16, y): the int16 pair sums of q * y less those of 16 * y */
-        const __m256i d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q5_0_bytes(w + i), y), p16), ones);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), gemv32_d(w + i, dx), acc);
-    }
-    return hsum256(acc);
+/* the activation's part of a block: the row kernel's load_halfs(x) ([d_x, s_x, ...]), and
+ * for the offset types maddubs(offset, y) */
+PI_GEMV_INLINE void gemv32_act(const int K, const char *xb, __m128 *xh, __m256i *yo) {
+    *xh = load_halfs(xb);
+    if (G32_OFFSET(K))
+        *yo = _mm256_maddubs_epi16(_mm256_set1_epi8(K == G32_Q5_0 ? 16 : 8), gemv32_y(K, xb));
 }
 
-static void matvec_q5_0(int64_t n, int64_t n_rows, float *y, const void *vw, int64_t wrow, const void *vx) {
-    const pi_block_q8_0 *x = vx;
-    const int64_t nb = n / PI_QK;
-    const char *w = vw;
-    if (nb > PI_GEMV32_MAXB) {
-        for (int64_t r = 0; r < n_rows; r++)
-            y[r] = q5_0_gemv_row(nb, (const pi_block_q5_0 *)(w + r * wrow), x, NULL, NULL);
-        return;
-    }
-    float xd[PI_GEMV32_MAXB];
-    __m256i y16[PI_GEMV32_MAXB];
-    for (int64_t i = 0; i < nb; i++) {
-        xd[i] = _cvtsh_ss(x[i].d);
-        y16[i] = _mm256_maddubs_epi16(_mm256_set1_epi8(16), _mm256_loadu_si256((const __m256i *)x[i].qs));
-    }
-    for (int64_t r = 0; r < n_rows; r++) y[r] = q5_0_gemv_row(nb, (const pi_block_q5_0 *)(w + r * wrow), x, xd, y16);
-}
-
-/* ---- Q8_0 ---------------------------------------------------------------------------- */
-
-/* one Q8_0 row against the Q8_0 row x (s8 x s8 as |w| x (y with the sign of w), as the
- * row kernel); xd from the table, or, NULL, from x. (Two rows per step, two FMA chains,
- * measured slower again: 11 against 14-16 GB/s on the 0.5B's output matrix.) */
-PI_GEMV_INLINE float q8_0_gemv_row(int64_t nb, const pi_block_q8_0 *w, const pi_block_q8_0 *x, const float *xd) {
+/* one row of kind K against the activation row x; its block parts from the table (xh, yo),
+ * or, with xh NULL, from x itself */
+PI_GEMV_INLINE float gemv32_row(const int K, int64_t nb, const char *w, const char *x, const __m128 *xh,
+                                const __m256i *yo) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps(); /* Q4_1: lane 1 is fma(m_w, s_x, .) over the blocks */
     for (int64_t i = 0; i < nb; i++) {
-        _mm_prefetch((const char *)(w + i) + PI_GEMV_PF, _MM_HINT_T0);
-        const __m256i q = _mm256_loadu_si256((const __m256i *)w[i].qs);
-        const __m256i s = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x[i].qs), q);
-        const __m256i d4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), s), ones);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), gemv32_d(w + i, xd ? xd[i] : _cvtsh_ss(x[i].d)), acc);
+        const char *b = w + i * G32_WB(K), *xb = x + i * G32_XB(K);
+        _mm_prefetch(b + PI_GEMV_PF, _MM_HINT_T0);
+        const __m256i y = gemv32_y(K, xb);
+        __m128 hx;
+        __m256i po = _mm256_setzero_si256();
+        if (xh != NULL) {
+            hx = xh[i];
+            if (G32_OFFSET(K)) po = yo[i];
+        } else {
+            gemv32_act(K, xb, &hx, &po);
+        }
+        __m256i d4;
+        if (K == G32_Q8_0) { /* s8 x s8 as |w| x (y with the sign of w), as the row kernel */
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+            d4 = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
+        } else if (K == G32_Q4_1) {
+            d4 = _mm256_maddubs_epi16(unpack_nibbles((const uint8_t *)b + 4), y);
+        } else { /* dot4_diff_256(q, offset, y): the int16 pair sums of q * y less those of offset * y */
+            const __m256i q = K == G32_Q5_0 ? q5_0_bytes((const pi_block_q5_0 *)b) : unpack_nibbles((const uint8_t *)b + 2);
+            d4 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), po);
+        }
+        d4 = _mm256_madd_epi16(d4, ones);
+        /* d_w * d_x broadcast, as the row kernel's lane 0 of load_halfs(w) * load_halfs(x) */
+        const __m128 hw = K == G32_Q4_1 ? load_halfs(b) : _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)b));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), _mm256_broadcastss_ps(_mm_mul_ss(hw, hx)), acc);
+        if (K == G32_Q4_1) accm = _mm_fmadd_ps(hw, hx, accm);
     }
-    return hsum256(acc);
+    const float sum = hsum256(acc);
+    return K == G32_Q4_1 ? sum + _mm_cvtss_f32(_mm_movehdup_ps(accm)) : sum;
 }
 
-static void matvec_q8_0(int64_t n, int64_t n_rows, float *y, const void *vw, int64_t wrow, const void *vx) {
-    const pi_block_q8_0 *x = vx;
+PI_GEMV_INLINE void gemv32(const int K, int64_t n, int64_t n_rows, float *y, const void *vw, int64_t wrow,
+                           const void *vx) {
     const int64_t nb = n / PI_QK;
-    const char *w = vw;
+    const char *w = vw, *x = vx;
     if (nb > PI_GEMV32_MAXB) {
-        for (int64_t r = 0; r < n_rows; r++) y[r] = q8_0_gemv_row(nb, (const pi_block_q8_0 *)(w + r * wrow), x, NULL);
+        for (int64_t r = 0; r < n_rows; r++) y[r] = gemv32_row(K, nb, w + r * wrow, x, NULL, NULL);
         return;
     }
-    float xd[PI_GEMV32_MAXB];
-    for (int64_t i = 0; i < nb; i++) xd[i] = _cvtsh_ss(x[i].d);
-    for (int64_t r = 0; r < n_rows; r++) y[r] = q8_0_gemv_row(nb, (const pi_block_q8_0 *)(w + r * wrow), x, xd);
+    __m128 xh[PI_GEMV32_MAXB];
+    __m256i yo[G32_OFFSET(K) ? PI_GEMV32_MAXB : 1];
+    for (int64_t i = 0; i < nb; i++) gemv32_act(K, x + i * G32_XB(K), xh + i, yo + (G32_OFFSET(K) ? i : 0));
+    for (int64_t r = 0; r < n_rows; r++) y[r] = gemv32_row(K, nb, w + r * wrow, x, xh, yo);
 }
+
+#define PI_DEFINE_GEMV32(NAME, K)                                                                   \
+    static void NAME(int64_t n, int64_t n_rows, float *y, const void *vw, int64_t wrow, const void *vx) { \
+        gemv32(K, n, n_rows, y, vw, wrow, vx);                                                      \
+    }
+PI_DEFINE_GEMV32(matvec_q4_0, G32_Q4_0)
+PI_DEFINE_GEMV32(matvec_q4_1, G32_Q4_1)
+PI_DEFINE_GEMV32(matvec_q5_0, G32_Q5_0)
+PI_DEFINE_GEMV32(matvec_q8_0, G32_Q8_0)
 
 #endif /* PI_ISA_X86_GEMV32_H */
