@@ -304,6 +304,10 @@ float pi_act1(int32_t act, float x);
 /* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's
  * forward pass; see act.c); u NULL: h[i] = gelu(g[i]) */
 void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n);
+/* The FFN's h = act(g) * u (u NULL: ungated) wherever it is computed (dense, sparse rows, a
+ * device split's hot rows), so every path rounds it alike: GELU by pi_gelu16_mul (llama.cpp's
+ * CPU forward pass), the others by pi_act_mul */
+void pi_ffn_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n);
 
 /* The KV cache has a multiple of PI_KV_PAD cells, so V dot products can run over whole
  * blocks (unused cells are zero or stale but finite, and get zero weight). */

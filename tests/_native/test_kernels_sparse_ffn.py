@@ -23,6 +23,8 @@ from gguf import quants
 from powerinfer_backend import _native
 from powerinfer_backend._native import ffi, lib
 
+from tests.fixtures.tiny_archs import gelu16
+
 TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q8_1": 9, "BF16": 30}
 GATE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
 DOWN_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
@@ -133,8 +135,8 @@ def h_ref(act, g, u) -> np.ndarray:
     g, u = g.astype(np.float64), u.astype(np.float64)
     if act == SWIGLU:
         return g / (1 + np.exp(-g)) * u
-    if act == GEGLU:
-        return 0.5 * g * (1 + np.tanh(0.7978845608028654 * g * (1 + 0.044715 * g * g))) * u
+    if act == GEGLU:  # GELU at half precision, as the dense FFN (pi_ffn_act_mul)
+        return gelu16(g) * u
     if act == RELU:
         return np.maximum(g, 0) * u
     return np.maximum(g, 0) * np.maximum(u, 0)
@@ -541,13 +543,13 @@ def test_ungated_threshold_and_errors(pool):
 
 @pytest.mark.parametrize("dtype", ["F32", "F16"])
 def test_ungated_gelu(isa, pool, dtype):
-    """Falcon's form h = gelu_tanh(up x + b): all neurons at threshold 0, and a threshold."""
+    """Falcon's form h = gelu16(up x + b): all neurons at threshold 0, and a threshold."""
     f = FFN("Q8_0", dtype, 128, 96, seed=15)
     rng = np.random.default_rng(16)
     x = rand_x(rng, 2, 128)
     bias = (0.3 * rng.standard_normal(96)).astype(np.float32)
     pre = (matmul(pool, "Q8_0", f.up, 96, 128, x) + bias).astype(np.float64)
-    h = 0.5 * pre * (1 + np.tanh(0.7978845608028654 * pre * (1 + 0.044715 * pre * pre)))
+    h = gelu16(pre)  # at half precision, as the dense FFN
     y, n_used = sparse_ungated(pool, f, x, bias, act=lib.PI_FFN_GELU_UP)
     assert_down_close(y, h, f.down_f)
     np.testing.assert_array_equal(n_used, np.count_nonzero(h, axis=1))

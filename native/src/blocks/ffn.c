@@ -14,10 +14,7 @@ static void act_task(void *varg, int ith, int nth) {
     const act_job *j = varg;
     int64_t lo, hi;
     pi_split(j->n, ith, nth, &lo, &hi);
-    if (j->act == PI_ACT_GELU) /* half-precision GELU, as llama.cpp's forward pass */
-        pi_gelu16_mul(j->g + lo, j->u ? j->u + lo : NULL, j->h + lo, hi - lo);
-    else
-        pi_act_mul(j->act, j->g + lo, j->u ? j->u + lo : NULL, j->h + lo, hi - lo);
+    pi_ffn_act_mul(j->act, j->g + lo, j->u ? j->u + lo : NULL, j->h + lo, hi - lo);
 }
 
 /* h = act(g) * u over n_tok rows (ungated: h = act(g)), into c->u so that c->g keeps the

@@ -52,6 +52,13 @@ void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n) {
     }
 }
 
+void pi_ffn_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n) {
+    if (act == PI_ACT_GELU)
+        pi_gelu16_mul(g, u, h, n);
+    else
+        pi_act_mul(act, g, u, h, n);
+}
+
 int pi_op_act(int32_t act, const float *x, float *y, int64_t n) {
     if (x == NULL || y == NULL) return pi_set_error(PI_ERR_INVALID, "pi_op_act: NULL argument");
     if (act != PI_ACT_SILU && act != PI_ACT_GELU && act != PI_ACT_RELU)

@@ -154,7 +154,10 @@ static void h_task(void *varg, int ith, int nth) {
         dot(s->n_embd, &g, gd + j * wrow, xt);
         if (ungated) { /* h = act(up x + b); "gate" thresholding is then the product's */
             if (a->up_bias != NULL) g += a->up_bias[j];
-            h = a->act == PI_FFN_RELU_UP ? (g > 0.0f ? g : 0.0f) : pi_act1(PI_ACT_GELU, g);
+            if (a->act == PI_FFN_RELU_UP)
+                h = g > 0.0f ? g : 0.0f;
+            else
+                pi_ffn_act_mul(PI_ACT_GELU, &g, NULL, &h, 1);
             s->h[k] = a->on_gate && fabsf(h) < a->threshold ? 0.0f : h;
             continue;
         }
@@ -168,12 +171,9 @@ static void h_task(void *varg, int ith, int nth) {
         }
         switch (a->act) {
         case PI_FFN_SWIGLU:
+        case PI_FFN_GEGLU: /* h as the dense FFN's (pi_ffn_act_mul) */
             dot(s->n_embd, &u, ud + j * wrow, xt);
-            h = pi_act1(PI_ACT_SILU, g) * u;
-            break;
-        case PI_FFN_GEGLU:
-            dot(s->n_embd, &u, ud + j * wrow, xt);
-            h = pi_act1(PI_ACT_GELU, g) * u;
+            pi_ffn_act_mul(a->act == PI_FFN_SWIGLU ? PI_ACT_SILU : PI_ACT_GELU, &g, &u, &h, 1);
             break;
         case PI_FFN_RELU:
             h = 0.0f;

@@ -279,7 +279,7 @@ static int gg_ffn_finish(pi_dev *dv, pi_context *c, int l, int64_t n_tok, float 
     if (rc == PI_OK && h_only) /* the hot neurons' h (the host's activation, as the cold half's) into */
         for (int64_t t = 0; t < n_tok; t++) { /* the dense down's input, where the cold half left them 0 */
             float *h = p->y_dev + t * n_hot; /* in place over the gate products */
-            pi_act_mul(c->m->hp.act, h, p->y_dev + (c->cp.n_batch + t) * n_hot, h, n_hot);
+            pi_ffn_act_mul(c->m->hp.act, h, p->y_dev + (c->cp.n_batch + t) * n_hot, h, n_hot);
             for (int64_t r = 0; r < n_hot; r++) c->ffn_hd[t * F + p->hot[l][r]] = h[r];
         }
     if (rc == PI_OK && n_used != NULL) /* the device sums its hot rows densely */
