@@ -216,8 +216,7 @@ def offload(
     check_device_options(placement, device_threads, device_bandwidth)
     P.parse_vram_budget(vram_budget)  # validated before anything opens
     choice = resolve_device(device)
-    gguf = ctx.model.gguf
-    sizes = P.ModelSizes.from_gguf(gguf)
+    sizes = P.ModelSizes.of_context(ctx)
     if choice.ggml_name is None:
         return _cpu_only(choice, vram_budget, n_gpu_layers, sizes, ctx)
     dev = open_device(choice, device_threads)
@@ -299,6 +298,7 @@ def _place(
             n_ctx=ctx.n_ctx,
             n_batch=ctx.n_batch,
             model=gguf,
+            sizes=sizes,
             reset_gpu_index=reset_gpu_index,
             disable_gpu_index=disable_gpu_index,
             sizer=sizer,

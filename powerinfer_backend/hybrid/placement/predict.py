@@ -6,8 +6,8 @@ it reads divided by the bandwidth of the memory they are read from. The model he
 
 * **ours** (:func:`predict_ours`, any :class:`Plan`; :func:`layer_time` per layer): per layer,
   serially, the attention block — its weights (every slot but ffn_gate/up/down) and the
-  KV cache of ``n_past`` positions (K and V, F16) — from the device when the plan put it
-  there, else from the host; then the split FFN, whose two halves run at once:
+  KV cache of ``n_past`` positions (K and V, ``ModelSizes.kv_type``) — from the device when
+  the plan put it there, else from the host; then the split FFN, whose two halves run at once:
   ``max(device FFN bytes / device bandwidth, host FFN bytes / host bandwidth)``. The
   device reads its hot neurons' rows (gate row, up row, a Q8_0 down row for a quantized
   file, F16 for an unquantized one); the host reads
@@ -51,7 +51,6 @@ from .planners import _check_freq, _check_int
 from .sizes import (
     _FFN_ROW_SLOTS,
     ACT_BYTES,
-    KV_ELEM_BYTES,
     ModelSizes,
     down_cols,
     kv_bytes_per_layer,
@@ -227,7 +226,7 @@ def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False, split: bool = 
 
 
 def _kv_read(s: ModelSizes, n_past: int) -> int:
-    return 2 * n_past * s.n_embd_kv * KV_ELEM_BYTES
+    return 2 * n_past * row_bytes(s.kv_type, s.n_embd_kv)
 
 
 def _rows_read(rows: tuple, n: int, fsum: float, how: tuple[str, str, str]) -> float:
@@ -421,10 +420,10 @@ def _gguf_layer_bytes(s: ModelSizes, i: int) -> int:
 
 def llama_cpp_offload(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int) -> tuple[int, bool]:
     """(n_gpu_layers, output_on_device) of llama.cpp's layer split at ``vram_budget`` bytes:
-    the last layers whole as stored in the GGUF, each with its F16 KV cache of n_ctx
-    positions (n_ctx rounded up to 64, as ours), while they fit in the budget minus our
-    plan's scratch for (n_ctx, n_batch); the output block (output_norm + output matrix +
-    n_batch logits) when every layer fits too. No alignment padding: an estimate of
+    the last layers whole as stored in the GGUF, each with its KV cache of n_ctx
+    positions in ``sizes.kv_type``, the type ours holds (n_ctx rounded up to 64, as ours),
+    while they fit in the budget minus our plan's scratch for (n_ctx, n_batch); the output
+    block (output_norm + output matrix + n_batch logits) when every layer fits too. No alignment padding: an estimate of
     llama.cpp's own accounting, which reserves its compute buffer as we reserve scratch."""
     left = int(vram_budget) - scratch_bytes(sizes, n_ctx, n_batch)
     n = 0

@@ -15,7 +15,8 @@ The device memory layout counted here is the one the ggml device allocates
   neuron hot, a whole layer, ffn_down [n_ff, n_embd] in its GGUF type); with the output block,
   output_norm and the output matrix (tok_embd when tied);
 * ``kv``: per layer with its attention block on the device, K and V caches of
-  [n_embd_kv, n_cells] F16 (n_cells = n_ctx rounded up to :data:`KV_PAD`; with
+  [n_embd_kv, n_cells] in the context's KV type (``ModelSizes.kv_type``: F16 by default, F32
+  for a context made with ``kv_f16=False``; n_cells = n_ctx rounded up to :data:`KV_PAD`; with
   ``n_seq_max`` > 1 sequences, n_seq_max slots of n_ctx // n_seq_max cells each rounded up,
   :func:`kv_cells`, as the sizer of a context says);
 * ``compute``: the context's compute buffer (graph scratch) on that device.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Protocol
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -79,13 +80,13 @@ _F32 = int(_T.F32)
 _F16 = int(_T.F16)
 _Q8_0 = int(_T.Q8_0)
 _UNQUANTIZED = {_F32, _F16, int(_T.BF16)}
-#: the KV cache's element type (the context's default kv type)
+#: the KV cache's element type of a context by default (``ModelSizes.kv_type``)
 KV_TYPE = _F16
 #: ggml's CPU buffer type alignment (TENSOR_ALIGNMENT; ggml_backend_buft_get_alignment of
 #: ggml_backend_cpu_buffer_type() on llama-cpp-python 0.3.36 / ggml 0.25.3)
 CPU_ALIGN = 32
-#: Bytes per KV cache element (F16) and per F32 activation element: kept for callers
-#: that estimate traffic (hybrid/placement/predict.py); the plan counts through a sizer.
+#: Bytes per KV cache element of the default type (F16) and per F32 activation element
+#: (the plan counts the KV through a sizer, in ``ModelSizes.kv_type``).
 KV_ELEM_BYTES = 2
 ACT_BYTES = 4
 #: Per-layer slots placed neuron by neuron (hot rows), not as part of the dense block.
@@ -212,6 +213,8 @@ class ModelSizes:
         cpu_down_t_type: the down_t type of the CPU-only engine's sparse modes
             (``down_t_dtype(model)``: Q8_0 for quantized files), which a layer with no
             neuron on the device keeps under a placement.
+        kv_type: the ggml type of the context's KV cache (:data:`KV_TYPE`, F16; F32 for a
+            context made with ``kv_f16=False``: :meth:`of_context`).
     """
 
     n_layer: int
@@ -226,6 +229,7 @@ class ModelSizes:
     output: TensorSize
     down_t_type: str = ""
     cpu_down_t_type: str = "f16"
+    kv_type: int = KV_TYPE
 
     def __post_init__(self) -> None:
         if not self.down_t_type:  # the split's host rows are the CPU-only engine's
@@ -273,6 +277,12 @@ class ModelSizes:
             cpu_down_t_type=down_t_dtype(model),
         )
 
+    @classmethod
+    def of_context(cls, ctx) -> "ModelSizes":
+        """Sizes of the model of ``ctx`` (a :class:`powerinfer_backend.engine.native.NativeContext`)
+        as that context holds it: its KV type."""
+        return replace(cls.from_gguf(ctx.model.gguf), kv_type=int(ctx.kv_type))
+
 
 def _n_cells(n_ctx: int) -> int:
     return -(-int(n_ctx) // KV_PAD) * KV_PAD
@@ -301,10 +311,10 @@ def _sizer_cells(n_ctx: int, sizer) -> int:
 
 
 def kv_bytes_per_layer(s: ModelSizes, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
-    """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] F16 (n_cells:
-    :func:`kv_cells`, of one sequence unless ``sizer`` has a ``kv_cells(n_ctx)`` of its
-    own), each aligned."""
-    return 2 * align_up(sizer.tensor_bytes(KV_TYPE, s.n_embd_kv, _sizer_cells(n_ctx, sizer)), sizer.alignment)
+    """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] in ``s.kv_type``
+    (n_cells: :func:`kv_cells`, of one sequence unless ``sizer`` has a ``kv_cells(n_ctx)`` of
+    its own), each aligned."""
+    return 2 * align_up(sizer.tensor_bytes(s.kv_type, s.n_embd_kv, _sizer_cells(n_ctx, sizer)), sizer.alignment)
 
 
 def dense_weight_bytes(s: ModelSizes, i: int, sizer: Sizer = CPU_BUFT) -> int:
