@@ -114,10 +114,10 @@ def plan_for_model(
     The stored plan (``out`` or :func:`plan_path`) is reused when its recorded inputs
     equal this call's: plan format, model SHA-256, budget, n_ctx, n_batch,
     disable_gpu_index, the frequency source (the sidecar's SHA-256, or "uniform"),
-    the device (the sizer's name, alignment and compute bytes), the group constant and the
-    KV type, and with ``placement="auto"`` the bandwidths and mode. Otherwise it
-    is computed with :func:`plan_placement` (or :func:`~.auto.plan_auto`) and written
-    atomically with provenance.
+    the device (the sizer's name, alignment and compute bytes), the group constant, the
+    KV type and the layers whose down the host sums (``ModelSizes.host_down_from``), and
+    with ``placement="auto"`` the bandwidths and mode. Otherwise it is computed with
+    :func:`plan_placement` (or :func:`~.auto.plan_auto`) and written atomically with provenance.
 
     Args:
         vram_budget: bytes (int >= 0; see :func:`resolve_budget` for user input).
@@ -177,6 +177,7 @@ def plan_for_model(
         "compute_bytes": compute_bytes(sizes, n_ctx, n_batch, sizer),
         "group": NEURON_GROUP,
         "kv_type": sizes.kv_type,
+        "host_down_from": list(sizes.host_down_from),
     }
     cells = _sizer_cells(n_ctx, sizer)
     if cells != _n_cells(n_ctx):  # parallel sequences: their slots' KV cells (n_seq_max)

@@ -12,7 +12,8 @@ The device memory layout counted here is the one the ggml device allocates
   n_hot > 0, the hot gate rows [n_embd, n_hot] and up rows [n_embd, n_hot] in their
   GGUF types and the hot down columns (:func:`down_cols`: Q8_0 [n_hot rounded up to 32,
   n_embd] for a quantized ffn_down, F16 [n_hot, n_embd] for an unquantized one; with every
-  neuron hot, a whole layer, ffn_down [n_ff, n_embd] in its GGUF type); with the output block,
+  neuron hot, a whole layer, ffn_down [n_ff, n_embd] in its GGUF type; none for a layer whose
+  whole down product the host sums, :meth:`ModelSizes.host_down`); with the output block,
   output_norm and the output matrix (tok_embd when tied);
 * ``kv``: per layer with its attention block on the device, K and V caches of
   [n_embd_kv, n_cells] in the context's KV type (``ModelSizes.kv_type``: F16 by default, F32
@@ -215,6 +216,13 @@ class ModelSizes:
             neuron on the device keeps under a placement.
         kv_type: the ggml type of the context's KV cache (:data:`KV_TYPE`, F16; F32 for a
             context made with ``kv_f16=False``: :meth:`of_context`).
+        host_down_from: per layer, the fewest cold neurons at which a layer with neurons on
+            the device sums its whole down product on the host, over the GGUF ffn_down, the
+            device giving only its hot neurons' gate and up products (:meth:`host_down`). By
+            default (a layer the engine runs dense) where the cold neurons' down_t rows
+            (``down_t_type``) would read more bytes than ffn_down: ffn_down bytes // down_t
+            row + 1. :meth:`of_context`: 0 for a layer a sparse mode set to a dense down
+            (``set_ffn_down_dense``), n_ff + 1 (never) for another sparse layer.
     """
 
     n_layer: int
@@ -230,10 +238,32 @@ class ModelSizes:
     down_t_type: str = ""
     cpu_down_t_type: str = "f16"
     kv_type: int = KV_TYPE
+    host_down_from: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.down_t_type:  # the split's host rows are the CPU-only engine's
             object.__setattr__(self, "down_t_type", self.cpu_down_t_type)
+        if not self.host_down_from:
+            object.__setattr__(self, "host_down_from", tuple(self.dense_host_down_from(i) for i in range(self.n_layer)))
+        if len(self.host_down_from) != self.n_layer:
+            raise ValueError(f"host_down_from has {len(self.host_down_from)} layers, the model {self.n_layer}")
+
+    def dense_host_down_from(self, i: int) -> int:
+        """Layer ``i``'s :attr:`host_down_from` where the engine runs it dense: the fewest cold
+        neurons whose down_t rows read more bytes than the GGUF ffn_down."""
+        from ...engine.down_cache import down_t_row_bytes
+
+        return self.layers[i]["ffn_down"].nbytes // down_t_row_bytes(self.down_t_type, self.n_embd) + 1
+
+    def sparse_ffn(self) -> "ModelSizes":
+        """These sizes with every layer's FFN sparse over its down_t, as a sparse mode (relu,
+        threshold, predictor) runs them: no split layer's down summed on the host."""
+        return replace(self, host_down_from=(self.n_ff + 1,) * self.n_layer)
+
+    def host_down(self, i: int, n_hot: int) -> bool:
+        """Whether layer ``i`` with ``n_hot`` neurons on the device sums its whole down product
+        on the host (its device holds no down columns; :attr:`host_down_from`)."""
+        return 0 < n_hot and self.n_ff - n_hot >= self.host_down_from[i]
 
     @property
     def n_embd_kv(self) -> int:
@@ -280,8 +310,15 @@ class ModelSizes:
     @classmethod
     def of_context(cls, ctx) -> "ModelSizes":
         """Sizes of the model of ``ctx`` (a :class:`powerinfer_backend.engine.native.NativeContext`)
-        as that context holds it: its KV type."""
-        return replace(cls.from_gguf(ctx.model.gguf), kv_type=int(ctx.kv_type))
+        as that context holds it: its KV type, and which layers' down the host sums once split
+        (:attr:`host_down_from`, from the FFN modes set on ``ctx``)."""
+        s = cls.from_gguf(ctx.model.gguf)
+        dense = set(ctx.ffn_down_dense_layers())
+        never = s.n_ff + 1
+        host_down_from = tuple(
+            0 if i in dense else never if ctx.has_ffn_sparsity(i) else s.host_down_from[i] for i in range(s.n_layer)
+        )
+        return replace(s, kv_type=int(ctx.kv_type), host_down_from=host_down_from)
 
 
 def _n_cells(n_ctx: int) -> int:
@@ -362,17 +399,19 @@ def hot_bytes(s: ModelSizes, i: int, n_hot: int, sizer: Sizer = CPU_BUFT) -> int
     """Device bytes of layer ``i``'s ``n_hot`` hot neurons: gate rows [n_embd, n_hot] and up
     rows [n_embd, n_hot] in their stored types, down columns (:func:`down_cols`), each
     aligned (0 for 0 neurons); all n_ff (a whole layer's FFN): the three tensors as stored
-    (ffn_down needs no column gather, so it keeps its GGUF type, as llama.cpp's split)."""
+    (ffn_down needs no column gather, so it keeps its GGUF type, as llama.cpp's split). No
+    down where the host sums the layer's down (:meth:`ModelSizes.host_down`)."""
     if n_hot <= 0:
         return 0
     L, a = s.layers[i], sizer.alignment
+    slots = _FFN_ROW_SLOTS[:2] if s.host_down(i, n_hot) else _FFN_ROW_SLOTS
     if n_hot >= s.n_ff:
-        return sum(tensor_device_bytes(L[slot], sizer) for slot in _FFN_ROW_SLOTS if slot in L)
-    rows = [L[slot].type for slot in ("ffn_gate", "ffn_up") if slot in L]
+        return sum(tensor_device_bytes(L[slot], sizer) for slot in slots if slot in L)
+    rows = sum(align_up(sizer.tensor_bytes(L[slot].type, s.n_embd, n_hot), a) for slot in slots[:2] if slot in L)
+    if len(slots) < 3:
+        return rows
     dt, ne0 = down_cols(s, i, n_hot)
-    return sum(align_up(sizer.tensor_bytes(t, s.n_embd, n_hot), a) for t in rows) + align_up(
-        sizer.tensor_bytes(dt, ne0, s.n_embd), a
-    )
+    return rows + align_up(sizer.tensor_bytes(dt, ne0, s.n_embd), a)
 
 
 def layer_bytes(s: ModelSizes, i: int, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
