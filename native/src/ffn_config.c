@@ -73,6 +73,10 @@ int pi_context_set_ffn_down_dense(pi_context *c, int32_t layer, int32_t on) {
     const pi_model_params *hp = &c->m->hp;
     if (layer < 0 || layer >= hp->n_layer)
         return pi_set_error(PI_ERR_INVALID, "layer %d is outside [0, %d)", layer, hp->n_layer);
+    const int was = c->ffn_dense_down != NULL && c->ffn_dense_down[layer];
+    if (c->dev != NULL && was != (on != 0)) /* a placement uploaded the layer's down columns, or none */
+        return pi_set_error(PI_ERR_INVALID, "blk.%d: the dense down is fixed once the context is placed on a device "
+                            "(set it before placing)", layer);
     if (c->ffn_dense_down == NULL) {
         if (!on) return PI_OK;
         c->ffn_dense_down = calloc((size_t)hp->n_layer, 1);

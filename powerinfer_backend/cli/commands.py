@@ -277,20 +277,20 @@ def cmd_plan(args) -> int:
     g = load_gguf(model, verbose=False)
     try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
         with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
+            if placement == "auto" or args.predict:  # the cost model's inputs: the plan counts with their sizes
+                from .predict import model_inputs
+
+                inputs = model_inputs(model, args)
+            sizes = inputs["sizes"] if inputs else ModelSizes.from_gguf(g)
             if placement == "layers":
                 from ..loader.artifacts import atomic_write_json
 
-                plan = plan_layer_split(
-                    ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer
-                )
+                plan = plan_layer_split(sizes, budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer)
                 plan.path = out
                 atomic_write_json(plan.path, plan.to_json())
             else:
                 auto: dict = {}
-                if placement == "auto":
-                    from .predict import model_inputs
-
-                    inputs = model_inputs(model, args)
+                if placement == "auto" and inputs:
                     auto = dict(
                         placement="auto",
                         device_gbps=args.device_bandwidth,
@@ -303,6 +303,7 @@ def cmd_plan(args) -> int:
                     n_ctx=args.ctx,
                     n_batch=args.batch,
                     model=g,
+                    sizes=sizes,
                     sparsity_sidecar=args.sidecar or "auto",
                     reset_gpu_index=args.reset_gpu_index,
                     disable_gpu_index=args.disable_gpu_index,
@@ -311,7 +312,7 @@ def cmd_plan(args) -> int:
                     **auto,
                 )
             empty = (
-                why_nothing_placed(ModelSizes.from_gguf(g), budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer)
+                why_nothing_placed(sizes, budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer)
                 if plan.device_bytes == 0 and not args.disable_gpu_index
                 else ""
             )

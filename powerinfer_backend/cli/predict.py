@@ -22,7 +22,8 @@ def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
     """What the cost model needs of the model at ``model_path`` under ``plan``'s options
     (``args``: host_bandwidth or None = measured now over ``threads``, mode ("auto" or one
     of predict.MODES), sidecar): {"sizes", "freq", "source", "mode", "predictor_bytes",
-    "host_gbps", "host_measured"}. Raises ValueError for a bad mode or frequencies."""
+    "host_gbps", "host_measured"}; "sizes" with every FFN sparse (``ModelSizes.sparse_ffn``) in
+    a sparse mode. Raises ValueError for a bad mode or frequencies."""
     from ..hybrid.placement import ModelSizes, neuron_frequencies
     from ..hybrid.placement import predict as pr
     from ..loader import load_gguf
@@ -44,6 +45,8 @@ def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
         if args.mode != "auto"
         else pr.default_mode(act, has_sidecar=prof is not None, has_predictors=_predictor_bytes(prof) > 0)
     )
+    if mode != "dense":  # the engine's sparse layers keep their down_t once split
+        sizes = sizes.sparse_ffn()
     measured = args.host_bandwidth is None
     host = pr.measure_host_bandwidth(n_threads=max(1, args.threads)) if measured else args.host_bandwidth
     return {

@@ -162,6 +162,8 @@ class NativeContext:
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
         self._ptr = out[0]
         self.n_seq_max = int(n_seq_max)
+        #: the ggml type of the KV cache (F16 = 1, F32 = 0)
+        self.kv_type = int(lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32)
         #: positions each sequence holds: n_ctx // n_seq_max
         self.n_ctx_seq = int(lib.pi_n_ctx_seq(self._ptr))
         self._busy = threading.Lock()

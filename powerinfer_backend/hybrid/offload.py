@@ -125,21 +125,21 @@ def split_arithmetic(ctx, layers=None) -> None:
     (``down_t_dtype``: Q8_0 for a quantized file), so a split layer's host reads no more
     bytes than CPU-only for the same neurons (docs/placement.md). A layer a sparse mode
     configured keeps its down_t and threshold; a dense layer (no sparse mode) gets
-    threshold 0, and with ``layers`` given its cold rows' down runs over the GGUF
-    ffn_down (``set_ffn_down_dense``, hot neurons' h 0) where n_cold down_t rows would
-    read more (:func:`~powerinfer_backend.engine.down_cache.dense_down_cheaper`), which is
-    the CPU-only dense FFN's down for those neurons. A layer with no neuron on the device
-    keeps the CPU-only engine's FFN."""
-    from ..engine.down_cache import dense_down_cheaper, down_t_dtype, transposed_down
+    threshold 0, and with ``layers`` given its whole down runs over the GGUF ffn_down on the
+    host (``set_ffn_down_dense``, the device giving the hot neurons' h) where n_cold down_t
+    rows would read more (:meth:`~powerinfer_backend.hybrid.placement.ModelSizes.host_down`,
+    which the plan counts: the device then holds no down columns), which is the CPU-only dense
+    FFN's down. A layer with no neuron on the device keeps the CPU-only engine's FFN."""
+    from ..engine.down_cache import down_t_dtype, transposed_down
 
     gguf = ctx.model.gguf
-    dtype, n_ff = down_t_dtype(gguf), gguf.hparams.n_ff
+    dtype, sizes = down_t_dtype(gguf), P.ModelSizes.from_gguf(gguf)
     n_hot = {i: 0 for i in range(gguf.hparams.n_layer)} if layers is None else {L.layer: L.n_hot for L in layers}
     for i, hot in n_hot.items():
         if (layers is not None and hot == 0) or ctx.has_ffn_sparsity(i):
             continue
         ctx.set_ffn_sparsity(i, transposed_down(gguf, i, dtype=dtype), 0.0)
-        if layers is not None and dense_down_cheaper(gguf, i, dtype, (n_ff - hot) / n_ff):
+        if layers is not None and sizes.host_down(i, hot):
             ctx.set_ffn_down_dense(i, True)
 
 
@@ -216,8 +216,7 @@ def offload(
     check_device_options(placement, device_threads, device_bandwidth)
     P.parse_vram_budget(vram_budget)  # validated before anything opens
     choice = resolve_device(device)
-    gguf = ctx.model.gguf
-    sizes = P.ModelSizes.from_gguf(gguf)
+    sizes = P.ModelSizes.of_context(ctx)
     if choice.ggml_name is None:
         return _cpu_only(choice, vram_budget, n_gpu_layers, sizes, ctx)
     dev = open_device(choice, device_threads)
@@ -299,6 +298,7 @@ def _place(
             n_ctx=ctx.n_ctx,
             n_batch=ctx.n_batch,
             model=gguf,
+            sizes=sizes,
             reset_gpu_index=reset_gpu_index,
             disable_gpu_index=disable_gpu_index,
             sizer=sizer,

@@ -170,7 +170,9 @@ def test_split_host_reads_no_more_than_cpu_only(tmp_path, wtype):
     """A split layer's host bytes (its cold neurons) never exceed the same layer's CPU-only
     bytes in the same mode, for every number of hot neurons (the most frequent first) and
     frequency profile: the host rows are the CPU-only engine's, their down over ffn_down
-    where the cold rows would read more (modes dense and threshold, as CPU-only)."""
+    where the cold rows would read more (modes dense and threshold, as CPU-only; a dense
+    layer's whole down on the host where its cold down_t rows would read more; a sparse mode's
+    layers keep their down_t, ``sparse_ffn``)."""
     if wtype == "7b":  # LLaMA-2-7B's shapes, no file (bench/predict_paper.py)
         s = paper_sizes(*SHAPES["LLaMA(ReLU)-2-7B"], wtype=Q4_0)
     else:
@@ -187,7 +189,7 @@ def test_split_host_reads_no_more_than_cpu_only(tmp_path, wtype):
 
             def host(n_hot, freq=freq, mode=mode):
                 return pr.layer_time(
-                    b,
+                    b if mode == "dense" else pr.LayerBytes.of(s.sparse_ffn(), 0),
                     0,
                     n_ff=n_ff,
                     attn_on=False,

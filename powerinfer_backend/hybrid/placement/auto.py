@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .plan import LayerPlan, Plan
-from .planners import _check_freq, _check_int, plan_layer_split, plan_placement
+from .planners import _check_freq, _check_int, ffn_key, plan_layer_split, plan_placement
 from .predict import LayerBytes, _check_predict_args, layer_time, predict_layer_split, predict_ours
 from .sizes import (
     CPU_BUFT,
@@ -52,12 +52,11 @@ GRID = 64
 class _Layer:
     """One layer's choices: arrays ``b`` (device bytes), ``t`` (seconds), ``a`` (attention
     on the device), ``k`` (neurons there), CPU only first; :meth:`cost` of any (a, k).
-    ``memo``: hot bytes by (the layer's FFN tensors, k), shared by layers of equal shapes."""
+    ``memo``: hot bytes by (:func:`~.planners.ffn_key`, k), shared by layers of equal keys."""
 
     def __init__(self, sizes: ModelSizes, i: int, f_sorted: np.ndarray, n_ctx: int, sizer: Sizer, timer, memo: dict):
         self.sizes, self.i, self.sizer, self.timer, self.memo = sizes, i, sizer, timer, memo
-        key = tuple(sorted((k, v) for k, v in sizes.layers[i].items() if k.startswith("ffn_")))
-        self.key = memo.setdefault(key, len(memo))  # a small int: cheap to hash per (key, k)
+        self.key = memo.setdefault(ffn_key(sizes, i), len(memo))  # a small int: cheap to hash per (key, k)
         self.cum = np.concatenate([[0.0], np.cumsum(f_sorted)])
         self.attn = attn_block_bytes(sizes, i, n_ctx, sizer)
         nff = sizes.n_ff

@@ -23,7 +23,7 @@ from ...loader.artifacts import (
 )
 from .plan import FORMAT_VERSION, Plan
 from .planners import _check_int, plan_placement
-from .sizes import CPU_BUFT, KV_TYPE, NEURON_GROUP, ModelSizes, Sizer, _n_cells, _sizer_cells, compute_bytes
+from .sizes import CPU_BUFT, NEURON_GROUP, ModelSizes, Sizer, _n_cells, _sizer_cells, compute_bytes
 
 __all__ = ["PLAN_NAME", "plan_path", "load_plan", "neuron_frequencies", "plan_for_model"]
 
@@ -94,6 +94,7 @@ def plan_for_model(
     n_ctx: int,
     n_batch: int,
     model=None,
+    sizes: ModelSizes | None = None,
     neuron_freq: np.ndarray | None = None,
     freq_source: str | None = None,
     sparsity_sidecar: str | os.PathLike | None = "auto",
@@ -113,14 +114,16 @@ def plan_for_model(
     The stored plan (``out`` or :func:`plan_path`) is reused when its recorded inputs
     equal this call's: plan format, model SHA-256, budget, n_ctx, n_batch,
     disable_gpu_index, the frequency source (the sidecar's SHA-256, or "uniform"),
-    the device (the sizer's name, alignment and compute bytes) and the group and KV
-    type constants, and with ``placement="auto"`` the bandwidths and mode. Otherwise it
-    is computed with :func:`plan_placement` (or :func:`~.auto.plan_auto`) and written
-    atomically with provenance.
+    the device (the sizer's name, alignment and compute bytes), the group constant, the
+    KV type and the layers whose down the host sums (``ModelSizes.host_down_from``), and
+    with ``placement="auto"`` the bandwidths and mode. Otherwise it is computed with
+    :func:`plan_placement` (or :func:`~.auto.plan_auto`) and written atomically with provenance.
 
     Args:
         vram_budget: bytes (int >= 0; see :func:`resolve_budget` for user input).
         model: the loaded GGUFModel (loaded here when None).
+        sizes: the model's sizes as the context to be placed holds it
+            (:meth:`ModelSizes.of_context`: its KV type); None: :meth:`ModelSizes.from_gguf`.
         neuron_freq: frequencies to use instead of a sidecar's; then ``freq_source``
             names them in the cache key (default: a hash of the array).
         sparsity_sidecar: "auto" (the model's sidecar when present, else PowerInfer's
@@ -150,16 +153,17 @@ def plan_for_model(
             model_path, model=model, sparsity_sidecar=sparsity_sidecar, verbose=verbose
         )
     fp = model_fingerprint(model_path)
-    own = model is None
-    if own:
-        from ...loader import load_gguf
-
-        model = load_gguf(model_path, verbose=verbose)
-    try:
-        sizes = ModelSizes.from_gguf(model)
-    finally:
+    if sizes is None:
+        own = model is None
         if own:
-            model.close()
+            from ...loader import load_gguf
+
+            model = load_gguf(model_path, verbose=verbose)
+        try:
+            sizes = ModelSizes.from_gguf(model)
+        finally:
+            if own:
+                model.close()
     inputs = {
         "format_version": FORMAT_VERSION,
         "model_sha256": fp,
@@ -172,7 +176,8 @@ def plan_for_model(
         "align": int(sizer.alignment),
         "compute_bytes": compute_bytes(sizes, n_ctx, n_batch, sizer),
         "group": NEURON_GROUP,
-        "kv_type": KV_TYPE,
+        "kv_type": sizes.kv_type,
+        "host_down_from": list(sizes.host_down_from),
     }
     cells = _sizer_cells(n_ctx, sizer)
     if cells != _n_cells(n_ctx):  # parallel sequences: their slots' KV cells (n_seq_max)

@@ -43,6 +43,20 @@ def _check_freq(s: ModelSizes, neuron_freq: np.ndarray | None) -> np.ndarray:
     return f
 
 
+def ffn_key(s: ModelSizes, i: int) -> tuple:
+    """What layer ``i``'s :func:`~.sizes.hot_bytes` depend on besides the count: its FFN
+    tensors and where its down is summed (layers of equal keys share their counts)."""
+    return tuple(sorted((k, v) for k, v in s.layers[i].items() if k.startswith("ffn_"))) + (s.host_down_from[i],)
+
+
+def _run_bytes(s: ModelSizes, i: int, n: int) -> int:
+    """Bytes of layer ``i``'s first ``n`` hot neurons before alignment (the knapsack's
+    ranking): their gate and up rows, and their down columns unless the host sums the
+    layer's down (:meth:`ModelSizes.host_down`)."""
+    gate, up, down = neuron_bytes(s, i)
+    return n * (gate + up + (0 if s.host_down(i, n) else down))
+
+
 def plan_placement(
     sizes: ModelSizes,
     neuron_freq: np.ndarray | None,
@@ -98,23 +112,20 @@ def plan_placement(
         order = [np.lexsort((np.arange(nff), -freq[i])) for i in range(nl)]
         groups = []  # (-density, group rank, layer)
         starts = np.arange(0, nff, NEURON_GROUP)
-        counts = np.minimum(NEURON_GROUP, nff - starts)
         for i in range(nl):
-            per = sum(neuron_bytes(sizes, i))
-            # mean frequency per byte; non-increasing by rank (guards float rounding)
-            dens = np.minimum.accumulate(np.add.reduceat(freq[i][order[i]], starts) / (counts * per))
+            # mean frequency per byte a group adds: its neurons' rows, and where a layer's down
+            # moves from the host to the device, every hot neuron's down column before it
+            cost = np.diff([_run_bytes(sizes, i, int(n)) for n in np.append(starts, nff)])
+            # non-increasing by rank (guards float rounding; a group that brings the down ranks
+            # the rest of its layer as low)
+            dens = np.minimum.accumulate(np.add.reduceat(freq[i][order[i]], starts) / cost)
             groups += [(-float(d), g, i) for g, d in enumerate(dens)]
         groups.sort()
         memo: dict = {}
         kinds: dict = {}
-        ffn_keys = [
-            kinds.setdefault(
-                tuple(sorted((k, v) for k, v in sizes.layers[i].items() if k.startswith("ffn_"))), len(kinds)
-            )
-            for i in range(nl)
-        ]
+        ffn_keys = [kinds.setdefault(ffn_key(sizes, i), len(kinds)) for i in range(nl)]
 
-        def hb(i, n):  # hot_bytes; layers of equal FFN tensors share their counts
+        def hb(i, n):  # hot_bytes; layers of equal FFN tensors and host down share their counts
             key = (ffn_keys[i], n)
             if key not in memo:
                 memo[key] = hot_bytes(sizes, i, n, sizer)

@@ -6,8 +6,8 @@ it reads divided by the bandwidth of the memory they are read from. The model he
 
 * **ours** (:func:`predict_ours`, any :class:`Plan`; :func:`layer_time` per layer): per layer,
   serially, the attention block — its weights (every slot but ffn_gate/up/down) and the
-  KV cache of ``n_past`` positions (K and V, F16) — from the device when the plan put it
-  there, else from the host; then the split FFN, whose two halves run at once:
+  KV cache of ``n_past`` positions (K and V, ``ModelSizes.kv_type``) — from the device when
+  the plan put it there, else from the host; then the split FFN, whose two halves run at once:
   ``max(device FFN bytes / device bandwidth, host FFN bytes / host bandwidth)``. The
   device reads its hot neurons' rows (gate row, up row, a Q8_0 down row for a quantized
   file, F16 for an unquantized one); the host reads
@@ -25,7 +25,9 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   (``ModelSizes.down_t_type``), their down over the GGUF ffn_down where the cold rows would
   read more (mode "dense": all n_cold; "threshold": by frequency), so a split layer's host
   never reads more than CPU-only's; a layer with every neuron on the device reads its
-  FFN tensors as stored there (a whole layer, as llama.cpp's split).
+  FFN tensors as stored there (a whole layer, as llama.cpp's split). Where the host sums a
+  layer's whole down (``ModelSizes.host_down``) the device reads no down and the host reads
+  ffn_down as stored.
 * **llama.cpp's layer split** (:func:`predict_layer_split`): whole layers as stored in
   the GGUF (all tensors plus the KV cache) on the device from the last layer backwards
   while they fit in the budget minus the same scratch our plan reserves, the output block
@@ -51,7 +53,6 @@ from .planners import _check_freq, _check_int
 from .sizes import (
     _FFN_ROW_SLOTS,
     ACT_BYTES,
-    KV_ELEM_BYTES,
     ModelSizes,
     down_cols,
     kv_bytes_per_layer,
@@ -227,7 +228,12 @@ def ffn_row_bytes(s: ModelSizes, i: int, *, device: bool = False, split: bool = 
 
 
 def _kv_read(s: ModelSizes, n_past: int) -> int:
-    return 2 * n_past * s.n_embd_kv * KV_ELEM_BYTES
+    return 2 * n_past * row_bytes(s.kv_type, s.n_embd_kv)
+
+
+def _no_down(rows: tuple, host_down: bool) -> tuple:
+    """A neuron's (gate, up, down) rows, the down 0 where the host sums the layer's down."""
+    return rows[:2] + (0,) if host_down else rows
 
 
 def _rows_read(rows: tuple, n: int, fsum: float, how: tuple[str, str, str]) -> float:
@@ -251,6 +257,8 @@ class LayerBytes:
         whole_rows: a neuron's share of the layer's FFN tensors as stored (a whole layer).
         gguf_ffn: the FFN tensors as stored (the dense CPU path).
         gguf_down: ffn_down as stored (the CPU-only threshold mode's down where cheaper).
+        host_down_from: the fewest cold neurons at which a layer with neurons on the device
+            sums its whole down on the host over ffn_down (``ModelSizes.host_down_from``).
     """
 
     attn: int
@@ -261,6 +269,7 @@ class LayerBytes:
     gguf_ffn: int
     gguf_down: int
     down_block: int = 1
+    host_down_from: int = 1 << 62
 
     @classmethod
     def of(cls, s: ModelSizes, i: int, n_past: int = 0) -> "LayerBytes":
@@ -277,6 +286,7 @@ class LayerBytes:
             sum(L[k].nbytes for k in _FFN_ROW_SLOTS if k in L),
             L["ffn_down"].nbytes,
             down_cols(s, i, 1)[1],
+            s.host_down_from[i],
         )
 
 
@@ -301,24 +311,29 @@ def layer_time(
     (frequency sums ``hot_fsum`` / ``cold_fsum``); bd, bh in bytes/s. With no neuron on the
     device the layer's FFN is the CPU-only engine's (dense: the GGUF tensors; sparse: the
     CPU-only down_t; threshold: the GGUF ffn_down where the kept down_t rows read more,
-    ``set_ffn_down_dense``); with all of them, the whole FFN as stored on the device."""
+    ``set_ffn_down_dense``); with all of them, the whole FFN as stored on the device. Where
+    the host sums the layer's whole down (``n_ff - n_hot >= b.host_down_from``) the device
+    reads no down and the host reads ffn_down as stored."""
     how, dev_how = ROW_READS[mode], ROW_READS[mode if device_skips else "dense"]
     pred = predictor_bytes if mode == "predictor" else 0
+    host_down = 0 < n_hot and n_ff - n_hot >= b.host_down_from
     if n_hot == 0:
         dev = 0.0
         host = float(b.gguf_ffn) if mode == "dense" else _rows_read(b.cpu_rows, n_ff, cold_fsum, how) + pred
         if mode == "threshold":  # the engine's down over ffn_down where the kept rows read more
             host -= max(0.0, b.cpu_rows[2] * cold_fsum - b.gguf_down)
     elif n_hot >= n_ff:
-        dev, host = _rows_read(b.whole_rows, n_ff, hot_fsum, dev_how), 0.0
+        dev, host = _rows_read(_no_down(b.whole_rows, host_down), n_ff, hot_fsum, dev_how), 0.0
     else:
-        dev = _rows_read(b.device_rows, n_hot, hot_fsum, dev_how)
-        if not device_skips:  # the zero columns of the last down block, read with it
+        dev = _rows_read(_no_down(b.device_rows, host_down), n_hot, hot_fsum, dev_how)
+        if not device_skips and not host_down:  # the zero columns of the last down block, read with it
             dev += (-(-n_hot // b.down_block) * b.down_block - n_hot) * b.device_rows[2]
-        host = _rows_read(b.host_rows, n_ff - n_hot, cold_fsum, how) + pred
-        if mode in ("dense", "threshold"):  # the cold rows' down over ffn_down where their down_t rows read more
+        host = _rows_read(_no_down(b.host_rows, host_down), n_ff - n_hot, cold_fsum, how) + pred
+        if not host_down and mode in ("dense", "threshold"):  # the cold rows' down over ffn_down where cheaper
             kept = n_ff - n_hot if mode == "dense" else cold_fsum
             host -= max(0.0, b.host_rows[2] * kept - b.gguf_down)
+    if host_down:
+        host += b.gguf_down
     t_attn = b.attn / (bd if attn_on else bh)
     td, th = dev / bd, host / bh
     # a layer with work on both sides pays one round trip of its activations
@@ -421,10 +436,10 @@ def _gguf_layer_bytes(s: ModelSizes, i: int) -> int:
 
 def llama_cpp_offload(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int) -> tuple[int, bool]:
     """(n_gpu_layers, output_on_device) of llama.cpp's layer split at ``vram_budget`` bytes:
-    the last layers whole as stored in the GGUF, each with its F16 KV cache of n_ctx
-    positions (n_ctx rounded up to 64, as ours), while they fit in the budget minus our
-    plan's scratch for (n_ctx, n_batch); the output block (output_norm + output matrix +
-    n_batch logits) when every layer fits too. No alignment padding: an estimate of
+    the last layers whole as stored in the GGUF, each with its KV cache of n_ctx
+    positions in ``sizes.kv_type``, the type ours holds (n_ctx rounded up to 64, as ours),
+    while they fit in the budget minus our plan's scratch for (n_ctx, n_batch); the output
+    block (output_norm + output matrix + n_batch logits) when every layer fits too. No alignment padding: an estimate of
     llama.cpp's own accounting, which reserves its compute buffer as we reserve scratch."""
     left = int(vram_budget) - scratch_bytes(sizes, n_ctx, n_batch)
     n = 0

@@ -12,10 +12,12 @@ The device memory layout counted here is the one the ggml device allocates
   n_hot > 0, the hot gate rows [n_embd, n_hot] and up rows [n_embd, n_hot] in their
   GGUF types and the hot down columns (:func:`down_cols`: Q8_0 [n_hot rounded up to 32,
   n_embd] for a quantized ffn_down, F16 [n_hot, n_embd] for an unquantized one; with every
-  neuron hot, a whole layer, ffn_down [n_ff, n_embd] in its GGUF type); with the output block,
+  neuron hot, a whole layer, ffn_down [n_ff, n_embd] in its GGUF type; none for a layer whose
+  whole down product the host sums, :meth:`ModelSizes.host_down`); with the output block,
   output_norm and the output matrix (tok_embd when tied);
 * ``kv``: per layer with its attention block on the device, K and V caches of
-  [n_embd_kv, n_cells] F16 (n_cells = n_ctx rounded up to :data:`KV_PAD`; with
+  [n_embd_kv, n_cells] in the context's KV type (``ModelSizes.kv_type``: F16 by default, F32
+  for a context made with ``kv_f16=False``; n_cells = n_ctx rounded up to :data:`KV_PAD`; with
   ``n_seq_max`` > 1 sequences, n_seq_max slots of n_ctx // n_seq_max cells each rounded up,
   :func:`kv_cells`, as the sizer of a context says);
 * ``compute``: the context's compute buffer (graph scratch) on that device.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Protocol
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -79,13 +81,13 @@ _F32 = int(_T.F32)
 _F16 = int(_T.F16)
 _Q8_0 = int(_T.Q8_0)
 _UNQUANTIZED = {_F32, _F16, int(_T.BF16)}
-#: the KV cache's element type (the context's default kv type)
+#: the KV cache's element type of a context by default (``ModelSizes.kv_type``)
 KV_TYPE = _F16
 #: ggml's CPU buffer type alignment (TENSOR_ALIGNMENT; ggml_backend_buft_get_alignment of
 #: ggml_backend_cpu_buffer_type() on llama-cpp-python 0.3.36 / ggml 0.25.3)
 CPU_ALIGN = 32
-#: Bytes per KV cache element (F16) and per F32 activation element: kept for callers
-#: that estimate traffic (hybrid/placement/predict.py); the plan counts through a sizer.
+#: Bytes per KV cache element of the default type (F16) and per F32 activation element
+#: (the plan counts the KV through a sizer, in ``ModelSizes.kv_type``).
 KV_ELEM_BYTES = 2
 ACT_BYTES = 4
 #: Per-layer slots placed neuron by neuron (hot rows), not as part of the dense block.
@@ -212,6 +214,15 @@ class ModelSizes:
         cpu_down_t_type: the down_t type of the CPU-only engine's sparse modes
             (``down_t_dtype(model)``: Q8_0 for quantized files), which a layer with no
             neuron on the device keeps under a placement.
+        kv_type: the ggml type of the context's KV cache (:data:`KV_TYPE`, F16; F32 for a
+            context made with ``kv_f16=False``: :meth:`of_context`).
+        host_down_from: per layer, the fewest cold neurons at which a layer with neurons on
+            the device sums its whole down product on the host, over the GGUF ffn_down, the
+            device giving only its hot neurons' gate and up products (:meth:`host_down`). By
+            default (a layer the engine runs dense) where the cold neurons' down_t rows
+            (``down_t_type``) would read more bytes than ffn_down: ffn_down bytes // down_t
+            row + 1. :meth:`of_context`: 0 for a layer a sparse mode set to a dense down
+            (``set_ffn_down_dense``), n_ff + 1 (never) for another sparse layer.
     """
 
     n_layer: int
@@ -226,10 +237,33 @@ class ModelSizes:
     output: TensorSize
     down_t_type: str = ""
     cpu_down_t_type: str = "f16"
+    kv_type: int = KV_TYPE
+    host_down_from: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.down_t_type:  # the split's host rows are the CPU-only engine's
             object.__setattr__(self, "down_t_type", self.cpu_down_t_type)
+        if not self.host_down_from:
+            object.__setattr__(self, "host_down_from", tuple(self.dense_host_down_from(i) for i in range(self.n_layer)))
+        if len(self.host_down_from) != self.n_layer:
+            raise ValueError(f"host_down_from has {len(self.host_down_from)} layers, the model {self.n_layer}")
+
+    def dense_host_down_from(self, i: int) -> int:
+        """Layer ``i``'s :attr:`host_down_from` where the engine runs it dense: the fewest cold
+        neurons whose down_t rows read more bytes than the GGUF ffn_down."""
+        from ...engine.down_cache import down_t_row_bytes
+
+        return self.layers[i]["ffn_down"].nbytes // down_t_row_bytes(self.down_t_type, self.n_embd) + 1
+
+    def sparse_ffn(self) -> "ModelSizes":
+        """These sizes with every layer's FFN sparse over its down_t, as a sparse mode (relu,
+        threshold, predictor) runs them: no split layer's down summed on the host."""
+        return replace(self, host_down_from=(self.n_ff + 1,) * self.n_layer)
+
+    def host_down(self, i: int, n_hot: int) -> bool:
+        """Whether layer ``i`` with ``n_hot`` neurons on the device sums its whole down product
+        on the host (its device holds no down columns; :attr:`host_down_from`)."""
+        return 0 < n_hot and self.n_ff - n_hot >= self.host_down_from[i]
 
     @property
     def n_embd_kv(self) -> int:
@@ -273,6 +307,19 @@ class ModelSizes:
             cpu_down_t_type=down_t_dtype(model),
         )
 
+    @classmethod
+    def of_context(cls, ctx) -> "ModelSizes":
+        """Sizes of the model of ``ctx`` (a :class:`powerinfer_backend.engine.native.NativeContext`)
+        as that context holds it: its KV type, and which layers' down the host sums once split
+        (:attr:`host_down_from`, from the FFN modes set on ``ctx``)."""
+        s = cls.from_gguf(ctx.model.gguf)
+        dense = set(ctx.ffn_down_dense_layers())
+        never = s.n_ff + 1
+        host_down_from = tuple(
+            0 if i in dense else never if ctx.has_ffn_sparsity(i) else s.host_down_from[i] for i in range(s.n_layer)
+        )
+        return replace(s, kv_type=int(ctx.kv_type), host_down_from=host_down_from)
+
 
 def _n_cells(n_ctx: int) -> int:
     return -(-int(n_ctx) // KV_PAD) * KV_PAD
@@ -301,10 +348,10 @@ def _sizer_cells(n_ctx: int, sizer) -> int:
 
 
 def kv_bytes_per_layer(s: ModelSizes, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:
-    """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] F16 (n_cells:
-    :func:`kv_cells`, of one sequence unless ``sizer`` has a ``kv_cells(n_ctx)`` of its
-    own), each aligned."""
-    return 2 * align_up(sizer.tensor_bytes(KV_TYPE, s.n_embd_kv, _sizer_cells(n_ctx, sizer)), sizer.alignment)
+    """One layer's KV cache (bytes): K and V, each [n_embd_kv, n_cells] in ``s.kv_type``
+    (n_cells: :func:`kv_cells`, of one sequence unless ``sizer`` has a ``kv_cells(n_ctx)`` of
+    its own), each aligned."""
+    return 2 * align_up(sizer.tensor_bytes(s.kv_type, s.n_embd_kv, _sizer_cells(n_ctx, sizer)), sizer.alignment)
 
 
 def dense_weight_bytes(s: ModelSizes, i: int, sizer: Sizer = CPU_BUFT) -> int:
@@ -352,17 +399,19 @@ def hot_bytes(s: ModelSizes, i: int, n_hot: int, sizer: Sizer = CPU_BUFT) -> int
     """Device bytes of layer ``i``'s ``n_hot`` hot neurons: gate rows [n_embd, n_hot] and up
     rows [n_embd, n_hot] in their stored types, down columns (:func:`down_cols`), each
     aligned (0 for 0 neurons); all n_ff (a whole layer's FFN): the three tensors as stored
-    (ffn_down needs no column gather, so it keeps its GGUF type, as llama.cpp's split)."""
+    (ffn_down needs no column gather, so it keeps its GGUF type, as llama.cpp's split). No
+    down where the host sums the layer's down (:meth:`ModelSizes.host_down`)."""
     if n_hot <= 0:
         return 0
     L, a = s.layers[i], sizer.alignment
+    slots = _FFN_ROW_SLOTS[:2] if s.host_down(i, n_hot) else _FFN_ROW_SLOTS
     if n_hot >= s.n_ff:
-        return sum(tensor_device_bytes(L[slot], sizer) for slot in _FFN_ROW_SLOTS if slot in L)
-    rows = [L[slot].type for slot in ("ffn_gate", "ffn_up") if slot in L]
+        return sum(tensor_device_bytes(L[slot], sizer) for slot in slots if slot in L)
+    rows = sum(align_up(sizer.tensor_bytes(L[slot].type, s.n_embd, n_hot), a) for slot in slots[:2] if slot in L)
+    if len(slots) < 3:
+        return rows
     dt, ne0 = down_cols(s, i, n_hot)
-    return sum(align_up(sizer.tensor_bytes(t, s.n_embd, n_hot), a) for t in rows) + align_up(
-        sizer.tensor_bytes(dt, ne0, s.n_embd), a
-    )
+    return rows + align_up(sizer.tensor_bytes(dt, ne0, s.n_embd), a)
 
 
 def layer_bytes(s: ModelSizes, i: int, n_ctx: int, sizer: Sizer = CPU_BUFT) -> int:

@@ -75,7 +75,8 @@ static void plan_tensors(const pi_context *c, const pi_layer_placement *layers, 
         pi_gg_layer L;
         pi_gg_hot H;
         pi_gg_layer *Lp = p ? &p->L[l] : &L;
-        pi_gg_layer_tensors(c, l, layers[l].attn_on_device, layers[l].n_hot, &vw, Lp, p ? &p->H[l] : &H);
+        pi_gg_layer_tensors(c, l, layers[l].attn_on_device, layers[l].n_hot, !pi_gg_host_down(c, l), &vw, Lp,
+                            p ? &p->H[l] : &H);
         if (layers[l].attn_on_device) pi_gg_kv_tensors(c, &vkv, Lp);
     }
     pi_gg_output O;

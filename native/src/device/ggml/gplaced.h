@@ -83,10 +83,9 @@ void pi_gg_upload_output(pi_gplaced *p);
 /* 1: layer l's split sums its down on the host, densely over the GGUF ffn_down (the cold half's
  * ffn_dense_down): the device's FFN step stops at the hot neurons' gate and up products; the host
  * applies the activation and its dense down takes them with the cold ones, so the layer sums as
- * the CPU engine's dense FFN does (ggml's down and activation round differently: docs/placement.md) */
-static inline int pi_gg_h_only(const pi_gplaced *p, int l) {
-    return p->c->ffn_dense_down != NULL && p->c->ffn_dense_down[l];
-}
+ * the CPU engine's dense FFN does (ggml's down and activation round differently: docs/placement.md);
+ * the device holds no down columns for such a layer */
+static inline int pi_gg_h_only(const pi_gplaced *p, int l) { return pi_gg_host_down(p->c, l); }
 
 /* the placement of c when it is on a ggml device, else NULL (with an error naming fn) */
 pi_gplaced *pi_gg_of(const pi_context *c, const char *fn);

@@ -13,8 +13,8 @@ int32_t pi_gg_down_cols(const pi_context *c, int l, int64_t n_hot, int64_t *ne0)
     return PI_TYPE_Q8_0;
 }
 
-void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot, const pi_gg_visit *v, pi_gg_layer *L,
-                         pi_gg_hot *H) {
+void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot, int with_down, const pi_gg_visit *v,
+                         pi_gg_layer *L, pi_gg_hot *H) {
     const pi_model_params *hp = &c->m->hp;
     const pi_tensor *lt = &hp->layers[l * PI_L_COUNT];
     memset(L, 0, sizeof *L);
@@ -25,6 +25,7 @@ void pi_gg_layer_tensors(const pi_context *c, int l, int attn_on, int64_t n_hot,
         H->n_hot = n_hot;
         v->fn(v->user, lt[PI_L_FFN_GATE].type, hp->n_embd, n_hot, &H->gate);
         v->fn(v->user, lt[PI_L_FFN_UP].type, hp->n_embd, n_hot, &H->up);
+        if (!with_down) return; /* the host sums this layer's down: no down columns here */
         /* a whole FFN keeps ffn_down as stored (no column gather: quant blocks stay whole) */
         H->n_down = n_hot;
         H->down_type = n_hot == hp->n_ff ? lt[PI_L_FFN_DOWN].type : pi_gg_down_cols(c, l, n_hot, &H->n_down);

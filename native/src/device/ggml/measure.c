@@ -76,8 +76,8 @@ static size_t largest(const pi_ggml_api *g, const pi_context *c) {
     pi_gg_hot H;
     pi_gg_output O;
     for (int l = 0; l < c->m->hp.n_layer; l++) {
-        pi_gg_layer_tensors(c, l, 1, c->m->hp.n_ff, &v, &L, &H);
-        pi_gg_layer_tensors(c, l, 0, c->m->hp.n_ff - 1, &v, &L, &H); /* the most gathered down columns */
+        pi_gg_layer_tensors(c, l, 1, c->m->hp.n_ff, 1, &v, &L, &H);
+        pi_gg_layer_tensors(c, l, 0, c->m->hp.n_ff - 1, 1, &v, &L, &H); /* the most gathered down columns */
     }
     pi_gg_kv_tensors(c, &v, &L);
     pi_gg_output_tensors(c, &v, &O);
@@ -100,10 +100,10 @@ static int measure_with(const pi_gdev *d, const pi_context *c, int flash, struct
         pi_gg_io io;
         const int gated = l < hp->n_layer && hp->layers[l * PI_L_COUNT + PI_L_FFN_GATE].data != NULL;
         if (l < hp->n_layer) {
-            pi_gg_layer_tensors(c, l, 1, gated ? hp->n_ff : 0, &v, &L, &H);
+            pi_gg_layer_tensors(c, l, 1, gated ? hp->n_ff : 0, 1, &v, &L, &H);
             pi_gg_kv_tensors(c, &v, &L);
             /* the FFN as stored, and the most neurons gathered (h padded to the down's blocks) */
-            if (gated && hp->n_ff > 1) pi_gg_layer_tensors(c, l, 0, hp->n_ff - 1, &v, &Lg, &Hg);
+            if (gated && hp->n_ff > 1) pi_gg_layer_tensors(c, l, 0, hp->n_ff - 1, 1, &v, &Lg, &Hg);
         } else {
             pi_gg_output_tensors(c, &v, &O);
         }

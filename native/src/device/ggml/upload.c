@@ -4,7 +4,7 @@
  * ([n_ff, n_embd]: each of its n_embd rows holds one value per neuron) and stored as
  * pi_gg_down_cols says (Q8_0 blocks of 32 hot neurons, zero past n_hot; F16 for an unquantized
  * file), except with every neuron hot (a whole layer), when ffn_down goes as stored, as
- * llama.cpp's layer split. */
+ * llama.cpp's layer split, and none where the host sums the layer's down (pi_gg_host_down). */
 #include <stdlib.h>
 
 #include "device/ggml/gplaced.h"
@@ -61,9 +61,10 @@ int pi_gg_upload_layer(pi_gplaced *p, int l, const int32_t *hot_ids) {
     if (H->n_hot == 0) return PI_OK;
     int rc = gather_rows(g, H->gate, &lt[PI_L_FFN_GATE], hot_ids, H->n_hot);
     if (rc == PI_OK) rc = gather_rows(g, H->up, &lt[PI_L_FFN_UP], hot_ids, H->n_hot);
-    if (rc == PI_OK && H->n_hot == lt[PI_L_FFN_DOWN].ne[0]) /* every neuron: ffn_down as stored */
+    if (rc != PI_OK || H->down == NULL) return rc; /* the host sums this layer's down (pi_gg_host_down) */
+    if (H->n_hot == lt[PI_L_FFN_DOWN].ne[0]) /* every neuron: ffn_down as stored */
         g->backend_tensor_set(H->down, lt[PI_L_FFN_DOWN].data, 0, (size_t)bytes_of(&lt[PI_L_FFN_DOWN]));
-    else if (rc == PI_OK)
+    else
         rc = gather_down(g, H->down, &lt[PI_L_FFN_DOWN], hot_ids, H->n_hot, H->down_type, H->n_down);
     return rc;
 }
