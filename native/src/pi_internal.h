@@ -365,8 +365,10 @@ int64_t pi_predictor_scratch_size(const pi_mat *fc1, const pi_mat *fc2, int64_t 
 /* scores (n_tok rows of fc2->n_rows) = fc2 . relu(fc1 . x); validated arguments */
 void pi_predictor_scores(pi_pool *pool, const pi_mat *fc1, const pi_mat *fc2, const float *x, int64_t n_tok,
                          float *scores, void *scratch);
-/* ids with score >= threshold, increasing, CSR per token; returns the total */
-int64_t pi_predictor_select(const float *scores, int64_t n_tok, int64_t n_ff, float threshold, int32_t *active,
-                            int64_t *active_off);
+/* per token, the ids among `among` (n_among increasing ids; NULL: every id < n_ff) with
+ * score >= threshold, increasing, CSR into active / active_off; returns how many of all n_ff
+ * neurons pass over the tokens (the predicted count, also where the lists cover a subset) */
+int64_t pi_predictor_select(const float *scores, int64_t n_tok, int64_t n_ff, float threshold, const int32_t *among,
+                            int64_t n_among, int32_t *active, int64_t *active_off);
 
 #endif /* PI_INTERNAL_H */

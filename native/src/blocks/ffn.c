@@ -95,8 +95,8 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     const int64_t *active_off = NULL;
     if (pred) { /* scores -> per-token active lists (increasing ids) */
         pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
-        c->pred_count[l] += pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], c->pred_active,
-                                                c->pred_off);
+        c->pred_count[l] += pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], NULL, 0,
+                                                c->pred_active, c->pred_off);
         active = c->pred_active;
         active_off = c->pred_off;
         c->pred_ns[l] += pi_now_ns() - t0;
@@ -155,18 +155,9 @@ static void cold_lists(pi_context *c, int l, int64_t n_tok, const pi_dev_cold *c
         return;
     }
     const int64_t t0 = pi_now_ns();
-    const float thr = c->pred_threshold[l];
     pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
-    int64_t k = 0, all = 0;
-    for (int64_t t = 0; t < n_tok; t++) {
-        const float *s = c->pred_scores + t * F;
-        cold->off_buf[t] = k;
-        for (int64_t i = 0; i < n; i++)
-            if (s[cold->ids[i]] >= thr) cold->ids_buf[k++] = cold->ids[i];
-        for (int64_t i = 0; i < F; i++) all += s[i] >= thr;
-    }
-    cold->off_buf[n_tok] = k;
-    c->pred_count[l] += all;
+    c->pred_count[l] += pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], cold->ids, n,
+                                            cold->ids_buf, cold->off_buf);
     c->pred_ns[l] += pi_now_ns() - t0;
 }
 

@@ -44,17 +44,23 @@ void pi_predictor_scores(pi_pool *pool, const pi_mat *fc1, const pi_mat *fc2, co
     pi_matmul_multi(pool, &o2, 1, z, n_tok, scratch);
 }
 
-int64_t pi_predictor_select(const float *scores, int64_t n_tok, int64_t n_ff, float threshold, int32_t *active,
-                            int64_t *active_off) {
-    int64_t m = 0;
+int64_t pi_predictor_select(const float *scores, int64_t n_tok, int64_t n_ff, float threshold, const int32_t *among,
+                            int64_t n_among, int32_t *active, int64_t *active_off) {
+    int64_t m = 0, all = 0;
     for (int64_t t = 0; t < n_tok; t++) {
         active_off[t] = m;
         const float *s = scores + t * n_ff;
-        for (int64_t j = 0; j < n_ff; j++)
-            if (s[j] >= threshold) active[m++] = (int32_t)j;
+        if (among == NULL) {
+            for (int64_t j = 0; j < n_ff; j++)
+                if (s[j] >= threshold) active[m++] = (int32_t)j;
+            continue;
+        }
+        for (int64_t i = 0; i < n_among; i++)
+            if (s[among[i]] >= threshold) active[m++] = among[i];
+        for (int64_t j = 0; j < n_ff; j++) all += s[j] >= threshold;
     }
     active_off[n_tok] = m;
-    return m;
+    return among == NULL ? m : all;
 }
 
 static int pred_type_ok(int32_t t) {
