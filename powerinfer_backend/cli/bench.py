@@ -255,3 +255,52 @@ def format_table(r: dict) -> str:
 
         lines.append(format_roofline(r["roofline"]))
     return "\n".join(lines)
+
+
+def _dig(r: dict, path: str):
+    """r["a"]["b"] for path "a.b", or None where a key is missing."""
+    for key in path.split("."):
+        if not isinstance(r, dict) or key not in r:
+            return None
+        r = r[key]
+    return r
+
+
+#: the numbers of a run that `summarize_runs` takes the median of (those present)
+SUMMARY_KEYS = (
+    "ours.decode_tok_s",
+    "ours.prefill_tok_s",
+    "llama_cpp.decode_tok_s",
+    "llama_cpp.prefill_tok_s",
+    "ratio.decode",
+    "ratio.prefill",
+    "roofline.ours.decode_pct_of_roof",
+    "roofline.llama_cpp.decode_pct_of_roof",
+    "roofline.ours.prefill_pct_of_roof",
+    "roofline.llama_cpp.prefill_pct_of_roof",
+)
+
+
+def summarize_runs(runs: list[dict]) -> dict:
+    """Medians (and min, max) over whole ``bench`` runs of each number in SUMMARY_KEYS that
+    every run has: {key: {"median", "min", "max"}}, plus "loadavg_before" (each run's
+    1-minute load average when it started, the host's background) and "runs". A ratio's
+    median is the median of the per-run ratios (each measured with both engines in the same
+    minute), not the ratio of medians."""
+    out: dict[str, Any] = {"runs": len(runs), "loadavg_before": [r.get("loadavg_before") for r in runs]}
+    for key in SUMMARY_KEYS:
+        vals = [_dig(r, key) for r in runs]
+        if vals and all(v is not None for v in vals):
+            out[key] = {"median": float(np.median(vals)), "min": float(min(vals)), "max": float(max(vals))}
+    return out
+
+
+def format_summary(s: dict) -> str:
+    """Text of a summarize_runs result: one line per number."""
+    loads = ", ".join(f"{v:.2f}" for v in s["loadavg_before"] if v is not None)
+    lines = [f"medians of {s['runs']} runs (load average before each: {loads})"]
+    for key in SUMMARY_KEYS:
+        if key in s:
+            v = s[key]
+            lines.append(f"  {key:<40} {v['median']:>9.2f}  ({v['min']:.2f}-{v['max']:.2f})")
+    return "\n".join(lines)

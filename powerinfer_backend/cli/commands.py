@@ -8,6 +8,7 @@ can use, ``serve`` answers OpenAI- and llama-server-compatible HTTP requests."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ..server.arg_types import resolve_seed
@@ -105,22 +106,33 @@ def cmd_bench(args) -> int:
         from .profile_ops import profile_ops_command
 
         return profile_ops_command(args, _model_path(args.model))
-    from .bench import format_table, run_bench
+    from .bench import format_summary, format_table, run_bench, summarize_runs
 
-    result = run_bench(
-        _model_path(args.model),
-        n_threads=args.threads,
-        n_decode=args.n_decode,
-        n_prefill=args.n_prefill,
-        repeats=args.repeats,
-        include_llama_cpp=not args.no_llama_cpp,
-        sparse=args.sparse,
-    )
-    if args.roofline:  # measured right after the engines, in the same run
-        from .roofline import add_roofline
+    runs = []
+    for _ in range(args.runs):  # each run loads both engines afresh, as a user's process would
+        load = os.getloadavg()[0]
+        result = run_bench(
+            _model_path(args.model),
+            n_threads=args.threads,
+            n_decode=args.n_decode,
+            n_prefill=args.n_prefill,
+            repeats=args.repeats,
+            include_llama_cpp=not args.no_llama_cpp,
+            sparse=args.sparse,
+        )
+        result["loadavg_before"] = load
+        if args.roofline:  # measured right after the engines, in the same run
+            from .roofline import add_roofline
 
-        add_roofline(result, _model_path(args.model), n_threads=args.threads, bandwidth_mib=args.roofline_mib)
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
+            add_roofline(result, _model_path(args.model), n_threads=args.threads, bandwidth_mib=args.roofline_mib)
+        runs.append(result)
+        if not args.json:
+            print(format_table(result), flush=True)
+    if args.json:
+        out = runs[0] if args.runs == 1 else {"runs": runs, "summary": summarize_runs(runs)}
+        print(json.dumps(out, indent=2))
+    elif args.runs > 1:
+        print(format_summary(summarize_runs(runs)))
     return 0
 
 

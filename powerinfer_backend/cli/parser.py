@@ -232,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--repeats", type=positive("--repeats"), default=3, help="runs per measurement, best kept (default 3)"
     )
+    b.add_argument(
+        "--runs",
+        type=positive("--runs"),
+        default=1,
+        help="whole runs, each loading both engines afresh, then the medians of their numbers "
+        "and the load average before each (default 1)",
+    )
     b.add_argument("--no-llama-cpp", action="store_true", help="measure only our engine")
     b.add_argument(
         "--busy",

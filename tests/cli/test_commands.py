@@ -65,6 +65,39 @@ def test_bench_json():
     assert 0 <= r["ours"]["python_overhead_pct"] <= 100 and r["ours"]["llama_decode_tok_s"] > 0
 
 
+def test_bench_runs_json_has_each_run_and_their_medians():
+    p = _run(
+        "bench", "--n-decode", "4", "--n-prefill", "16", "--repeats", "1", "--runs", "2", "--no-llama-cpp", "--json"
+    )
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert len(r["runs"]) == 2 and r["summary"]["runs"] == 2
+    dec = [run["ours"]["decode_tok_s"] for run in r["runs"]]
+    assert r["summary"]["ours.decode_tok_s"] == {"median": sum(dec) / 2, "min": min(dec), "max": max(dec)}
+    assert "ratio.decode" not in r["summary"]  # no llama.cpp measured
+    loads = r["summary"]["loadavg_before"]
+    assert loads == [run["loadavg_before"] for run in r["runs"]] and all(v >= 0 for v in loads)
+
+
+def test_summarize_runs_takes_medians_of_per_run_ratios():
+    from powerinfer_backend.cli.bench import format_summary, summarize_runs
+
+    runs = [
+        {
+            "ours": {"decode_tok_s": d},
+            "llama_cpp": {"decode_tok_s": lc},
+            "ratio": {"decode": d / lc},
+            "loadavg_before": 0.5,
+        }
+        for d, lc in ((10.0, 5.0), (30.0, 10.0), (20.0, 20.0))
+    ]
+    s = summarize_runs(runs)
+    assert s["ours.decode_tok_s"] == {"median": 20.0, "min": 10.0, "max": 30.0}
+    assert s["ratio.decode"] == {"median": 2.0, "min": 1.0, "max": 3.0}  # not 20 / 10
+    assert "ratio.prefill" not in s and s["loadavg_before"] == [0.5] * 3
+    assert "medians of 3 runs (load average before each: 0.50, 0.50, 0.50)" in format_summary(s)
+
+
 def test_devices_lists_what_ggml_found():
     from powerinfer_backend.engine import ggml
 
