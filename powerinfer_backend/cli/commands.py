@@ -90,41 +90,31 @@ def cmd_bench(args) -> int:
         )
         print(json.dumps(result, indent=2) if args.json else format_sweep(result))
         return 0
+    model = _model_path(args.model)
+    timing = {"n_threads": args.threads, "n_decode": args.n_decode, "repeats": args.repeats}
     if args.busy is not None:
         from .busy import format_busy, run_busy_bench
 
-        result = run_busy_bench(
-            _model_path(args.model),
-            n_busy=args.busy,
-            n_threads=args.threads,
-            n_decode=args.n_decode,
-            repeats=args.repeats,
-        )
+        result = run_busy_bench(model, n_busy=args.busy, **timing)
         print(json.dumps(result, indent=2) if args.json else format_busy(result))
         return 0
     if args.profile_ops:
         from .profile_ops import profile_ops_command
 
-        return profile_ops_command(args, _model_path(args.model))
+        return profile_ops_command(args, model)
     from .bench import format_summary, format_table, run_bench, summarize_runs
 
     runs = []
     for _ in range(args.runs):  # each run loads both engines afresh, as a user's process would
         load = os.getloadavg()[0]
         result = run_bench(
-            _model_path(args.model),
-            n_threads=args.threads,
-            n_decode=args.n_decode,
-            n_prefill=args.n_prefill,
-            repeats=args.repeats,
-            include_llama_cpp=not args.no_llama_cpp,
-            sparse=args.sparse,
+            model, n_prefill=args.n_prefill, include_llama_cpp=not args.no_llama_cpp, sparse=args.sparse, **timing
         )
         result["loadavg_before"] = load
         if args.roofline:  # measured right after the engines, in the same run
             from .roofline import add_roofline
 
-            add_roofline(result, _model_path(args.model), n_threads=args.threads, bandwidth_mib=args.roofline_mib)
+            add_roofline(result, model, n_threads=args.threads, bandwidth_mib=args.roofline_mib)
         runs.append(result)
         if not args.json:
             print(format_table(result), flush=True)
