@@ -419,7 +419,7 @@ def calibrate(
     *,
     max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
     target_sparsity: Optional[float] = None,
-    tokens: int = 4096,
+    tokens: int = 2048,
     heldout_tokens: int = 2048,
     search_tokens: int = 1024,
     n_ctx: int = 512,
@@ -429,7 +429,7 @@ def calibrate(
     force: bool = False,
     n_threads: Optional[int] = None,
     margin: float = DEFAULT_MARGIN,
-    levels: Sequence[float] = (0.25, 0.5, 0.75),
+    levels: Sequence[float] = (0.35, 0.7),
     sens_tokens: int = 32,
     threshold_on: str = "auto",
     speed_check: bool = True,
@@ -542,13 +542,13 @@ def calibrate(
         hists = _statistics(setup, stats_ids, n_ctx, forms, shape, progress)
         t = lap("statistics", t)
 
-        def timed(thresholds: np.ndarray, form: str) -> dict:
+        def timed(thresholds: np.ndarray, form: str, repeats: int = speed_repeats) -> dict:
             return run.speed(
                 ctx,
                 lambda: setup.apply(None),
                 functools.partial(setup.apply, thresholds, form),
                 steps=speed_steps,
-                repeats=speed_repeats,
+                repeats=repeats,
             )
 
         results: list[_Choice] = []
@@ -572,7 +572,7 @@ def calibrate(
                 if not speed_check or k <= 0:
                     notes.append(f"{form}: not searched" + ("" if speed_check else " (no speed check)"))
                     continue
-                bound = timed(paths["global-threshold"][0][k], form)
+                bound = timed(paths["global-threshold"][0][k], form, min(speed_repeats, 3))  # a bound: 3 pairs
                 t = lap("speed check", t)
                 if bound["speedup"] <= max(1.0, first.speed["speedup"] if first.speed else 0.0):
                     notes.append(f"{form}: not searched ({bound['speedup']:.2f}x at {means[k]:.1%})")
