@@ -311,32 +311,32 @@ class _Part:
 
 
 class _Held:
-    """The held-out tail in two parts: the first ``n_search`` tokens, which each budget-search
-    step measures, and the rest, added only for the final check. Each (key, part) is evaluated
-    once; chunks start from an empty cache, so the parts' log-likelihoods add up to the
-    whole tail's."""
+    """The held-out tail, chunk by chunk: a budget-search step measures its first chunk, or
+    its first ``n_search`` chunks; the final check all of them. Each (key, chunk) is evaluated
+    once; chunks start from an empty cache, so their log-likelihoods add up to any prefix's."""
 
     def __init__(self, setup: _Setup, held: list, n_ctx: int, n_search: int):
-        self.setup, self.n_ctx, self.n_search, self.n_held = setup, n_ctx, n_search, len(held)
-        self.parts = (held[:n_search], held[n_search:])  # the rest: whole chunks, or empty
+        self.setup, self.n_ctx = setup, n_ctx
+        self.chunks = [held[s : s + n_ctx] for s in range(0, len(held) - n_ctx + 1, n_ctx)]
+        self.n_search = max(1, min(n_search // n_ctx, len(self.chunks)))  # in chunks
         self.cache: dict[tuple, _Part] = {}
 
     def evaluations(self, prefix: tuple) -> int:
-        """Parts evaluated for keys starting with ``prefix``."""
+        """Chunks evaluated for keys starting with ``prefix``."""
         return sum(1 for k, _ in self.cache if k[: len(prefix)] == prefix)
 
-    def measure(self, key: tuple, thresholds: Optional[np.ndarray], form: str, whole: bool) -> tuple:
+    def measure(self, key: tuple, thresholds: Optional[np.ndarray], form: str, n: int) -> tuple:
         """(perplexity, measured mean FFN sparsity) of ``thresholds`` (None: dense) on the
-        search part, or with ``whole`` on the whole tail."""
+        first ``n`` chunks."""
         got = []
-        for k in (0, 1) if whole and self.parts[1] else (0,):
-            if (key, k) not in self.cache:
+        for c in range(n):
+            if (key, c) not in self.cache:
                 self.setup.apply(thresholds, form)
                 self.setup.ctx.ffn_stats(reset=True)
-                r = perplexity(self.parts[k], self.setup.eval_all, self.n_ctx)
+                r = perplexity(self.chunks[c], self.setup.eval_all, self.n_ctx)
                 used, total = self.setup.ctx.ffn_stats(reset=True, per_layer=True)
-                self.cache[key, k] = _Part(r["nll"] * r["tokens"], r["tokens"], used, total)
-            got.append(self.cache[key, k])
+                self.cache[key, c] = _Part(r["nll"] * r["tokens"], r["tokens"], used, total)
+            got.append(self.cache[key, c])
         used, total = sum(g.used for g in got), sum(g.total for g in got)
         frac = np.where(total == 0, 0.0, 1.0 - used / np.maximum(total, 1))
         return math.exp(sum(g.nll for g in got) / sum(g.scored for g in got)), float(frac.mean())
@@ -356,30 +356,42 @@ def _choose_on_paths(
     (relative perplexity increase; :func:`~powerinfer_backend.sparsity.search.search_budget`),
     or the first reaching ``target``; the path reaching more mean sparsity wins.
 
-    The search measures the held-out tail's search part (``meter``); a later path is measured
+    A search step measures the held-out tail's first chunk, and its search chunks
+    (``meter.n_search``) only when the first chunk's increase lies within half the goal of
+    the goal (a point far on one side is decided by one chunk). A later path is measured
     first just past the best point so far, and searched only if that point is within the
     goal (its increase grows along the path, so otherwise it cannot win). The winner is
     then measured on the whole tail and, if over the goal there, searched again below it
     on the whole tail, so the point returned is always within the goal on the whole
     held-out tail. ``prior``: the first path's first guess (mean sparsity)."""
-    dense = {w: meter.measure(("dense",), None, form, w)[0] for w in (False, True)}
+    n_all = len(meter.chunks)
+    dense = {n: meter.measure(("dense",), None, form, n)[0] for n in {1, meter.n_search, n_all}}
 
-    def measure(name: str, i: int, whole: bool) -> tuple[float, float]:
+    def measure(name: str, i: int, n: int) -> tuple[float, float]:
         if i == 0:
-            return dense[whole], 0.0
+            return dense[n], 0.0
         seen = len(meter.cache)
-        r = meter.measure((form, name, i), paths[name][0][i], form, whole)
+        r = meter.measure((form, name, i), paths[name][0][i], form, n)
         if progress and len(meter.cache) > seen:
-            where = "" if whole or not meter.parts[1] else f" (first {meter.n_search} held-out tokens)"
+            where = "" if n == n_all else f" (first {n * meter.n_ctx} held-out tokens)"
             print(
                 f"  {form} {name}: mean sparsity {paths[name][1][i].mean():.1%}: perplexity "
-                f"{r[0] / dense[whole] - 1:+.2%}{where}",
+                f"{r[0] / dense[n] - 1:+.2%}{where}",
                 file=sys.stderr,
             )
         return r
 
-    def increase(name: str, whole: bool) -> Callable[[int], float]:
-        return lambda k: measure(name, k, whole)[0] / dense[whole] - 1.0
+    def increase(name: str, n: int) -> Callable[[int], float]:
+        return lambda k: measure(name, k, n)[0] / dense[n] - 1.0
+
+    def step(name: str) -> Callable[[int], float]:
+        assert goal is not None
+
+        def inc(k: int) -> float:
+            first = increase(name, 1)(k)
+            return first if abs(first - goal) > 0.5 * goal else increase(name, meter.n_search)(k)
+
+        return inc
 
     best: Optional[tuple[float, str, int]] = None  # (mean expected sparsity, name, index)
     for name, (_, alloc_rows) in paths.items():
@@ -394,21 +406,19 @@ def _choose_on_paths(
         known: dict[int, float] = {}
         if best is not None:
             j = int(np.searchsorted(means, best[0], side="right"))  # the first row sparser than the best
-            if j >= len(means) or increase(name, False)(j) > goal:
+            if j >= len(means) or step(name)(j) > goal:
                 continue
-            known[j] = increase(name, False)(j)
-        i, _ = search_budget(
-            means, increase(name, False), goal, known=known, prior=prior or 0.3, max_evals=SEARCH_EVALS
-        )
+            known[j] = step(name)(j)
+        i, _ = search_budget(means, step(name), goal, known=known, prior=prior or 0.3, max_evals=SEARCH_EVALS)
         prior = None
         if best is None or means[i] > best[0]:
             best = (float(means[i]), name, i)
     assert best is not None
     _, name, i = best
-    if goal is not None and meter.parts[1] and i > 0 and increase(name, True)(i) > goal:
+    if goal is not None and i > 0 and increase(name, n_all)(i) > goal:
         # over the goal on the whole tail: search the rows below it, measuring the whole tail
-        i, _ = search_budget(paths[name][1][:i].mean(axis=1), increase(name, True), goal, max_evals=SEARCH_EVALS)
-    ppl, held_sparsity = measure(name, i, True)
+        i, _ = search_budget(paths[name][1][:i].mean(axis=1), increase(name, n_all), goal, max_evals=SEARCH_EVALS)
+    ppl, held_sparsity = measure(name, i, n_all)
     evals = meter.evaluations((form,))
     return _Choice(form, hist, paths[name][0][i], paths[name][1][i], name, ppl, held_sparsity, evals)
 
@@ -537,7 +547,7 @@ def calibrate(
     with run.context(n_threads) as ctx:
         setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
         meter = _Held(setup, held, n_ctx, min(max(1, search_tokens // n_ctx) * n_ctx, len(held)))
-        ppl_dense = meter.measure(("dense",), None, forms[0], True)[0]
+        ppl_dense = meter.measure(("dense",), None, forms[0], len(meter.chunks))[0]
         t = lap("dense", t0)
         hists = _statistics(setup, stats_ids, n_ctx, forms, shape, progress)
         t = lap("statistics", t)
@@ -602,7 +612,7 @@ def calibrate(
         **run.provenance(),
         "tokens_stats": len(stats_ids),
         "tokens_heldout": len(held),
-        "tokens_search": meter.n_search,
+        "tokens_search": meter.n_search * n_ctx,
         "ppl_dense": ppl_dense,
         "ppl_sparse": best.ppl,
         "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,
