@@ -22,9 +22,10 @@ per layer from measured quality, in a few passes over the text:
 4. **Budget**: on each path, the sparsest point whose perplexity on a held-out
    tail of the text (never used in steps 1-3) rises by at most
    ``margin * max_ppl_increase`` over dense (the margin guards text the calibration
-   never saw), found by an interpolating search (:mod:`.search`, 3-5 evaluations;
-   the greedy path only checked once just past the shared threshold's result, and
-   searched on only if within), and the path reaching the higher mean sparsity wins;
+   never saw), found by an interpolating search (:mod:`.search`, 3-5 evaluations of one
+   chunk, or two near the goal; the greedy path only checked once just past the shared
+   threshold's result, and searched on only if within), the winner checked on the whole
+   tail, and the path reaching the higher mean sparsity wins;
    or, with ``target_sparsity``, the first point reaching it.
 5. **Forms and speed** (``threshold_on="auto"``): decode is timed dense vs sparse on
    this host (:mod:`.speed`) for the product form's result, then for the gate form at
@@ -456,11 +457,11 @@ def calibrate(
             Its token sequence is split: the last ``heldout_tokens`` (whole chunks of
             ``n_ctx``; at most a quarter of the text) are held out for the budget
             check, statistics and sensitivities use at most ``tokens`` from the start.
-        search_tokens: the budget search measures the first ``search_tokens`` of the
-            held-out tail (whole chunks, at least one); the point it finds is then measured on
-            the whole tail and, if over the goal there, searched again on the whole tail below
-            it (only the rest of the tail is evaluated then). Two chunks per search step
-            instead of four nearly halve the search.
+        search_tokens: a budget-search step measures the held-out tail's first chunk, and
+            its first ``search_tokens`` (whole chunks, at least one) when that chunk's
+            increase lies within half the goal of the goal; the point found is then measured
+            on the whole tail (its chunks not measured yet) and, if over the goal there,
+            searched again on the whole tail below it.
         max_ppl_increase: relative perplexity budget on the held-out tail (0.02 = +2%),
             met with ``margin`` (the search targets margin * budget).
         target_sparsity: instead of a budget, the lowest allocation with this mean
