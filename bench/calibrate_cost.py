@@ -19,7 +19,15 @@ from powerinfer_backend.loader.models import default_model_path
 from powerinfer_backend.sparsity.calibrate import calibrate
 from powerinfer_backend.sparsity.perplexity import perplexity, read_text
 
-TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+ROOT = Path(__file__).resolve().parents[1]
+#: shared/data in the checkout's parent or any folder above it (a worktree sits deeper)
+TEXT = (
+    next(
+        (p / "shared" / "data" for p in ROOT.parents if (p / "shared" / "data").is_dir()),
+        ROOT.parent / "shared" / "data",
+    )
+    / "tinyshakespeare.txt"
+)
 
 
 def tail_ppl(model, text, sparse, threads, chunks):

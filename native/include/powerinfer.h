@@ -197,6 +197,11 @@ int pi_context_ffn_stats(pi_context *ctx, int64_t *used, int64_t *total, int32_t
  * (n_layer * n_ff * PI_FFN_HIST_BINS uint32) and keeps it alive while set; NULL stops. */
 enum { PI_FFN_HIST_BINS = 128, PI_FFN_HIST_MIN_EXP = -20 };
 int pi_context_set_ffn_hist(pi_context *ctx, uint32_t *hist);
+/* Both forms' histograms in one pass (calibration tries both): |h| into `product`
+ * and |act(gate x)| (ungated: |act(up x + b)|) into `gate`, whatever the threshold
+ * target; either may be NULL. Same layout and rules as pi_context_set_ffn_hist, which
+ * this replaces (and which replaces this); both NULL stops. */
+int pi_context_set_ffn_hist2(pi_context *ctx, uint32_t *product, uint32_t *gate);
 /* What the sparse FFN thresholds compare against, for every layer of the context:
  * PI_FFN_ON_PRODUCT (default) |h| = |act(gate x) * up x| (down-only form, TEAL);
  * PI_FFN_ON_GATE |act(gate x)| (CATS): a neuron below it skips its up row as well

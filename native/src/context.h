@@ -60,6 +60,7 @@ struct pi_context {
     int64_t *ffn_used, *ffn_total;        /* per layer, with the sparse FFN tables */
     pi_ffn_observer ffn_observer;         /* called by every dense FFN layer (pi_context_set_ffn_hist), or NULL */
     void *ffn_observer_data;
+    pi_ffn_hists ffn_hists;               /* the observer data of pi_context_set_ffn_hist(2) */
     int32_t ffn_on_gate;                  /* enum pi_ffn_threshold_on */
     pi_mat *pred_fc1, *pred_fc2;          /* per layer: activation predictor (fc1 data NULL = none) */
     float *pred_threshold;                /* per layer */

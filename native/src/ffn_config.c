@@ -104,10 +104,22 @@ int pi_context_ffn_stats(pi_context *c, int64_t *used, int64_t *total, int32_t r
     return PI_OK;
 }
 
+static void set_hists(pi_context *c, uint32_t *follow, uint32_t *product, uint32_t *gate) {
+    c->ffn_hists = (pi_ffn_hists){follow, product, gate};
+    const int any = follow != NULL || product != NULL || gate != NULL;
+    c->ffn_observer = any ? pi_ffn_hist_observe : NULL;
+    c->ffn_observer_data = any ? &c->ffn_hists : NULL;
+}
+
 int pi_context_set_ffn_hist(pi_context *c, uint32_t *hist) {
     if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_hist: NULL context");
-    c->ffn_observer = hist != NULL ? pi_ffn_hist_observe : NULL;
-    c->ffn_observer_data = hist;
+    set_hists(c, hist, NULL, NULL);
+    return PI_OK;
+}
+
+int pi_context_set_ffn_hist2(pi_context *c, uint32_t *product, uint32_t *gate) {
+    if (c == NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ffn_hist2: NULL context");
+    set_hists(c, NULL, product, gate);
     return PI_OK;
 }
 

@@ -298,7 +298,12 @@ typedef struct {
     const float *h;   /* the rows the down product reads: act(pre) * up x (ungated: act(pre)) */
 } pi_ffn_obs;
 typedef void (*pi_ffn_observer)(void *user, const pi_ffn_obs *o);
-/* ops/ffn_hist.c: pi_context_set_ffn_hist's observer; user is the histogram array */
+/* The histogram arrays pi_context_set_ffn_hist(2) registers: `follow` records the
+ * threshold target's quantity; `product` and `gate` record theirs always */
+typedef struct {
+    uint32_t *follow, *product, *gate;
+} pi_ffn_hists;
+/* ops/ffn_hist.c: pi_context_set_ffn_hist's observer; user is a pi_ffn_hists */
 void pi_ffn_hist_observe(void *user, const pi_ffn_obs *o);
 float pi_act1(int32_t act, float x);
 /* h[i] = gelu(g[i]) * u[i] with GELU evaluated at half precision (as llama.cpp's

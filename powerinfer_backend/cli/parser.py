@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument(
         "--target-sparsity", type=float, default=None, help="instead of a budget: reach this mean FFN sparsity (0..1)"
     )
-    c.add_argument("--tokens", type=positive("--tokens"), default=8192, help="tokens for statistics (default 8192)")
+    c.add_argument("--tokens", type=positive("--tokens"), default=2048, help="tokens for statistics (default 2048)")
     c.add_argument(
         "--heldout-tokens",
         type=positive("--heldout-tokens"),

@@ -170,7 +170,7 @@ class NativeContext:
         self._down_t: dict[int, Any] = {}  # layer -> transposed down array the C context points into
         self._ffn_thr: dict[int, Any] = {}  # layer -> the threshold set with it
         self._down_dense: set[int] = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
-        self._hist: np.ndarray | None = None  # the calibration histogram the C context writes into
+        self._hist: tuple = ()  # the calibration histograms the C context writes into
         self._pred: dict[int, Any] = {}  # layer -> predictor arrays the C context points into
         self._device: Any = None  # the device the C context computes on, kept alive with it
         model._contexts.add(self)
@@ -608,24 +608,32 @@ class NativeContext:
         Raises:
             ValueError: wrong shape, dtype or layout.
         """
-        if hist is None:
-            with self._exclusive():
-                check(lib.pi_context_set_ffn_hist(self._ptr, ffi.NULL), "ffn_hist")
-            self._hist = None
-            return
+        self._set_hists(lib.pi_context_set_ffn_hist, hist)
+
+    def set_ffn_hists(self, product, gate) -> None:
+        """Collect both forms' histograms in one pass (``pi_context_set_ffn_hist2``):
+        |h| into ``product`` and |act(gate x)| into ``gate``, whatever
+        :meth:`set_ffn_threshold_on` says; either may be ``None``, both ``None`` stops.
+        Same arrays and errors as :meth:`set_ffn_hist`, which this replaces (and which
+        replaces this)."""
+        self._set_hists(lib.pi_context_set_ffn_hist2, product, gate)
+
+    def _set_hists(self, fn, *hists) -> None:
         hp = self.model.gguf.hparams
         want = (hp.n_layer, hp.n_ff, FFN_HIST_BINS)
-        if (
-            not isinstance(hist, np.ndarray)
-            or hist.dtype != np.uint32
-            or hist.shape != want
-            or not hist.flags.c_contiguous
-            or not hist.flags.writeable
-        ):
-            raise ValueError(f"ffn hist must be a writable C-contiguous uint32 array of shape {want}")
+        for hist in hists:
+            if hist is not None and (
+                not isinstance(hist, np.ndarray)
+                or hist.dtype != np.uint32
+                or hist.shape != want
+                or not hist.flags.c_contiguous
+                or not hist.flags.writeable
+            ):
+                raise ValueError(f"ffn hist must be a writable C-contiguous uint32 array of shape {want}")
+        ptrs = [ffi.NULL if h is None else ffi.from_buffer("uint32_t[]", h) for h in hists]
         with self._exclusive():
-            check(lib.pi_context_set_ffn_hist(self._ptr, ffi.from_buffer("uint32_t[]", hist)), "ffn_hist")
-        self._hist = hist
+            check(fn(self._ptr, *ptrs), "ffn_hist")
+        self._hist = tuple(hists)  # kept alive while the context may write them
 
     def ffn_stats(self, reset: bool = False, per_layer: bool = False) -> tuple:
         """Neurons used in sparse down projections and neurons those layers have,

@@ -10,7 +10,8 @@ less quality at equal sparsity (docs/sparsity.md), and choose one threshold
 per layer from measured quality, in a few passes over the text:
 
 1. **Statistics** (one dense pass over the calibration tokens): per-layer,
-   per-neuron histograms of |h| collected natively (``pi_context_set_ffn_hist``).
+   per-neuron histograms of |h|, and of |act(g)| for the gate form in the same pass,
+   collected natively (``pi_context_set_ffn_hist2``).
    A layer's threshold for sparsity s is the s-quantile of its histogram.
 2. **Sensitivity**: for each layer alone at a few sparsity levels, the mean
    KL divergence of the next-token distribution from dense on one short chunk.
@@ -21,12 +22,16 @@ per layer from measured quality, in a few passes over the text:
 4. **Budget**: on each path, the sparsest point whose perplexity on a held-out
    tail of the text (never used in steps 1-3) rises by at most
    ``margin * max_ppl_increase`` over dense (the margin guards text the calibration
-   never saw), found by an interpolating search (:mod:`.search`, 3-5 evaluations),
-   and the path reaching the higher mean sparsity wins; or, with
-   ``target_sparsity``, the first point reaching it.
-5. **Forms and speed** (``threshold_on="auto"``): steps 1 and 4 again for the gate
-   form (shared-threshold path only); then decode is timed dense vs sparse for each
-   form on this host (:mod:`.speed`) and the faster form is kept, its speedup recorded
+   never saw), found by an interpolating search (:mod:`.search`, 3-5 evaluations of one
+   chunk, or two near the goal; the greedy path only checked once just past the shared
+   threshold's result, and searched on only if within), the winner checked on the whole
+   tail, and the path reaching the higher mean sparsity wins;
+   or, with ``target_sparsity``, the first point reaching it.
+5. **Forms and speed** (``threshold_on="auto"``): decode is timed dense vs sparse on
+   this host (:mod:`.speed`) for the product form's result, then for the gate form at
+   that sparsity (the most it can reach within the same budget); only if that beats
+   dense and the product form is step 4 run for the gate form (shared-threshold path
+   only) and its result timed. The faster form is kept, its speedup recorded
    (``sparse="auto"`` runs dense when it is below 1).
 
 The result is written as the sparsity sidecar (:mod:`powerinfer_backend.sparsity.sidecar`).
@@ -65,6 +70,10 @@ DEFAULT_MAX_PPL_INCREASE = 0.02
 DEFAULT_MARGIN = 0.75
 #: sparsity step of the greedy allocation
 STEP = 0.05
+#: budget-search evaluations per path: by then the bracket is within a point or two of mean
+#: sparsity, about what a 1024-token measurement's noise (a few tenths of a percent of
+#: perplexity) can resolve
+SEARCH_EVALS = 5
 
 
 class CalibrationError(ValueError):
@@ -248,21 +257,22 @@ def _global_candidates(hist_layers: np.ndarray, max_mean: float, n: int = 160):
     return np.stack(rows_t), np.stack(rows_a)
 
 
-def _statistics(setup: _Setup, ids: list, n_ctx: int, form: str, shape: tuple, progress: bool) -> np.ndarray:
-    """Step 1: per-neuron histograms of the form's quantity over ``ids`` (dense)."""
+def _statistics(setup: _Setup, ids: list, n_ctx: int, forms: Sequence[str], shape: tuple, progress: bool) -> dict:
+    """Step 1: per-neuron histograms of each form's quantity over ``ids`` (dense), every
+    form from the same pass: {form: uint32 (n_layer, n_ff, BINS)}."""
     from tqdm.auto import tqdm
 
     setup.apply(None)
-    setup.ctx.set_ffn_threshold_on(form)  # also what the histograms record
-    hist = np.zeros(shape + (FFN_HIST_BINS,), np.uint32)
-    setup.ctx.set_ffn_hist(hist)
+    hists = {form: np.zeros(shape + (FFN_HIST_BINS,), np.uint32) for form in forms}
+    setup.ctx.set_ffn_hists(hists.get("product"), hists.get("gate"))
     try:
-        for s in tqdm(range(0, len(ids), n_ctx), desc=f"statistics ({form})", unit="chunk", disable=not progress):
+        desc = f"statistics ({', '.join(forms)})"
+        for s in tqdm(range(0, len(ids), n_ctx), desc=desc, unit="chunk", disable=not progress):
             setup.ctx.truncate(0)
             setup.ctx.eval(ids[s : s + n_ctx], logits_all=False)
     finally:
-        setup.ctx.set_ffn_hist(None)
-    return hist
+        setup.ctx.set_ffn_hists(None, None)
+    return hists
 
 
 def _sensitivity(
@@ -290,91 +300,128 @@ def _sensitivity(
     return kl
 
 
-def _held_ppl(setup: _Setup, held: list, n_ctx: int, thresholds: Optional[np.ndarray], form: str = "product"):
-    """Perplexity of the held-out tokens and the measured mean FFN sparsity."""
-    setup.apply(thresholds, form)
-    setup.ctx.ffn_stats(reset=True)
-    r = perplexity(held, setup.eval_all, n_ctx)
-    used, total = setup.ctx.ffn_stats(reset=True, per_layer=True)
-    frac = np.where(total == 0, 0.0, 1.0 - used / np.maximum(total, 1))
-    return r["ppl"], float(frac.mean())
+@dataclass
+class _Part:
+    """One evaluation of a part of the held-out tail: summed NLL, scored tokens, per-layer
+    neurons used and available."""
+
+    nll: float
+    scored: int
+    used: np.ndarray
+    total: np.ndarray
 
 
-def _dense_ppl(setup: _Setup, held: list, n_ctx: int, n_search: int) -> tuple:
-    """Dense perplexity of the first ``n_search`` held-out tokens and of all of them, from one
-    pass over the tail (chunks start from an empty cache, so the two parts' log-likelihoods add):
-    ((ppl of the head, n_search), ppl of all)."""
-    setup.apply(None)
-    head = perplexity(held[:n_search], setup.eval_all, n_ctx)
-    if n_search >= len(held):
-        return (head["ppl"], n_search), head["ppl"]
-    rest = perplexity(held[n_search:], setup.eval_all, n_ctx)
-    nll = (head["nll"] * head["tokens"] + rest["nll"] * rest["tokens"]) / (head["tokens"] + rest["tokens"])
-    return (head["ppl"], n_search), math.exp(nll)
+class _Held:
+    """The held-out tail, chunk by chunk: a budget-search step measures its first chunk, or
+    its first ``n_search`` chunks; the final check all of them. Each (key, chunk) is evaluated
+    once; chunks start from an empty cache, so their log-likelihoods add up to any prefix's."""
+
+    def __init__(self, setup: _Setup, held: list, n_ctx: int, n_search: int):
+        self.setup, self.n_ctx = setup, n_ctx
+        self.chunks = [held[s : s + n_ctx] for s in range(0, len(held) - n_ctx + 1, n_ctx)]
+        self.n_search = max(1, min(n_search // n_ctx, len(self.chunks)))  # in chunks
+        self.cache: dict[tuple, _Part] = {}
+
+    def evaluations(self, prefix: tuple) -> int:
+        """Chunks evaluated for keys starting with ``prefix``."""
+        return sum(1 for k, _ in self.cache if k[: len(prefix)] == prefix)
+
+    def measure(self, key: tuple, thresholds: Optional[np.ndarray], form: str, n: int) -> tuple:
+        """(perplexity, measured mean FFN sparsity) of ``thresholds`` (None: dense) on the
+        first ``n`` chunks."""
+        got = []
+        for c in range(n):
+            if (key, c) not in self.cache:
+                self.setup.apply(thresholds, form)
+                self.setup.ctx.ffn_stats(reset=True)
+                r = perplexity(self.chunks[c], self.setup.eval_all, self.n_ctx)
+                used, total = self.setup.ctx.ffn_stats(reset=True, per_layer=True)
+                self.cache[key, c] = _Part(r["nll"] * r["tokens"], r["tokens"], used, total)
+            got.append(self.cache[key, c])
+        used, total = sum(g.used for g in got), sum(g.total for g in got)
+        frac = np.where(total == 0, 0.0, 1.0 - used / np.maximum(total, 1))
+        return math.exp(sum(g.nll for g in got) / sum(g.scored for g in got)), float(frac.mean())
 
 
 def _choose_on_paths(
-    setup: _Setup,
-    held: list,
-    n_ctx: int,
+    meter: _Held,
     form: str,
     hist: np.ndarray,
     paths: dict,
-    ppl_dense: tuple,
     goal: Optional[float],
     target: Optional[float],
     progress: bool,
+    prior: Optional[float] = None,
 ) -> _Choice:
     """Steps 3-4 for one form: on each candidate path the sparsest point within ``goal``
     (relative perplexity increase; :func:`~powerinfer_backend.sparsity.search.search_budget`),
     or the first reaching ``target``; the path reaching more mean sparsity wins.
 
-    ``ppl_dense`` is :func:`_dense_ppl`'s ((dense perplexity of the first n_search held-out
-    tokens, n_search), dense perplexity of all ``held``). The search measures those first
-    n_search tokens; the winner is then measured on all of ``held``, and searched again there
-    below it if it exceeds the goal, so the point returned is always within the goal on the
-    whole held-out tail."""
-    (search_ppl, n_search), full_ppl = ppl_dense
-    measured: dict[tuple[str, int, int], tuple[float, float]] = {}
+    A search step measures the held-out tail's first chunk, and its search chunks
+    (``meter.n_search``) only when the first chunk's increase lies within half the goal of
+    the goal (a point far on one side is decided by one chunk). A later path is measured
+    first just past the best point so far, and searched only if that point is within the
+    goal (its increase grows along the path, so otherwise it cannot win). The winner is
+    then measured on the whole tail and, if over the goal there, searched again below it
+    on the whole tail, so the point returned is always within the goal on the whole
+    held-out tail. ``prior``: the first path's first guess (mean sparsity)."""
+    n_all = len(meter.chunks)
+    dense = {n: meter.measure(("dense",), None, form, n)[0] for n in {1, meter.n_search, n_all}}
 
-    def dense_of(n_tok: int) -> float:
-        return search_ppl if n_tok == n_search else full_ppl
-
-    def measure(name: str, i: int, n_tok: int) -> tuple[float, float]:
-        dense = dense_of(n_tok)
+    def measure(name: str, i: int, n: int) -> tuple[float, float]:
         if i == 0:
-            return dense, 0.0
-        if (name, i, n_tok) not in measured:
-            measured[name, i, n_tok] = _held_ppl(setup, held[:n_tok], n_ctx, paths[name][0][i], form)
-            if progress:
-                where = "" if n_tok == len(held) else f" (first {n_tok} held-out tokens)"
-                print(
-                    f"  {form} {name}: mean sparsity {paths[name][1][i].mean():.1%}: perplexity "
-                    f"{measured[name, i, n_tok][0] / dense - 1:+.2%}{where}",
-                    file=sys.stderr,
-                )
-        return measured[name, i, n_tok]
+            return dense[n], 0.0
+        seen = len(meter.cache)
+        r = meter.measure((form, name, i), paths[name][0][i], form, n)
+        if progress and len(meter.cache) > seen:
+            where = "" if n == n_all else f" (first {n * meter.n_ctx} held-out tokens)"
+            print(
+                f"  {form} {name}: mean sparsity {paths[name][1][i].mean():.1%}: perplexity "
+                f"{r[0] / dense[n] - 1:+.2%}{where}",
+                file=sys.stderr,
+            )
+        return r
 
-    def increase(name: str, n_tok: int) -> Callable[[int], float]:
-        return lambda k: measure(name, k, n_tok)[0] / dense_of(n_tok) - 1.0
+    def increase(name: str, n: int) -> Callable[[int], float]:
+        return lambda k: measure(name, k, n)[0] / dense[n] - 1.0
 
-    choices = []  # (mean expected sparsity, name, index)
+    def step(name: str) -> Callable[[int], float]:
+        assert goal is not None
+
+        def inc(k: int) -> float:
+            first = increase(name, 1)(k)
+            return first if abs(first - goal) > 0.5 * goal else increase(name, meter.n_search)(k)
+
+        return inc
+
+    best: Optional[tuple[float, str, int]] = None  # (mean expected sparsity, name, index)
     for name, (_, alloc_rows) in paths.items():
         means = alloc_rows.mean(axis=1)
         if target is not None:
             reach = np.nonzero(means >= target - 1e-6)[0]
             i = int(reach[0]) if len(reach) else len(means) - 1
-            choices.append((-abs(means[i] - target), name, i))
+            cand = (-abs(means[i] - target), name, i)
+            best = cand if best is None or cand > best else best
             continue
         assert goal is not None  # without a target the search has a perplexity goal
-        i, _ = search_budget(means, increase(name, n_search), goal)
-        choices.append((float(means[i]), name, i))
-    _, name, i = max(choices)
-    if goal is not None and n_search < len(held) and i > 0 and increase(name, len(held))(i) > goal:
+        known: dict[int, float] = {}
+        if best is not None:
+            j = int(np.searchsorted(means, best[0], side="right"))  # the first row sparser than the best
+            if j >= len(means) or step(name)(j) > goal:
+                continue
+            known[j] = step(name)(j)
+        i, _ = search_budget(means, step(name), goal, known=known, prior=prior or 0.3, max_evals=SEARCH_EVALS)
+        prior = None
+        if best is None or means[i] > best[0]:
+            best = (float(means[i]), name, i)
+    assert best is not None
+    _, name, i = best
+    if goal is not None and i > 0 and increase(name, n_all)(i) > goal:
         # over the goal on the whole tail: search the rows below it, measuring the whole tail
-        i, _ = search_budget(paths[name][1][:i].mean(axis=1), increase(name, len(held)), goal)
-    ppl, held_sparsity = measure(name, i, len(held))
-    return _Choice(form, hist, paths[name][0][i], paths[name][1][i], name, ppl, held_sparsity, len(measured))
+        i, _ = search_budget(paths[name][1][:i].mean(axis=1), increase(name, n_all), goal, max_evals=SEARCH_EVALS)
+    ppl, held_sparsity = measure(name, i, n_all)
+    evals = meter.evaluations((form,))
+    return _Choice(form, hist, paths[name][0][i], paths[name][1][i], name, ppl, held_sparsity, evals)
 
 
 def calibrate(
@@ -383,7 +430,7 @@ def calibrate(
     *,
     max_ppl_increase: Optional[float] = DEFAULT_MAX_PPL_INCREASE,
     target_sparsity: Optional[float] = None,
-    tokens: int = 8192,
+    tokens: int = 2048,
     heldout_tokens: int = 2048,
     search_tokens: int = 1024,
     n_ctx: int = 512,
@@ -393,10 +440,9 @@ def calibrate(
     force: bool = False,
     n_threads: Optional[int] = None,
     margin: float = DEFAULT_MARGIN,
-    levels: Sequence[float] = (0.25, 0.5, 0.75),
-    sens_tokens: int = 64,
+    levels: Sequence[float] = (0.35, 0.7),
+    sens_tokens: int = 32,
     threshold_on: str = "auto",
-    gate_tokens: int = 4096,
     speed_check: bool = True,
     speed_steps: int = 32,
     speed_repeats: int = 5,
@@ -411,10 +457,11 @@ def calibrate(
             Its token sequence is split: the last ``heldout_tokens`` (whole chunks of
             ``n_ctx``; at most a quarter of the text) are held out for the budget
             check, statistics and sensitivities use at most ``tokens`` from the start.
-        search_tokens: the budget search measures the first ``search_tokens`` of the
-            held-out tail (whole chunks, at least one); the point it finds is then measured on
-            the whole tail and, if over the goal there, searched again on the whole tail below
-            it. Two chunks per search step instead of four nearly halve the search.
+        search_tokens: a budget-search step measures the held-out tail's first chunk, and
+            its first ``search_tokens`` (whole chunks, at least one) when that chunk's
+            increase lies within half the goal of the goal; the point found is then measured
+            on the whole tail (its chunks not measured yet) and, if over the goal there,
+            searched again on the whole tail below it.
         max_ppl_increase: relative perplexity budget on the held-out tail (0.02 = +2%),
             met with ``margin`` (the search targets margin * budget).
         target_sparsity: instead of a budget, the lowest allocation with this mean
@@ -424,9 +471,12 @@ def calibrate(
         force: replace a sidecar made from another model or text.
         levels: sparsity levels of the per-layer sensitivity measurement.
         threshold_on: "product" (|h|: far less quality lost at equal sparsity),
-            "gate" (|act(gate x)|, CATS: skips up rows too), or "auto" (default): both,
-            the gate form on the shared-threshold path only (statistics over
-            ``gate_tokens``), and the one with the faster measured decode kept.
+            "gate" (|act(gate x)|, CATS: skips up rows too), or "auto" (default): both
+            forms' statistics from one pass; the product form searched, then the gate form
+            timed at the product's sparsity (the most it can reach within the budget) and
+            searched (shared-threshold path only) only if that decodes faster than dense
+            and the product form; the one with the faster measured decode kept. Without
+            ``speed_check`` "auto" keeps the product form.
         sens_tokens: tokens of the sensitivity chunk (<= n_ctx).
         speed_check: time decode dense vs sparse on this host (``speed_repeats``
             alternating pairs of ``speed_steps`` tokens) and record the speedup in the
@@ -451,8 +501,8 @@ def calibrate(
         raise CalibrationError(f"max_ppl_increase must be in (0, 10) (0.02 = +2%), got {max_ppl_increase}")
     if n_ctx < 16:
         raise CalibrationError(f"n_ctx must be >= 16, got {n_ctx}")
-    if tokens < 1 or heldout_tokens < 1 or gate_tokens < 1 or search_tokens < 1:
-        raise CalibrationError("tokens, heldout_tokens, search_tokens and gate_tokens must be >= 1")
+    if tokens < 1 or heldout_tokens < 1 or search_tokens < 1:
+        raise CalibrationError("tokens, heldout_tokens and search_tokens must be >= 1")
     if not 0.0 < margin <= 1.0:
         raise CalibrationError(f"margin must be in (0, 1], got {margin}")
     levels = sorted(float(x) for x in levels)
@@ -497,36 +547,55 @@ def calibrate(
 
     with run.context(n_threads) as ctx:
         setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
-        n_search = min(max(1, search_tokens // n_ctx) * n_ctx, len(held))
-        dense = _dense_ppl(setup, held, n_ctx, n_search)
-        ppl_dense = dense[1]
+        meter = _Held(setup, held, n_ctx, min(max(1, search_tokens // n_ctx) * n_ctx, len(held)))
+        ppl_dense = meter.measure(("dense",), None, forms[0], len(meter.chunks))[0]
         t = lap("dense", t0)
-        results = []
+        hists = _statistics(setup, stats_ids, n_ctx, forms, shape, progress)
+        t = lap("statistics", t)
+
+        def timed(thresholds: np.ndarray, form: str, repeats: int = speed_repeats) -> dict:
+            return run.speed(
+                ctx,
+                lambda: setup.apply(None),
+                functools.partial(setup.apply, thresholds, form),
+                steps=speed_steps,
+                repeats=repeats,
+            )
+
+        results: list[_Choice] = []
+        notes: list[str] = []  # forms not searched, and why
         for form in forms:
-            full = form == forms[0]  # the first form gets the sensitivity pass and the greedy path too
-            hist = _statistics(setup, stats_ids if full else stats_ids[:gate_tokens], n_ctx, form, shape, progress)
-            layer_hist = hist.sum(axis=1, dtype=np.uint64)
-            t = lap("statistics", t)
+            layer_hist = hists[form].sum(axis=1, dtype=np.uint64)
             paths = {"global-threshold": _global_candidates(layer_hist, levels[-1])}
-            if full:
+            prior = None
+            if form == forms[0]:  # the first form gets the sensitivity pass and the greedy path too
                 kl = _sensitivity(setup, stats_ids[:sens_tokens], layer_hist, levels, form, progress)
                 paths["kl-greedy"] = _greedy_candidates(greedy_path(kl, levels), layer_hist)
                 t = lap("sensitivity", t)
-            r = _choose_on_paths(setup, held, n_ctx, form, hist, paths, dense, goal, target_sparsity, progress)
+            else:
+                first = results[0]
+                # A later form (the gate) costs more quality per skipped neuron than the product,
+                # so within the same budget it reaches at most the first form's sparsity: timed
+                # there, it shows the most it could gain. It is searched only if that beats dense
+                # and the first form (with no timings, the first form is kept: nothing to search for).
+                means = paths["global-threshold"][1].mean(axis=1)
+                k = int(np.searchsorted(means, first.alloc.mean(), side="right")) - 1
+                if not speed_check or k <= 0:
+                    notes.append(f"{form}: not searched" + ("" if speed_check else " (no speed check)"))
+                    continue
+                bound = timed(paths["global-threshold"][0][k], form, min(speed_repeats, 3))  # a bound: 3 pairs
+                t = lap("speed check", t)
+                if bound["speedup"] <= max(1.0, first.speed["speedup"] if first.speed else 0.0):
+                    notes.append(f"{form}: not searched ({bound['speedup']:.2f}x at {means[k]:.1%})")
+                    continue
+                prior = min(0.3, float(means[k]))
+            r = _choose_on_paths(meter, form, hists[form], paths, goal, target_sparsity, progress, prior)
             t = lap("budget search", t)
             if r.alloc.mean() > 0 or form == forms[0]:
                 results.append(r)
-        if speed_check:
-            for r in results:
-                if r.alloc.mean() > 0:
-                    r.speed = run.speed(
-                        ctx,
-                        lambda: setup.apply(None),
-                        functools.partial(setup.apply, r.thresholds, r.form),
-                        steps=speed_steps,
-                        repeats=speed_repeats,
-                    )
-            t = lap("speed check", t)
+                if speed_check and r.alloc.mean() > 0:
+                    r.speed = timed(r.thresholds, form)
+                    t = lap("speed check", t)
         # the fastest form within the budget (without timings: the first, the better quality per sparsity)
         best = max(results, key=lambda r: r.speed["speedup"] if r.speed else -1.0) if speed_check else results[0]
 
@@ -539,11 +608,12 @@ def calibrate(
         + (f" {r.speed['speedup']:.2f}x" if r.speed else "")
         for r in results
     )
+    tried = "; ".join([tried] + notes)
     info = {
         **run.provenance(),
         "tokens_stats": len(stats_ids),
         "tokens_heldout": len(held),
-        "tokens_search": n_search,
+        "tokens_search": meter.n_search * n_ctx,
         "ppl_dense": ppl_dense,
         "ppl_sparse": best.ppl,
         "max_ppl_increase": max_ppl_increase if target_sparsity is None else None,

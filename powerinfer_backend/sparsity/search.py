@@ -15,7 +15,7 @@ returned point is always one that was measured within the goal (or dense).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -53,6 +53,7 @@ def search_budget(
     tol: float = 0.01,
     max_evals: int = 8,
     prior: float = 0.3,
+    known: Optional[dict] = None,
 ) -> tuple[int, int]:
     """Sparsest path index within the perplexity goal.
 
@@ -64,6 +65,8 @@ def search_budget(
         tol: stop once the rows known within and over the goal differ by at most this
             much mean sparsity.
         prior: mean sparsity of the first guess.
+        known: row -> increase already measured (rows > 0); they bound the search and
+            guide its predictions without counting as evaluations.
 
     Returns:
         (index of the sparsest measured row within the goal, or 0; evaluations made).
@@ -73,6 +76,13 @@ def search_budget(
     lo, hi = 0, n  # rows <= lo: within (lo measured, or dense); rows >= hi: over (hi == n: unknown)
     points: list[tuple[float, float]] = []
     sides: list[bool] = []
+    for i, inc in sorted((known or {}).items()):
+        points.append((float(means[i]), float(inc)))
+        if inc <= goal:
+            lo = max(lo, i)
+        else:
+            hi = min(hi, i)
+    hi = max(hi, lo + 1)  # a row within the goal above one over it (noise): trust the sparser
     evals = 0
     while hi - lo > 1 and evals < max_evals:
         if hi < n and means[hi] - means[lo] <= tol:

@@ -117,6 +117,35 @@ def test_native_histogram_matches_sparse_counts(tmp_path, target):
         ctx.set_ffn_threshold_on("up")
 
 
+def test_one_pass_collects_both_forms(tmp_path):
+    """set_ffn_hists: the product and gate histograms of one pass are, bit for bit, those of
+    one pass per form (set_ffn_hist following the threshold target)."""
+    m = NativeModel(load_gguf(tiny(tmp_path), verbose=False))
+    hp = m.gguf.hparams
+    toks = [1, 5, 9, 3, 7, 2, 11, 13]
+    shape = (hp.n_layer, hp.n_ff, FFN_HIST_BINS)
+    ctx = NativeContext(m, n_ctx=16, n_batch=8, n_threads=2)
+    single = {}
+    for target in ("product", "gate"):
+        ctx.set_ffn_threshold_on(target)
+        single[target] = np.zeros(shape, np.uint32)
+        ctx.set_ffn_hist(single[target])
+        ctx.truncate(0)
+        ctx.eval(toks)
+    both = {"product": np.zeros(shape, np.uint32), "gate": np.zeros(shape, np.uint32)}
+    ctx.set_ffn_hists(both["product"], both["gate"])  # whatever the target (gate, from the loop)
+    ctx.truncate(0)
+    ctx.eval(toks)
+    ctx.set_ffn_hists(None, None)
+    ctx.truncate(0)
+    ctx.eval(toks)  # no longer collecting
+    assert not np.array_equal(single["product"], single["gate"])
+    for target in both:
+        np.testing.assert_array_equal(both[target], single[target])
+    with pytest.raises(ValueError, match="uint32"):
+        ctx.set_ffn_hists(np.zeros(shape, np.int32), None)
+
+
 def test_greedy_path_takes_cheapest_steps_first():
     kl = np.array([[1.0, 2.0], [0.01, 0.02], [0.1, 5.0]])
     path = greedy_path(kl, (0.4, 0.8), step=0.2)

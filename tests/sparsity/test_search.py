@@ -32,3 +32,23 @@ def test_whole_path_within_and_nothing_within():
     assert i == len(MEANS) - 1 and evals <= 4
     i, evals = search_budget(MEANS, lambda i: 1.0, 0.015, max_evals=8)
     assert i == 0 and evals <= 8  # dense: no measured point was within the goal
+
+
+def test_known_rows_bound_the_search_without_evaluations():
+    """Rows measured before (another path's check) are not measured again: one within the
+    goal is a floor of the answer, one over it a ceiling."""
+
+    def inc(i):
+        seen.append(i)
+        return 0.015 * (MEANS[i] / 0.3) ** 4
+
+    truth = MEANS[[j for j in range(1, len(MEANS)) if 0.015 * (MEANS[j] / 0.3) ** 4 <= 0.015][-1]]
+    seen: list[int] = []
+    j = int(np.searchsorted(MEANS, 0.25))
+    i, evals = search_budget(MEANS, inc, 0.015, tol=0.01, known={j: inc(j)})
+    assert seen[0] == j and j not in seen[1:] and evals == len(seen) - 1
+    assert all(s > j for s in seen[1:]) and truth - 0.01 <= MEANS[i] <= truth
+    seen = []
+    k = int(np.searchsorted(MEANS, 0.35))
+    i, _ = search_budget(MEANS, inc, 0.015, tol=0.01, known={k: inc(k)})
+    assert k not in seen[1:] and all(s < k for s in seen[1:]) and MEANS[i] <= truth

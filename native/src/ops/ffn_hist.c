@@ -47,9 +47,15 @@ static void hist_add(pi_pool *pool, uint32_t *hist, const float *v, int64_t n_to
 }
 
 void pi_ffn_hist_observe(void *user, const pi_ffn_obs *o) {
-    uint32_t *hist = (uint32_t *)user + (size_t)o->layer * o->n_ff * PI_FFN_HIST_BINS;
-    if (o->on_gate) /* what the threshold compares: the gate activation, or the product h */
-        hist_add(o->pool, hist, o->pre, o->n_tok, o->n_ff, o->act);
-    else
-        hist_add(o->pool, hist, o->h, o->n_tok, o->n_ff, -1);
+    const pi_ffn_hists *hs = user;
+    uint32_t *product = hs->product, *gate = hs->gate;
+    if (hs->follow != NULL) { /* what the threshold compares: the gate activation, or the product h */
+        if (o->on_gate)
+            gate = hs->follow;
+        else
+            product = hs->follow;
+    }
+    const size_t at = (size_t)o->layer * o->n_ff * PI_FFN_HIST_BINS;
+    if (gate != NULL) hist_add(o->pool, gate + at, o->pre, o->n_tok, o->n_ff, o->act);
+    if (product != NULL) hist_add(o->pool, product + at, o->h, o->n_tok, o->n_ff, -1);
 }
