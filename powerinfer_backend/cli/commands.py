@@ -82,6 +82,10 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    other = "--ffn-density-sweep" if args.ffn_density_sweep else "--busy" if args.busy is not None else None
+    other = other or ("--profile-ops" if args.profile_ops else None)
+    if other is not None and (args.runs > 1 or args.roofline):
+        raise ValueError(f"{'--runs' if args.runs > 1 else '--roofline'} does not apply to bench {other}")
     if args.ffn_density_sweep:
         from .sweeps import format_sweep, run_sweep
 
@@ -107,6 +111,11 @@ def cmd_bench(args) -> int:
     runs = []
     for _ in range(args.runs):  # each run loads both engines afresh, as a user's process would
         load = os.getloadavg()[0]
+        if load >= args.threads:  # the engines' threads will wait for cores: ratios measure the neighbours too
+            warn_line(
+                f"load average {load:.2f} before this run with {args.threads} threads: other processes "
+                "share the cores, so its ratios are a busy host's (--busy measures that on purpose)"
+            )
         result = run_bench(
             model, n_prefill=args.n_prefill, include_llama_cpp=not args.no_llama_cpp, sparse=args.sparse, **timing
         )

@@ -79,6 +79,16 @@ def test_bench_runs_json_has_each_run_and_their_medians():
     assert loads == [run["loadavg_before"] for run in r["runs"]] and all(v >= 0 for v in loads)
 
 
+def test_bench_runs_and_roofline_refused_in_the_other_modes():
+    for extra, flag in ((["--runs", "2", "--profile-ops"], "--runs"), (["--roofline", "--busy", "1"], "--roofline")):
+        p = _run("bench", *extra)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert (
+            p.stderr.strip()
+            == f"powerinfer-backend: error: {flag} does not apply to bench {extra[-1 if flag == '--runs' else -2]}"
+        )
+
+
 def test_summarize_runs_takes_medians_of_per_run_ratios():
     from powerinfer_backend.cli.bench import format_summary, summarize_runs
 
