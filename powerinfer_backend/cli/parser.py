@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..server.arg_types import RANDOM_SEED, int_in, non_negative, number, positive, threads
+from ..server.arg_types import RANDOM_SEED, between, int_in, non_negative, number, positive, threads
 from . import commands
 from .commands import (
     DEFAULT_PROMPT,
@@ -68,12 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     budget = c.add_mutually_exclusive_group()
     budget.add_argument(
         "--max-ppl-increase",
-        type=float,
+        type=between("--max-ppl-increase", 0, 10),
         default=0.02,
         help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)",
     )
     budget.add_argument(
-        "--target-sparsity", type=float, default=None, help="instead of a budget: reach this mean FFN sparsity (0..1)"
+        "--target-sparsity",
+        type=between("--target-sparsity", 0, 1),
+        default=None,
+        help="instead of a budget: reach this mean FFN sparsity (0..1)",
     )
     c.add_argument("--tokens", type=positive("--tokens"), default=2048, help="tokens for statistics (default 2048)")
     c.add_argument(
@@ -119,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     tb = t.add_mutually_exclusive_group()
     tb.add_argument(
         "--max-ppl-increase",
-        type=float,
+        type=between("--max-ppl-increase", 0, 10),
         default=0.02,
         help="relative perplexity budget on the held-out tail (default 0.02 = +2%%)",
     )

@@ -100,3 +100,18 @@ def resolve_seed(seed: int | None) -> int:
     import random
 
     return random.SystemRandom().randrange(RANDOM_SEED)
+
+
+def between(name: str, lo: float, hi: float):
+    """argparse type: a float strictly between lo and hi."""
+
+    def parse(value):
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+        if not lo < x < hi:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{name} must be in ({lo:g}, {hi:g}), got {value}")
+        return x
+
+    return parse
