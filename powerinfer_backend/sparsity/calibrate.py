@@ -640,6 +640,8 @@ def calibrate(
     check_overwrite(run.path, run.model_sha, run.text_sha, force=force)  # again: another run may have written it
     path = run.write(prof)
     speed = f"; decode {best.speed['speedup']:.2f}x dense on {best.speed['threads']} threads" if best.speed else ""
+    if best.speed and best.speed["speedup"] < 1.0:  # modes._slower_than_dense: auto will not use them
+        speed += " (slower: sparse='auto' runs dense, sparse='threshold' forces these thresholds)"
     log(
         f"calibrated {os.path.basename(model_path)} in {wall:.0f} s ({cpu:.0f} s CPU; "
         + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items())
