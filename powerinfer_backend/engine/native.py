@@ -110,6 +110,19 @@ class NativeModel:
         self.close()
 
 
+def _require_out_array(a, dtype, shape: tuple, what: str) -> None:
+    """Raises ValueError unless ``a`` is a writable C-contiguous ndarray of ``dtype`` and ``shape``
+    (an array the C library writes into while it is set)."""
+    if (
+        not isinstance(a, np.ndarray)
+        or a.dtype != dtype
+        or a.shape != shape
+        or not a.flags.c_contiguous
+        or not a.flags.writeable
+    ):
+        raise ValueError(f"{what} must be a writable C-contiguous {np.dtype(dtype).name} array of shape {shape}")
+
+
 class NativeContext:
     """A KV cache and compute buffers for ``n_seq_max`` sequences (slots).
 
@@ -554,15 +567,7 @@ class NativeContext:
             self._capture = None
             return
         hp = self.model.gguf.hparams
-        want = (hp.n_layer, self.n_batch, hp.n_embd)
-        if (
-            not isinstance(buf, np.ndarray)
-            or buf.dtype != np.float32
-            or buf.shape != want
-            or not buf.flags.c_contiguous
-            or not buf.flags.writeable
-        ):
-            raise ValueError(f"ffn capture buffer must be a writable C-contiguous float32 array of shape {want}")
+        _require_out_array(buf, np.float32, (hp.n_layer, self.n_batch, hp.n_embd), "ffn capture buffer")
         with self._exclusive():
             check(lib.pi_context_set_ffn_capture(self._ptr, ffi.cast("float *", ffi.from_buffer(buf))), "ffn_capture")
         self._capture = buf
@@ -620,16 +625,9 @@ class NativeContext:
 
     def _set_hists(self, fn, *hists) -> None:
         hp = self.model.gguf.hparams
-        want = (hp.n_layer, hp.n_ff, FFN_HIST_BINS)
         for hist in hists:
-            if hist is not None and (
-                not isinstance(hist, np.ndarray)
-                or hist.dtype != np.uint32
-                or hist.shape != want
-                or not hist.flags.c_contiguous
-                or not hist.flags.writeable
-            ):
-                raise ValueError(f"ffn hist must be a writable C-contiguous uint32 array of shape {want}")
+            if hist is not None:
+                _require_out_array(hist, np.uint32, (hp.n_layer, hp.n_ff, FFN_HIST_BINS), "ffn hist")
         ptrs = [ffi.NULL if h is None else ffi.from_buffer("uint32_t[]", h) for h in hists]
         with self._exclusive():
             check(fn(self._ptr, *ptrs), "ffn_hist")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import re
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -515,3 +517,32 @@ def test_sparse_ffn_validation(models):
         ctx.set_ffn_sparsity(0, good, -1.0)
     with pytest.raises(NotImplementedError):
         ctx.set_ffn_sparsity(0, good.astype(np.float64))
+
+
+def test_arrays_the_library_writes_are_checked(models):
+    """set_ffn_hist(s) and set_ffn_capture take only writable C-contiguous arrays of their exact
+    dtype and shape (the C library writes into them), and say which they need."""
+    from powerinfer_backend.engine.native import FFN_HIST_BINS
+
+    model = models("f32")
+    ctx = NativeContext(model, n_ctx=16, n_batch=8, n_threads=1)
+    hp = model.gguf.hparams
+    hist = np.zeros((hp.n_layer, hp.n_ff, FFN_HIST_BINS), np.uint32)
+    want = f"ffn hist must be a writable C-contiguous uint32 array of shape {hist.shape}"
+    for bad in (hist.astype(np.int32), hist[:, :-1], np.asfortranarray(hist), hist.copy().view(np.uint32)[::1]):
+        if bad.flags.c_contiguous and bad.dtype == np.uint32 and bad.shape == hist.shape:
+            bad.flags.writeable = False
+        with pytest.raises(ValueError, match=re.escape(want)):
+            ctx.set_ffn_hist(bad)
+        with pytest.raises(ValueError, match=re.escape(want)):
+            ctx.set_ffn_hists(hist, bad)
+    ctx.set_ffn_hists(hist, None)  # accepted, then stopped
+    ctx.set_ffn_hists(None, None)
+    cap = np.zeros((hp.n_layer, 8, hp.n_embd), np.float32)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"ffn capture buffer must be a writable C-contiguous float32 array of shape {cap.shape}"),
+    ):
+        ctx.set_ffn_capture(cap.astype(np.float64))
+    ctx.set_ffn_capture(cap)
+    ctx.set_ffn_capture(None)
