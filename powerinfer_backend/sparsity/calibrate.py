@@ -554,13 +554,18 @@ def calibrate(
         t = lap("statistics", t)
 
         def timed(thresholds: np.ndarray, form: str, repeats: int = speed_repeats) -> dict:
-            return run.speed(
+            if progress:  # a few seconds to a minute without a bar: say what runs
+                print(f"  speed check ({form}): {repeats} pairs of dense and sparse decodes ...", file=sys.stderr)
+            r = run.speed(
                 ctx,
                 lambda: setup.apply(None),
                 functools.partial(setup.apply, thresholds, form),
                 steps=speed_steps,
                 repeats=repeats,
             )
+            if progress:
+                print(f"  speed check ({form}): {r['speedup']:.2f}x dense", file=sys.stderr)
+            return r
 
         results: list[_Choice] = []
         notes: list[str] = []  # forms not searched, and why
