@@ -313,13 +313,14 @@ class _Part:
 
 class _Held:
     """The held-out tail, chunk by chunk: a budget-search step measures its first chunk, or
-    its first ``n_search`` chunks; the final check all of them. Each (key, chunk) is evaluated
-    once; chunks start from an empty cache, so their log-likelihoods add up to any prefix's."""
+    its first ``n_search`` chunks (``search_tokens``' whole chunks, at least one, at most all);
+    the final check all of them. Each (key, chunk) is evaluated once; chunks start from an
+    empty cache, so their log-likelihoods add up to any prefix's."""
 
-    def __init__(self, setup: _Setup, held: list, n_ctx: int, n_search: int):
+    def __init__(self, setup: _Setup, held: list, n_ctx: int, search_tokens: int):
         self.setup, self.n_ctx = setup, n_ctx
         self.chunks = [held[s : s + n_ctx] for s in range(0, len(held) - n_ctx + 1, n_ctx)]
-        self.n_search = max(1, min(n_search // n_ctx, len(self.chunks)))  # in chunks
+        self.n_search = max(1, min(search_tokens // n_ctx, len(self.chunks)))  # in chunks
         self.cache: dict[tuple, _Part] = {}
 
     def evaluations(self, prefix: tuple) -> int:
@@ -404,13 +405,16 @@ def _choose_on_paths(
             best = cand if best is None or cand > best else best
             continue
         assert goal is not None  # without a target the search has a perplexity goal
+        inc = step(name)
         known: dict[int, float] = {}
         if best is not None:
             j = int(np.searchsorted(means, best[0], side="right"))  # the first row sparser than the best
-            if j >= len(means) or step(name)(j) > goal:
+            if j >= len(means):
                 continue
-            known[j] = step(name)(j)
-        i, _ = search_budget(means, step(name), goal, known=known, prior=prior or 0.3, max_evals=SEARCH_EVALS)
+            known[j] = inc(j)
+            if known[j] > goal:
+                continue
+        i, _ = search_budget(means, inc, goal, known=known, prior=prior or 0.3, max_evals=SEARCH_EVALS)
         prior = None
         if best is None or means[i] > best[0]:
             best = (float(means[i]), name, i)
@@ -547,7 +551,7 @@ def calibrate(
 
     with run.context(n_threads) as ctx:
         setup = _Setup(ctx, down_t, hp.act_name in ("relu", "drelu"))
-        meter = _Held(setup, held, n_ctx, min(max(1, search_tokens // n_ctx) * n_ctx, len(held)))
+        meter = _Held(setup, held, n_ctx, search_tokens)
         ppl_dense = meter.measure(("dense",), None, forms[0], len(meter.chunks))[0]
         t = lap("dense", t0)
         hists = _statistics(setup, stats_ids, n_ctx, forms, shape, progress)
