@@ -285,8 +285,7 @@ def predicted(path: Path, a, sizes, budget: int, freq) -> dict:
 
     host = a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
     mode = "relu" if freq is not None else "dense"
-    if mode != "dense":  # the engine's sparse layers keep their down_t once split
-        sizes = sizes.sparse_ffn()
+    sizes = sizes.for_mode(mode)  # the engine's sparse layers keep their down_t once split
     plan = plan_auto(
         sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, device_gbps=a.device_bandwidth, host_gbps=host, mode=mode
     )  # placement="auto", the default

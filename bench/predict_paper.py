@@ -119,8 +119,7 @@ def main() -> None:
     rows = []
     for name, shape in SHAPES.items():
         s = paper_sizes(*shape, wtype={"f16": F16, "q4_0": Q4_0}[a.wtype])
-        if a.mode != "dense":  # a sparse mode's layers keep their down_t once split
-            s = s.sparse_ffn()
+        s = s.for_mode(a.mode)  # a sparse mode's layers keep their down_t once split
         budget = (
             int(a.budget_fraction * full_device_bytes(s, a.ctx, a.batch))
             if a.budget_fraction

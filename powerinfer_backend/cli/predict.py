@@ -45,8 +45,7 @@ def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
         if args.mode != "auto"
         else pr.default_mode(act, has_sidecar=prof is not None, has_predictors=_predictor_bytes(prof) > 0)
     )
-    if mode != "dense":  # the engine's sparse layers keep their down_t once split
-        sizes = sizes.sparse_ffn()
+    sizes = sizes.for_mode(mode)  # a sparse mode's layers keep their down_t once split
     measured = args.host_bandwidth is None
     host = pr.measure_host_bandwidth(n_threads=max(1, args.threads)) if measured else args.host_bandwidth
     return {

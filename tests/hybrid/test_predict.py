@@ -189,7 +189,7 @@ def test_split_host_reads_no_more_than_cpu_only(tmp_path, wtype):
 
             def host(n_hot, freq=freq, mode=mode):
                 return pr.layer_time(
-                    b if mode == "dense" else pr.LayerBytes.of(s.sparse_ffn(), 0),
+                    pr.LayerBytes.of(s.for_mode(mode), 0),
                     0,
                     n_ff=n_ff,
                     attn_on=False,

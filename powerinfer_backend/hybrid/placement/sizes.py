@@ -260,6 +260,11 @@ class ModelSizes:
         threshold, predictor) runs them: no split layer's down summed on the host."""
         return replace(self, host_down_from=(self.n_ff + 1,) * self.n_layer)
 
+    def for_mode(self, mode: str) -> "ModelSizes":
+        """These sizes as the engine runs the cost model's ``mode``: "dense" as they are, a
+        sparse mode (relu, threshold, predictor) with every FFN sparse (:meth:`sparse_ffn`)."""
+        return self if mode == "dense" else self.sparse_ffn()
+
     def host_down(self, i: int, n_hot: int) -> bool:
         """Whether layer ``i`` with ``n_hot`` neurons on the device sums its whole down product
         on the host (its device holds no down columns; :attr:`host_down_from`)."""
