@@ -24,12 +24,17 @@ enum { G32_Q4_0, G32_Q5_0, G32_Q8_0, G32_Q4_1 };
 #define G32_OFFSET(K) ((K) == G32_Q4_0 || (K) == G32_Q5_0) /* a kind whose row kernel subtracts offset * y */
 
 /* bytes of a block of kind K, and of its activation block (Q8_1 for Q4_1, else Q8_0) */
-#define G32_WB(K) ((K) == G32_Q4_0 ? 18 : (K) == G32_Q5_0 ? 22 : (K) == G32_Q8_0 ? 34 : 20)
-#define G32_XB(K) ((K) == G32_Q4_1 ? 36 : 34)
+#define G32_WB(K)                                                                                                      \
+    ((K) == G32_Q4_0   ? sizeof(pi_block_q4_0)                                                                         \
+     : (K) == G32_Q5_0 ? sizeof(pi_block_q5_0)                                                                         \
+     : (K) == G32_Q8_0 ? sizeof(pi_block_q8_0)                                                                         \
+                       : sizeof(pi_block_q4_1))
+#define G32_XB(K) ((K) == G32_Q4_1 ? sizeof(pi_block_q8_1) : sizeof(pi_block_q8_0))
 
 /* an activation block's qs (after d, and s for Q8_1) */
 PI_GEMV_INLINE __m256i gemv32_y(const int K, const char *xb) {
-    return _mm256_loadu_si256((const __m256i *)(xb + (K == G32_Q4_1 ? 4 : 2)));
+    return _mm256_loadu_si256(K == G32_Q4_1 ? (const __m256i *)((const pi_block_q8_1 *)xb)->qs
+                                            : (const __m256i *)((const pi_block_q8_0 *)xb)->qs);
 }
 
 /* the activation's part of a block: the row kernel's load_halfs(x) ([d_x, s_x, ...]), and
@@ -61,12 +66,13 @@ PI_GEMV_INLINE float gemv32_row(const int K, int64_t nb, const char *w, const ch
         }
         __m256i d4;
         if (K == G32_Q8_0) { /* s8 x s8 as |w| x (y with the sign of w), as the row kernel */
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+            const __m256i q = _mm256_loadu_si256((const __m256i *)((const pi_block_q8_0 *)b)->qs);
             d4 = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
         } else if (K == G32_Q4_1) {
-            d4 = _mm256_maddubs_epi16(unpack_nibbles((const uint8_t *)b + 4), y);
+            d4 = _mm256_maddubs_epi16(unpack_nibbles(((const pi_block_q4_1 *)b)->qs), y);
         } else { /* dot4_diff_256(q, offset, y): the int16 pair sums of q * y less those of offset * y */
-            const __m256i q = K == G32_Q5_0 ? q5_0_bytes((const pi_block_q5_0 *)b) : unpack_nibbles((const uint8_t *)b + 2);
+            const __m256i q =
+                K == G32_Q5_0 ? q5_0_bytes((const pi_block_q5_0 *)b) : unpack_nibbles(((const pi_block_q4_0 *)b)->qs);
             d4 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), po);
         }
         d4 = _mm256_madd_epi16(d4, ones);
