@@ -297,10 +297,11 @@ int32_t pi_context_profile(pi_context *ctx, int64_t *ns, int64_t *calls, int32_t
 const char *pi_last_error(void);
 
 /* Instruction-set paths. pi_isa_supported() is a bit mask (1 scalar, 2 avx2,
- * 4 avx512) of what this CPU runs. pi_isa_set("auto"|"scalar"|"avx2"|"avx512")
- * chooses the path for all later calls; the environment variable POWERINFER_ISA
- * sets the initial choice. */
-enum pi_isa_bit { PI_ISA_SCALAR = 1, PI_ISA_AVX2 = 2, PI_ISA_AVX512 = 4 };
+ * 4 avx512, 8 avx512vnni: the same kernels with vpdpbusd, the same results) of what this
+ * CPU runs. pi_isa_set("auto"|"scalar"|"avx2"|"avx512"|"avx512vnni") chooses the path
+ * for all later calls ("auto": the widest); the environment variable POWERINFER_ISA sets
+ * the initial choice. */
+enum pi_isa_bit { PI_ISA_SCALAR = 1, PI_ISA_AVX2 = 2, PI_ISA_AVX512 = 4, PI_ISA_AVX512VNNI = 8 };
 uint32_t pi_isa_supported(void);
 int pi_isa_set(const char *name);
 const char *pi_isa_name(void);

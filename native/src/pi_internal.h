@@ -201,7 +201,8 @@ enum { PI_F16_ORDER_AVX2, PI_F16_ORDER_AVX512, PI_F16_ORDERS };
 
 extern const pi_isa pi_isa_scalar[PI_F16_ORDERS];
 extern const pi_isa pi_isa_avx2[PI_F16_ORDERS];   /* AVX2 + FMA + F16C */
-extern const pi_isa pi_isa_avx512[PI_F16_ORDERS]; /* AVX-512 F/BW/VL (+ VNNI where present) */
+extern const pi_isa pi_isa_avx512[PI_F16_ORDERS];      /* AVX-512 F/BW/VL/DQ */
+extern const pi_isa pi_isa_avx512_vnni[PI_F16_ORDERS]; /* the same with AVX512-VNNI (avx512_vnni.c) */
 void pi_down_tiles_avx2(int32_t type, int64_t n_tiles, float *y, const char *const *rows, const float *h, int nr,
                         const char *const *next, int n_next); /* isa/avx2_sparse.c, for both x86 tables */
 void pi_down_batch_avx2(int32_t type, int64_t n_cols, int64_t n_tok, int64_t nk, float *y, int64_t ldy,

@@ -77,13 +77,14 @@ def check(rc: int, what: str) -> None:
 
 
 def supported_isas() -> list[str]:
-    """Instruction-set paths this CPU can run, e.g. ``["scalar", "avx2", "avx512"]``."""
+    """Instruction-set paths this CPU can run, e.g. ``["scalar", "avx2", "avx512", "avx512vnni"]``."""
     mask = lib.pi_isa_supported()
     return [bit.name.lower() for bit in IsaBit if mask & bit]
 
 
 def set_isa(name: str) -> None:
-    """Force the kernel path: ``"auto"``, ``"scalar"``, ``"avx2"`` or ``"avx512"``.
+    """Force the kernel path: ``"auto"`` (the widest), ``"scalar"``, ``"avx2"``, ``"avx512"``
+    or ``"avx512vnni"`` (the AVX-512 kernels with vpdpbusd: the same results, faster).
 
     Raises:
         ValueError: unknown name. NotImplementedError: the CPU lacks that ISA.

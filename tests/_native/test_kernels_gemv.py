@@ -31,7 +31,7 @@ TYPES32 = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
 # blocks of 32: 1, 3, 7, 28 (Qwen2.5-0.5B's n_embd 896) and 152 (its n_ff 4864) blocks, and
 # 513, one past the kernels' activation table (PI_GEMV32_MAXB)
 SHAPES32 = [(1, 32), (3, 96), (7, 224), (37, 896), (5, 4864), (3, 513 * 32)]
-ISAS = ["avx2", "avx512"]
+ISAS = ["avx2", "avx512", "avx512vnni"]
 
 
 def _check(pool, name: str, tname: str, wq: np.ndarray, n_rows: int, n_cols: int, what: str) -> None:

@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -299,33 +296,6 @@ def test_isa_paths_bit_identical(pool1, tname):
                 )
     finally:
         _native.set_isa("auto")
-
-
-@pytest.mark.skipif("avx512" not in _native.supported_isas(), reason="no AVX-512")
-def test_avx512_without_vnni():
-    """The AVX512BW (maddubs + madd) expansion of the quantized kernels, which a
-    VNNI host never picks by itself: rerun the quantized matmul tests and the
-    cross-ISA bit-identity test in a child process with POWERINFER_VNNI=0."""
-    env = dict(os.environ, POWERINFER_VNNI="0")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            __file__,
-            "-k",
-            "(matches_reference and avx512 and Q) or isa_paths_bit_identical",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout and "deselected" in r.stdout
 
 
 def test_dequantize_layout_matches_gguf():

@@ -514,7 +514,7 @@ def test_set_isa_errors():
         _native.set_isa("foo")
     assert _native.isa_name() == before  # a failed set changes nothing
     try:
-        for name in ("scalar", "avx2", "avx512"):
+        for name in ("scalar", "avx2", "avx512", "avx512vnni"):
             if name in _native.supported_isas():
                 _native.set_isa(name)
                 assert _native.isa_name() == name

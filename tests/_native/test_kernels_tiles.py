@@ -53,7 +53,7 @@ def block32_weights(tname: str, n_rows: int, n_cols: int, real: bool) -> np.ndar
     return b.reshape(n_rows, -1)
 
 
-@pytest.fixture(params=["scalar", "avx2", "avx512"])
+@pytest.fixture(params=["scalar", "avx2", "avx512", "avx512vnni"])
 def each_isa(request):
     if request.param not in _native.supported_isas():
         pytest.skip(f"this CPU lacks {request.param}")

@@ -1,8 +1,9 @@
-/* AVX-512 (F/BW/VL/DQ) kernels, with AVX512-VNNI variants of the quantized dot
- * products chosen at run time where the CPU has it.
+/* AVX-512 (F/BW/VL/DQ) kernels; avx512_vnni.c compiles this file again with AVX512-VNNI
+ * (PI_ISA_AVX512_VNNI), where vpdpbusd replaces maddubs + madd in the quantized products
+ * (select.c picks that table where the CPU has VNNI).
  *
  * Quantized dot products use 256-bit registers, one block per step (see the note
- * above them); with VNNI, vpdpbusd replaces maddubs + madd. Block scales come from
+ * above them). Block scales come from
  * a 16-byte load at the block start converted with vcvtph2ps: [d, m or s, junk...]
  * (the junk lanes come from the quants and are never read back).
  *
@@ -14,10 +15,12 @@
  * 256-bit code is shared with avx2.c through x86_256.h, compiled here under this
  * file's target; the activation quantizers reproduce the scalar path bit for bit.
  */
+#ifdef PI_ISA_AVX512_VNNI
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512vnni")
+#else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
 #include <immintrin.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
@@ -28,26 +31,6 @@
 #include "x86_tiles.h"
 #include "x86_gemv.h"
 #include "table.h"
-
-#define VNNI_TARGET __attribute__((target("avx512vnni")))
-#define NOINLINE __attribute__((noinline))
-
-/* VNNI kernels where the CPU has them, unless POWERINFER_VNNI=0 (used by the tests
- * to cover the AVX512BW expansion on VNNI hosts), decided once per process. */
-static _Atomic int g_vnni = -1;
-
-NOINLINE static int detect_vnni(void) {
-    __builtin_cpu_init();
-    const char *e = getenv("POWERINFER_VNNI");
-    const int v = __builtin_cpu_supports("avx512vnni") && !(e != NULL && e[0] == '0');
-    atomic_store_explicit(&g_vnni, v, memory_order_relaxed);
-    return v;
-}
-
-static inline int has_vnni(void) {
-    const int v = atomic_load_explicit(&g_vnni, memory_order_relaxed);
-    return v >= 0 ? v : detect_vnni();
-}
 
 static inline float hsum512(__m512 v) {
     return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
@@ -131,39 +114,27 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
  * Sapphire/Granite Rapids class host, taking two blocks per 512-bit register was
  * slower for all three types (the per-block scale work does not shrink and 512-bit
  * uops only issue on two ports), so the AVX-512 gain here is VNNI: vpdpbusd
- * replaces maddubs + madd. Each body is a macro from x86_256.h expanded for both
- * dot helpers; the VNNI expansion is compiled under its own target attribute and chosen at run
- * time. */
-
-VNNI_TARGET static inline __m256i dot4_vnni(__m256i u, __m256i s) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-}
+ * replaces maddubs + madd (the same exact int32 lanes: no pair sum of these types
+ * reaches int16 saturation). The bodies (PI_*_BODY, with the notes on their float
+ * order) are in x86_256.h, expanded with this file's dot helpers. */
+#ifdef __AVX512VNNI__
+static inline __m256i dot4_vnni(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 
 /* dot4_vnni(a, s) - dot4_vnni(b, s): vpdpbusd has no int16 step to subtract in */
-VNNI_TARGET static inline __m256i dot4_diff_vnni(__m256i a, __m256i b, __m256i s) {
+static inline __m256i dot4_diff_vnni(__m256i a, __m256i b, __m256i s) {
     return _mm256_sub_epi32(dot4_vnni(a, s), dot4_vnni(b, s));
 }
+#define DOT4 dot4_vnni
+#define DOT4_DIFF dot4_diff_vnni
+#else
+#define DOT4 dot4_256
+#define DOT4_DIFF dot4_diff_256
+#endif
 
-/* The bodies (PI_*_BODY, with the notes on their float order) are in x86_256.h.
- * noinline keeps the dispatcher a load, a branch and a tail jump. */
-#define DEFINE_QDOT(name, BODY, DOT_BW, DOT_VNNI)                                               \
-    NOINLINE static void name##_bw(int64_t n, float *s, const void *vw, const void *vx) {        \
-        BODY(DOT_BW)                                                                            \
-    }                                                                                           \
-    NOINLINE VNNI_TARGET static void name##_vnni(int64_t n, float *s, const void *vw, const void *vx) { \
-        BODY(DOT_VNNI)                                                                          \
-    }                                                                                           \
-    static void name(int64_t n, float *s, const void *vw, const void *vx) {                     \
-        if (has_vnni())                                                                         \
-            name##_vnni(n, s, vw, vx);                                                          \
-        else                                                                                    \
-            name##_bw(n, s, vw, vx);                                                            \
-    }
-
-DEFINE_QDOT(vec_dot_q4_0, PI_Q4_0_BODY, dot4_diff_256, dot4_diff_vnni)
-DEFINE_QDOT(vec_dot_q4_1, PI_Q4_1_BODY, dot4_256, dot4_vnni)
-DEFINE_QDOT(vec_dot_q8_0, PI_Q8_0_BODY, dot4_256, dot4_vnni)
-DEFINE_QDOT(vec_dot_q5_0, PI_Q5_0_BODY, dot4_diff_256, dot4_diff_vnni)
+static void vec_dot_q4_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q4_0_BODY(DOT4_DIFF) }
+static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) { PI_Q4_1_BODY(DOT4) }
+static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q8_0_BODY(DOT4) }
+static void vec_dot_q5_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q5_0_BODY(DOT4_DIFF) }
 /* K-quants: vec_dot_q4_K / q5_K / q6_K in x86_256.h */
 
 /* ---- activation conversion ----------------------------------------------------- */
@@ -202,4 +173,8 @@ static void from_float_bf16(const float *x, void *vy, int64_t n) {
     }
 }
 
+#ifdef PI_ISA_AVX512_VNNI
+PI_ISA_DEFINE(pi_isa_avx512_vnni, "avx512vnni", pi_down_tiles_avx2, pi_down_batch_avx2);
+#else
 PI_ISA_DEFINE(pi_isa_avx512, "avx512", pi_down_tiles_avx2, pi_down_batch_avx2);
+#endif

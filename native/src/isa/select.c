@@ -22,12 +22,14 @@ uint32_t pi_isa_supported(void) {
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq"))
         m |= PI_ISA_AVX512;
+    if ((m & PI_ISA_AVX512) && __builtin_cpu_supports("avx512vnni")) m |= PI_ISA_AVX512VNNI;
 #endif
     return m;
 }
 
 static const pi_isa *best(void) {
     const uint32_t m = pi_isa_supported();
+    if (m & PI_ISA_AVX512VNNI) return pi_isa_avx512_vnni;
     if (m & PI_ISA_AVX512) return pi_isa_avx512;
     if (m & PI_ISA_AVX2) return pi_isa_avx2;
     return pi_isa_scalar;
@@ -57,8 +59,13 @@ int pi_isa_set(const char *name) {
     } else if (strcmp(name, "avx512") == 0) {
         if (!(m & PI_ISA_AVX512)) return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx512f/bw/vl/dq");
         g_isa = pi_isa_avx512;
+    } else if (strcmp(name, "avx512vnni") == 0) {
+        if (!(m & PI_ISA_AVX512VNNI))
+            return pi_set_error(PI_ERR_UNSUPPORTED, "this CPU does not support avx512f/bw/vl/dq+vnni");
+        g_isa = pi_isa_avx512_vnni;
     } else {
-        return pi_set_error(PI_ERR_INVALID, "unknown ISA '%s' (expected auto, scalar, avx2 or avx512)", name);
+        return pi_set_error(PI_ERR_INVALID, "unknown ISA '%s' (expected auto, scalar, avx2, avx512 or avx512vnni)",
+                            name);
     }
     return PI_OK;
 }

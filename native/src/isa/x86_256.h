@@ -133,6 +133,15 @@ static inline void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const
     for (int64_t i = 0; i < nb; i++) BLOCK(i, acc, DOT);                                        \
     const float sum = hsum256(acc);
 
+/* the int32 quad sums of u * s (u8 x s8; these types' int16 pair sums never saturate, so
+ * both are exact and equal): vpdpbusd where the including file's target has AVX512-VNNI
+ * (avx512_vnni.c), else maddubs + madd with ones (a `ones` in scope either way) */
+#ifdef __AVX512VNNI__
+#define PI_DOT4(u, s) ((void)ones, _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s)))
+#else
+#define PI_DOT4(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), ones)
+#endif
+
 /* Q4_0 x Q8_0: sum((q - 8) * y) = sum(q * y) - sum(8 * y); DOT_DIFF(a, b, y) is
  * dot4(a, y) - dot4(b, y) */
 #define PI_Q4_0_BLOCK(k, a, DOT_DIFF)                                                           \
