@@ -24,10 +24,13 @@
 
 #include "pi_internal.h"
 #include "x86_256.h" /* after the pragma: compiled for this file's target */
-#define PI_TILE_R 2 /* tile rows x tokens (32 ymm registers; not measured on an AVX-512 host yet) */
+#define PI_TILE_R 2 /* tile rows x tokens (32 ymm registers) */
 #define PI_TILE_T 8
-#define PI_TILES_WIDE 2, 8 /* every type */
-#define PI_TILES_NIBBLE 2, 8
+/* measured on a 2-core Zen 4 EPYC (prefill of Qwen2.5-Coder 0.5B / 1.5B, SmolLM2 as Q4_0):
+ * 2 rows per tile for the blocks of 32, 1 for the K-quants (8% faster than 2 there) */
+#define PI_TILES_K 1, 8      /* Q4_K, Q5_K, Q6_K */
+#define PI_TILES_WIDE 2, 8   /* Q5_0, Q8_0 */
+#define PI_TILES_NIBBLE 2, 8 /* Q4_0, Q4_1 */
 #include "x86_tiles.h"
 #include "x86_gemv.h"
 #include "table.h"

@@ -276,9 +276,19 @@ static inline float k4_min_hsum(__m128 accm) {
     return _mm_cvtss_f32(accm);
 }
 
-/* 32 quants (unsigned bytes) x 32 activations, times an int16 scale vector */
-static inline __m256i k_chunk(__m256i q, const int8_t *y, __m256i scale) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)y)), scale);
+/* acc + 32 quants (unsigned bytes) x 32 activations, the int16 pair sums times an int16
+ * scale vector: vpdpwssd (AVX512-VNNI, avx512_vnni.c) fuses the madd and the add; the same
+ * exact int32 lanes either way (no sum here nears int32's range) */
+static inline __m256i k_dot_acc(__m256i acc, __m256i q, __m256i y, __m256i scale) {
+    const __m256i p = _mm256_maddubs_epi16(q, y);
+#ifdef __AVX512VNNI__
+    return _mm256_dpwssd_epi32(acc, p, scale);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));
+#endif
+}
+static inline __m256i k_chunk_acc(__m256i acc, __m256i q, const int8_t *y, __m256i scale) {
+    return k_dot_acc(acc, q, _mm256_loadu_si256((const __m256i *)y), scale);
 }
 
 static inline void vec_dot_q4_K(int64_t n, float *s, const void *vw, const void *vx) {
@@ -295,10 +305,9 @@ static inline void vec_dot_q4_K(int64_t n, float *s, const void *vw, const void 
         __m256i sumi = _mm256_setzero_si256();
         for (int g = 0; g < 4; g++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * g));
-            const __m256i lo = k_chunk(_mm256_and_si256(bits, m4), x[i].qs + 64 * g, _mm256_set1_epi16(sc[2 * g]));
-            const __m256i hi = k_chunk(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), x[i].qs + 64 * g + 32,
-                                       _mm256_set1_epi16(sc[2 * g + 1]));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+            sumi = k_chunk_acc(sumi, _mm256_and_si256(bits, m4), x[i].qs + 64 * g, _mm256_set1_epi16(sc[2 * g]));
+            sumi = k_chunk_acc(sumi, _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), x[i].qs + 64 * g + 32,
+                               _mm256_set1_epi16(sc[2 * g + 1]));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -324,11 +333,10 @@ static inline void vec_dot_q5_K(int64_t n, float *s, const void *vw, const void 
             /* bit 2g of each qh byte is the fifth bit of the low-nibble chunk, 2g + 1 of the high one */
             const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), one), 4);
             const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g + 1), one), 4);
-            const __m256i lo = k_chunk(_mm256_or_si256(_mm256_and_si256(bits, m4), h0), x[i].qs + 64 * g,
-                                       _mm256_set1_epi16(sc[2 * g]));
-            const __m256i hi = k_chunk(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1),
-                                       x[i].qs + 64 * g + 32, _mm256_set1_epi16(sc[2 * g + 1]));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+            sumi = k_chunk_acc(sumi, _mm256_or_si256(_mm256_and_si256(bits, m4), h0), x[i].qs + 64 * g,
+                               _mm256_set1_epi16(sc[2 * g]));
+            sumi = k_chunk_acc(sumi, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1),
+                               x[i].qs + 64 * g + 32, _mm256_set1_epi16(sc[2 * g + 1]));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -360,7 +368,7 @@ static inline void vec_dot_q6_K(int64_t n, float *s, const void *vw, const void 
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
             const int8_t *sc = w[i].scales + 8 * h;
             for (int c = 0; c < 4; c++) {
-                sumi = _mm256_add_epi32(sumi, k_chunk(q[c], x[i].qs + 128 * h + 32 * c, scale_pair16(sc[2 * c], sc[2 * c + 1])));
+                sumi = k_chunk_acc(sumi, q[c], x[i].qs + 128 * h + 32 * c, scale_pair16(sc[2 * c], sc[2 * c + 1]));
             }
         }
         const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[i].bsums),

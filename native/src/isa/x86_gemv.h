@@ -75,11 +75,10 @@ PI_GEMV_INLINE void q4_K_gemv_rows(const int R, int64_t nb, float *y, const char
             __m256i sumi = _mm256_setzero_si256();
             PI_GEMV_UNROLL for (int g = 0; g < 4; g++) {
                 const __m256i bits = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * g));
-                const __m256i lo = k_chunk(_mm256_and_si256(bits, m4), yq + 64 * g,
-                                           _mm256_shuffle_epi8(sv, K4_SC_PICK(2 * g)));
-                const __m256i hi = k_chunk(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), yq + 64 * g + 32,
-                                           _mm256_shuffle_epi8(sv, K4_SC_PICK(2 * g + 1)));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
+                sumi = k_chunk_acc(sumi, _mm256_and_si256(bits, m4), yq + 64 * g,
+                                   _mm256_shuffle_epi8(sv, K4_SC_PICK(2 * g)));
+                sumi = k_chunk_acc(sumi, _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), yq + 64 * g + 32,
+                                   _mm256_shuffle_epi8(sv, K4_SC_PICK(2 * g + 1)));
             }
             acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc[r]);
         }
@@ -129,7 +128,7 @@ PI_GEMV_INLINE void q6_K_gemv_rows(const int R, int64_t nb, float *y, const char
                         4 * c + 1, 4 * c, 4 * c + 1, 4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3,
                         4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2, 4 * c + 3, 4 * c + 2,
                         4 * c + 3, 4 * c + 2, 4 * c + 3);
-                    sumi = _mm256_add_epi32(sumi, k_chunk(q[c], yq + 128 * h + 32 * c, _mm256_shuffle_epi8(sh, pick)));
+                    sumi = k_chunk_acc(sumi, q[c], yq + 128 * h + 32 * c, _mm256_shuffle_epi8(sh, pick));
                 }
             }
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xd * _cvtsh_ss(b->d)), _mm256_cvtepi32_ps(sumi), acc[r]);

@@ -27,6 +27,9 @@
 #if !defined(PI_TILE_R) || !defined(PI_TILES_WIDE) || !defined(PI_TILES_NIBBLE)
 #error "x86_tiles.h: define PI_TILE_R, PI_TILE_T (most rows, tokens per tile) and the shapes first"
 #endif
+#ifndef PI_TILES_K /* the K-quants' tile shape, where the including file sets none */
+#define PI_TILES_K PI_TILES_WIDE
+#endif
 #if PI_TILE_T != 8
 #error "x86_tiles.h: a tile's tokens are the 8 lanes of one float vector"
 #endif
@@ -167,9 +170,8 @@ PI_TILE_INLINE void k4_tile(const int Q5, const int R, const int T, int64_t n, f
                 const __m256i ylo = _mm256_loadu_si256((const __m256i *)yq);
                 const __m256i yhi = _mm256_loadu_si256((const __m256i *)(yq + 32));
                 PI_UNROLL for (int r = 0; r < R; r++) {
-                    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], ylo), scv[r][2 * g]),
-                                                       _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], yhi), scv[r][2 * g + 1]));
-                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], p);
+                    sumi[r][t] = k_dot_acc(sumi[r][t], lo[r], ylo, scv[r][2 * g]);
+                    sumi[r][t] = k_dot_acc(sumi[r][t], hi[r], yhi, scv[r][2 * g + 1]);
                     PI_REG_BARRIER(sumi[r][t]);
                 }
             }
@@ -236,7 +238,7 @@ PI_TILE_INLINE void q6_K_tile(const int R, const int T, int64_t n, float *y, int
             PI_UNROLL for (int t = 0; t < T; t++) {
                 const int8_t *yq = PI_TILE_X(pi_block_q8_K, t, i)->qs + 32 * j;
                 PI_UNROLL for (int r = 0; r < R; r++) {
-                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], k_chunk(q[r], yq, scv[r][j]));
+                    sumi[r][t] = k_chunk_acc(sumi[r][t], q[r], yq, scv[r][j]);
                     PI_REG_BARRIER(sumi[r][t]);
                 }
             }
@@ -379,9 +381,9 @@ PI_TILE_INLINE void q8_0_tile(const int R, const int T, int64_t n, float *y, int
         PI_UNROLL for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
 }
 
-PI_DEFINE_TILES(matmul_tiles_q4_K, q4_K_tile, PI_TILES_WIDE)
-PI_DEFINE_TILES(matmul_tiles_q5_K, q5_K_tile, PI_TILES_WIDE)
-PI_DEFINE_TILES(matmul_tiles_q6_K, q6_K_tile, PI_TILES_WIDE)
+PI_DEFINE_TILES(matmul_tiles_q4_K, q4_K_tile, PI_TILES_K)
+PI_DEFINE_TILES(matmul_tiles_q5_K, q5_K_tile, PI_TILES_K)
+PI_DEFINE_TILES(matmul_tiles_q6_K, q6_K_tile, PI_TILES_K)
 PI_DEFINE_TILES(matmul_tiles_q5_0, q5_0_tile, PI_TILES_WIDE)
 PI_DEFINE_TILES(matmul_tiles_q8_0, q8_0_tile, PI_TILES_WIDE)
 PI_DEFINE_TILES(matmul_tiles_q4_0, q4_0_tile, PI_TILES_NIBBLE)
