@@ -19,14 +19,18 @@ random weights fire half of the neurons, trained ReLU models ~90%) and a SwiGLU 
    top-1 agreement (all positions, and those where the CPU's top-2 margin is >= 0.1);
 2. **memory**: at each budget, ``llm.stats()["device"]`` (reserved, used, high-water)
    <= the budget, and the device's free memory (``ggml_backend_dev_memory``) before
-   loading and after the evals: the difference is what ggml allocated for us (on a
-   GPU; on the CPU device the host's free memory moves with everything else, so it is
-   only printed);
-3. **speed** at --budget-fraction (default 0.25, the issue's goal: ours >= 3x llama.cpp's
-   layer split decode on the ReLU model): decode (--n-decode tokens after 8) and prefill
-   (--n-prefill tokens) tok/s of ours on the device, of llama.cpp with ``n_gpu_layers``
-   chosen to fit the same budget (hybrid/placement/predict.py: llama_cpp_offload), and of
-   both CPU-only; with --device-bandwidth also what ``plan --predict`` predicts.
+   loading, after it and after the evals: the differences are what ggml allocated for us
+   in loading and in all (on a GPU, the second also ggml's own pool and workspaces; on
+   the CPU device the host's free memory moves with everything else, so it is only
+   printed);
+3. **speed** at each --budget-fraction (default 0.25 and 0.5; the goal, at the first: ours
+   >= 3x llama.cpp's layer split decode on the ReLU model): decode (--n-decode tokens after
+   8) and prefill (--n-prefill tokens) tok/s of ours on the device and of llama.cpp with
+   ``n_gpu_layers`` chosen to fit the same budget (hybrid/placement/predict.py:
+   llama_cpp_offload; its op offload on, as by default: batches on the device even with no
+   layer there) at each budget, and of both CPU-only once (llama.cpp's op offload off); with --device-bandwidth also
+   what ``plan --predict`` predicts and, from it and the measurements, the device's round
+   trip per split layer that ``placement="auto"`` does not model (``sync_fit_s``).
 
 Prints a table and writes JSON (--out). Exit status 0 when every check passed, 1 when one
 failed, 2 when the device or the ggml binding is missing (a message says what was looked
@@ -189,6 +193,7 @@ def check_budget(path: Path, a, G, dev, budget: int, ref: np.ndarray, tokens: li
     """Logits and memory of ``Llama(device=a.device)`` at ``budget`` bytes."""
     free0 = device_free(G, dev.name)
     llm = open_llm(path, a, device=a.device, vram_budget=f"{budget}B", sparse="exact")
+    free_loaded = device_free(G, dev.name)
     try:
         r = compare(ref, logits_of(llm, tokens))
         st = llm.stats().get("device") or {}
@@ -204,6 +209,7 @@ def check_budget(path: Path, a, G, dev, budget: int, ref: np.ndarray, tokens: li
         high_water=st.get("high_water"),
         free_before=free0,
         free_after=free1,
+        allocated_load=free0 - free_loaded,
         allocated=free0 - free1,
     )
     stats_ok = all(isinstance(st.get(k), int) and st[k] <= budget for k in ("reserved", "used", "high_water"))
@@ -238,65 +244,85 @@ def speed_ours(path: Path, a, key: str, sparse: str, kw: dict, tokens: list[int]
     return out
 
 
-def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, tokens: list[int]) -> dict:
-    """Decode/prefill tok/s: ours on the device and CPU-only, llama.cpp layer split and CPU-only."""
+def llama_speed(path: Path, a, G, dev, ngl: int, tokens: list[int], **kw) -> dict:
+    """measure_speed of llama.cpp with ``ngl`` layers on the device (kw: more of
+    ``llama_cpp.Llama``'s arguments), and its device bytes."""
     import llama_cpp
 
-    from powerinfer_backend.hybrid.placement.predict import llama_cpp_offload
     from powerinfer_backend.plugins.reference import load_reference, reference_mode
 
-    out: dict = {}
-    sparse = str(sidecar) if sidecar else "auto"
-    dev_kw = dict(device=a.device, vram_budget=f"{budget}B")
-    if a.device_bandwidth:  # placement auto plans with the bandwidth the prediction uses
-        dev_kw["device_bandwidth"] = a.device_bandwidth
-    for key, kw in (("ours", dev_kw), ("ours_cpu", dict(device="cpu"))):
-        out[key] = speed_ours(path, a, key, sparse, kw, tokens)
-        gc.collect()
-    n_gpu, _ = llama_cpp_offload(sizes, budget, n_ctx=a.ctx, n_batch=a.batch)
-    for key, ngl in (("llama_cpp_layers", n_gpu), ("llama_cpp_cpu", 0)):
-        free0 = device_free(G, dev.name)
-        ref = load_reference(
-            str(path), n_ctx=a.ctx, n_batch=a.batch, n_threads=a.threads, n_threads_batch=a.threads, n_gpu_layers=ngl
-        )
-        free1 = device_free(G, dev.name)
+    free0 = device_free(G, dev.name)
+    ref = load_reference(
+        str(path), n_ctx=a.ctx, n_batch=a.batch, n_threads=a.threads, n_threads_batch=a.threads, n_gpu_layers=ngl, **kw
+    )
+    free1 = device_free(G, dev.name)
 
-        def ref_eval(t, ref=ref):
-            ref.eval(t)
-            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
+    def ref_eval(t):
+        ref.eval(t)
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ref.ctx, -1), shape=(ref.n_vocab(),))
 
-        out[key] = measure_speed(ref_eval, ref.reset, a, tokens)
-        out[key].update(
+    try:
+        out = measure_speed(ref_eval, ref.reset, a, tokens)
+        out.update(
             n_gpu_layers=ngl,
             allocated=free0 - free1,  # llama.cpp's own device bytes (a GPU's)
             extra_buffer_types=reference_mode(ref)["extra_buffer_types"],
         )
+    finally:
         ref.close()
-        del ref
         gc.collect()
+    return out
+
+
+def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, tokens: list[int]) -> dict:
+    """Decode/prefill tok/s at ``budget``: ours on the device, llama.cpp's layer split."""
+    from powerinfer_backend.hybrid.placement.predict import llama_cpp_offload
+
+    sparse = str(sidecar) if sidecar else "auto"
+    dev_kw = dict(device=a.device, vram_budget=f"{budget}B")
+    if a.device_bandwidth:  # placement auto plans with the bandwidth the prediction uses
+        dev_kw["device_bandwidth"] = a.device_bandwidth
+    out = {"ours": speed_ours(path, a, "ours", sparse, dev_kw, tokens)}
+    gc.collect()
+    n_gpu, _ = llama_cpp_offload(sizes, budget, n_ctx=a.ctx, n_batch=a.batch)
+    out["llama_cpp_layers"] = llama_speed(path, a, G, dev, n_gpu, tokens)
     out["decode_ratio"] = out["ours"]["decode_tok_s"] / out["llama_cpp_layers"]["decode_tok_s"]
     out["prefill_ratio"] = out["ours"]["prefill_tok_s"] / out["llama_cpp_layers"]["prefill_tok_s"]
     return out
 
 
-def predicted(path: Path, a, sizes, budget: int, freq) -> dict:
-    from powerinfer_backend.hybrid.placement import plan_auto
+def predicted(path: Path, a, sizes, budget: int, freq, measured: dict, cpu: dict) -> dict:
+    """What ``plan --predict`` says at ``budget`` (placement auto, the default), and the round
+    trip per split layer that the measurements leave: (measured seconds per token of ours on
+    the device - the predicted ones scaled as the CPU-only run's measured / predicted) / the
+    plan's split layers (work on both sides). Approximate: the plan is the prediction's (the
+    engine's inputs, the host bandwidth measured here), the device's seconds scaled too."""
+    from powerinfer_backend.hybrid.placement import plan_auto, plan_placement
     from powerinfer_backend.hybrid.placement import predict as pr
 
     host = a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
     mode = "relu" if freq is not None else "dense"
     sizes = sizes.for_mode(mode)  # the engine's sparse layers keep their down_t once split
-    plan = plan_auto(
-        sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, device_gbps=a.device_bandwidth, host_gbps=host, mode=mode
-    )  # placement="auto", the default
-    ours = pr.predict_ours(sizes, plan, freq, device_gbps=a.device_bandwidth, host_gbps=host, mode=mode)
+    kw = dict(device_gbps=a.device_bandwidth, host_gbps=host, mode=mode)
+    plan = plan_auto(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, **kw)  # placement="auto"
+    ours = pr.predict_ours(sizes, plan, freq, **kw)
     split = pr.predict_layer_split(
         sizes, budget, device_gbps=a.device_bandwidth, host_gbps=host, n_ctx=a.ctx, n_batch=a.batch
     )
+    cpu_pred = pr.predict_ours(sizes, plan_placement(sizes, freq, 0, n_ctx=a.ctx, n_batch=a.batch), freq, **kw)
+    n_split = sum(
+        1 for L in plan.layers if (L.attn_on_device or L.n_hot > 0) and (not L.attn_on_device or L.n_hot < sizes.n_ff)
+    )
+    host_scale = cpu_pred.tok_s / cpu["decode_tok_s"]  # measured / predicted seconds, CPU-only
+    fit = 1 / measured["decode_tok_s"] - ours.seconds_per_token * host_scale
     return {
         "ours_tok_s": ours.tok_s,
         "layer_split_tok_s": split.tok_s,
         "ratio": ours.tok_s / split.tok_s,
+        "cpu_only_tok_s": cpu_pred.tok_s,
+        "host_scale": host_scale,
+        "split_layers": n_split,
+        "sync_fit_s": fit / n_split if n_split else None,
         "host_gbps": host,
         "device_gbps": a.device_bandwidth,
         "policy": plan.choice["policy"],
@@ -334,15 +360,21 @@ def run_model(kind: str, a, G, dev) -> dict:
     for f in a.fractions:
         log(f"{kind}: logits and memory at {f:.0%} of {full} B")
         r["budgets"].append({"fraction": f, **check_budget(path, a, G, dev, int(f * full), ref, tokens[: a.n_check])})
-    budget = int(a.budget_fraction * full)
-    log(f"{kind}: speed at {a.budget_fraction:.0%} ({budget} B)")
-    r["speed"] = {
-        "fraction": a.budget_fraction,
-        "budget": budget,
-        **speed(path, a, G, dev, sizes, budget, sidecar, tokens),
+    log(f"{kind}: CPU-only speeds")
+    sparse = str(sidecar) if sidecar else "auto"
+    r["cpu"] = {
+        "ours": speed_ours(path, a, "ours_cpu", sparse, dict(device="cpu"), tokens),
+        # op_offload off: a GPU build otherwise runs big batches on the GPU with no layer there
+        "llama_cpp": llama_speed(path, a, G, dev, 0, tokens, op_offload=False),
     }
-    if a.device_bandwidth:
-        r["predicted"] = predicted(path, a, sizes, budget, freq)
+    r["speeds"] = []
+    for f in a.budget_fraction:
+        budget = int(f * full)
+        log(f"{kind}: speed at {f:.0%} ({budget} B)")
+        sp = {"fraction": f, "budget": budget, **speed(path, a, G, dev, sizes, budget, sidecar, tokens)}
+        if a.device_bandwidth:
+            sp["predicted"] = predicted(path, a, sizes, budget, freq, sp["ours"], r["cpu"]["ours"])
+        r["speeds"].append(sp)
     return r
 
 
@@ -364,24 +396,26 @@ def format_table(res: dict) -> str:
                 f"{'yes' if b['ok'] else 'NO'}"
             )
     lines.append(f"{'model':8s} {'engine':24s} {'decode tok/s':>12s} {'prefill tok/s':>13s}")
+    gpu = res["device"]["type"] != "cpu"
     for m in res["models"]:
-        s = m["speed"]
-        for k, label in (
-            ("ours", f"ours on {res['device']['name']} {s['fraction']:.0%}"),
-            (
-                "llama_cpp_layers",
-                f"llama.cpp -ngl {s['llama_cpp_layers']['n_gpu_layers']}"
-                + (f" {s['llama_cpp_layers']['allocated'] / 2**20:.0f}MiB" if res["device"]["type"] != "cpu" else ""),
-            ),
-            ("ours_cpu", "ours CPU"),
-            ("llama_cpp_cpu", "llama.cpp CPU"),
-        ):
-            lines.append(f"{m['kind']:8s} {label:24s} {s[k]['decode_tok_s']:12.2f} {s[k]['prefill_tok_s']:13.2f}")
-        lines.append(
-            f"{m['kind']:8s} ours / layer split: decode {s['decode_ratio']:.2f}x, prefill "
-            f"{s['prefill_ratio']:.2f}x"
-            + (f"; predicted decode {m['predicted']['ratio']:.2f}x" if "predicted" in m else "")
-        )
+        rows = [("ours CPU", m["cpu"]["ours"]), ("llama.cpp CPU", m["cpu"]["llama_cpp"])]
+        for s in m["speeds"]:
+            lc = s["llama_cpp_layers"]
+            rows += [
+                (f"ours on {res['device']['name']} {s['fraction']:.0%}", s["ours"]),
+                (f"llama.cpp -ngl {lc['n_gpu_layers']}" + (f" {lc['allocated'] / 2**20:.0f}MiB" if gpu else ""), lc),
+            ]
+        for label, r in rows:
+            lines.append(f"{m['kind']:8s} {label:24s} {r['decode_tok_s']:12.2f} {r['prefill_tok_s']:13.2f}")
+        for s in m["speeds"]:
+            p = s.get("predicted")
+            fit = p and p["sync_fit_s"]
+            lines.append(
+                f"{m['kind']:8s} {s['fraction']:.0%}: ours / layer split: decode {s['decode_ratio']:.2f}x, prefill "
+                f"{s['prefill_ratio']:.2f}x"
+                + (f"; predicted decode {p['ratio']:.2f}x" if p else "")
+                + (f"; round trip per split layer ~{fit * 1e6:.0f} us ({p['split_layers']} split)" if fit else "")
+            )
     lines.append(
         f"goal (ReLU decode >= {res['goal']['min_ratio']}x at {res['goal']['fraction']:.0%}): "
         f"{'met' if res['goal']['met'] else 'NOT met'}; all checks {'passed' if res['ok'] else 'FAILED'}"
@@ -402,8 +436,10 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--budget-fraction",
         type=float,
-        default=0.25,
-        help="budget of the speed comparison, a fraction of the model's full device bytes",
+        nargs="+",
+        default=[0.25, 0.5],
+        help="budgets of the speed comparison, fractions of the model's full device bytes (default 0.25 0.5; "
+        "the goal is checked at the first)",
     )
     ap.add_argument(
         "--fractions",
@@ -455,7 +491,7 @@ def main(argv=None) -> int:
     for k, v in _DEFAULTS[a.small].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
-    if not 0 < a.budget_fraction <= 1 or not all(0 < f <= 1 for f in a.fractions):
+    if not all(0 < f <= 1 for f in [*a.budget_fraction, *a.fractions]):
         ap.error("--budget-fraction and --fractions must be in (0, 1]")
     if a.check_args:
         return 0
@@ -480,8 +516,8 @@ def main(argv=None) -> int:
     relu = [m for m in res["models"] if m["kind"] == "relu"]
     res["goal"] = {
         "min_ratio": 3.0,
-        "fraction": a.budget_fraction,
-        "met": bool(relu) and relu[0]["speed"]["decode_ratio"] >= 3.0,
+        "fraction": a.budget_fraction[0],
+        "met": bool(relu) and relu[0]["speeds"][0]["decode_ratio"] >= 3.0,
     }
     res["ok"] = all(b["ok"] for m in res["models"] for b in m["budgets"])
     res["seconds"] = time.perf_counter() - t0

@@ -56,7 +56,11 @@ def test_small_smoke_on_ggml_cpu(tmp_path):
         assert [b["fraction"] for b in m["budgets"]] == [0.1, 0.25, 0.5]
         for b in m["budgets"]:
             assert b["high_water"] <= b["budget"] and b["top1_agree_margin"] == 1.0, b
-        s = m["speed"]
-        assert s["ours"]["decode_tok_s"] > 0 and s["llama_cpp_layers"]["decode_tok_s"] > 0
-        assert m["predicted"]["ratio"] > 0
+        assert m["cpu"]["ours"]["decode_tok_s"] > 0 and m["cpu"]["llama_cpp"]["decode_tok_s"] > 0
+        assert [s["fraction"] for s in m["speeds"]] == [0.25, 0.5]
+        for s in m["speeds"]:
+            assert s["ours"]["decode_tok_s"] > 0 and s["llama_cpp_layers"]["decode_tok_s"] > 0
+            p = s["predicted"]  # --device-bandwidth given: the prediction and the round-trip fit
+            assert p["split_layers"] >= 0 and p["host_scale"] > 0
+            assert (p["sync_fit_s"] is None) == (p["split_layers"] == 0) and p["ratio"] > 0
     assert res["ok"]
