@@ -28,6 +28,8 @@ site="${PI_GPU_SITE:-/tmp/pi-site}"
 out="${OUT:-$root/gpu-out}"  # ignored by git
 py="${PYTHON:-python3}"
 jobs=$(nproc)
+# -h / --help: this header and gpu_validate.py's options (no .gpu/ needed)
+case " $* " in *" -h "* | *" --help "*) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; "$py" bench/gpu_validate.py --help; exit 0 ;; esac
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu_run.log") 2>&1
 t0=$SECONDS
@@ -39,7 +41,6 @@ have=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$want" = "$have" ] || { echo "gpu_run: $carry was packed for Python $want, $py is $have: bash bench/gpu_pack.sh --python-version $have" >&2; exit 5; }
 say "$($py --version), $jobs cores, backend $backend"
 "$py" bench/gpu_validate.py "$@" --check-args || exit 2  # a usage error now, not after the build
-case " $* " in *" -h "* | *" --help "*) exit 0 ;; esac
 
 # 1. the Python packages the image lacks (into $site, emptied first), our checkout, on the path
 rm -rf "$site"

@@ -83,13 +83,24 @@ def supported_isas() -> list[str]:
 
 
 def set_isa(name: str) -> None:
-    """Force the kernel path: ``"auto"`` (the widest), ``"scalar"``, ``"avx2"``, ``"avx512"``
-    or ``"avx512vnni"`` (the AVX-512 kernels with vpdpbusd: the same results, faster).
+    """Force the kernel path: ``"auto"`` (the widest; also an empty name), ``"scalar"``,
+    ``"avx2"``, ``"avx512"`` or ``"avx512vnni"`` (the AVX-512 kernels with vpdpbusd /
+    vpdpwssd: the same results, faster). Case and surrounding spaces are ignored.
 
     Raises:
-        ValueError: unknown name. NotImplementedError: the CPU lacks that ISA.
+        TypeError: ``name`` is not a str. ValueError: unknown name. NotImplementedError: the
+        CPU lacks that ISA.
     """
+    _check_name("set_isa", name)
     check(lib.pi_isa_set(name.strip().lower().encode()), f"POWERINFER_ISA / set_isa({name!r})")
+
+
+def _check_name(what: str, name) -> None:
+    """A kernel path or order name reaches C as a NUL-terminated string: only a str without NUL."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: the name must be a str, got {type(name).__name__}")
+    if "\0" in name:
+        raise ValueError(f"{what}: the name {name!r} contains a NUL character")
 
 
 def isa_name() -> str:
@@ -102,8 +113,9 @@ def set_f16_order(name: str) -> None:
     ``"avx512"`` where it has AVX512F, else ``"avx2"``), ``"avx2"`` or ``"avx512"``.
 
     Raises:
-        ValueError: unknown name.
+        TypeError: ``name`` is not a str. ValueError: unknown name.
     """
+    _check_name("set_f16_order", name)
     check(lib.pi_f16_order_set(name.strip().lower().encode()), f"POWERINFER_F16_ORDER / set_f16_order({name!r})")
 
 

@@ -512,6 +512,12 @@ def test_set_isa_errors():
     before = _native.isa_name()
     with pytest.raises(ValueError, match="unknown ISA 'foo'"):
         _native.set_isa("foo")
+    with pytest.raises(ValueError, match="NUL"):
+        _native.set_isa("avx2\0junk")  # C would read "avx2"
+    with pytest.raises(TypeError, match="must be a str, got bytes"):
+        _native.set_isa(b"avx2")
+    with pytest.raises(TypeError, match="set_f16_order: the name must be a str, got NoneType"):
+        _native.set_f16_order(None)
     assert _native.isa_name() == before  # a failed set changes nothing
     try:
         for name in ("scalar", "avx2", "avx512", "avx512vnni"):
