@@ -297,7 +297,7 @@ int32_t pi_context_profile(pi_context *ctx, int64_t *ns, int64_t *calls, int32_t
 const char *pi_last_error(void);
 
 /* Instruction-set paths. pi_isa_supported() is a bit mask (1 scalar, 2 avx2,
- * 4 avx512, 8 avx512vnni: the same kernels with vpdpbusd, the same results) of what this
+ * 4 avx512, 8 avx512vnni: the same kernels with vpdpbusd / vpdpwssd, the same results) of what this
  * CPU runs. pi_isa_set("auto"|"scalar"|"avx2"|"avx512"|"avx512vnni") chooses the path
  * for all later calls ("auto": the widest); the environment variable POWERINFER_ISA sets
  * the initial choice. */

@@ -1,6 +1,6 @@
 /* AVX-512 (F/BW/VL/DQ) kernels; avx512_vnni.c compiles this file again with AVX512-VNNI
- * (PI_ISA_AVX512_VNNI), where vpdpbusd replaces maddubs + madd in the quantized products
- * (select.c picks that table where the CPU has VNNI).
+ * (PI_ISA_AVX512_VNNI), where vpdpbusd / vpdpwssd replace maddubs + madd in the quantized
+ * products (select.c picks that table where the CPU has VNNI).
  *
  * Quantized dot products use 256-bit registers, one block per step (see the note
  * above them). Block scales come from
