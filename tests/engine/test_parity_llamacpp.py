@@ -135,11 +135,21 @@ def test_greedy_tokens_match_llama_cpp(ours, ref, prompt):
 
 @needs_text
 def test_perplexity_matches_llama_cpp(ours, ref):
+    """Within 0.5% of llama.cpp's one-token path (whose arithmetic ours follows, batched or
+    not), and of its batched path within 0.5% or 1.25 x its own batched vs one-token
+    difference, whichever is larger (0.77% on a Zen 4 AVX-512 host, where its batched
+    kernels differ more)."""
     tokens = ref.tokenize(SHAKESPEARE.read_text()[:6000].encode(), add_bos=False)[:256]
     targets = np.asarray(tokens[1:])
     ppl = {
         name: float(np.exp(log_softmax_nll(logits[:-1], targets).mean()))
-        for name, logits in (("ours", _ours_logits(ours, tokens)), ("llama.cpp", reference_logits(ref, tokens)))
+        for name, logits in (
+            ("ours", _ours_logits(ours, tokens)),
+            ("llama.cpp", reference_logits(ref, tokens)),
+            ("llama.cpp one by one", reference_logits(ref, tokens, one_by_one=True)),
+        )
     }
-    print(f"\nperplexity over {len(targets)} scored tokens: ours {ppl['ours']:.4f}, llama.cpp {ppl['llama.cpp']:.4f}")
-    assert abs(ppl["ours"] / ppl["llama.cpp"] - 1) < 0.005
+    print(f"\nperplexity over {len(targets)} scored tokens: {ppl}")
+    own = abs(ppl["llama.cpp one by one"] / ppl["llama.cpp"] - 1)
+    assert abs(ppl["ours"] / ppl["llama.cpp one by one"] - 1) < 0.005
+    assert abs(ppl["ours"] / ppl["llama.cpp"] - 1) < max(0.005, 1.25 * own)

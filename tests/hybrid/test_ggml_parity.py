@@ -11,10 +11,12 @@ transposed down, ``sparse="exact"``): each configuration is compared with the ne
 A device sums in its own order, so the hybrid is not bit-identical to the CPU engine; the
 tolerance is llama.cpp's own, measured here with llama-cpp-python on the same tokens: the
 largest difference between its own ways of computing them - one token at a time vs batched,
-and flash vs non-flash attention (a GPU device runs flash attention). Asserted per
-configuration: max |delta logprob| of the chosen tokens <= 1.25 x that; top-1 equal wherever
-the CPU engine's top-2 logit margin is >= max(0.1, that bound); ggml's buffers are the plan's
-bytes, buffer by buffer.
+and flash vs non-flash attention (a GPU device runs flash attention) - or the CPU engine's
+own, where larger: the difference between its two arithmetics on the same tokens (on a Zen 4
+AVX-512 host llama.cpp's self-difference on SmolLM2 was 0.26 and the CPU engine's 0.47; on
+a Zen 3 AVX2 one 0.46 and less). Asserted per configuration: max |delta logprob| of the
+chosen tokens <= 1.25 x the larger; top-1 equal wherever the CPU engine's top-2 logit margin
+is >= max(0.1, 1.25 x llama.cpp's); ggml's buffers are the plan's bytes, buffer by buffer.
 
 Two deviations from the issue's wording, both measured (docs/placement.md, "Accuracy"): on
 SmolLM2 llama.cpp's flash-attention runs are identical batch-1 vs batched while its default
@@ -65,6 +67,7 @@ class Case:
     n_prompt: list
     cpu: dict  # arithmetic -> per sequence: (top1, top-2 margin, logprob of the next token), each (n - 1,)
     bound: float  # 1.25 x llama.cpp's largest self-difference of those logprobs
+    lp_bound: float  # 1.25 x the larger of that self-difference and the CPU arithmetics' own
     last_layer: int  # bytes of the smallest layer split: the compute buffer and the last layer whole
 
 
@@ -144,7 +147,9 @@ def _case(path):
             ctx.close()
     delta = _llama_cpp(path, seqs=seqs)
     assert delta > 0, "llama.cpp's own ways of computing the tokens agree exactly: no tolerance to measure"
-    return Case(path, model, full, seqs, [len(p) for p in prompts], ref, SLACK * delta, last)
+    own = max(float(np.abs(a[2] - b[2]).max()) for a, b in zip(ref["split"], ref["dense"]))
+    n_prompt = [len(p) for p in prompts]
+    return Case(path, model, full, seqs, n_prompt, ref, SLACK * delta, SLACK * max(delta, own), last)
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +229,9 @@ def _check(case: Case, frac: float, placement: str):
         f"top-1 differs from the CPU engine ({name}) at (sequence, position, CPU margin) "
         f"{flips}; margins >= {need:.3g} checked; all: {results}"
     )
-    assert worst <= case.bound, (
-        f"max |delta logprob| {worst:.4g} > {SLACK} x llama.cpp's {case.bound / SLACK:.4g} "
-        f"(nearest CPU arithmetic: {name}; all: {results})"
+    assert worst <= case.lp_bound, (
+        f"max |delta logprob| {worst:.4g} > {SLACK} x {case.lp_bound / SLACK:.4g}, the larger of llama.cpp's "
+        f"self-difference ({case.bound / SLACK:.4g}) and the CPU arithmetics' (nearest: {name}; all: {results})"
     )
 
 
