@@ -13,7 +13,7 @@
 #   PI_GPU_BACKEND=cpu bash bench/gpu_run.sh --device ggml-cpu --small   # the rehearsal, no GPU
 #   PI_GPU_CUDA_OBJECTS=3 bash bench/gpu_run.sh   # configure with CUDA, compile 3 ggml-cuda files, stop
 #   PI_GPU_FLASH_ATTN=ON bash bench/gpu_run.sh    # also compile ggml-cuda's flash attention (+~3 min)
-#   PI_GPU_AGAIN="--budget-fraction 0.5" bash bench/gpu_run.sh  # then validate once more with these
+#   PI_GPU_AGAIN="--quant Q4_K_M" bash bench/gpu_run.sh  # then validate once more with these
 #       arguments added (the models are made once), if under PI_GPU_AGAIN_BY s (default 420) have passed
 #
 # gpu_validate.py's arguments are checked first (before minutes of build). Exit status:

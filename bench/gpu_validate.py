@@ -476,7 +476,8 @@ def main(argv=None) -> int:
         type=float,
         default=None,
         metavar="GB/s",
-        help="also print plan --predict's ratio with this device bandwidth",
+        help="also print plan --predict's ratio and the round-trip fit with this device bandwidth "
+        "(default: a GPU's from the bandwidth table where it names the GPU; none for ggml-cpu)",
     )
     ap.add_argument("--host-bandwidth", type=float, default=None, metavar="GB/s")
     ap.add_argument("--dir", default="/tmp/powerinfer-gpu-validate", help="where the model files are made (once)")
@@ -505,6 +506,11 @@ def main(argv=None) -> int:
     # the device's runtime (a CUDA context, streams) is created now, so that the free-memory
     # differences below count our buffers only
     keep = G.GgmlDevice(dev.name, a.device_threads)
+    if a.device_bandwidth is None and dev.type != "cpu":
+        from powerinfer_backend.hybrid.placement.bandwidth import gpu_bandwidth
+
+        a.device_bandwidth = gpu_bandwidth(dev.description or dev.name)  # None: not in the table
+        log(f"device bandwidth {a.device_bandwidth} GB/s (the table's for {dev.description!r})")
     res = {
         "device": {"name": dev.name, "description": dev.description, "type": dev.type, "total_bytes": dev.total_bytes},
         "ggml_version": G.bind(),
