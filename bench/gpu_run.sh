@@ -14,7 +14,7 @@
 #   PI_GPU_CUDA_OBJECTS=3 bash bench/gpu_run.sh   # configure with CUDA, compile 3 ggml-cuda files, stop
 #   PI_GPU_FLASH_ATTN=ON bash bench/gpu_run.sh    # also compile ggml-cuda's flash attention (+~3 min)
 #   PI_GPU_AGAIN="--quant Q4_K_M" bash bench/gpu_run.sh  # then validate once more with these
-#       arguments added (the models are made once), if under PI_GPU_AGAIN_BY s (default 420) have passed
+#       arguments added (models already made are reused), if under PI_GPU_AGAIN_BY s (default 420) have passed
 #
 # gpu_validate.py's arguments are checked first (before minutes of build). Exit status:
 # gpu_validate.py's (0 every check passed, 1 one failed, 2 no device or bad arguments), else
