@@ -28,9 +28,11 @@ random weights fire half of the neurons, trained ReLU models ~90%) and a SwiGLU 
    8) and prefill (--n-prefill tokens) tok/s of ours on the device and of llama.cpp with
    ``n_gpu_layers`` chosen to fit the same budget (hybrid/placement/predict.py:
    llama_cpp_offload; its op offload on, as by default: batches on the device even with no
-   layer there) at each budget, and of both CPU-only once (llama.cpp's op offload off); with --device-bandwidth also
-   what ``plan --predict`` predicts and, from it and the measurements, the device's round
-   trip per split layer that ``placement="auto"`` does not model (``sync_fit_s``).
+   layer there) at each budget, and of both CPU-only once (llama.cpp's op offload off);
+   with a device bandwidth (--device-bandwidth; a GPU's from the planner's table by
+   default) also what ``plan --predict`` predicts and, from it and the measurements, the
+   device's round trip per split layer that ``placement="auto"`` does not model
+   (``sync_fit_s``).
 
 Prints a table and writes JSON (--out). Exit status 0 when every check passed, 1 when one
 failed, 2 when the device or the ggml binding is missing (a message says what was looked
@@ -295,12 +297,14 @@ def predicted(path: Path, a, sizes, budget: int, freq, measured: dict, cpu: dict
     """What ``plan --predict`` says at ``budget`` (placement auto, the default), and the round
     trip per split layer that the measurements leave: (measured seconds per token of ours on
     the device - the predicted ones scaled as the CPU-only run's measured / predicted) / the
-    plan's split layers (work on both sides). Approximate: the plan is the prediction's (the
-    engine's inputs, the host bandwidth measured here), the device's seconds scaled too."""
+    plan's split layers (work on both sides). The host bandwidth is the engine's (its plan's
+    inputs, so the same plan), else --host-bandwidth, else measured here; the device's
+    seconds are scaled too (approximate)."""
     from powerinfer_backend.hybrid.placement import plan_auto, plan_placement
     from powerinfer_backend.hybrid.placement import predict as pr
 
-    host = a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
+    engine = measured.get("placement") or {}
+    host = engine.get("host_gbps") or a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
     mode = "relu" if freq is not None else "dense"
     sizes = sizes.for_mode(mode)  # the engine's sparse layers keep their down_t once split
     kw = dict(device_gbps=a.device_bandwidth, host_gbps=host, mode=mode)
