@@ -14,7 +14,7 @@ largest difference between its own ways of computing them - one token at a time 
 and flash vs non-flash attention (a GPU device runs flash attention) - or the CPU engine's
 own, where larger: the difference between its two arithmetics on the same tokens (on a Zen 4
 AVX-512 host llama.cpp's self-difference on SmolLM2 was 0.26 and the CPU engine's 0.47; on
-a Zen 3 AVX2 one 0.46 and less). Asserted per configuration: max |delta logprob| of the
+a Zen 3 AVX2 host llama.cpp's was 0.46). Asserted per configuration: max |delta logprob| of the
 chosen tokens <= 1.25 x the larger; top-1 equal wherever the CPU engine's top-2 logit margin
 is >= max(0.1, 1.25 x llama.cpp's); ggml's buffers are the plan's bytes, buffer by buffer.
 
