@@ -121,22 +121,16 @@ static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {
  * reaches int16 saturation). The bodies (PI_*_BODY, with the notes on their float
  * order) are in x86_256.h, expanded with this file's dot helpers. */
 #ifdef __AVX512VNNI__
-static inline __m256i dot4_vnni(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
-
-/* dot4_vnni(a, s) - dot4_vnni(b, s): vpdpbusd has no int16 step to subtract in */
-static inline __m256i dot4_diff_vnni(__m256i a, __m256i b, __m256i s) {
-    return _mm256_sub_epi32(dot4_vnni(a, s), dot4_vnni(b, s));
-}
-#define DOT4 dot4_vnni
+/* dot4(a, s) - dot4(b, s): vpdpbusd has no int16 step to subtract in */
+static inline __m256i dot4_diff_vnni(__m256i a, __m256i b, __m256i s) { return _mm256_sub_epi32(dot4(a, s), dot4(b, s)); }
 #define DOT4_DIFF dot4_diff_vnni
 #else
-#define DOT4 dot4_256
 #define DOT4_DIFF dot4_diff_256
 #endif
 
 static void vec_dot_q4_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q4_0_BODY(DOT4_DIFF) }
-static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) { PI_Q4_1_BODY(DOT4) }
-static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q8_0_BODY(DOT4) }
+static void vec_dot_q4_1(int64_t n, float *s, const void *vw, const void *vx) { PI_Q4_1_BODY(dot4) }
+static void vec_dot_q8_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q8_0_BODY(dot4) }
 static void vec_dot_q5_0(int64_t n, float *s, const void *vw, const void *vx) { PI_Q5_0_BODY(DOT4_DIFF) }
 /* K-quants: vec_dot_q4_K / q5_K / q6_K in x86_256.h */
 

@@ -72,6 +72,22 @@ static inline __m256i dot4_diff_256(__m256i a, __m256i b, __m256i s) {
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
+/* dot4_256, as vpdpbusd where the including file's target has AVX512-VNNI (avx512_vnni.c):
+ * the same exact int32 lanes (the pair sums of these types never saturate int16) */
+static inline __m256i dot4(__m256i u, __m256i s) {
+#ifdef __AVX512VNNI__
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return dot4_256(u, s);
+#endif
+}
+
+/* -(the int32 quad sums) of int16 pair sums: the offset term of Q4_0 / Q5_0 (offset * y)
+ * as the accumulator vpdpbusd adds q * y to */
+static inline __m256i neg_quad_sums(__m256i p16) {
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
 /* ---- F16 rows ------------------------------------------------------------------ */
 
 /* The float operations of llama.cpp's ggml_vec_dot_f16 in its two x86 builds, run
@@ -127,20 +143,11 @@ static inline void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const
  * second accumulator measured no faster here.
  *
  * Each X_BODY(...) is the body of a pi_vec_dot_fn (n, s, vw, vx) and takes the
- * int8 dot helper(s): dot4_256 / dot4_diff_256 above, or VNNI ones (avx512.c). */
+ * int8 dot helper(s): dot4 / dot4_diff_256 above, or a VNNI difference (avx512.c). */
 #define PI_QLOOP(BLOCK, DOT)                                                                    \
     __m256 acc = _mm256_setzero_ps();                                                           \
     for (int64_t i = 0; i < nb; i++) BLOCK(i, acc, DOT);                                        \
     const float sum = hsum256(acc);
-
-/* the int32 quad sums of u * s (u8 x s8; these types' int16 pair sums never saturate, so
- * both are exact and equal): vpdpbusd where the including file's target has AVX512-VNNI
- * (avx512_vnni.c), else maddubs + madd with ones (a `ones` in scope either way) */
-#ifdef __AVX512VNNI__
-#define PI_DOT4(u, s) ((void)ones, _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s)))
-#else
-#define PI_DOT4(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), ones)
-#endif
 
 /* Q4_0 x Q8_0: sum((q - 8) * y) = sum(q * y) - sum(8 * y); DOT_DIFF(a, b, y) is
  * dot4(a, y) - dot4(b, y) */

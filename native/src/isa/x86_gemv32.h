@@ -44,7 +44,7 @@ PI_GEMV_INLINE void gemv32_act(const int K, const char *xb, __m128 *xh, __m256i 
     if (G32_OFFSET(K))
         *yo = _mm256_maddubs_epi16(_mm256_set1_epi8(K == G32_Q5_0 ? 16 : 8), gemv32_y(K, xb));
 #ifdef __AVX512VNNI__ /* as int32 quad sums, negated: vpdpbusd adds q * y to them */
-    if (G32_OFFSET(K)) *yo = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(*yo, _mm256_set1_epi16(1)));
+    if (G32_OFFSET(K)) *yo = neg_quad_sums(*yo);
 #endif
 }
 
@@ -52,7 +52,6 @@ PI_GEMV_INLINE void gemv32_act(const int K, const char *xb, __m128 *xh, __m256i 
  * or, with xh NULL, from x itself */
 PI_GEMV_INLINE float gemv32_row(const int K, int64_t nb, const char *w, const char *x, const __m128 *xh,
                                 const __m256i *yo) {
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps(); /* Q4_1: lane 1 is fma(m_w, s_x, .) over the blocks */
     for (int64_t i = 0; i < nb; i++) {
@@ -70,16 +69,16 @@ PI_GEMV_INLINE float gemv32_row(const int K, int64_t nb, const char *w, const ch
         __m256i d4;
         if (K == G32_Q8_0) { /* s8 x s8 as |w| x (y with the sign of w), as the row kernel */
             const __m256i q = _mm256_loadu_si256((const __m256i *)((const pi_block_q8_0 *)b)->qs);
-            d4 = PI_DOT4(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
+            d4 = dot4(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
         } else if (K == G32_Q4_1) {
-            d4 = PI_DOT4(unpack_nibbles(((const pi_block_q4_1 *)b)->qs), y);
+            d4 = dot4(unpack_nibbles(((const pi_block_q4_1 *)b)->qs), y);
         } else { /* dot4_diff_256(q, offset, y): q * y less offset * y */
             const __m256i q =
                 K == G32_Q5_0 ? q5_0_bytes((const pi_block_q5_0 *)b) : unpack_nibbles(((const pi_block_q4_0 *)b)->qs);
 #ifdef __AVX512VNNI__
             d4 = _mm256_dpbusd_epi32(po, q, y);
 #else /* on the int16 pair sums, then their quad sums */
-            d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, y), po), ones);
+            d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, y), po), _mm256_set1_epi16(1));
 #endif
         }
         /* d_w * d_x broadcast, as the row kernel's lane 0 of load_halfs(w) * load_halfs(x) */

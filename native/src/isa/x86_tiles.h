@@ -268,7 +268,6 @@ PI_TILE_INLINE __m256i offset_bytes(const int Q5, const char *row, int64_t i) {
 PI_TILE_INLINE void offset_tile(const int Q5, const int R, const int T, int64_t n, float *y, int64_t ldy,
                                 const char *wp, int64_t wrow, const pi_tile_act *a, int64_t t0) {
     PI_TILE_ACT(a, t0)
-    const __m256i ones = _mm256_set1_epi16(1);
     const int64_t bsize = Q5 ? (int64_t)sizeof(pi_block_q5_0) : (int64_t)sizeof(pi_block_q4_0);
     __m256 acc[PI_TILE_R][PI_TILE_T];
     PI_UNROLL for (int r = 0; r < R; r++)
@@ -286,13 +285,13 @@ PI_TILE_INLINE void offset_tile(const int Q5, const int R, const int T, int64_t 
             __m256i yo = _mm256_loadu_si256((const __m256i *)(aaux + (i * ald + t0 + t) * 16));
             if (Q5) yo = _mm256_add_epi16(yo, yo);
 #ifdef __AVX512VNNI__ /* the offset's quad sums, negated: vpdpbusd adds q * y to them */
-            yo = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(yo, ones));
+            yo = neg_quad_sums(yo);
 #endif
             PI_UNROLL for (int r = 0; r < R; r++) {
 #ifdef __AVX512VNNI__
                 const __m256i d4 = _mm256_dpbusd_epi32(yo, q[r], yq);
 #else
-                const __m256i d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q[r], yq), yo), ones);
+                const __m256i d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q[r], yq), yo), _mm256_set1_epi16(1));
 #endif
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), PI_TILE_LANE(pd[r], t), acc[r][t]);
             }
@@ -318,7 +317,6 @@ PI_TILE_INLINE void q5_0_tile(const int R, const int T, int64_t n, float *y, int
 PI_TILE_INLINE void q4_1_tile(const int R, const int T, int64_t n, float *y, int64_t ldy, const char *wp,
                               int64_t wrow, const pi_tile_act *a, int64_t t0) {
     PI_TILE_ACT(a, t0)
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[PI_TILE_R][PI_TILE_T], accm[PI_TILE_R];
     PI_UNROLL for (int r = 0; r < R; r++) {
         accm[r] = _mm256_setzero_ps();
@@ -338,7 +336,7 @@ PI_TILE_INLINE void q4_1_tile(const int R, const int T, int64_t n, float *y, int
         PI_UNROLL for (int t = 0; t < T; t++) {
             const __m256i yq = _mm256_loadu_si256((const __m256i *)PI_TILE_X(pi_block_q8_1, t, i)->qs);
             PI_UNROLL for (int r = 0; r < R; r++) {
-                const __m256i d4 = PI_DOT4(q[r], yq);
+                const __m256i d4 = dot4(q[r], yq);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), PI_TILE_LANE(pd[r], t), acc[r][t]);
             }
         }
@@ -355,7 +353,6 @@ PI_TILE_INLINE void q4_1_tile(const int R, const int T, int64_t n, float *y, int
 PI_TILE_INLINE void q8_0_tile(const int R, const int T, int64_t n, float *y, int64_t ldy, const char *wp,
                               int64_t wrow, const pi_tile_act *a, int64_t t0) {
     PI_TILE_ACT(a, t0)
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[PI_TILE_R][PI_TILE_T];
     PI_UNROLL for (int r = 0; r < R; r++)
         PI_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
@@ -372,7 +369,7 @@ PI_TILE_INLINE void q8_0_tile(const int R, const int T, int64_t n, float *y, int
         PI_UNROLL for (int t = 0; t < T; t++) {
             const __m256i yq = _mm256_loadu_si256((const __m256i *)PI_TILE_X(pi_block_q8_0, t, i)->qs);
             PI_UNROLL for (int r = 0; r < R; r++) {
-                const __m256i d4 = PI_DOT4(aq[r], _mm256_sign_epi8(yq, q[r]));
+                const __m256i d4 = dot4(aq[r], _mm256_sign_epi8(yq, q[r]));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), PI_TILE_LANE(pd[r], t), acc[r][t]);
             }
         }
