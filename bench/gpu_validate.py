@@ -276,11 +276,10 @@ def llama_speed(path: Path, a, G, dev, ngl: int, tokens: list[int], **kw) -> dic
     return out
 
 
-def speed(path: Path, a, G, dev, sizes, budget: int, sidecar: Path | None, tokens: list[int]) -> dict:
+def speed(path: Path, a, G, dev, sizes, budget: int, sparse: str, tokens: list[int]) -> dict:
     """Decode/prefill tok/s at ``budget``: ours on the device, llama.cpp's layer split."""
     from powerinfer_backend.hybrid.placement.predict import llama_cpp_offload
 
-    sparse = str(sidecar) if sidecar else "auto"
     dev_kw = dict(device=a.device, vram_budget=f"{budget}B")
     if a.device_bandwidth:  # placement auto plans with the bandwidth the prediction uses
         dev_kw["device_bandwidth"] = a.device_bandwidth
@@ -314,9 +313,7 @@ def predicted(path: Path, a, sizes, budget: int, freq, measured: dict, cpu: dict
         sizes, budget, device_gbps=a.device_bandwidth, host_gbps=host, n_ctx=a.ctx, n_batch=a.batch
     )
     cpu_pred = pr.predict_ours(sizes, plan_placement(sizes, freq, 0, n_ctx=a.ctx, n_batch=a.batch), freq, **kw)
-    n_split = sum(
-        1 for L in plan.layers if (L.attn_on_device or L.n_hot > 0) and (not L.attn_on_device or L.n_hot < sizes.n_ff)
-    )
+    n_split = sum(pr.split_layer(L.attn_on_device, L.n_hot, sizes.n_ff) for L in plan.layers)
     host_scale = cpu_pred.tok_s / cpu["decode_tok_s"]  # measured / predicted seconds, CPU-only
     fit = 1 / measured["decode_tok_s"] - ours.seconds_per_token * host_scale
     return {
@@ -375,7 +372,7 @@ def run_model(kind: str, a, G, dev) -> dict:
     for f in a.budget_fraction:
         budget = int(f * full)
         log(f"{kind}: speed at {f:.0%} ({budget} B)")
-        sp = {"fraction": f, "budget": budget, **speed(path, a, G, dev, sizes, budget, sidecar, tokens)}
+        sp = {"fraction": f, "budget": budget, **speed(path, a, G, dev, sizes, budget, sparse, tokens)}
         if a.device_bandwidth:
             sp["predicted"] = predicted(path, a, sizes, budget, freq, sp["ours"], r["cpu"]["ours"])
         r["speeds"].append(sp)

@@ -71,6 +71,7 @@ __all__ = [
     "attn_weight_bytes",
     "ffn_row_bytes",
     "layer_time",
+    "split_layer",
     "predict_ours",
     "llama_cpp_offload",
     "predict_layer_split",
@@ -290,6 +291,13 @@ class LayerBytes:
         )
 
 
+def split_layer(attn_on: bool, n_hot: int, n_ff: int) -> bool:
+    """Whether a layer with its attention block on the device or not and ``n_hot`` of its
+    ``n_ff`` neurons there has work on both sides: it pays one round trip of its activations
+    (``sync_s``)."""
+    return (attn_on or n_hot > 0) and (not attn_on or n_hot < n_ff)
+
+
 def layer_time(
     b: LayerBytes,
     i: int,
@@ -336,8 +344,7 @@ def layer_time(
         host += b.gguf_down
     t_attn = b.attn / (bd if attn_on else bh)
     td, th = dev / bd, host / bh
-    # a layer with work on both sides pays one round trip of its activations
-    both = (attn_on or n_hot > 0) and (not attn_on or n_hot < n_ff)
+    both = split_layer(attn_on, n_hot, n_ff)
     return LayerTime(i, attn_on, b.attn, dev, host, t_attn, td, th, t_attn + max(td, th) + (sync_s if both else 0.0))
 
 
