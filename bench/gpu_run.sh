@@ -111,9 +111,6 @@ CMAKE_ARGS="${cmake_args[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
     "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" "$src" \
     > "$out/llama_build.log" 2>&1 || { tail -40 "$out/llama_build.log"; say "llama.cpp build failed"; exit 3; }
 say "llama.cpp built: $(ls "$site"/llama_cpp/lib | tr '\n' ' ')"
-for f in "$site"/llama_cpp/lib/libggml-*.so; do  # C++ runtime a backend exports (a diagnostic)
-    say "$(basename "$f"): $(nm -DC --defined-only "$f" 2>/dev/null | grep -c ' std::' || true) std:: symbols exported; $(nm -DC --defined-only "$f" 2>/dev/null | grep -m1 'codecvt' || true)"
-done
 export LD_LIBRARY_PATH="$site/llama_cpp/lib${libdirs:+:$libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # 3. our C library, then the validation

@@ -63,14 +63,18 @@ def threads(name: str = "--threads"):
     return parse
 
 
+def _float(name: str, value) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+
+
 def number(name: str, lo: float = 0.0, *, above: bool = False):
     """argparse type: a finite float >= lo (> lo with ``above``)."""
 
     def parse(value):
-        try:
-            x = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+        x = _float(name, value)
         if not math.isfinite(x) or x < lo or (above and x == lo):
             raise argparse.ArgumentTypeError(
                 f"{name} must be a finite number {'>' if above else '>='} {lo:g}, got {value}"
@@ -106,10 +110,7 @@ def between(name: str, lo: float, hi: float):
     """argparse type: a float strictly between lo and hi."""
 
     def parse(value):
-        try:
-            x = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {value!r}") from None
+        x = _float(name, value)
         if not lo < x < hi:  # NaN fails too
             raise argparse.ArgumentTypeError(f"{name} must be in ({lo:g}, {hi:g}), got {value}")
         return x
