@@ -62,6 +62,8 @@ def register_openai(app, state: ServerState) -> None:
             prompt = prompt[0]
         if isinstance(prompt, list):
             check_token_ids(prompt, state.n_vocab, "prompt token id", param="prompt")
+            if b.echo:  # the library echoes prompt text (a token list is a TypeError there, as in llama-cpp-python)
+                raise APIError(400, "echo needs a text prompt, not token ids", param="echo")
         kw = dict(
             sampling(b, state.llm, state.n_vocab),
             suffix=b.suffix,

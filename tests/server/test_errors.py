@@ -59,6 +59,12 @@ def test_refused_arguments_stay_400(tiny_app, tiny_client, monkeypatch):
     assert tiny_client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
+def test_echo_of_a_token_prompt_is_refused(tiny_client):
+    r = tiny_client.post("/v1/completions", json={"prompt": [1], "echo": True, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+    assert tiny_client.post("/v1/completions", json={"prompt": [1], "max_tokens": 1}).status_code == 200
+
+
 def test_error_from_exception():
     assert (
         error_from_exception(ValueError("Requested tokens (9) exceed context window of 8")).type
