@@ -192,9 +192,11 @@ def open_llm(path: Path, a, **kw):
 
 
 def check_budget(path: Path, a, G, dev, budget: int, ref: np.ndarray, tokens: list[int]) -> dict:
-    """Logits and memory of ``Llama(device=a.device)`` at ``budget`` bytes."""
+    """Logits and memory of ``Llama(device=a.device)`` at ``budget`` bytes, with the neuron
+    plan (attention blocks and hot rows: every budget exercises the device half, where
+    ``placement="auto"`` may place nothing)."""
     free0 = device_free(G, dev.name)
-    llm = open_llm(path, a, device=a.device, vram_budget=f"{budget}B", sparse="exact")
+    llm = open_llm(path, a, device=a.device, vram_budget=f"{budget}B", sparse="exact", placement="neurons")
     free_loaded = device_free(G, dev.name)
     try:
         r = compare(ref, logits_of(llm, tokens))
@@ -285,6 +287,10 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sparse: str, tokens: list[i
         dev_kw["device_bandwidth"] = a.device_bandwidth
     out = {"ours": speed_ours(path, a, "ours", sparse, dev_kw, tokens)}
     gc.collect()
+    if out["ours"]["placement"] is None or out["ours"]["placement"].get("policy") != "neurons":
+        # the neuron plan too: its split layers measure the round trip (auto may place nothing)
+        out["ours_neurons"] = speed_ours(path, a, "ours_neurons", sparse, dict(dev_kw, placement="neurons"), tokens)
+        gc.collect()
     n_gpu, _ = llama_cpp_offload(sizes, budget, n_ctx=a.ctx, n_batch=a.batch)
     out["llama_cpp_layers"] = llama_speed(path, a, G, dev, n_gpu, tokens)
     out["decode_ratio"] = out["ours"]["decode_tok_s"] / out["llama_cpp_layers"]["decode_tok_s"]
@@ -292,30 +298,35 @@ def speed(path: Path, a, G, dev, sizes, budget: int, sparse: str, tokens: list[i
     return out
 
 
-def predicted(path: Path, a, sizes, budget: int, freq, measured: dict, cpu: dict) -> dict:
-    """What ``plan --predict`` says at ``budget`` (placement auto, the default), and the round
-    trip per split layer that the measurements leave: (measured seconds per token of ours on
-    the device - the predicted ones scaled as the CPU-only run's measured / predicted) / the
-    plan's split layers (work on both sides). The host bandwidth is the engine's (its plan's
-    inputs, so the same plan), else --host-bandwidth, else measured here; the device's
-    seconds are scaled too (approximate)."""
+def predicted(path: Path, a, sizes, budget: int, freq, sp: dict, cpu: dict) -> dict:
+    """What ``plan --predict`` says at ``budget`` (placement auto, the default, with the
+    engine's round trip ``sync_s``), and the round trip per split layer that the measurements
+    leave: (measured seconds per token of the run with split layers, ``sp["ours_neurons"]``
+    where auto placed otherwise, - its plan's predicted ones without a round trip, scaled as
+    the CPU-only run's measured / predicted) / its split layers (work on both sides). The
+    host bandwidth is the engine's (its plan's inputs, so the same plan), else
+    --host-bandwidth, else measured here; the device's seconds are scaled too (approximate)."""
     from powerinfer_backend.hybrid.placement import plan_auto, plan_placement
     from powerinfer_backend.hybrid.placement import predict as pr
 
-    engine = measured.get("placement") or {}
+    engine = sp["ours"].get("placement") or (sp.get("ours_neurons") or {}).get("placement") or {}
     host = engine.get("host_gbps") or a.host_bandwidth or pr.measure_host_bandwidth(n_threads=a.threads)
     mode = "relu" if freq is not None else "dense"
     sizes = sizes.for_mode(mode)  # the engine's sparse layers keep their down_t once split
     kw = dict(device_gbps=a.device_bandwidth, host_gbps=host, mode=mode)
-    plan = plan_auto(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, **kw)  # placement="auto"
-    ours = pr.predict_ours(sizes, plan, freq, **kw)
+    sync = engine.get("sync_s", 0.0)
+    plan = plan_auto(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch, sync_s=sync, **kw)  # placement="auto"
+    ours = pr.predict_ours(sizes, plan, freq, sync_s=sync, **kw)
     split = pr.predict_layer_split(
         sizes, budget, device_gbps=a.device_bandwidth, host_gbps=host, n_ctx=a.ctx, n_batch=a.batch
     )
     cpu_pred = pr.predict_ours(sizes, plan_placement(sizes, freq, 0, n_ctx=a.ctx, n_batch=a.batch), freq, **kw)
-    n_split = sum(pr.split_layer(L.attn_on_device, L.n_hot, sizes.n_ff) for L in plan.layers)
+    fitted, measured = (plan, sp["ours"]) if "ours_neurons" not in sp else (None, sp["ours_neurons"])
+    if fitted is None:
+        fitted = plan_placement(sizes, freq, budget, n_ctx=a.ctx, n_batch=a.batch)
+    n_split = sum(pr.split_layer(L.attn_on_device, L.n_hot, sizes.n_ff) for L in fitted.layers)
     host_scale = cpu_pred.tok_s / cpu["decode_tok_s"]  # measured / predicted seconds, CPU-only
-    fit = 1 / measured["decode_tok_s"] - ours.seconds_per_token * host_scale
+    fit = 1 / measured["decode_tok_s"] - pr.predict_ours(sizes, fitted, freq, **kw).seconds_per_token * host_scale
     return {
         "ours_tok_s": ours.tok_s,
         "layer_split_tok_s": split.tok_s,
@@ -327,6 +338,8 @@ def predicted(path: Path, a, sizes, budget: int, freq, measured: dict, cpu: dict
         "host_gbps": host,
         "device_gbps": a.device_bandwidth,
         "policy": plan.choice["policy"],
+        "placed": plan.device_bytes > 0,
+        "sync_s": sync,
     }
 
 
@@ -374,7 +387,7 @@ def run_model(kind: str, a, G, dev) -> dict:
         log(f"{kind}: speed at {f:.0%} ({budget} B)")
         sp = {"fraction": f, "budget": budget, **speed(path, a, G, dev, sizes, budget, sparse, tokens)}
         if a.device_bandwidth:
-            sp["predicted"] = predicted(path, a, sizes, budget, freq, sp["ours"], r["cpu"]["ours"])
+            sp["predicted"] = predicted(path, a, sizes, budget, freq, sp, r["cpu"]["ours"])
         r["speeds"].append(sp)
     return r
 
@@ -404,6 +417,7 @@ def format_table(res: dict) -> str:
             lc = s["llama_cpp_layers"]
             rows += [
                 (f"ours on {res['device']['name']} {s['fraction']:.0%}", s["ours"]),
+                *([(f"ours neurons {s['fraction']:.0%}", s["ours_neurons"])] if "ours_neurons" in s else []),
                 (f"llama.cpp -ngl {lc['n_gpu_layers']}" + (f" {lc['allocated'] / 2**20:.0f}MiB" if gpu else ""), lc),
             ]
         for label, r in rows:

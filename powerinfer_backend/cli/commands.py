@@ -266,10 +266,12 @@ def cmd_perplexity(args) -> int:
 def cmd_plan(args) -> int:
     from ..hybrid.devices import planning_sizer
     from ..hybrid.placement import (
+        GPU_SYNC_S,
         ModelSizes,
         parse_vram_budget,
         plan_for_model,
         plan_layer_split,
+        why_auto_placed_nothing,
         why_nothing_placed,
         write_plot,
     )
@@ -282,6 +284,8 @@ def cmd_plan(args) -> int:
     placement = args.placement or ("layers" if args.layer_split else "auto" if args.device_bandwidth else "neurons")
     if placement == "auto" and args.device_bandwidth is None:
         raise ValueError("plan --placement auto needs --device-bandwidth GB/s")
+    if args.sync_us is None:  # a GPU's round trip, unless the bytes are counted for ggml's CPU backend
+        args.sync_us = 0.0 if args.device == "ggml-cpu" else GPU_SYNC_S * 1e6
     inputs = None
     no_device = _no_device_message(args.device)
     out = _plan_file(model, args)
@@ -307,6 +311,7 @@ def cmd_plan(args) -> int:
                         device_gbps=args.device_bandwidth,
                         host_gbps=inputs["host_gbps"],
                         mode=inputs["mode"],
+                        sync_s=args.sync_us * 1e-6,
                     )
                 plan = plan_for_model(
                     model,
@@ -327,6 +332,8 @@ def cmd_plan(args) -> int:
                 if plan.device_bytes == 0 and not args.disable_gpu_index
                 else ""
             )
+            if plan.device_bytes == 0 and not empty and plan.choice and "cpu_tok_s" in plan.choice:
+                empty = why_auto_placed_nothing(plan.choice)
     finally:
         g.close()
     png = None

@@ -358,8 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--sync-us",
         type=number("--sync-us"),
-        default=0.0,
-        help="microseconds per layer that runs on both sides (activation round trip; default 0)",
+        default=None,
+        help="microseconds per token of each layer split between the device and the CPU (the "
+        "device's round trip; default: 720, measured on an NVIDIA H200; 0 with --device ggml-cpu)",
     )
     pr.add_argument(
         "--threads",

@@ -76,8 +76,11 @@ class Offload:
         elif c:
             line += (
                 f"; placement auto chose {c['policy']}: predicted {c['tok_s'][c['policy']]:.1f} tok/s, "
-                f"{c['ratio']:.2f}x llama.cpp's layer split (device {c['device_gbps']:g} GB/s, "
-                f"{c.get('device_source', 'given')}; host {c['host_gbps']:g} GB/s; mode {c['mode']})"
+                f"{c['ratio']:.2f}x llama.cpp's layer split"
+                + (f", {c['tok_s'][c['policy']] / c['cpu_tok_s']:.2f}x the CPU alone" if "cpu_tok_s" in c else "")
+                + f" (device {c['device_gbps']:g} GB/s, {c.get('device_source', 'given')}; "
+                f"host {c['host_gbps']:g} GB/s; round trip {c.get('sync_s', 0.0) * 1e3:g} ms per split layer; "
+                f"mode {c['mode']})"
             )
         return line
 
@@ -282,14 +285,17 @@ def _place(
         plan = P.plan_layer_split(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:
         auto: dict[str, Any] = {}
-        src, info = "", dev.info
+        src, sync_src, info = "", "", dev.info
         shared = info.type == "cpu" and device_bandwidth is None
         if placement == "auto" and dec.bytes > 0 and not shared:
             bd, src = P.device_bandwidth(
                 info.name, info.description, info.type, override=device_bandwidth, n_threads=device_threads
             )
             mode = engine_mode(ctx)
-            auto = dict(placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads), mode=mode)
+            sync, sync_src = P.device_sync(info.name, info.type)
+            auto = dict(
+                placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads), mode=mode, sync_s=sync
+            )
             if mode == "predictor":
                 auto["predictor_bytes"] = ctx.ffn_predictor_bytes()
         plan = P.plan_for_model(
@@ -307,12 +313,18 @@ def _place(
         )
         if plan.choice:
             plan.choice["device_source"] = src
+            if "sync_s" in plan.choice:
+                plan.choice["sync_source"] = sync_src
         elif placement == "auto" and shared:
             plan.choice = {"policy": "neurons", "reason": SHARED_MEMORY}
     kind = choice.requested
     if plan.device_bytes == 0:
         dev.close()
         why = P.why_nothing_placed(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
+        if not why and plan.choice and "cpu_tok_s" in plan.choice:
+            why = P.why_auto_placed_nothing(plan.choice)
+        elif not why and placement == "layers":
+            why = f"placement 'layers': no whole layer fits vram_budget {dec.bytes} bytes"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     place_plan(ctx, dev, plan, dec.bytes)
     return Offload(kind, dec, plan, dev, ctx, notices)

@@ -63,4 +63,7 @@ def test_small_smoke_on_ggml_cpu(tmp_path):
             p = s["predicted"]  # --device-bandwidth given: the prediction and the round-trip fit
             assert p["split_layers"] >= 0 and p["host_scale"] > 0
             assert (p["sync_fit_s"] is None) == (p["split_layers"] == 0) and p["ratio"] > 0
+            assert p["sync_s"] == 0.0  # ggml's CPU backend: no round trip planned
+            # where auto chose another plan, the neuron plan's speed too (its split layers: the fit)
+            assert ("ours_neurons" in s) == (s["ours"]["placement"]["policy"] != "neurons")
     assert res["ok"]

@@ -40,25 +40,27 @@ def _sizes(path):
 
 
 def _sweep(sizes, freq, mode, *, n_ctx=512, n_batch=64, **kw):
-    """{(bandwidth, fraction): (auto tok/s, layer split tok/s, policy)}, asserting each plan
-    fits its budget and its recorded prediction is predict_ours' own."""
+    """{(bandwidth, fraction, sync_s): (auto tok/s, layer split tok/s, policy)}, with no
+    round trip and a GPU's (P.GPU_SYNC_S), asserting each plan fits its budget, its
+    recorded prediction is predict_ours' own and it is never below placing nothing."""
     full = P.full_device_bytes(sizes, n_ctx, n_batch)
     out = {}
-    for bw in BANDWIDTHS:
-        for f in FRACTIONS:
-            budget = int(full * f)
-            plan = P.plan_auto(
-                sizes, freq, budget, n_ctx=n_ctx, n_batch=n_batch, device_gbps=bw, host_gbps=HOST, mode=mode, **kw
-            )
-            assert plan.device_bytes <= budget
-            ours = pr.predict_ours(sizes, plan, freq, device_gbps=bw, host_gbps=HOST, mode=mode, **kw).tok_s
-            split = pr.predict_layer_split(
-                sizes, budget, device_gbps=bw, host_gbps=HOST, n_ctx=n_ctx, n_batch=n_batch
-            ).tok_s
-            c = plan.choice
-            assert ours == pytest.approx(c["tok_s"][c["policy"]], rel=1e-12) and c["llama_cpp_tok_s"] == split
-            assert ours == max(c["tok_s"].values())
-            out[bw, f] = (ours, split, c["policy"])
+    for sync in (0.0, P.GPU_SYNC_S):
+        for bw in BANDWIDTHS:
+            for f in FRACTIONS:
+                budget = int(full * f)
+                k = dict(device_gbps=bw, host_gbps=HOST, mode=mode, sync_s=sync, **kw)
+                plan = P.plan_auto(sizes, freq, budget, n_ctx=n_ctx, n_batch=n_batch, **k)
+                assert plan.device_bytes <= budget
+                ours = pr.predict_ours(sizes, plan, freq, **k).tok_s
+                split = pr.predict_layer_split(
+                    sizes, budget, device_gbps=bw, host_gbps=HOST, n_ctx=n_ctx, n_batch=n_batch
+                ).tok_s
+                c = plan.choice
+                assert ours == pytest.approx(c["tok_s"][c["policy"]], rel=1e-12) and c["llama_cpp_tok_s"] == split
+                assert ours == max(c["tok_s"].values()) and ours >= c["cpu_tok_s"] * (1 - 1e-12)
+                assert c["sync_s"] == sync
+                out[bw, f, sync] = (ours, split, c["policy"])
     return out
 
 
@@ -133,6 +135,32 @@ def test_bandwidth_table():
         P.device_bandwidth("CUDA0", "x", "gpu", override=float("inf"))
 
 
+def test_device_round_trip():
+    assert P.device_sync("CPU", "cpu")[0] == 0.0
+    sync, why = P.device_sync("CUDA0", "gpu")
+    assert sync == P.GPU_SYNC_S == 0.72e-3 and "H200" in why
+
+
+def test_round_trip_can_outweigh_placing(model_path):
+    """SmolLM2's layers are small (2.4 MB per token at Q4_1): with a fast host, splitting one
+    between a GPU and the CPU costs more round trip than the bytes it moves save, so at a
+    budget below a whole layer auto places nothing and says why (without the round trip it
+    places hot rows and attention blocks)."""
+    s = _sizes(model_path)
+    freq = load_profile(ROOT / "tests" / "fixtures" / "data" / "smollm2_freq.json")
+    k = dict(n_ctx=512, n_batch=64, device_gbps=1008, host_gbps=90, mode="threshold")
+    budget = P.compute_bytes(s, 512, 64) + P.layer_bytes(s, 0, 512) // 2
+    assert P.plan_auto(s, freq, budget, **k).device_bytes > 0
+    plan = P.plan_auto(s, freq, budget, sync_s=P.GPU_SYNC_S, **k)
+    assert plan.device_bytes == 0 and plan.choice["policy"] == "throughput"
+    c = plan.choice
+    # the neuron plan splits every layer; no whole layer fits the layer split, which places nothing too
+    assert c["tok_s"]["throughput"] == c["cpu_tok_s"] == c["tok_s"]["layers"] > 5 * c["tok_s"]["neurons"]
+    assert P.why_nothing_placed(s, budget, n_ctx=512, n_batch=64) == ""  # room enough: not the budget's fault
+    why = P.why_auto_placed_nothing(c)
+    assert why.startswith("placement auto places nothing: the CPU alone is predicted at") and "0.72 ms" in why
+
+
 def test_host_bandwidth_measured_once(xdg_cache):
     first = P.host_bandwidth(1)
     assert 0.2 < first < 2000
@@ -148,7 +176,7 @@ def test_smollm2_calibrated(model_path):
     freq = load_profile(ROOT / "tests" / "fixtures" / "data" / "smollm2_freq.json")
     res = _sweep(s, freq, "threshold")
     _assert_never_below(res)
-    assert res[1008, 0.5][0] > 1.1 * res[1008, 0.5][1]  # sparsity pays once the dense blocks are placed
+    assert res[1008, 0.5, 0.0][0] > 1.1 * res[1008, 0.5, 0.0][1]  # sparsity pays once the dense blocks are placed
 
 
 def test_gemma3_uncalibrated():
@@ -188,7 +216,7 @@ def test_7b_shaped(gated_relu, mode):
     res = _sweep(s, freq, mode, **kw)
     _assert_never_below(res)
     if mode != "dense":
-        assert res[1008, 0.3][0] > 1.5 * res[1008, 0.3][1]
+        assert res[1008, 0.3, P.GPU_SYNC_S][0] > 1.5 * res[1008, 0.3, P.GPU_SYNC_S][1]
 
 
 # ---- Llama(placement="auto") on ggml's CPU backend ----

@@ -44,8 +44,16 @@ reaches them all.
 
 from __future__ import annotations
 
-from .auto import POLICIES, plan_auto, plan_throughput
-from .bandwidth import GPU_BANDWIDTH_GBPS, UNKNOWN_GPU_GBPS, device_bandwidth, gpu_bandwidth, host_bandwidth
+from .auto import POLICIES, plan_auto, plan_throughput, why_auto_placed_nothing
+from .bandwidth import (
+    GPU_BANDWIDTH_GBPS,
+    GPU_SYNC_S,
+    UNKNOWN_GPU_GBPS,
+    device_bandwidth,
+    device_sync,
+    gpu_bandwidth,
+    host_bandwidth,
+)
 from .budget import DEFAULT_FREE_MARGIN, BudgetDecision, parse_vram_budget, resolve_budget
 from .cache import PLAN_NAME, load_plan, neuron_frequencies, plan_for_model, plan_path
 from .plan import FORMAT_VERSION, LayerPlan, Plan
@@ -158,9 +166,12 @@ __all__ = [
     "POLICIES",
     "plan_auto",
     "plan_throughput",
+    "why_auto_placed_nothing",
     "GPU_BANDWIDTH_GBPS",
     "UNKNOWN_GPU_GBPS",
+    "GPU_SYNC_S",
     "device_bandwidth",
+    "device_sync",
     "gpu_bandwidth",
     "host_bandwidth",
 ]

@@ -41,7 +41,7 @@ from .sizes import (
     output_block_bytes,
 )
 
-__all__ = ["POLICIES", "plan_throughput", "plan_auto"]
+__all__ = ["POLICIES", "plan_throughput", "plan_auto", "why_auto_placed_nothing"]
 
 #: the candidates of ``placement="auto"``, in the order ties are broken
 POLICIES = ("throughput", "neurons", "layers")
@@ -269,7 +269,9 @@ def plan_auto(
         The chosen :class:`Plan`, its ``choice``: ``policy`` (the winner), ``tok_s`` (each
         candidate's predicted decode tok/s), ``llama_cpp_tok_s`` (llama.cpp's layer split at
         the budget, :func:`~.predict.predict_layer_split`), ``ratio`` (the winner's over
-        that), ``device_gbps``, ``host_gbps``, ``mode``.
+        that), ``cpu_tok_s`` (nothing placed), ``sync_s``, ``device_gbps``, ``host_gbps``,
+        ``mode``. With ``sync_s`` > 0 the throughput plan may place nothing: no placement
+        within the budget is then predicted faster than the CPU alone.
 
     Raises:
         ValueError: as :func:`plan_throughput`.
@@ -298,6 +300,7 @@ def plan_auto(
             "layers": plan_layer_split(sizes, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer),
         }
     tok_s = {k: predict_ours(sizes, p, neuron_freq, **kw).tok_s for k, p in plans.items()}
+    cpu = plan_throughput(sizes, neuron_freq, 0, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer, **kw)
     best = max(plans, key=lambda k: (tok_s[k], -POLICIES.index(k)))
     llama = predict_layer_split(
         sizes, vram_budget, device_gbps=device_gbps, host_gbps=host_gbps, n_ctx=n_ctx, n_batch=n_batch, n_past=n_past
@@ -308,8 +311,21 @@ def plan_auto(
         "tok_s": tok_s,
         "llama_cpp_tok_s": llama,
         "ratio": tok_s[best] / llama,
+        "cpu_tok_s": predict_ours(sizes, cpu, neuron_freq, **kw).tok_s,
+        "sync_s": float(sync_s),
         "device_gbps": float(device_gbps),
         "host_gbps": float(host_gbps),
         "mode": mode,
     }
     return plan
+
+
+def why_auto_placed_nothing(choice: dict) -> str:
+    """The sentence for a :func:`plan_auto` result that places nothing although blocks fit:
+    every placement was predicted slower than the CPU alone (``choice``: the plan's)."""
+    best = max(v for k, v in choice["tok_s"].items() if k != "throughput") if len(choice["tok_s"]) > 1 else 0.0
+    return (
+        f"placement auto places nothing: the CPU alone is predicted at {choice['cpu_tok_s']:.1f} tok/s, the best "
+        f"placement within vram_budget at {best:.1f} (the device's round trip, "
+        f"{choice.get('sync_s', 0.0) * 1e3:.2f} ms per layer split between it and the CPU, outweighs what it saves)"
+    )

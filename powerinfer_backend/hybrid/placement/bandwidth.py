@@ -2,7 +2,8 @@
 common GPUs (by the description ggml reports, e.g. "NVIDIA GeForce RTX 4090") or the
 caller's ``device_bandwidth``; the host's measured once per machine and thread count and
 kept in the user cache (``host_bandwidth.json``), also for ggml's CPU backend as the
-device (the same memory). GB/s = 1e9 bytes per second."""
+device (the same memory). GB/s = 1e9 bytes per second. And the device's round trip per
+split layer (:func:`device_sync`), the cost model's ``sync_s``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ import os
 import platform
 import re
 
-__all__ = ["GPU_BANDWIDTH_GBPS", "UNKNOWN_GPU_GBPS", "gpu_bandwidth", "host_bandwidth", "device_bandwidth"]
+__all__ = [
+    "GPU_BANDWIDTH_GBPS",
+    "UNKNOWN_GPU_GBPS",
+    "GPU_SYNC_S",
+    "gpu_bandwidth",
+    "host_bandwidth",
+    "device_bandwidth",
+    "device_sync",
+]
 
 #: vendor-specified memory bandwidth in GB/s, by a name ggml's device description
 #: contains (case-insensitive; the longest match wins, so "RTX 4060 Ti" before "RTX 4060")
@@ -65,6 +74,12 @@ GPU_BANDWIDTH_GBPS: dict[str, float] = {
 }
 #: assumed for a GPU the table does not name (an entry-level discrete GPU's); said in the plan
 UNKNOWN_GPU_GBPS = 300.0
+#: seconds per token that a GPU adds to each layer whose work is split between it and the
+#: CPU (graph launch, the activations' copies in and out, the synchronisation). Fitted on an
+#: NVIDIA H200 with a 16-core Xeon (docs/placement.md, "Measured on an NVIDIA H200"): 0.43 and
+#: 0.72 ms in two runs; the larger is kept, so that a placement the measurement says does
+#: not pay is not chosen by ``placement="auto"``.
+GPU_SYNC_S = 0.72e-3
 _CACHE = "host_bandwidth.json"
 
 
@@ -132,3 +147,12 @@ def device_bandwidth(
     return UNKNOWN_GPU_GBPS, (
         f"assumed: {description or name!r} is not in the bandwidth table (pass device_bandwidth= GB/s)"
     )
+
+
+def device_sync(name: str, type_: str) -> tuple[float, str]:
+    """(seconds, where it came from) of a ggml device's round trip per split layer and token
+    (the cost model's ``sync_s``): 0 for ggml's CPU backend (the same memory, no copies; its
+    thread handoff is within the cost model's error), :data:`GPU_SYNC_S` for any other."""
+    if str(type_).lower() == "cpu" or name == "CPU":
+        return 0.0, "ggml's CPU backend: no copies"
+    return GPU_SYNC_S, f"measured on an NVIDIA H200 ({GPU_SYNC_S * 1e3:.2f} ms per split layer)"

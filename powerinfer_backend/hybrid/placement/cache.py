@@ -108,6 +108,7 @@ def plan_for_model(
     host_gbps: float | None = None,
     mode: str = "dense",
     predictor_bytes: int = 0,
+    sync_s: float = 0.0,
 ) -> Plan:
     """The plan for the model file at ``model_path``, cached in its artifact folder.
 
@@ -116,7 +117,7 @@ def plan_for_model(
     disable_gpu_index, the frequency source (the sidecar's SHA-256, or "uniform"),
     the device (the sizer's name, alignment and compute bytes), the group constant, the
     KV type and the layers whose down the host sums (``ModelSizes.host_down_from``), and
-    with ``placement="auto"`` the bandwidths and mode. Otherwise it is computed with
+    with ``placement="auto"`` the bandwidths, mode and round trip. Otherwise it is computed with
     :func:`plan_placement` (or :func:`~.auto.plan_auto`) and written atomically with provenance.
 
     Args:
@@ -138,7 +139,8 @@ def plan_for_model(
             the fastest predicted of the throughput planner, the neuron plan and the layer
             split, with ``device_gbps`` / ``host_gbps`` in GB/s and the CPU half's FFN
             ``mode``, :data:`~.predict.MODES`; mode "predictor" with ``predictor_bytes``, one
-            layer's predictor bytes read per token).
+            layer's predictor bytes read per token, and ``sync_s`` seconds per split layer
+            and token, the device's round trip: :func:`~.bandwidth.device_sync`).
 
     Raises:
         ValueError: bad arguments, a sidecar for another model, or a stored plan
@@ -188,6 +190,8 @@ def plan_for_model(
         inputs.update(placement="auto", device_gbps=float(device_gbps), host_gbps=float(host_gbps), mode=mode)
         if predictor_bytes:
             inputs["predictor_bytes"] = _check_int("predictor_bytes", predictor_bytes, 0)
+        if sync_s:
+            inputs["sync_s"] = float(sync_s)
     elif placement != "neurons":
         raise ValueError(f"plan_for_model: placement must be 'neurons' or 'auto', got {placement!r}")
     path = Path(out) if out is not None else plan_path(model_path, create=True)
@@ -219,6 +223,7 @@ def plan_for_model(
             sizer=sizer,
             disable_gpu_index=disable_gpu_index,
             predictor_bytes=predictor_bytes,
+            sync_s=sync_s,
         )
     else:
         plan = plan_placement(

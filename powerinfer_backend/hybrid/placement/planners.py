@@ -262,7 +262,9 @@ def why_nothing_placed(
 ) -> str:
     """Why a plan at ``vram_budget`` bytes puts nothing on the device, as one sentence for
     the user (the planners place nothing until the compute buffer and then at least one
-    block or neuron group fit); "" for a budget of 0 (CPU only was asked for)."""
+    block or neuron group fit); "" for a budget of 0 (CPU only was asked for) or one where
+    a block fits (then nothing was placed for another reason: ``placement="auto"``'s,
+    :func:`~.auto.why_auto_placed_nothing`)."""
     if vram_budget <= 0:
         return ""
 
@@ -280,6 +282,8 @@ def why_nothing_placed(
         [attn_block_bytes(sizes, i, n_ctx, sizer) for i in range(sizes.n_layer)]
         + [output_block_bytes(sizes, n_batch, sizer)]
     )
+    if compute + need <= vram_budget:
+        return ""
     return (
         f"vram_budget {size(vram_budget)} places nothing: after the compute buffer ({size(compute)}) "
         f"{size(vram_budget - compute)} are left, the smallest block needs {size(need)}"
