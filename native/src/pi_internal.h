@@ -188,6 +188,7 @@ typedef struct pi_isa {
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
     pi_matmul_tiles_fn matmul_tiles[PI_TYPE_SLOTS]; /* by weight type; NULL: vec_dot per row */
     void (*softmax)(float *x, int64_t n);      /* in place, llama.cpp's exp and sum order (isa/softmax.h) */
+    void (*silu_mul)(const float *g, const float *u, float *h, int64_t n); /* silu(g) * u, u NULL: silu(g) (isa/silu.h) */
     pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
     pi_down_batch_fn down_batch;                /* NULL: the per-token down accumulation */
 } pi_isa;
@@ -195,8 +196,8 @@ typedef struct pi_isa {
 /* F16 dot order: the float operations of llama.cpp's ggml_vec_dot_f16 on the CPU
  * llama.cpp would run here (its GGML_F16_STEP / GGML_F16_EPR: 32 / 8 with AVX2,
  * 64 / 16 with AVX512F). Every ISA path has one table per order (isa/select.c picks
- * one); the tables differ only in vec_dot[PI_TYPE_F16] and softmax (the exp and lane
- * order of llama.cpp's softmax in the same build). */
+ * one); the tables differ only in vec_dot[PI_TYPE_F16], softmax and silu_mul (the exp and
+ * lane order of llama.cpp's softmax and SwiGLU in the same build). */
 enum { PI_F16_ORDER_AVX2, PI_F16_ORDER_AVX512, PI_F16_ORDERS };
 
 extern const pi_isa pi_isa_scalar[PI_F16_ORDERS];

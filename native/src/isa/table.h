@@ -5,13 +5,20 @@
 #define PI_ISA_TABLE_H
 
 #include "softmax.h" /* softmax_w8 / softmax_w16: after the including file's target pragma */
+#include "silu.h"    /* silu_mul_w8_c / silu_mul_w16_c, unless the file has vector loops: */
+#ifndef PI_SILU_MUL_W8
+#define PI_SILU_MUL_W8 silu_mul_w8_c
+#endif
+#ifndef PI_SILU_MUL_W16
+#define PI_SILU_MUL_W16 silu_mul_w16_c
+#endif
 
 /* single-token kernels: x86_gemv.h defines them (and this list); elsewhere none */
 #ifndef PI_ISA_MATVEC
 #define PI_ISA_MATVEC {0}
 #endif
 
-#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, TILES, BATCH)                                         \
+#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, SILU, TILES, BATCH)                                         \
     {                                                                                               \
         .name = NAME,                                                                               \
         .vec_dot =                                                                                  \
@@ -48,6 +55,7 @@
                 [PI_TYPE_Q6_K] = matmul_tiles_q6_K,                                                 \
             },                                                                                      \
         .softmax = SOFTMAX,                                                                         \
+        .silu_mul = SILU,                                                                           \
         .down_tiles = TILES,                                                                        \
         .down_batch = BATCH,                                                                        \
     }
@@ -55,8 +63,9 @@
 /* const pi_isa VAR[PI_F16_ORDERS]: the tables of one ISA, TILES and BATCH its sparse down kernels */
 #define PI_ISA_DEFINE(VAR, NAME, TILES, BATCH)                                                      \
     const pi_isa VAR[PI_F16_ORDERS] = {                                                             \
-        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, TILES, BATCH),    \
-        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, TILES, BATCH), \
+        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, PI_SILU_MUL_W8, TILES, BATCH), \
+        [PI_F16_ORDER_AVX512] =                                                                     \
+            PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, PI_SILU_MUL_W16, TILES, BATCH),       \
     }
 
 #endif

@@ -492,4 +492,44 @@ static inline void from_float_q8_K(const float *x, void *vy, int64_t n) {
 
 static inline void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
 
+/* ---- SiLU (isa/silu.h): 8 lanes of sl_silu_w8, the same operation per lane ---------- */
+
+#include "silu.h"
+
+/* exp(x) of sm_expf_w8 where no lane has |n| > 126 (*slow = 0), else *slow = 1 */
+static inline __m256 silu_exp8(__m256 x, int *slow) {
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 n = _mm256_sub_ps(z, shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 k = _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23), _mm256_set1_epi32(0x3f800000)));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 hi = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)),
+                                      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f)));
+    const __m256 j = _mm256_fmadd_ps(hi, u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n), _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    *slow = _mm256_movemask_ps(big);
+    return _mm256_fmadd_ps(j, k, k);
+}
+
+static void silu_mul_w8_x86(const float *g, const float *u, float *h, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        int slow;
+        const __m256 e = silu_exp8(_mm256_sub_ps(_mm256_setzero_ps(), x), &slow);
+        if (slow) { /* a lane beyond 2^+-126: this chunk by the lane function (the same bits) */
+            sl_silu_mul_from(g, u, h, i + 8, i, sl_silu_w8);
+            continue;
+        }
+        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(h + i, u != NULL ? _mm256_mul_ps(s, _mm256_loadu_ps(u + i)) : s);
+    }
+    sl_silu_mul_from(g, u, h, n, i, sl_silu_w8);
+}
+#define PI_SILU_MUL_W8 silu_mul_w8_x86
+
 #endif /* PI_ISA_X86_256_H */

@@ -1,5 +1,5 @@
 /* Elementwise activations (SiLU, GELU tanh approximation, ReLU); the softmax entry point
- * (the kernel is the ISA table's, isa/softmax.h). */
+ * (the kernel is the ISA table's, isa/softmax.h), and SiLU's (isa/silu.h). */
 #include <pthread.h>
 
 #include "pi_internal.h"
@@ -9,8 +9,11 @@
 
 float pi_act1(int32_t act, float x) {
     switch (act) {
-    case PI_ACT_SILU:
-        return x / (1.0f + expf(-x));
+    case PI_ACT_SILU: { /* the table's, as the FFN's h (isa/silu.h) */
+        float h;
+        pi_isa_current()->silu_mul(&x, NULL, &h, 1);
+        return h;
+    }
     case PI_ACT_GELU:
         return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
     default:
@@ -21,6 +24,10 @@ float pi_act1(int32_t act, float x) {
 void pi_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n) {
     if (u == NULL) { /* ungated FFN: h = act(up x); dReLU's relu(up) is then relu */
         for (int64_t i = 0; i < n; i++) h[i] = pi_act1(act == PI_ACT_DRELU ? PI_ACT_RELU : act, g[i]);
+        return;
+    }
+    if (act == PI_ACT_SILU) {
+        pi_isa_current()->silu_mul(g, u, h, n);
         return;
     }
     if (act == PI_ACT_DRELU) {
@@ -63,7 +70,10 @@ int pi_op_act(int32_t act, const float *x, float *y, int64_t n) {
     if (x == NULL || y == NULL) return pi_set_error(PI_ERR_INVALID, "pi_op_act: NULL argument");
     if (act != PI_ACT_SILU && act != PI_ACT_GELU && act != PI_ACT_RELU)
         return pi_set_error(PI_ERR_INVALID, "pi_op_act: unknown activation %d", act);
-    for (int64_t i = 0; i < n; i++) y[i] = pi_act1(act, x[i]);
+    if (act == PI_ACT_SILU)
+        pi_isa_current()->silu_mul(x, NULL, y, n); /* the vector loop, as the FFN runs it */
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = pi_act1(act, x[i]);
     return PI_OK;
 }
 
