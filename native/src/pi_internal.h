@@ -164,9 +164,10 @@ typedef struct {
     int64_t ld;
     const float *d;     /* each block's d as float (Q8_0, Q8_1, Q8_K) */
     const float *s;     /* Q8_1: each block's s as float */
-    const int16_t *aux; /* Q8_0: 16 int16 per entry, 8 * (y[2k] + y[2k+1]) (Q4_0's offset term,
-                           only when a Q4_0 / Q5_0 weight shares the call); Q8_K: 8 int16 per
-                           entry, the 32-element chunk sums bsums[2j] + bsums[2j + 1] */
+    const void *aux; /* Q8_0: 8 int32 per entry, -8 * (y[4k] + ... + y[4k+3]) (Q4_0's offset term,
+                        negated: the accumulator of vpdpbusd; only when a Q4_0 / Q5_0 weight
+                        shares the call); Q8_K: 8 int16 per entry, the 32-element chunk sums
+                        bsums[2j] + bsums[2j + 1] */
 } pi_tile_act;
 
 /* The batched product of a weight type (prefill): y[t * ldy + r] = dot(w row r, x row t)

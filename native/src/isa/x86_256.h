@@ -200,16 +200,21 @@ static inline void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const
 
 /* Q5_0 x Q8_0: the nibbles with bit 4 from qh, then as Q4_0 with offset 16.
  * qh bit j -> byte j: byte j of the broadcast word picks qh byte j / 8, and ORing
- * every bit but j % 8 makes the bytes whose bit is set all-ones. */
+ * every bit but j % 8 makes the bytes whose bit is set all-ones (AVX-512: qh as a mask). */
 static inline __m256i q5_0_bytes(const pi_block_q5_0 *b) {
     uint32_t qh;
     memcpy(&qh, b->qh, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__) /* qh is the byte mask: one masked add */
+    const __m256i q = unpack_nibbles(b->qs);
+    return _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(0x10));
+#else
     const __m256i pick = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
                                              _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
                                                                 0x0303030303030303LL));
     const __m256i others = _mm256_set1_epi64x((long long)0x7FBFDFEFF7FBFDFEULL);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(pick, others), _mm256_set1_epi8(-1));
     return _mm256_or_si256(unpack_nibbles(b->qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+#endif
 }
 #define PI_Q5_0_BLOCK(k, a, DOT_DIFF)                                                           \
     do {                                                                                        \

@@ -87,7 +87,7 @@
     const char *const ax = (a)->x + (t0) * (a)->xrow;                                              \
     const int64_t axrow = (a)->xrow, ald = (a)->ld;                                                \
     const float *const ad = (a)->d + (t0), *const as = (a)->s != NULL ? (a)->s + (t0) : NULL;       \
-    const int16_t *const aaux = (a)->aux;                                                          \
+    const char *const aaux = (const char *)(a)->aux;                                               \
     (void)as;                                                                                      \
     (void)aaux;
 /* block i of the tile's token t */
@@ -178,7 +178,7 @@ PI_TILE_INLINE void k4_tile(const int Q5, const int R, const int T, int64_t n, f
         }
         PI_UNROLL for (int r = 0; r < R; r++)
             PI_UNROLL for (int t = 0; t < T; t++) {
-                const __m128i csum = _mm_loadu_si128((const __m128i *)(aaux + (i * ald + t0 + t) * 8));
+                const __m128i csum = _mm_loadu_si128((const __m128i *)(aaux + (i * ald + t0 + t) * 16));
                 const __m128i ml = _mm_madd_epi16(mn16[r], csum);
                 if (Q5)
                     summs[r][t] = fmaf(_mm256_cvtss_f32(PI_TILE_LANE(pm[r], t)), (float)k4_min_isum(ml), summs[r][t]);
@@ -262,9 +262,9 @@ PI_TILE_INLINE __m256i offset_bytes(const int Q5, const char *row, int64_t i) {
 }
 
 /* As vec_dot_q4_0 / vec_dot_q5_0: per block d4 = dot4(q, y) - dot4(off, y) (exact int32;
- * the int16 pair sums of the second term, 8 * (y[2k] + y[2k+1]), are the token's alone:
- * pi_tile_act's aux, doubled for Q5_0's 16), then fma(d4, d_w * d_x, acc). Q5 = 1: Q5_0,
- * else Q4_0. Both block types start with d. */
+ * the second term's quad sums, 8 * (y[4k] + ... + y[4k+3]), are the token's alone:
+ * pi_tile_act's aux, negated, doubled for Q5_0's 16), then fma(d4, d_w * d_x, acc). Q5 = 1:
+ * Q5_0, else Q4_0. Both block types start with d. */
 PI_TILE_INLINE void offset_tile(const int Q5, const int R, const int T, int64_t n, float *y, int64_t ldy,
                                 const char *wp, int64_t wrow, const pi_tile_act *a, int64_t t0) {
     PI_TILE_ACT(a, t0)
@@ -282,16 +282,13 @@ PI_TILE_INLINE void offset_tile(const int Q5, const int R, const int T, int64_t 
         }
         PI_UNROLL for (int t = 0; t < T; t++) {
             const __m256i yq = _mm256_loadu_si256((const __m256i *)PI_TILE_X(pi_block_q8_0, t, i)->qs);
-            __m256i yo = _mm256_loadu_si256((const __m256i *)(aaux + (i * ald + t0 + t) * 16));
-            if (Q5) yo = _mm256_add_epi16(yo, yo);
-#ifdef __AVX512VNNI__ /* the offset's quad sums, negated: vpdpbusd adds q * y to them */
-            yo = neg_quad_sums(yo);
-#endif
+            __m256i yo = _mm256_loadu_si256((const __m256i *)(aaux + (i * ald + t0 + t) * 32));
+            if (Q5) yo = _mm256_add_epi32(yo, yo);
             PI_UNROLL for (int r = 0; r < R; r++) {
-#ifdef __AVX512VNNI__
+#ifdef __AVX512VNNI__ /* vpdpbusd adds q * y to the negated offset term */
                 const __m256i d4 = _mm256_dpbusd_epi32(yo, q[r], yq);
 #else
-                const __m256i d4 = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q[r], yq), yo), _mm256_set1_epi16(1));
+                const __m256i d4 = _mm256_add_epi32(dot4_256(q[r], yq), yo);
 #endif
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d4), PI_TILE_LANE(pd[r], t), acc[r][t]);
             }

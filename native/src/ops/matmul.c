@@ -18,7 +18,7 @@
 /* pi_tile_act's side data: bytes per (block, token) entry for an activation type */
 static int64_t side_entry(int32_t vdt) {
     switch (vdt) {
-    case PI_TYPE_Q8_0: return 32 + 4; /* aux (16 int16) + d */
+    case PI_TYPE_Q8_0: return 32 + 4; /* aux (8 int32) + d */
     case PI_TYPE_Q8_1: return 4 + 4;  /* d + s */
     case PI_TYPE_Q8_K: return 16 + 4; /* aux (8 int16) + d */
     default: return 0;
@@ -102,12 +102,12 @@ static void fill_side(const quantize_job *q, int64_t t) {
     pi_tile_act *a = q->act;
     const char *row = a->x + t * a->xrow;
     float *d = (float *)a->d, *s = (float *)a->s;
-    int16_t *aux = (int16_t *)a->aux;
+    void *aux = (void *)a->aux;
     if (q->vdt == PI_TYPE_Q8_K) {
         const pi_block_q8_K *b = (const pi_block_q8_K *)row;
         for (int64_t i = 0; i < q->n / PI_QK_K; i++) {
             d[i * a->ld + t] = b[i].d;
-            int16_t *c = aux + (i * a->ld + t) * 8;
+            int16_t *c = (int16_t *)aux + (i * a->ld + t) * 8;
             for (int j = 0; j < 8; j++) c[j] = (int16_t)(b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
         }
     } else if (q->vdt == PI_TYPE_Q8_1) {
@@ -121,8 +121,11 @@ static void fill_side(const quantize_job *q, int64_t t) {
         for (int64_t i = 0; i < q->n / PI_QK; i++) {
             d[i * a->ld + t] = pi_fp16_to_fp32(b[i].d);
             if (aux == NULL) continue;
-            int16_t *o = aux + (i * a->ld + t) * 16;
-            for (int k = 0; k < 16; k++) o[k] = (int16_t)(8 * (b[i].qs[2 * k] + b[i].qs[2 * k + 1]));
+            int32_t *o = (int32_t *)aux + (i * a->ld + t) * 8;
+            for (int k = 0; k < 8; k++) {
+                const int8_t *q = b[i].qs + 4 * k;
+                o[k] = -8 * (q[0] + q[1] + q[2] + q[3]);
+            }
         }
     }
 }
@@ -151,7 +154,7 @@ static int side_layout(const pi_isa *isa, const pi_matmul_out *outs, int n_outs,
     char *p = (char *)pi_align_up((int64_t)(uintptr_t)(scratch + a->xrow * n_tok), 64);
     const int64_t aux_size = vdt == PI_TYPE_Q8_K ? 16 : vdt == PI_TYPE_Q8_0 ? 32 : 0;
     a->ld = ld;
-    a->aux = aux_size > 0 && (vdt == PI_TYPE_Q8_K || offset) ? (const int16_t *)p : NULL;
+    a->aux = aux_size > 0 && (vdt == PI_TYPE_Q8_K || offset) ? (const void *)p : NULL;
     a->d = (const float *)(p + entries * aux_size);
     a->s = vdt == PI_TYPE_Q8_1 ? a->d + entries : NULL;
     for (int64_t i = 0; i < nb; i++) {
