@@ -5,12 +5,15 @@
 #define PI_ISA_TABLE_H
 
 #include "softmax.h" /* softmax_w8 / softmax_w16: after the including file's target pragma */
-#include "silu.h"    /* silu_mul_w8_c / silu_mul_w16_c, unless the file has vector loops: */
+#include "silu.h"    /* silu_mul_w8_c / _w16_c, gelu16_mul_c, unless the file has vector loops: */
 #ifndef PI_SILU_MUL_W8
 #define PI_SILU_MUL_W8 silu_mul_w8_c
 #endif
 #ifndef PI_SILU_MUL_W16
 #define PI_SILU_MUL_W16 silu_mul_w16_c
+#endif
+#ifndef PI_GELU16_MUL
+#define PI_GELU16_MUL gelu16_mul_c
 #endif
 
 /* single-token kernels: x86_gemv.h defines them (and this list); elsewhere none */
@@ -56,6 +59,7 @@
             },                                                                                      \
         .softmax = SOFTMAX,                                                                         \
         .silu_mul = SILU,                                                                           \
+        .gelu16_mul = PI_GELU16_MUL,                                                                \
         .down_tiles = TILES,                                                                        \
         .down_batch = BATCH,                                                                        \
     }

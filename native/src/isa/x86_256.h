@@ -537,4 +537,19 @@ static void silu_mul_w8_x86(const float *g, const float *u, float *h, int64_t n)
 }
 #define PI_SILU_MUL_W8 silu_mul_w8_x86
 
+/* gl_gelu16 8 lanes at a time: F16C's rounding to F16 is pi_fp32_to_fp16's for finite x */
+static void gelu16_mul_x86(const float *tab, const float *g, const float *u, float *h, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256i k = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256 a = _mm256_i32gather_ps(tab, k, 4);
+        a = _mm256_blendv_ps(a, x, _mm256_cmp_ps(x, _mm256_set1_ps(10.0f), _CMP_GE_OQ));
+        a = _mm256_blendv_ps(a, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-10.0f), _CMP_LE_OQ));
+        _mm256_storeu_ps(h + i, u != NULL ? _mm256_mul_ps(a, _mm256_loadu_ps(u + i)) : a);
+    }
+    gl_gelu16_mul_from(tab, g, u, h, n, i);
+}
+#define PI_GELU16_MUL gelu16_mul_x86
+
 #endif /* PI_ISA_X86_256_H */

@@ -52,11 +52,7 @@ static void gelu16_init(void) {
 
 void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n) {
     pthread_once(&g_gelu16_once, gelu16_init);
-    for (int64_t i = 0; i < n; i++) {
-        const float x = g[i];
-        const float a = x <= -10.0f ? 0.0f : x >= 10.0f ? x : g_gelu16[pi_fp32_to_fp16(x)];
-        h[i] = u != NULL ? a * u[i] : a;
-    }
+    pi_isa_current()->gelu16_mul(g_gelu16, g, u, h, n); /* isa/silu.h */
 }
 
 void pi_ffn_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n) {
