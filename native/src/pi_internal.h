@@ -189,7 +189,7 @@ typedef struct pi_isa {
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
     pi_matmul_tiles_fn matmul_tiles[PI_TYPE_SLOTS]; /* by weight type; NULL: vec_dot per row */
     void (*softmax)(float *x, int64_t n);      /* in place, llama.cpp's exp and sum order (isa/softmax.h) */
-    void (*silu_mul)(const float *g, const float *u, float *h, int64_t n); /* silu(g) * u, u NULL: silu(g) (isa/silu.h) */
+    void (*silu_mul)(const float *g, const float *u, float *h, int64_t n); /* silu(g) * u, u NULL: silu(g) (isa/ffn_act.h) */
     void (*gelu16_mul)(const float *tab, const float *g, const float *u, float *h, int64_t n); /* GELU by F16 table */
     pi_down_tiles_fn down_tiles;                /* NULL: the portable loop (ops/sparse_ffn.c) */
     pi_down_batch_fn down_batch;                /* NULL: the per-token down accumulation */

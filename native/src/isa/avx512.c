@@ -34,7 +34,7 @@
 #include "x86_tiles.h"
 #include "x86_gemv.h"
 
-/* 16 lanes of sl_silu_w16 (isa/silu.h), the same operations per lane: ldexpf(j, n) is
+/* 16 lanes of sl_silu_w16 (isa/ffn_act.h), the same operations per lane: ldexpf(j, n) is
  * scalef(j, n) for the |n| <= 192 kept (both one rounding), 0 or inf beyond */
 static void silu_mul_w16_avx512(const float *g, const float *u, float *h, int64_t n) {
     const __m512 shift = _mm512_set1_ps(0x1.8p23f), one = _mm512_set1_ps(1.0f);

@@ -5,7 +5,7 @@
 #define PI_ISA_TABLE_H
 
 #include "softmax.h" /* softmax_w8 / softmax_w16: after the including file's target pragma */
-#include "silu.h"    /* silu_mul_w8_c / _w16_c, gelu16_mul_c, unless the file has vector loops: */
+#include "ffn_act.h" /* silu_mul_w8_c / _w16_c, gelu16_mul_c, unless the file has vector loops: */
 #ifndef PI_SILU_MUL_W8
 #define PI_SILU_MUL_W8 silu_mul_w8_c
 #endif

@@ -497,9 +497,9 @@ static inline void from_float_q8_K(const float *x, void *vy, int64_t n) {
 
 static inline void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y, x, (size_t)n * sizeof(float)); }
 
-/* ---- SiLU (isa/silu.h): 8 lanes of sl_silu_w8, the same operation per lane ---------- */
+/* ---- SiLU (isa/ffn_act.h): 8 lanes of sl_silu_w8, the same operation per lane ---------- */
 
-#include "silu.h"
+#include "ffn_act.h"
 
 /* exp(x) of sm_expf_w8 where no lane has |n| > 126 (*slow = 0), else *slow = 1 */
 static inline __m256 silu_exp8(__m256 x, int *slow) {

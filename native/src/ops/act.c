@@ -1,5 +1,5 @@
 /* Elementwise activations (SiLU, GELU tanh approximation, ReLU); the softmax entry point
- * (the kernel is the ISA table's, isa/softmax.h), and SiLU's (isa/silu.h). */
+ * (the kernel is the ISA table's, isa/softmax.h), and SiLU's (isa/ffn_act.h). */
 #include <pthread.h>
 
 #include "pi_internal.h"
@@ -9,7 +9,7 @@
 
 float pi_act1(int32_t act, float x) {
     switch (act) {
-    case PI_ACT_SILU: { /* the table's, as the FFN's h (isa/silu.h) */
+    case PI_ACT_SILU: { /* the table's, as the FFN's h (isa/ffn_act.h) */
         float h;
         pi_isa_current()->silu_mul(&x, NULL, &h, 1);
         return h;
@@ -52,7 +52,7 @@ static void gelu16_init(void) {
 
 void pi_gelu16_mul(const float *g, const float *u, float *h, int64_t n) {
     pthread_once(&g_gelu16_once, gelu16_init);
-    pi_isa_current()->gelu16_mul(g_gelu16, g, u, h, n); /* isa/silu.h */
+    pi_isa_current()->gelu16_mul(g_gelu16, g, u, h, n); /* isa/ffn_act.h */
 }
 
 void pi_ffn_act_mul(int32_t act, const float *g, const float *u, float *h, int64_t n) {

@@ -8,8 +8,8 @@
  * The plain C here is the reference; x86_256.h (8 lanes) and avx512.c (16 lanes) have
  * vector loops with the same operations per lane, so every path gives the same bits.
  * Include after the file's target pragma (table.h does; x86_256.h for its loops). */
-#ifndef PI_ISA_SILU_H
-#define PI_ISA_SILU_H
+#ifndef PI_ISA_FFN_ACT_H
+#define PI_ISA_FFN_ACT_H
 
 #include "softmax.h"
 
