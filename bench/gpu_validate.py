@@ -429,7 +429,13 @@ def format_table(res: dict) -> str:
                 f"{m['kind']:8s} {s['fraction']:.0%}: ours / layer split: decode {s['decode_ratio']:.2f}x, prefill "
                 f"{s['prefill_ratio']:.2f}x"
                 + (f"; predicted decode {p['ratio']:.2f}x" if p else "")
-                + (f"; round trip per split layer ~{fit * 1e6:.0f} us ({p['split_layers']} split)" if fit else "")
+                + (
+                    f"; round trip per split layer ~{fit * 1e6:.0f} us ({p['split_layers']} split)"
+                    if fit is not None and fit > 0
+                    else "; no round trip measurable (the fit is <= 0: noise, or the model's error)"
+                    if fit is not None
+                    else ""
+                )
             )
     lines.append(
         f"goal (ReLU decode >= {res['goal']['min_ratio']}x at {res['goal']['fraction']:.0%}): "
@@ -439,6 +445,8 @@ def format_table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from powerinfer_backend.server.arg_types import number
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--device",
@@ -488,13 +496,19 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--device-bandwidth",
-        type=float,
+        type=number("--device-bandwidth", above=True),
         default=None,
         metavar="GB/s",
         help="also print plan --predict's ratio and the round-trip fit with this device bandwidth "
         "(default: a GPU's from the bandwidth table where it names the GPU; none for ggml-cpu)",
     )
-    ap.add_argument("--host-bandwidth", type=float, default=None, metavar="GB/s")
+    ap.add_argument(
+        "--host-bandwidth",
+        type=number("--host-bandwidth", above=True),
+        default=None,
+        metavar="GB/s",
+        help="the host's, where the engine's plan records none (placement auto's choice records its own)",
+    )
     ap.add_argument("--dir", default="/tmp/powerinfer-gpu-validate", help="where the model files are made (once)")
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--models", nargs="+", choices=("relu", "swiglu"), default=("relu", "swiglu"))

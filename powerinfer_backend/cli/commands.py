@@ -284,6 +284,8 @@ def cmd_plan(args) -> int:
     placement = args.placement or ("layers" if args.layer_split else "auto" if args.device_bandwidth else "neurons")
     if placement == "auto" and args.device_bandwidth is None:
         raise ValueError("plan --placement auto needs --device-bandwidth GB/s")
+    if args.sync_us is not None and args.device_bandwidth is None:
+        raise ValueError("plan --sync-us needs --device-bandwidth GB/s (it is a term of placement auto's cost model)")
     if args.sync_us is None:  # a GPU's round trip, unless the bytes are counted for ggml's CPU backend
         args.sync_us = 0.0 if args.device == "ggml-cpu" else GPU_SYNC_S * 1e6
     inputs = None
@@ -311,7 +313,7 @@ def cmd_plan(args) -> int:
                         device_gbps=args.device_bandwidth,
                         host_gbps=inputs["host_gbps"],
                         mode=inputs["mode"],
-                        sync_s=args.sync_us * 1e-6,
+                        sync_s=args.sync_us / 1e6,
                     )
                 plan = plan_for_model(
                     model,
@@ -328,7 +330,9 @@ def cmd_plan(args) -> int:
                     **auto,
                 )
             empty = (
-                why_nothing_placed(sizes, budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer)
+                why_nothing_placed(
+                    sizes, budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer, neurons=not args.disable_gpu_index
+                )
                 if plan.device_bytes == 0 and not args.disable_gpu_index
                 else ""
             )

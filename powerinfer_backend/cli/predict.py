@@ -80,7 +80,7 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         device_skips=args.device_skips,
         n_past=args.n_past,
         predictor_bytes=mi["predictor_bytes"],
-        sync_s=args.sync_us * 1e-6,
+        sync_s=args.sync_us / 1e6,
     )
     split = pr.predict_layer_split(
         sizes,
@@ -91,7 +91,10 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         n_batch=plan.n_batch,
         n_past=args.n_past,
     )
-    ours.notes.append(f"frequencies: {source}; host bandwidth {'measured' if mi['host_measured'] else 'given'}")
+    ours.notes.append(
+        f"frequencies: {source}; host bandwidth {'measured' if mi['host_measured'] else 'given'}; "
+        f"device round trip {args.sync_us:g} us per split layer"
+    )
     if source.startswith("gpuidx:"):
         ours.notes.append("gpuidx ranking: its cold neurons count as never firing (optimistic)")
     text = pr.format_predictions(ours, split)

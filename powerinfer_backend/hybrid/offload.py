@@ -188,6 +188,7 @@ def offload(
     reset_gpu_index: bool = False,
     disable_gpu_index: bool = False,
     device_bandwidth: Optional[float] = None,
+    sparsity_sidecar: Any = "auto",
     verbose: bool = False,
 ) -> Offload:
     """Place ``ctx`` (:class:`powerinfer_backend.engine.native.NativeContext`) under the budget.
@@ -208,6 +209,10 @@ def offload(
         device_bandwidth: the device's memory bandwidth in GB/s for ``placement="auto"``
             (None: the table of common GPUs by ggml's device description; for ggml's CPU
             backend, which shares the host's memory, auto then runs the neuron plan).
+        sparsity_sidecar: the calibration sidecar whose firing frequencies rank the hot
+            neurons (the one the context's sparse FFN was configured from); "auto": the
+            model's own sidecar or gpuidx file beside it
+            (:func:`powerinfer_backend.hybrid.placement.neuron_frequencies`).
 
     Raises:
         ValueError: a bad budget, device or placement name, a device ggml does not have
@@ -237,6 +242,7 @@ def offload(
             disable_gpu_index=disable_gpu_index,
             device_bandwidth=device_bandwidth,
             device_threads=device_threads,
+            sparsity_sidecar=sparsity_sidecar,
             verbose=verbose,
         )
     except BaseException:
@@ -273,6 +279,7 @@ def _place(
     disable_gpu_index,
     device_bandwidth,
     device_threads,
+    sparsity_sidecar,
     verbose,
 ) -> Offload:
     gguf = ctx.model.gguf
@@ -308,6 +315,7 @@ def _place(
             reset_gpu_index=reset_gpu_index,
             disable_gpu_index=disable_gpu_index,
             sizer=sizer,
+            sparsity_sidecar=sparsity_sidecar,
             verbose=verbose,
             **auto,
         )
@@ -319,11 +327,13 @@ def _place(
             plan.choice = {"policy": "neurons", "reason": SHARED_MEMORY}
     kind = choice.requested
     if plan.device_bytes == 0:
+        why = P.why_nothing_placed(  # sized by the device: before it closes
+            sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer, neurons=not disable_gpu_index
+        )
         dev.close()
-        why = P.why_nothing_placed(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
         if not why and plan.choice and "cpu_tok_s" in plan.choice:
             why = P.why_auto_placed_nothing(plan.choice)
-        elif not why and placement == "layers":
+        elif not why and placement == "layers" and dec.bytes > 0:
             why = f"placement 'layers': no whole layer fits vram_budget {dec.bytes} bytes"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     place_plan(ctx, dev, plan, dec.bytes)

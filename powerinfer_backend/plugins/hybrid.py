@@ -67,6 +67,10 @@ class HybridBackend:
         self.n_ctx_seq = self.ctx.n_ctx_seq  # sequence 0's window: eval / truncate / n_past
         try:
             self.sparse = sparsity.configure(self.ctx, self.gguf, model_path, sparse)
+            # the hot neurons ranked by the sidecar the sparse FFN runs (a PowerInfer file's
+            # own predictors name the model itself: then the files beside it, as by default)
+            sc = self.sparse.sidecar
+            ranking = sc if sc is not None and sc not in (model_path, self.gguf.path) else "auto"
             self.offload = offload_mod.offload(
                 self.ctx,
                 model_path,
@@ -78,6 +82,7 @@ class HybridBackend:
                 reset_gpu_index=reset_gpu_index,
                 disable_gpu_index=disable_gpu_index,
                 device_bandwidth=device_bandwidth,
+                sparsity_sidecar=ranking,
                 verbose=verbose,
             )
             self.notices += self.offload.notices

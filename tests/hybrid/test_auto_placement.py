@@ -8,6 +8,7 @@ prediction: no engine runs."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,6 +160,10 @@ def test_round_trip_can_outweigh_placing(model_path):
     assert P.why_nothing_placed(s, budget, n_ctx=512, n_batch=64) == ""  # room enough: not the budget's fault
     why = P.why_auto_placed_nothing(c)
     assert why.startswith("placement auto places nothing: the CPU alone is predicted at") and "0.72 ms" in why
+    assert f"the fastest placement within vram_budget (neurons) at {c['tok_s']['neurons']:.1f}" in why
+    # a budget that places nothing at all: not the round trip's doing
+    zero = P.plan_auto(s, freq, 0, sync_s=P.GPU_SYNC_S, **k)
+    assert zero.device_bytes == 0 and P.why_auto_placed_nothing(zero.choice) == ""
 
 
 def test_host_bandwidth_measured_once(xdg_cache):
@@ -243,6 +248,26 @@ def test_llama_auto_on_ggml_cpu(tmp_path, xdg_cache, capsys):
     assert isinstance(out, str)
     err = capsys.readouterr().err
     assert f"placement auto chose {c['policy']}: predicted" in err and "x llama.cpp's layer split" in err
+
+
+def test_llama_ranks_hot_neurons_by_the_sidecar_it_runs(tmp_path, xdg_cache):
+    """Llama(sparse=<a sidecar elsewhere>, vram_budget=...): the placement ranks the hot
+    neurons by that sidecar's firing frequencies (not uniform ones: nothing lies beside
+    the model)."""
+    from relu_decode import make_sidecar
+
+    from powerinfer_backend import Llama
+    from powerinfer_backend.loader.artifacts import model_fingerprint
+
+    path = Path(write_tiny_llama(tmp_path / "m.gguf", n_layer=2, n_ff=128))
+    side = tmp_path / "elsewhere" / "side.gguf"
+    side.parent.mkdir()
+    make_sidecar(path, side, 0.5, 2, threshold_on="product")
+    kw = dict(n_ctx=64, n_batch=8, n_threads=2, device="ggml-cpu", vram_budget="1GiB", device_bandwidth=1000)
+    with Llama(str(path), sparse=str(side), verbose=False, **kw) as llm:
+        plan = llm._backend.offload.plan
+        assert plan.inputs["freq_source"] == "sidecar:" + model_fingerprint(side)
+        assert llm.stats()["mode"] == "threshold"
 
 
 def test_cli_plan_predict_auto(tmp_path, capsys, xdg_cache):

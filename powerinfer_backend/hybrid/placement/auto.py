@@ -269,9 +269,10 @@ def plan_auto(
         The chosen :class:`Plan`, its ``choice``: ``policy`` (the winner), ``tok_s`` (each
         candidate's predicted decode tok/s), ``llama_cpp_tok_s`` (llama.cpp's layer split at
         the budget, :func:`~.predict.predict_layer_split`), ``ratio`` (the winner's over
-        that), ``cpu_tok_s`` (nothing placed), ``sync_s``, ``device_gbps``, ``host_gbps``,
-        ``mode``. With ``sync_s`` > 0 the throughput plan may place nothing: no placement
-        within the budget is then predicted faster than the CPU alone.
+        that), ``cpu_tok_s`` (nothing placed), ``device_bytes`` (each candidate's),
+        ``sync_s``, ``device_gbps``, ``host_gbps``, ``mode``. With ``sync_s`` > 0 the
+        throughput plan may place nothing: no placement within the budget is then predicted
+        faster than the CPU alone.
 
     Raises:
         ValueError: as :func:`plan_throughput`.
@@ -312,6 +313,7 @@ def plan_auto(
         "llama_cpp_tok_s": llama,
         "ratio": tok_s[best] / llama,
         "cpu_tok_s": predict_ours(sizes, cpu, neuron_freq, **kw).tok_s,
+        "device_bytes": {k: int(p.device_bytes) for k, p in plans.items()},
         "sync_s": float(sync_s),
         "device_gbps": float(device_gbps),
         "host_gbps": float(host_gbps),
@@ -321,11 +323,21 @@ def plan_auto(
 
 
 def why_auto_placed_nothing(choice: dict) -> str:
-    """The sentence for a :func:`plan_auto` result that places nothing although blocks fit:
-    every placement was predicted slower than the CPU alone (``choice``: the plan's)."""
-    best = max(v for k, v in choice["tok_s"].items() if k != "throughput") if len(choice["tok_s"]) > 1 else 0.0
+    """The sentence for a :func:`plan_auto` result (``choice``: the plan's) that places
+    nothing although a candidate would: each one that places something was predicted
+    slower than the CPU alone; "" where none places anything (the budget's reason:
+    :func:`~.planners.why_nothing_placed`)."""
+    placed = [k for k, b in choice.get("device_bytes", {}).items() if b > 0]
+    if not placed:
+        return ""
+    best = max(placed, key=lambda k: choice["tok_s"][k])
     return (
-        f"placement auto places nothing: the CPU alone is predicted at {choice['cpu_tok_s']:.1f} tok/s, the best "
-        f"placement within vram_budget at {best:.1f} (the device's round trip, "
-        f"{choice.get('sync_s', 0.0) * 1e3:.2f} ms per layer split between it and the CPU, outweighs what it saves)"
+        f"placement auto places nothing: the CPU alone is predicted at {choice['cpu_tok_s']:.1f} tok/s, "
+        f"the fastest placement within vram_budget ({best}) at {choice['tok_s'][best]:.1f}"
+        + (
+            f" (the device's round trip, {choice['sync_s'] * 1e3:.2f} ms per layer split between it and the "
+            "CPU, outweighs what it saves)"
+            if choice.get("sync_s")
+            else ""
+        )
     )

@@ -258,13 +258,13 @@ def plan_layer_split(sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch
 
 
 def why_nothing_placed(
-    sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BUFT
+    sizes: ModelSizes, vram_budget: int, *, n_ctx: int, n_batch: int, sizer: Sizer = CPU_BUFT, neurons: bool = True
 ) -> str:
     """Why a plan at ``vram_budget`` bytes puts nothing on the device, as one sentence for
     the user (the planners place nothing until the compute buffer and then at least one
-    block or neuron group fit); "" for a budget of 0 (CPU only was asked for) or one where
-    a block fits (then nothing was placed for another reason: ``placement="auto"``'s,
-    :func:`~.auto.why_auto_placed_nothing`)."""
+    block, or with ``neurons`` one hot neuron group, fit); "" for a budget of 0 (CPU only
+    was asked for) or one where something fits (then nothing was placed for another
+    reason: ``placement="auto"``'s, :func:`~.auto.why_auto_placed_nothing`)."""
     if vram_budget <= 0:
         return ""
 
@@ -281,10 +281,12 @@ def why_nothing_placed(
     need = min(
         [attn_block_bytes(sizes, i, n_ctx, sizer) for i in range(sizes.n_layer)]
         + [output_block_bytes(sizes, n_batch, sizer)]
+        + ([hot_bytes(sizes, i, min(NEURON_GROUP, sizes.n_ff), sizer) for i in range(sizes.n_layer)] if neurons else [])
     )
     if compute + need <= vram_budget:
         return ""
     return (
         f"vram_budget {size(vram_budget)} places nothing: after the compute buffer ({size(compute)}) "
-        f"{size(vram_budget - compute)} are left, the smallest block needs {size(need)}"
+        f"{size(vram_budget - compute)} are left, the smallest block{' or neuron group' if neurons else ''} "
+        f"needs {size(need)}"
     )
