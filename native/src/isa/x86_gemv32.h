@@ -8,9 +8,10 @@
  * order (Q4_1: and the same m_w * s_x accumulator) and the same horizontal sum. What
  * changes is the work around them. The activation's part of a block is the same for every
  * row, so it is done once per call into a table on the stack: its F16 scales as floats
- * and, for the offset types (Q4_0: 8, Q5_0: 16), the int16 pair sums of offset * y that the
- * row kernel subtracts (one maddubs per block and row less). The weights PI_GEMV_PF bytes
- * ahead are prefetched, one line per block (a chunk's rows are one contiguous stream).
+ * and, for Q5_0, the int16 pair sums of 16 * y that the row kernel subtracts (one maddubs
+ * per block and row less; Q4_0 multiplies the signed q - 8 instead, G32_OFFSET). The
+ * weights PI_GEMV_PF bytes ahead are prefetched, one line per block (a chunk's rows are
+ * one contiguous stream).
  * One row per step: two rows per step measured slower for these types (x86_gemv.h). */
 #ifndef PI_ISA_X86_GEMV32_H
 #define PI_ISA_X86_GEMV32_H
@@ -21,7 +22,10 @@
 
 /* the weight kinds: a template parameter of the row loop below */
 enum { G32_Q4_0, G32_Q5_0, G32_Q8_0, G32_Q4_1 };
-#define G32_OFFSET(K) ((K) == G32_Q4_0 || (K) == G32_Q5_0) /* a kind whose row kernel subtracts offset * y */
+/* a kind whose offset term (16 * y) comes from the table; Q4_0's q - 8 is a signed byte
+ * instead (|q - 8| times y with q - 8's sign: the same exact int32 lanes, and no table to
+ * read beside the weights: 3-5% faster decode on 7B-shaped Q4_0, 4096-11008 columns) */
+#define G32_OFFSET(K) ((K) == G32_Q5_0)
 
 /* bytes of a block of kind K, and of its activation block (Q8_1 for Q4_1, else Q8_0) */
 #define G32_WB(K)                                                                                                      \
@@ -42,7 +46,7 @@ PI_GEMV_INLINE __m256i gemv32_y(const int K, const char *xb) {
 PI_GEMV_INLINE void gemv32_act(const int K, const char *xb, __m128 *xh, __m256i *yo) {
     *xh = load_halfs(xb);
     if (G32_OFFSET(K))
-        *yo = _mm256_maddubs_epi16(_mm256_set1_epi8(K == G32_Q5_0 ? 16 : 8), gemv32_y(K, xb));
+        *yo = _mm256_maddubs_epi16(_mm256_set1_epi8(16), gemv32_y(K, xb));
 #ifdef __AVX512VNNI__ /* as int32 quad sums, negated: vpdpbusd adds q * y to them */
     if (G32_OFFSET(K)) *yo = neg_quad_sums(*yo);
 #endif
@@ -72,9 +76,11 @@ PI_GEMV_INLINE float gemv32_row(const int K, int64_t nb, const char *w, const ch
             d4 = dot4(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
         } else if (K == G32_Q4_1) {
             d4 = dot4(unpack_nibbles(((const pi_block_q4_1 *)b)->qs), y);
+        } else if (K == G32_Q4_0) { /* (q - 8) * y as |q - 8| x (y with the sign of q - 8) */
+            const __m256i q = _mm256_sub_epi8(unpack_nibbles(((const pi_block_q4_0 *)b)->qs), _mm256_set1_epi8(8));
+            d4 = dot4(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
         } else { /* dot4_diff_256(q, offset, y): q * y less offset * y */
-            const __m256i q =
-                K == G32_Q5_0 ? q5_0_bytes((const pi_block_q5_0 *)b) : unpack_nibbles(((const pi_block_q4_0 *)b)->qs);
+            const __m256i q = q5_0_bytes((const pi_block_q5_0 *)b);
 #ifdef __AVX512VNNI__
             d4 = _mm256_dpbusd_epi32(po, q, y);
 #else /* on the int16 pair sums, then their quad sums */
