@@ -185,6 +185,8 @@ typedef void (*pi_matvec_fn)(int64_t n, int64_t n_rows, float *y, const void *w,
 typedef struct pi_isa {
     const char *name;
     pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
+    pi_vec_dot_fn dot_f16_f32; /* an F16 row . floats that hold F16 values exactly: vec_dot[F16]'s bits */
+    void (*f16_floats)(const void *h, float *f, int64_t n); /* the floats of n F16 values (exact) */
     pi_matvec_fn matvec[PI_TYPE_SLOTS];        /* by weight type; NULL: vec_dot per row */
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
     pi_matmul_tiles_fn matmul_tiles[PI_TYPE_SLOTS]; /* by weight type; NULL: vec_dot per row */

@@ -364,6 +364,32 @@ def test_attention(isa, pool, kv_type, heads, n_tok, hd):
     np.testing.assert_allclose(out, exact, rtol=0, atol=2e-5 if kv_type == F32 else 1e-2)
 
 
+@pytest.mark.parametrize("hd", [64, 48, 80])
+def test_attention_f16_same_bits_on_every_path(pool, hd):
+    """An F16 cache: q and the weights rounded to F16 once, then held as floats for every K
+    and V row (isa dot_f16_f32): per F16 order, every ISA path gives the same bits; head
+    sizes with whole dot steps, a tail only (48 < 64) and steps plus a tail (80)."""
+    n_head, n_head_kv, n_kv = 6, 2, 150
+    rng = np.random.default_rng(hd)
+    q = (rng.standard_normal((3, n_head * hd)) * 0.5).astype(np.float32)
+    k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 0.5).astype(np.float16)
+    v_t = rng.standard_normal((n_head_kv * hd, 192)).astype(np.float16)
+    pos = np.array([40, 100, 149], np.int32)
+    before = _native.f16_order_name()
+    try:
+        for order in ("avx2", "avx512"):
+            _native.set_f16_order(order)
+            outs = {}
+            for name in _native.supported_isas():
+                _native.set_isa(name)
+                outs[name] = run_attention(pool, q, k, v_t, n_head, n_head_kv, hd, F16, n_kv, pos)
+            for name, o in outs.items():
+                assert np.array_equal(o.view(np.uint32), outs["scalar"].view(np.uint32)), (order, name)
+    finally:
+        _native.set_isa("auto")
+        _native.set_f16_order(before)
+
+
 def test_attention_gqa_heads_share_kv(isa, pool):
     """Query heads of one group whose q rows are equal give equal outputs; the
     group of head h is h // (n_head / n_head_kv), not h % n_head_kv."""

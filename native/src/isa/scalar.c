@@ -53,27 +53,32 @@ static void vec_dot_f32(int64_t n, float *s, const void *vw, const void *vx) {
  * exactly as the SIMD fused multiply-add; the last n % STEP products (all of them
  * when n < STEP) are added in double. */
 
+/* x's element i: F16 converted, or (x32) a float that holds an F16 value exactly */
+static inline float f16_x(int x32, const void *x, int64_t i) {
+    return x32 ? ((const float *)x)[i] : pi_fp16_to_fp32(((const uint16_t *)x)[i]);
+}
+
 /* acc[j] += w[i + j] * x[i + j] over the whole STEP-element steps; returns where they end */
-static int64_t f16_steps(int64_t n, int step, const uint16_t *w, const uint16_t *x, float *acc) {
+static int64_t f16_steps(int x32, int64_t n, int step, const uint16_t *w, const void *x, float *acc) {
     const int64_t np = n / step * step;
     for (int64_t i = 0; i < np; i += step)
-        for (int j = 0; j < step; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * pi_fp16_to_fp32(x[i + j]);
+        for (int j = 0; j < step; j++) acc[j] += pi_fp16_to_fp32(w[i + j]) * f16_x(x32, x, i + j);
     return np;
 }
 
 /* sum + the products from np on, in double, as the result */
-static float f16_tail(int64_t np, int64_t n, const uint16_t *w, const uint16_t *x, double sum) {
-    for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * pi_fp16_to_fp32(x[i]));
+static float f16_tail(int x32, int64_t np, int64_t n, const uint16_t *w, const void *x, double sum) {
+    for (int64_t i = np; i < n; i++) sum += (double)(pi_fp16_to_fp32(w[i]) * f16_x(x32, x, i));
     return (float)sum;
 }
 
 /* AVX-512 build (GGML_F16_STEP 64, EPR 16): 64 accumulators summed lane-wise as
  * (A0 + A2) + (A1 + A3) over the four 16-wide groups A0..A3, then as hsum8 over the
  * low and high 8 lanes added. */
-static void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *vx) {
-    const uint16_t *w = vw, *x = vx;
+static void f16_dot_step64(int x32, int64_t n, float *s, const void *vw, const void *x) {
+    const uint16_t *w = vw;
     float acc[64] = {0};
-    const int64_t np = f16_steps(n, 64, w, x, acc);
+    const int64_t np = f16_steps(x32, n, 64, w, x, acc);
     double sum = 0.0;
     if (np > 0) {
         float v[8];
@@ -84,16 +89,26 @@ static void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *
         }
         sum = hsum8(v);
     }
-    *s = f16_tail(np, n, w, x, sum);
+    *s = f16_tail(x32, np, n, w, x, sum);
+}
+static void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *vx) { f16_dot_step64(0, n, s, vw, vx); }
+
+static void f16_floats(const void *vh, float *f, int64_t n) {
+    const uint16_t *h = vh;
+    for (int64_t i = 0; i < n; i++) f[i] = pi_fp16_to_fp32(h[i]);
+}
+#define PI_F16_FLOATS f16_floats
+static void vec_dot_f16f32_step64(int64_t n, float *s, const void *vw, const void *vx) {
+    f16_dot_step64(1, n, s, vw, vx);
 }
 
 /* AVX2 build (GGML_F16_STEP 32, EPR 8): 32 accumulators summed lane-wise as
  * (A0 + A2) + (A1 + A3) over the four 8-wide groups, then lanes l + (l + 4), then
  * two pairwise adds (the two _mm_hadd_ps of GGML_F32x8_REDUCE). */
-static void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *vx) {
-    const uint16_t *w = vw, *x = vx;
+static void f16_dot_step32(int x32, int64_t n, float *s, const void *vw, const void *x) {
+    const uint16_t *w = vw;
     float acc[32] = {0};
-    const int64_t np = f16_steps(n, 32, w, x, acc);
+    const int64_t np = f16_steps(x32, n, 32, w, x, acc);
     double sum = 0.0;
     if (np > 0) {
         float t[4];
@@ -104,7 +119,11 @@ static void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *
         }
         sum = (double)((t[0] + t[1]) + (t[2] + t[3]));
     }
-    *s = f16_tail(np, n, w, x, sum);
+    *s = f16_tail(x32, np, n, w, x, sum);
+}
+static void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *vx) { f16_dot_step32(0, n, s, vw, vx); }
+static void vec_dot_f16f32_step32(int64_t n, float *s, const void *vw, const void *vx) {
+    f16_dot_step32(1, n, s, vw, vx);
 }
 
 static void vec_dot_bf16(int64_t n, float *s, const void *vw, const void *vx) {

@@ -21,7 +21,7 @@
 #define PI_ISA_MATVEC {0}
 #endif
 
-#define PI_ISA_TABLE_(NAME, F16_DOT, SOFTMAX, SILU, TILES, BATCH)                                         \
+#define PI_ISA_TABLE_(NAME, F16_DOT, F16F32_DOT, SOFTMAX, SILU, TILES, BATCH)                                         \
     {                                                                                               \
         .name = NAME,                                                                               \
         .vec_dot =                                                                                  \
@@ -46,6 +46,8 @@
                 [PI_TYPE_Q8_1] = from_float_q8_1,                                                   \
                 [PI_TYPE_Q8_K] = from_float_q8_K,                                                   \
             },                                                                                      \
+        .dot_f16_f32 = F16F32_DOT,                                                                  \
+        .f16_floats = PI_F16_FLOATS,                                                                \
         .matvec = PI_ISA_MATVEC,                                                                    \
         .matmul_tiles =                                                                             \
             {                                                                                       \
@@ -67,9 +69,10 @@
 /* const pi_isa VAR[PI_F16_ORDERS]: the tables of one ISA, TILES and BATCH its sparse down kernels */
 #define PI_ISA_DEFINE(VAR, NAME, TILES, BATCH)                                                      \
     const pi_isa VAR[PI_F16_ORDERS] = {                                                             \
-        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, softmax_w8, PI_SILU_MUL_W8, TILES, BATCH), \
-        [PI_F16_ORDER_AVX512] =                                                                     \
-            PI_ISA_TABLE_(NAME, vec_dot_f16_step64, softmax_w16, PI_SILU_MUL_W16, TILES, BATCH),       \
+        [PI_F16_ORDER_AVX2] = PI_ISA_TABLE_(NAME, vec_dot_f16_step32, vec_dot_f16f32_step32, softmax_w8,  \
+                                            PI_SILU_MUL_W8, TILES, BATCH),                          \
+        [PI_F16_ORDER_AVX512] = PI_ISA_TABLE_(NAME, vec_dot_f16_step64, vec_dot_f16f32_step64,       \
+                                              softmax_w16, PI_SILU_MUL_W16, TILES, BATCH),          \
     }
 
 #endif

@@ -103,37 +103,67 @@ static inline __m256i neg_quad_sums(__m256i p16) {
  * 256-bit halves, also in the AVX-512 build: as fast as 512-bit there (vcvtph2ps
  * bound) and ~8% faster inside pi_op_matmul, where it avoids 512-bit power-state
  * changes. */
-static inline void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *vx) {
-    const uint16_t *w = vw, *x = vx;
+/* x's 8 floats at element i: F16 converted, or (X32) floats that hold F16 values exactly
+ * (the same floats, one conversion saved where x is shared by many rows) */
+#define LDX(X32, x, i) ((X32) ? _mm256_loadu_ps((const float *)(x) + (i)) : LD((const uint16_t *)(x) + (i)))
+#define XS(X32, x, i) ((X32) ? ((const float *)(x))[i] : _cvtsh_ss(((const uint16_t *)(x))[i]))
+
+static inline __attribute__((always_inline)) void f16_dot_step64(const int X32, int64_t n, float *s, const void *vw,
+                                                                 const void *x) {
+    const uint16_t *w = vw;
     __m256 a[8]; /* accumulator k: a[2k] lanes 0-7, a[2k+1] lanes 8-15 */
     for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
     const int64_t np = n & ~(int64_t)63;
     for (int64_t i = 0; i < np; i += 64)
-        for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LD(x + i + 8 * k), a[k]);
+        for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LDX(X32, x, i + 8 * k), a[k]);
     const __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
     const __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
     double sum = np > 0 ? hsum256(_mm256_add_ps(hi, lo)) : 0.0;
-    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
+    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * XS(X32, x, i));
     *s = (float)sum;
+}
+static inline void vec_dot_f16_step64(int64_t n, float *s, const void *vw, const void *vx) {
+    f16_dot_step64(0, n, s, vw, vx);
+}
+static inline void vec_dot_f16f32_step64(int64_t n, float *s, const void *vw, const void *vx) {
+    f16_dot_step64(1, n, s, vw, vx);
 }
 
 /* AVX2 build (GGML_F16_STEP 32, EPR 8): four 8-lane accumulators, summed as
  * (A0 + A2) + (A1 + A3), low + high 128 bits, then two hadds (GGML_F32x8_REDUCE). */
-static inline void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *vx) {
-    const uint16_t *w = vw, *x = vx;
+static inline __attribute__((always_inline)) void f16_dot_step32(const int X32, int64_t n, float *s, const void *vw,
+                                                                 const void *x) {
+    const uint16_t *w = vw;
     __m256 a[4];
     for (int k = 0; k < 4; k++) a[k] = _mm256_setzero_ps();
     const int64_t np = n & ~(int64_t)31;
     for (int64_t i = 0; i < np; i += 32)
-        for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LD(x + i + 8 * k), a[k]);
+        for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(LD(w + i + 8 * k), LDX(X32, x, i + 8 * k), a[k]);
     const __m256 v = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
     const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 t1 = _mm_hadd_ps(t0, t0);
     double sum = np > 0 ? (double)_mm_cvtss_f32(_mm_hadd_ps(t1, t1)) : 0.0;
-    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * _cvtsh_ss(x[i]));
+    for (int64_t i = np; i < n; i++) sum += (double)(_cvtsh_ss(w[i]) * XS(X32, x, i));
     *s = (float)sum;
 }
+static inline void vec_dot_f16_step32(int64_t n, float *s, const void *vw, const void *vx) {
+    f16_dot_step32(0, n, s, vw, vx);
+}
+static inline void vec_dot_f16f32_step32(int64_t n, float *s, const void *vw, const void *vx) {
+    f16_dot_step32(1, n, s, vw, vx);
+}
+#undef LDX
+#undef XS
+
+/* the floats of n F16 values (exact) */
+static void f16_floats_x86(const void *vh, float *f, int64_t n) {
+    const uint16_t *h = vh;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, LD(h + i));
+    for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
+}
 #undef LD
+#define PI_F16_FLOATS f16_floats_x86
 
 /* ---- quantized rows ------------------------------------------------------------ */
 /* One accumulator, blocks in order, and for Q4_1 a fused m_w * s_x accumulation:

@@ -9,8 +9,10 @@
 
 static int64_t pad_kv(int64_t n) { return (n + PI_KV_PAD - 1) / PI_KV_PAD * PI_KV_PAD; }
 
+
 int64_t pi_attention_scratch_floats(int64_t n_kv, int32_t head_dim) {
-    return pad_kv(n_kv) * 2 + head_dim + 16; /* scores (f32) + weights (f16 or f32) + q */
+    /* scores (f32) + weights (f16 or f32) + their floats + q + its floats */
+    return pad_kv(n_kv) * 3 + 2 * (int64_t)head_dim + 16;
 }
 
 typedef struct {
@@ -36,12 +38,17 @@ static void attn_task(void *varg, int ith, int nth) {
     const int64_t esz = j->kv_type == PI_TYPE_F16 ? 2 : 4;
     const int64_t kv_row = (int64_t)j->n_head_kv * hd;
     const int group = j->n_head / j->n_head_kv;
-    const pi_vec_dot_fn dot = j->isa->vec_dot[j->kv_type];
+    /* F16: the q and weight vectors rounded to F16 (as llama.cpp's), then held as floats,
+     * each converted once instead of once per K row / V row (the same products) */
+    const int f16 = j->kv_type == PI_TYPE_F16;
+    const pi_vec_dot_fn dot = f16 ? j->isa->dot_f16_f32 : j->isa->vec_dot[j->kv_type];
     const pi_from_float_fn cvt = j->isa->from_float[j->kv_type];
     const float scale = j->scale;
     float *scores = j->scratch + pi_pool_worker() * pi_attention_scratch_floats(j->n_kv, hd);
     void *weights = scores + pad_kv(j->n_kv);
-    void *qc = scores + 2 * pad_kv(j->n_kv);
+    float *wf = scores + 2 * pad_kv(j->n_kv);
+    void *qc = wf + pad_kv(j->n_kv);
+    float *qf = (float *)qc + hd;
     int64_t lo, hi;
     pi_split(j->n_tok * j->n_head, ith, nth, &lo, &hi);
     for (int64_t u = lo; u < hi; u++) {
@@ -49,6 +56,8 @@ static void attn_task(void *varg, int ith, int nth) {
         const int h = (int)(u % j->n_head), g = h / group;
         const int64_t n = (int64_t)j->pos[t] + 1, c0 = j->cell0 != NULL ? j->cell0[t] : 0;
         cvt(j->q + (t * j->n_head + h) * hd, qc, hd);
+        if (f16) j->isa->f16_floats(qc, qf, hd);
+        const void *qx = f16 ? (const void *)qf : qc;
         const char *kb = (const char *)j->k + (c0 * kv_row + g * hd) * esz;
         /* sliding window: keys before lo are masked like future ones (weight 0, still
          * in the sums, as in llama.cpp's masked softmax) */
@@ -56,7 +65,7 @@ static void attn_task(void *varg, int ith, int nth) {
         for (int64_t p = 0; p < lo; p++) scores[p] = -INFINITY;
         for (int64_t p = lo; p < n; p++) {
             float s;
-            dot(hd, &s, kb + p * kv_row * esz, qc);
+            dot(hd, &s, kb + p * kv_row * esz, qx);
             scores[p] = s * scale;
         }
         /* Softmax and V products run over whole PI_KV_PAD blocks, masked cells
@@ -65,9 +74,11 @@ static void attn_task(void *varg, int ith, int nth) {
         for (int64_t p = n; p < np; p++) scores[p] = -INFINITY;
         j->isa->softmax(scores, np);
         cvt(scores, weights, np);
+        if (f16) j->isa->f16_floats(weights, wf, np);
+        const void *wx = f16 ? (const void *)wf : weights;
         float *o = j->out + (t * j->n_head + h) * hd;
         const char *vb = (const char *)j->v + ((int64_t)g * hd * j->v_ld + c0) * esz;
-        for (int d = 0; d < hd; d++) dot(np, &o[d], vb + d * j->v_ld * esz, weights);
+        for (int d = 0; d < hd; d++) dot(np, &o[d], vb + d * j->v_ld * esz, wx);
     }
 }
 
