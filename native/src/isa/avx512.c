@@ -37,19 +37,19 @@
 /* 16 lanes of sl_silu_w16 (isa/ffn_act.h), the same operations per lane: ldexpf(j, n) is
  * scalef(j, n) for the |n| <= 192 kept (both one rounding), 0 or inf beyond */
 static void silu_mul_w16_avx512(const float *g, const float *u, float *h, int64_t n) {
-    const __m512 shift = _mm512_set1_ps(0x1.8p23f), one = _mm512_set1_ps(1.0f);
+    const __m512 shift = _mm512_set1_ps(SM_SHIFT), one = _mm512_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 x = _mm512_loadu_ps(g + i), nx = _mm512_sub_ps(_mm512_setzero_ps(), x);
-        const __m512 z = _mm512_fmadd_ps(nx, _mm512_set1_ps(0x1.715476p+0f), shift);
+        const __m512 z = _mm512_fmadd_ps(nx, _mm512_set1_ps(SM_LOG2E), shift);
         const __m512 m = _mm512_sub_ps(z, shift);
-        const __m512 b = _mm512_fnmadd_ps(m, _mm512_set1_ps(0x1.7f7d1cp-20f),
-                                          _mm512_fnmadd_ps(m, _mm512_set1_ps(0x1.62e4p-1f), nx));
+        const __m512 b = _mm512_fnmadd_ps(m, _mm512_set1_ps(SM_LN2_LO),
+                                          _mm512_fnmadd_ps(m, _mm512_set1_ps(SM_LN2_HI), nx));
         const __m512 q = _mm512_mul_ps(b, b);
         const __m512 hi =
-            _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), q,
-                            _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f)));
-        const __m512 j = _mm512_fmadd_ps(hi, q, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, one));
+            _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(SM_C5), b, _mm512_set1_ps(SM_C4)), q,
+                            _mm512_fmadd_ps(_mm512_set1_ps(SM_C3), b, _mm512_set1_ps(SM_C2)));
+        const __m512 j = _mm512_fmadd_ps(hi, q, _mm512_fmadd_ps(_mm512_set1_ps(SM_C1), b, one));
         __m512 e = _mm512_scalef_ps(j, m);
         const __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(m), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
         if (big) {

@@ -32,13 +32,26 @@ static inline uint32_t sm_u32(float f) {
     return u;
 }
 
+/* The constants of that expf, shared with the vector loops of the same exp (isa/ffn_act.h's
+ * twins in x86_256.h and avx512.c): the rounding shift, 1/ln2, ln2 in two parts, and the
+ * polynomial's coefficients of b^1..b^5 */
+#define SM_SHIFT 0x1.8p23f
+#define SM_LOG2E 0x1.715476p+0f
+#define SM_LN2_HI 0x1.62e4p-1f
+#define SM_LN2_LO 0x1.7f7d1cp-20f
+#define SM_C1 0x1.ffffecp-1f
+#define SM_C2 0x1.fffdb6p-2f
+#define SM_C3 0x1.555e66p-3f
+#define SM_C4 0x1.573e2ep-5f
+#define SM_C5 0x1.0e4020p-7f
+
 /* n = round(x / ln2) by the 1.5 * 2^23 shift (its low mantissa bits hold n), and
  * b = x - n ln2 with ln2 in two parts; returns n, sets *b and the shifted *z */
 static inline float sm_reduce(float x, float *b, float *z) {
-    const float shift = 0x1.8p23f;
-    *z = fmaf(x, 0x1.715476p+0f, shift);
+    const float shift = SM_SHIFT;
+    *z = fmaf(x, SM_LOG2E, shift);
     const float n = *z - shift;
-    *b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    *b = fmaf(-n, SM_LN2_LO, fmaf(-n, SM_LN2_HI, x));
     return n;
 }
 
@@ -46,7 +59,7 @@ static inline float sm_reduce(float x, float *b, float *z) {
  * grouped as the vector code does; linear is c1 b (exp(b) - 1) or 1 + c1 b (exp(b)) */
 static inline float sm_poly(float b, float linear) {
     const float u = b * b;
-    const float hi = fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f));
+    const float hi = fmaf(fmaf(SM_C5, b, SM_C4), u, fmaf(SM_C3, b, SM_C2));
     return fmaf(hi, u, linear);
 }
 
@@ -57,7 +70,7 @@ static inline float sm_expf_w8(float x) {
     const float n = sm_reduce(x, &b, &z);
     const uint32_t e = sm_u32(z) << 23;
     const float k = sm_f32(e + 0x3f800000u);
-    const float j = sm_poly(b, 0x1.ffffecp-1f * b);
+    const float j = sm_poly(b, SM_C1 * b);
     if (!(fabsf(n) > 126.0f)) return fmaf(j, k, k); /* NaN x takes this path too */
     const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
     const float s1 = sm_f32(g + 0x7f000000u);
@@ -72,7 +85,7 @@ static inline float sm_expf_w16(float x) {
     const float n = sm_reduce(x, &b, &z);
     if (isnan(n)) return n;
     if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
-    const float j = sm_poly(b, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    const float j = sm_poly(b, fmaf(SM_C1, b, 1.0f));
     return ldexpf(j, (int)n);
 }
 

@@ -97,16 +97,16 @@ static inline __m256i neg_quad_sums(__m256i p16) {
  * accumulators and add the last n % STEP products (all of them when n < STEP) in
  * double. */
 #define LD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+/* x's 8 floats at element i: F16 converted, or (X32) floats that hold F16 values exactly
+ * (the same floats, one conversion saved where x is shared by many rows) */
+#define LDX(X32, x, i) ((X32) ? _mm256_loadu_ps((const float *)(x) + (i)) : LD((const uint16_t *)(x) + (i)))
+#define XS(X32, x, i) ((X32) ? ((const float *)(x))[i] : _cvtsh_ss(((const uint16_t *)(x))[i]))
 
 /* AVX-512 build (GGML_F16_STEP 64, EPR 16): four 16-lane accumulators, summed as
  * (A0 + A2) + (A1 + A3) and then by halves. Each 16-lane accumulator is kept as two
  * 256-bit halves, also in the AVX-512 build: as fast as 512-bit there (vcvtph2ps
  * bound) and ~8% faster inside pi_op_matmul, where it avoids 512-bit power-state
  * changes. */
-/* x's 8 floats at element i: F16 converted, or (X32) floats that hold F16 values exactly
- * (the same floats, one conversion saved where x is shared by many rows) */
-#define LDX(X32, x, i) ((X32) ? _mm256_loadu_ps((const float *)(x) + (i)) : LD((const uint16_t *)(x) + (i)))
-#define XS(X32, x, i) ((X32) ? ((const float *)(x))[i] : _cvtsh_ss(((const uint16_t *)(x))[i]))
 
 static inline __attribute__((always_inline)) void f16_dot_step64(const int X32, int64_t n, float *s, const void *vw,
                                                                  const void *x) {
@@ -533,17 +533,17 @@ static inline void from_float_f32(const float *x, void *y, int64_t n) { memcpy(y
 
 /* exp(x) of sm_expf_w8 where no lane has |n| > 126 (*slow = 0), else *slow = 1 */
 static inline __m256 silu_exp8(__m256 x, int *slow) {
-    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
-    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 shift = _mm256_set1_ps(SM_SHIFT);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(SM_LOG2E), shift);
     const __m256 n = _mm256_sub_ps(z, shift);
-    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
-                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(SM_LN2_LO),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(SM_LN2_HI), x));
     const __m256 k = _mm256_castsi256_ps(
         _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23), _mm256_set1_epi32(0x3f800000)));
     const __m256 u = _mm256_mul_ps(b, b);
-    const __m256 hi = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)),
-                                      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f)));
-    const __m256 j = _mm256_fmadd_ps(hi, u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    const __m256 hi = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(SM_C5), b, _mm256_set1_ps(SM_C4)),
+                                      u, _mm256_fmadd_ps(_mm256_set1_ps(SM_C3), b, _mm256_set1_ps(SM_C2)));
+    const __m256 j = _mm256_fmadd_ps(hi, u, _mm256_mul_ps(_mm256_set1_ps(SM_C1), b));
     const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n), _mm256_set1_ps(126.0f), _CMP_GT_OQ);
     *slow = _mm256_movemask_ps(big);
     return _mm256_fmadd_ps(j, k, k);

@@ -71,14 +71,13 @@ PI_GEMV_INLINE float gemv32_row(const int K, int64_t nb, const char *w, const ch
             gemv32_act(K, xb, &hx, &po);
         }
         __m256i d4;
-        if (K == G32_Q8_0) { /* s8 x s8 as |w| x (y with the sign of w), as the row kernel */
-            const __m256i q = _mm256_loadu_si256((const __m256i *)((const pi_block_q8_0 *)b)->qs);
+        if (K == G32_Q8_0 || K == G32_Q4_0) { /* s8 x s8 as |w| x (y with the sign of w); Q4_0's w = q - 8 */
+            const __m256i q = K == G32_Q8_0 ? _mm256_loadu_si256((const __m256i *)((const pi_block_q8_0 *)b)->qs)
+                                            : _mm256_sub_epi8(unpack_nibbles(((const pi_block_q4_0 *)b)->qs),
+                                                              _mm256_set1_epi8(8));
             d4 = dot4(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
         } else if (K == G32_Q4_1) {
             d4 = dot4(unpack_nibbles(((const pi_block_q4_1 *)b)->qs), y);
-        } else if (K == G32_Q4_0) { /* (q - 8) * y as |q - 8| x (y with the sign of q - 8) */
-            const __m256i q = _mm256_sub_epi8(unpack_nibbles(((const pi_block_q4_0 *)b)->qs), _mm256_set1_epi8(8));
-            d4 = dot4(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q));
         } else { /* dot4_diff_256(q, offset, y): q * y less offset * y */
             const __m256i q = q5_0_bytes((const pi_block_q5_0 *)b);
 #ifdef __AVX512VNNI__
