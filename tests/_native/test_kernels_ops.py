@@ -128,8 +128,9 @@ def test_act(isa, name):
         assert np.array_equal(y, np.maximum(x, 0))
 
 
-def test_silu_same_bits_on_every_path():
-    """SiLU (isa/silu.h): per F16 order (llama.cpp's 256-bit or AVX-512 exp), every ISA path
+@pytest.mark.parametrize("order", ["avx2", "avx512"])
+def test_silu_same_bits_on_every_path(restore_order, order):
+    """SiLU (isa/ffn_act.h): per F16 order (llama.cpp's 256-bit or AVX-512 exp), every ISA path
     this CPU runs gives the same bits, the vector loops (pi_op_act over the whole array,
     tails of 1-15) and one element at a time (a sparse FFN's single neuron) alike; inputs
     include |x| > 87.3 (2^n beyond 2^126: the 256-bit exp's slow path) and > 133 (exp(-x)
@@ -138,31 +139,25 @@ def test_silu_same_bits_on_every_path():
     special = [-200.0, -133.5, -100.0, -89.0, -88.0, -87.5, -0.0, 0.0, 1e-30, 87.5, 88.0, 89.0, 100.0, 133.5, 200.0]
     x = np.concatenate([special, np.linspace(-30, 30, 2001), rng.standard_normal(45) * 6]).astype(np.float32)
     ref = x.astype(np.float64) / (1.0 + np.exp(-x.astype(np.float64)))
-    before = _native.f16_order_name()
-    try:
-        for order in ("avx2", "avx512"):
-            _native.set_f16_order(order)
-            outs = {}
-            for name in _native.supported_isas():
-                _native.set_isa(name)
-                for n in (x.size, 17, 15, 1):  # the vector loop with tails, then alone
-                    y = np.full(n, np.nan, np.float32)
-                    _native.check(lib.pi_op_act(ACT_IDS["silu"], fbuf(x[:n]), fbuf(y), n), "act")
-                    outs[name, n] = y
-                one = np.array([outs[name, 1][0]])
-                for i in range(1, 40):  # single elements, from the special ones on
-                    y = np.full(1, np.nan, np.float32)
-                    _native.check(lib.pi_op_act(ACT_IDS["silu"], fbuf(x[i : i + 1]), fbuf(y), 1), "act")
-                    one = np.append(one, y)
-                outs[name, "one"] = one
-            first = outs["scalar", x.size]
-            for key, y in outs.items():
-                want = first[:40] if key[1] == "one" else first[: key[1]]
-                assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), (order, key)
-            np.testing.assert_allclose(first, ref, rtol=4e-7, atol=1e-30)
-    finally:
-        _native.set_isa("auto")
-        _native.set_f16_order(before)
+    _native.set_f16_order(order)
+    outs = {}
+    for name in _native.supported_isas():
+        _native.set_isa(name)
+        for n in (x.size, 17, 15, 1):  # the vector loop with tails, then alone
+            y = np.full(n, np.nan, np.float32)
+            _native.check(lib.pi_op_act(ACT_IDS["silu"], fbuf(x[:n]), fbuf(y), n), "act")
+            outs[name, n] = y
+        one = np.array([outs[name, 1][0]])
+        for i in range(1, 40):  # single elements, from the special ones on
+            y = np.full(1, np.nan, np.float32)
+            _native.check(lib.pi_op_act(ACT_IDS["silu"], fbuf(x[i : i + 1]), fbuf(y), 1), "act")
+            one = np.append(one, y)
+        outs[name, "one"] = one
+    first = outs["scalar", x.size]
+    for key, y in outs.items():
+        want = first[:40] if key[1] == "one" else first[: key[1]]
+        assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), (order, key)
+    np.testing.assert_allclose(first, ref, rtol=4e-7, atol=1e-30)
 
 
 # ---- softmax ---------------------------------------------------------------------
@@ -364,8 +359,9 @@ def test_attention(isa, pool, kv_type, heads, n_tok, hd):
     np.testing.assert_allclose(out, exact, rtol=0, atol=2e-5 if kv_type == F32 else 1e-2)
 
 
+@pytest.mark.parametrize("order", ["avx2", "avx512"])
 @pytest.mark.parametrize("hd", [64, 48, 80])
-def test_attention_f16_same_bits_on_every_path(pool, hd):
+def test_attention_f16_same_bits_on_every_path(restore_order, pool, hd, order):
     """An F16 cache: q and the weights rounded to F16 once, then held as floats for every K
     and V row (isa dot_f16_f32): per F16 order, every ISA path gives the same bits; head
     sizes with whole dot steps, a tail only (48 < 64) and steps plus a tail (80)."""
@@ -375,19 +371,13 @@ def test_attention_f16_same_bits_on_every_path(pool, hd):
     k = (rng.standard_normal((n_kv, n_head_kv * hd)) * 0.5).astype(np.float16)
     v_t = rng.standard_normal((n_head_kv * hd, 192)).astype(np.float16)
     pos = np.array([40, 100, 149], np.int32)
-    before = _native.f16_order_name()
-    try:
-        for order in ("avx2", "avx512"):
-            _native.set_f16_order(order)
-            outs = {}
-            for name in _native.supported_isas():
-                _native.set_isa(name)
-                outs[name] = run_attention(pool, q, k, v_t, n_head, n_head_kv, hd, F16, n_kv, pos)
-            for name, o in outs.items():
-                assert np.array_equal(o.view(np.uint32), outs["scalar"].view(np.uint32)), (order, name)
-    finally:
-        _native.set_isa("auto")
-        _native.set_f16_order(before)
+    _native.set_f16_order(order)
+    outs = {}
+    for name in _native.supported_isas():
+        _native.set_isa(name)
+        outs[name] = run_attention(pool, q, k, v_t, n_head, n_head_kv, hd, F16, n_kv, pos)
+    for name, o in outs.items():
+        assert np.array_equal(o.view(np.uint32), outs["scalar"].view(np.uint32)), (order, name)
 
 
 def test_attention_gqa_heads_share_kv(isa, pool):
