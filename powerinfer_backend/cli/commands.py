@@ -271,8 +271,7 @@ def cmd_plan(args) -> int:
         parse_vram_budget,
         plan_for_model,
         plan_layer_split,
-        why_auto_placed_nothing,
-        why_nothing_placed,
+        why_placed_nothing,
         write_plot,
     )
     from ..loader import load_gguf
@@ -330,14 +329,10 @@ def cmd_plan(args) -> int:
                     **auto,
                 )
             empty = (
-                why_nothing_placed(
-                    sizes, budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer, neurons=not args.disable_gpu_index
-                )
+                why_placed_nothing(plan, sizes, budget, n_ctx=args.ctx, n_batch=args.batch, sizer=sizer)
                 if plan.device_bytes == 0 and not args.disable_gpu_index
                 else ""
             )
-            if plan.device_bytes == 0 and not empty and plan.choice and "cpu_tok_s" in plan.choice:
-                empty = why_auto_placed_nothing(plan.choice)
     finally:
         g.close()
     png = None

@@ -327,13 +327,11 @@ def _place(
             plan.choice = {"policy": "neurons", "reason": SHARED_MEMORY}
     kind = choice.requested
     if plan.device_bytes == 0:
-        why = P.why_nothing_placed(  # sized by the device: before it closes
-            sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer, neurons=not disable_gpu_index
+        why = P.why_placed_nothing(  # sized by the device: before it closes
+            plan, sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer, neurons=not disable_gpu_index
         )
         dev.close()
-        if not why and plan.choice and "cpu_tok_s" in plan.choice:
-            why = P.why_auto_placed_nothing(plan.choice)
-        elif not why and placement == "layers" and dec.bytes > 0:
+        if not why and placement == "layers" and dec.bytes > 0:
             why = f"placement 'layers': no whole layer fits vram_budget {dec.bytes} bytes"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     place_plan(ctx, dev, plan, dec.bytes)

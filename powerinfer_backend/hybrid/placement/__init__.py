@@ -44,7 +44,7 @@ reaches them all.
 
 from __future__ import annotations
 
-from .auto import POLICIES, plan_auto, plan_throughput, why_auto_placed_nothing
+from .auto import POLICIES, plan_auto, plan_throughput, why_auto_placed_nothing, why_placed_nothing
 from .bandwidth import (
     GPU_BANDWIDTH_GBPS,
     GPU_SYNC_S,
@@ -167,6 +167,7 @@ __all__ = [
     "plan_auto",
     "plan_throughput",
     "why_auto_placed_nothing",
+    "why_placed_nothing",
     "GPU_BANDWIDTH_GBPS",
     "UNKNOWN_GPU_GBPS",
     "GPU_SYNC_S",

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .plan import LayerPlan, Plan
-from .planners import _check_freq, _check_int, ffn_key, plan_layer_split, plan_placement
+from .planners import _check_freq, _check_int, ffn_key, plan_layer_split, plan_placement, why_nothing_placed
 from .predict import LayerBytes, _check_predict_args, layer_time, predict_layer_split, predict_ours
 from .sizes import (
     CPU_BUFT,
@@ -41,7 +41,7 @@ from .sizes import (
     output_block_bytes,
 )
 
-__all__ = ["POLICIES", "plan_throughput", "plan_auto", "why_auto_placed_nothing"]
+__all__ = ["POLICIES", "plan_throughput", "plan_auto", "why_auto_placed_nothing", "why_placed_nothing"]
 
 #: the candidates of ``placement="auto"``, in the order ties are broken
 POLICIES = ("throughput", "neurons", "layers")
@@ -341,3 +341,22 @@ def why_auto_placed_nothing(choice: dict) -> str:
             else ""
         )
     )
+
+
+def why_placed_nothing(
+    plan: Plan,
+    sizes: ModelSizes,
+    vram_budget: int,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    sizer: Sizer = CPU_BUFT,
+    neurons: bool = True,
+) -> str:
+    """Why ``plan``, which places nothing, does so: the budget's reason
+    (:func:`~.planners.why_nothing_placed`), else ``placement="auto"``'s
+    (:func:`why_auto_placed_nothing`); "" when neither applies (e.g. a budget of 0)."""
+    why = why_nothing_placed(sizes, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer, neurons=neurons)
+    if not why and plan.choice and "cpu_tok_s" in plan.choice:
+        why = why_auto_placed_nothing(plan.choice)
+    return why

@@ -83,6 +83,11 @@ GPU_SYNC_S = 0.72e-3
 _CACHE = "host_bandwidth.json"
 
 
+def _host_memory(name: str, type_: str) -> bool:
+    """Whether a ggml device is its CPU backend (type "cpu" or name "CPU"): the host's memory."""
+    return str(type_).lower() == "cpu" or name == "CPU"
+
+
 def gpu_bandwidth(description: str) -> float | None:
     """The table's GB/s for a device description (the longest name it contains as whole
     words, ignoring case), or None."""
@@ -139,7 +144,7 @@ def device_bandwidth(
         ):
             raise ValueError(f"device_bandwidth must be a finite bandwidth > 0 in GB/s, got {override!r}")
         return float(override), "given"
-    if str(type_).lower() == "cpu" or name == "CPU":
+    if _host_memory(name, type_):
         return host_bandwidth(n_threads), "measured (ggml's CPU backend: the host's memory)"
     gbps = gpu_bandwidth(description or name)
     if gbps is not None:
@@ -153,6 +158,6 @@ def device_sync(name: str, type_: str) -> tuple[float, str]:
     """(seconds, where it came from) of a ggml device's round trip per split layer and token
     (the cost model's ``sync_s``): 0 for ggml's CPU backend (the same memory, no copies; its
     thread handoff is within the cost model's error), :data:`GPU_SYNC_S` for any other."""
-    if str(type_).lower() == "cpu" or name == "CPU":
+    if _host_memory(name, type_):
         return 0.0, "ggml's CPU backend: no copies"
     return GPU_SYNC_S, f"measured on an NVIDIA H200 ({GPU_SYNC_S * 1e3:.2f} ms per split layer)"
