@@ -23,6 +23,8 @@ DEVICE_PARAMS = (
     "disable_gpu_index",
     "device_bandwidth",
 )
+#: engine options, passed to the backend (powerinfer_backend.plugins.hybrid.HybridBackend)
+ENGINE_PARAMS = ("repack",)
 #: accepted for llama_cpp.Llama compatibility; meaningless here (GPU placement is vram_budget)
 GPU_PARAMS = ("split_mode", "main_gpu", "tensor_split", "offload_kqv")
 
@@ -55,6 +57,8 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
             anything loads.
     """
     parse_vram_budget(vram_budget)
+    if not isinstance(kwargs.get("repack", True), bool):
+        raise ValueError(f"repack must be True or False, got {kwargs['repack']!r}")
     check_device_options(
         kwargs.get("placement", "auto"), kwargs.get("device_threads", 1), kwargs.get("device_bandwidth")
     )
@@ -72,4 +76,4 @@ def backend_options(*, kwargs: Mapping[str, Any], **options) -> dict:
     keywords present in ``kwargs`` (:data:`DEVICE_PARAMS`), and ``n_seq_max`` (sequences of the
     native context, docs/api.md) when given and not 1, so backends without it keep their options."""
     seqs = {"n_seq_max": kwargs["n_seq_max"]} if kwargs.get("n_seq_max", 1) != 1 else {}
-    return dict(options, **{k: kwargs[k] for k in DEVICE_PARAMS if k in kwargs}, **seqs)
+    return dict(options, **{k: kwargs[k] for k in DEVICE_PARAMS + ENGINE_PARAMS if k in kwargs}, **seqs)

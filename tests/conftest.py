@@ -64,6 +64,20 @@ def model_path():
         pytest.skip(str(e))
 
 
+@pytest.fixture(scope="session")
+def smol_q4_0_path(model_path, tmp_path_factory) -> str:
+    """SmolLM2 requantized to Q4_0 by llama.cpp's quantizer (its Q4_0 file as users get
+    them: token_embd Q8_0, the matrices Q4_0; a fraction of a second)."""
+    import llama_cpp
+
+    dst = tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf"
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    p.allow_requantize = True
+    assert llama_cpp.llama_model_quantize(model_path.encode(), str(dst).encode(), p) == 0
+    return str(dst)
+
+
 @pytest.fixture
 def xdg_cache(tmp_path, monkeypatch) -> Path:
     """XDG_CACHE_HOME pointed at ``tmp_path / "xdg"`` (not created), so the artifacts a

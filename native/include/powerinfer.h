@@ -151,6 +151,22 @@ enum { PI_SEQ_MAX = 256 };
 int pi_model_create(const pi_model_params *params, pi_model **out);
 void pi_model_free(pi_model *model);
 
+/* Row groups: the model's own copy, in a layout of PI_GROUP_ROWS (16) interleaved rows,
+ * of the matrices its dense products read (Q4_0 with a multiple of 16 rows; llama.cpp's
+ * repacked CPU buffers do the same), each product then reading one sequential stream
+ * and finishing a block of 16 rows per vector. The float order changes with it (one
+ * rounding per block and row: acc = fmaf(isum, d_w * d_x, acc)), the same on every ISA
+ * path, in decode and in batches. layer_slots[l]: bit s set = repack slot s (enum
+ * pi_layer_slot) of layer l (NULL: none); output: the output matrix too (a copy: a tied
+ * token_embd keeps its rows for the lookup). The sparse FFN, the predictors and a device
+ * keep reading the tensors' own rows. Where [release_lo, release_hi) is given (a
+ * read-only file mapping the tensors lie in; NULL, NULL: none), the pages of each
+ * repacked tensor inside it are released after the copy (madvise DONTNEED: they reload
+ * from the file if read again), so the process holds one copy. Repacking a model twice
+ * changes nothing more. *bytes (may be NULL): bytes repacked by this call. */
+int pi_model_repack(pi_model *model, const uint32_t *layer_slots, int32_t output, const void *release_lo,
+                    const void *release_hi, int64_t *bytes);
+
 int pi_context_create(pi_model *model, const pi_context_params *params, pi_context **out);
 void pi_context_free(pi_context *ctx);
 
@@ -345,6 +361,14 @@ const char *pi_bench_isa(void);
  * F16 for F16, BF16 for BF16). */
 int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int64_t n_cols,
                  const float *x, int64_t n_tok, float *y);
+/* Row groups (see pi_model_repack). pi_repack_size: bytes of matrix (type, n_rows, n_cols)
+ * in row groups, -1 where there is no such layout (Q4_0 with n_rows a multiple of 16 only).
+ * pi_repack: writes that layout of w to out. pi_op_matmul_grouped: as pi_op_matmul over a
+ * matrix in row groups (its float order: pi_model_repack). */
+int64_t pi_repack_size(int32_t type, int64_t n_rows, int64_t n_cols);
+int pi_repack(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, void *out);
+int pi_op_matmul_grouped(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int64_t n_cols,
+                         const float *x, int64_t n_tok, float *y);
 /* 1 if pi_op_matmul runs a tiled kernel (several rows x tokens per step, the same bits
  * as the row dot) for `type` with more than one token on the current ISA path, else 0. */
 int pi_matmul_has_tiles(int32_t type);

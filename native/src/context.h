@@ -18,7 +18,9 @@ struct pi_model {
     pi_model_params hp;   /* copy; tensor views point into caller memory */
     pi_tensor *layers;    /* own copy of the n_layer * PI_L_COUNT descriptors */
     pi_mat tok_embd, output;
-    pi_mat *mats;         /* n_layer * PI_L_COUNT, matrix view of each slot */
+    pi_mat *mats;         /* n_layer * PI_L_COUNT, matrix view of each slot (row groups where repacked) */
+    pi_mat *row_mats;     /* the same in the tensors' own rows: what row gathers read (sparse FFN) */
+    void **repacked;      /* n_layer * PI_L_COUNT + 1 (the output last): buffers pi_model_repack owns */
     int64_t max_act_row;  /* largest activation row in bytes, over all matrices */
     int64_t max_act_fixed; /* and the largest per-call part of a product's scratch (pi_matmul_scratch_fixed) */
 };

@@ -1,6 +1,9 @@
 /* Model lifetime: validation of the hyper-parameters and tensors, and the matrix views of the weights. */
+#define _DEFAULT_SOURCE /* madvise */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "context.h"
 
@@ -110,7 +113,8 @@ int pi_model_create(const pi_model_params *params, pi_model **out) {
     pi_model *m = calloc(1, sizeof *m);
     const size_t n = (size_t)params->n_layer * PI_L_COUNT;
     if (m == NULL || (m->layers = malloc(n * sizeof *m->layers)) == NULL ||
-        (m->mats = malloc(n * sizeof *m->mats)) == NULL) {
+        (m->mats = malloc(n * sizeof *m->mats)) == NULL || (m->row_mats = malloc(n * sizeof *m->row_mats)) == NULL ||
+        (m->repacked = calloc(n + 1, sizeof *m->repacked)) == NULL) {
         pi_model_free(m);
         return pi_set_error(PI_ERR_NOMEM, "out of memory for the model");
     }
@@ -138,13 +142,65 @@ int pi_model_create(const pi_model_params *params, pi_model **out) {
         lm[PI_L_ATTN_K] = (pi_mat){(const char *)f.data + Q * row, f.type, f.n_cols, KV};
         lm[PI_L_ATTN_V] = (pi_mat){(const char *)f.data + (Q + KV) * row, f.type, f.n_cols, KV};
     }
+    memcpy(m->row_mats, m->mats, n * sizeof *m->mats);
     *out = m;
     return PI_OK;
 }
 
+/* ---- row groups ---------------------------------------------------------- */
+
+/* drop this process's pages of [p, p + n) inside [lo, hi) (whole pages only) */
+static void release_pages(const void *p, int64_t n, const void *lo, const void *hi) {
+    const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)n;
+    if (lo == NULL || a < (uintptr_t)lo || e > (uintptr_t)hi) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a0 = (a + page - 1) / page * page, e0 = e / page * page;
+    if (e0 > a0) madvise((void *)a0, e0 - a0, MADV_DONTNEED);
+}
+
+/* mat (in *slot, with *buf its owned buffer) repacked when its type and rows allow */
+static int repack_mat(pi_mat *mat, void **buf, const void *lo, const void *hi, int64_t *bytes) {
+    const int64_t size = pi_repack_size(mat->type, mat->n_rows, mat->n_cols);
+    if (mat->grouped || mat->data == NULL || size < 0) return PI_OK;
+    void *b = aligned_alloc(64, (size_t)pi_align_up(size, 64));
+    if (b == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_model_repack: out of memory for %lld bytes", (long long)size);
+    pi_repack(mat->type, mat->data, mat->n_rows, mat->n_cols, b);
+    release_pages(mat->data, size, lo, hi);
+    *buf = b;
+    *mat = (pi_mat){b, mat->type, mat->n_cols, mat->n_rows, 1};
+    *bytes += size;
+    return PI_OK;
+}
+
+int pi_model_repack(pi_model *m, const uint32_t *layer_slots, int32_t output, const void *release_lo,
+                    const void *release_hi, int64_t *bytes) {
+    if (m == NULL) return pi_set_error(PI_ERR_INVALID, "pi_model_repack: NULL model");
+    if ((release_lo == NULL) != (release_hi == NULL) || (uintptr_t)release_hi < (uintptr_t)release_lo)
+        return pi_set_error(PI_ERR_INVALID, "pi_model_repack: release range must be both NULL or lo <= hi");
+    int64_t done = 0;
+    int rc = PI_OK;
+    for (int l = 0; layer_slots != NULL && l < m->hp.n_layer && rc == PI_OK; l++) {
+        const int fused = m->layers[l * PI_L_COUNT + PI_L_ATTN_QKV].data != NULL; /* q, k, v: views of one tensor */
+        for (int s = 0; s < PI_L_COUNT && rc == PI_OK; s++)
+            if ((layer_slots[l] >> s) & 1u && !(fused && (s == PI_L_ATTN_Q || s == PI_L_ATTN_K || s == PI_L_ATTN_V)))
+                rc = repack_mat(&m->mats[l * PI_L_COUNT + s], &m->repacked[l * PI_L_COUNT + s], release_lo,
+                                release_hi, &done);
+    }
+    const size_t n = (size_t)m->hp.n_layer * PI_L_COUNT;
+    const int tied = m->hp.output.data == NULL; /* token_embd's rows serve the lookup: copy, keep them */
+    if (output && rc == PI_OK)
+        rc = repack_mat(&m->output, &m->repacked[n], tied ? NULL : release_lo, tied ? NULL : release_hi, &done);
+    if (bytes != NULL) *bytes = done;
+    return rc;
+}
+
 void pi_model_free(pi_model *m) {
     if (m == NULL) return;
+    if (m->repacked != NULL)
+        for (size_t i = 0; i <= (size_t)m->hp.n_layer * PI_L_COUNT; i++) free(m->repacked[i]);
+    free(m->repacked);
     free(m->layers);
     free(m->mats);
+    free(m->row_mats);
     free(m);
 }

@@ -168,6 +168,8 @@ typedef struct {
                         negated: the accumulator of vpdpbusd; only when a Q4_0 / Q5_0 weight
                         shares the call); Q8_K: 8 int16 per entry, the 32-element chunk sums
                         bsums[2j] + bsums[2j + 1] */
+    const int32_t *off; /* Q8_0 with a row-group weight (pi_matmul_groups_fn): -8 * (y[0] + ... + y[31])
+                           per entry, the whole block's offset term */
 } pi_tile_act;
 
 /* The batched product of a weight type (prefill): y[t * ldy + r] = dot(w row r, x row t)
@@ -182,6 +184,24 @@ typedef void (*pi_matmul_tiles_fn)(int64_t n, int64_t n_rows, int64_t n_tok, flo
  * of vec_dot on that row. Rows are any range (callers split them). */
 typedef void (*pi_matvec_fn)(int64_t n, int64_t n_rows, float *y, const void *w, int64_t wrow, const void *x);
 
+/* Row groups: weights laid out again at load (ops/repack.c) so that one vector holds the
+ * same block of PI_GROUP_ROWS rows, a row per 32-bit lane. Products then sum each row's
+ * block to one exact integer and accumulate it with one scalar fused multiply-add per
+ * block, 16 rows to a vector: per row and token, acc = fmaf((float)isum_i, d_w,i * d_x,i, acc)
+ * over the blocks i in order, y = acc. Every ISA path (scalar included) does exactly
+ * this, for one token or many, so decode and batches give the same bits.
+ * Q4_0: per block of the group, the 16 rows' F16 d, then for each 4-byte chunk c of the
+ * 16 quant bytes, that chunk of rows 0..15 (byte j of a chunk: element 4c + j in its low
+ * nibble, 4c + j + 16 in its high one); isum = sum(q * y) - 8 * sum(y). */
+#define PI_GROUP_ROWS 16
+typedef struct { uint16_t d[PI_GROUP_ROWS]; uint8_t qs[4][PI_GROUP_ROWS][4]; } pi_block_q4_0x16; /* 288 bytes */
+
+/* The product over row groups: y[t * ldy + r] for r < n_rows (a multiple of PI_GROUP_ROWS),
+ * t < n_tok (one or more), w the first group; a as for the tiles, with `off` (and `d`)
+ * filled for every call, one token included. */
+typedef void (*pi_matmul_groups_fn)(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,
+                                    const void *w, const pi_tile_act *a);
+
 typedef struct pi_isa {
     const char *name;
     pi_vec_dot_fn vec_dot[PI_TYPE_SLOTS];      /* indexed by weight type */
@@ -190,6 +210,7 @@ typedef struct pi_isa {
     pi_matvec_fn matvec[PI_TYPE_SLOTS];        /* by weight type; NULL: vec_dot per row */
     pi_from_float_fn from_float[PI_TYPE_SLOTS]; /* indexed by activation type */
     pi_matmul_tiles_fn matmul_tiles[PI_TYPE_SLOTS]; /* by weight type; NULL: vec_dot per row */
+    pi_matmul_groups_fn matmul_groups[PI_TYPE_SLOTS]; /* by the base weight type of a row-group layout */
     void (*softmax)(float *x, int64_t n);      /* in place, llama.cpp's exp and sum order (isa/softmax.h) */
     void (*silu_mul)(const float *g, const float *u, float *h, int64_t n); /* silu(g) * u, u NULL: silu(g) (isa/ffn_act.h) */
     void (*gelu16_mul)(const float *tab, const float *g, const float *u, float *h, int64_t n); /* GELU by F16 table */
@@ -248,12 +269,14 @@ static inline void pi_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *h
 
 /* ---- ops used by the forward pass (ops/) ---- */
 
-/* A weight matrix: n_rows rows of n_cols elements of `type`. */
+/* A weight matrix: n_rows rows of n_cols elements of `type`; grouped: in row groups
+ * (PI_GROUP_ROWS rows interleaved, see pi_block_q4_0x16), read by pi_matmul_multi only. */
 typedef struct {
     const void *data;
     int32_t type;
     int64_t n_cols;
     int64_t n_rows;
+    int32_t grouped;
 } pi_mat;
 
 /* One product of a pi_matmul_multi job: y[t * ldy + r] = dot(w row r, x[t]). */

@@ -99,6 +99,38 @@ class NativeModel:
     def ptr(self):
         return self._ptr
 
+    #: the matrix slots of a layer the dense products read (enum pi_layer_slot)
+    _PRODUCT_SLOTS = ("ATTN_Q", "ATTN_K", "ATTN_V", "ATTN_OUT", "FFN_GATE", "FFN_UP", "FFN_DOWN")
+
+    def repack(self, row_layers: frozenset[int] | set[int] = frozenset()) -> int:
+        """Give the dense products their own copy of the weights in row groups (16 rows
+        interleaved, as llama.cpp's repacked CPU buffers; ``pi_model_repack``): Q4_0
+        matrices of the attention, the FFN and the output head. Their float order is then
+        one rounding per block of 32 and row, on every instruction set, in decode and in
+        batches alike. The file's pages of each copied tensor are released, so the
+        process holds one copy of it (RSS).
+
+        Args:
+            row_layers: layers whose ``ffn_gate`` / ``ffn_up`` rows the sparse FFN gathers:
+                left in the file's layout (they are read there anyway).
+
+        Returns:
+            bytes repacked (0 where the file has no Q4_0 matrix).
+
+        Raises:
+            MemoryError: the copy does not fit.
+        """
+        hp = self.gguf.hparams
+        every = sum(1 << getattr(lib, f"PI_L_{s}") for s in self._PRODUCT_SLOTS)
+        rows = (1 << lib.PI_L_FFN_GATE) | (1 << lib.PI_L_FFN_UP)
+        slots = ffi.new("uint32_t[]", [every & ~rows if i in row_layers else every for i in range(hp.n_layer)])
+        mm = getattr(self.gguf, "_mm", None)
+        lo = ffi.cast("const void *", mm.ctypes.data) if mm is not None else ffi.NULL
+        hi = ffi.cast("const void *", mm.ctypes.data + mm.nbytes) if mm is not None else ffi.NULL
+        done = ffi.new("int64_t *")
+        check(lib.pi_model_repack(self._ptr, slots, 1, lo, hi, done), f"{self.gguf.path}: repacking")
+        return int(done[0])
+
     def close(self) -> None:
         """Free the C model once no open context uses it (until then the free is deferred)."""
         self._close_requested = True
@@ -468,6 +500,11 @@ class NativeContext:
         return max(
             (int(t1.nbytes) + int(t2.nbytes) for _, _, t1, t2 in self.__dict__.get("_pred", {}).values()), default=0
         )
+
+    @property
+    def gathered_layers(self) -> frozenset[int]:
+        """Layers whose sparse FFN gathers ``ffn_gate`` / ``ffn_up`` rows (a down_t or a predictor set)."""
+        return frozenset(self._down_t) | frozenset(self._pred)
 
     def has_ffn_sparsity(self, layer: int) -> bool:
         """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""

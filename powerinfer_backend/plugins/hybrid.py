@@ -39,6 +39,7 @@ class HybridBackend:
         disable_gpu_index: bool = False,
         n_seq_max: int = 1,
         device_bandwidth=None,
+        repack: bool = True,
         **_ignored,
     ):
         self.gguf = load_gguf(model_path, verbose=verbose)
@@ -86,6 +87,8 @@ class HybridBackend:
                 verbose=verbose,
             )
             self.notices += self.offload.notices
+            # the dense products' Q4_0 matrices in row groups (CPU only: a device reads the file's rows)
+            self.repacked = self.model.repack(self.ctx.gathered_layers) if repack and self.offload.device is None else 0
             if self.offload.plan is not None and self.sparse.mode == "dense":
                 # the split computes every FFN over the transposed down: say so in stats()
                 self.sparse = sparsity.SparseState("exact", np.zeros(hp.n_layer, np.float32))
@@ -96,7 +99,8 @@ class HybridBackend:
             from .._native import isa_name
 
             print(
-                f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}; "
+                f"powerinfer_backend: n_ctx {self.n_ctx}, n_threads {self.n_threads}, kernels {isa_name()}"
+                f"{f' (repacked {self.repacked / 2**20:.0f} MiB)' if self.repacked else ''}; "
                 f"{self.sparse.summary()}; {self.offload.summary()}",
                 file=sys.stderr,
             )

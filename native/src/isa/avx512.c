@@ -33,6 +33,7 @@
 #define PI_TILES_NIBBLE 2, 8 /* Q4_0, Q4_1 */
 #include "x86_tiles.h"
 #include "x86_gemv.h"
+#include "x86_groups.h"
 
 /* 16 lanes of sl_silu_w16 (isa/ffn_act.h), the same operations per lane: ldexpf(j, n) is
  * scalef(j, n) for the |n| <= 192 kept (both one rounding), 0 or inf beyond */

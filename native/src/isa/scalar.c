@@ -353,6 +353,31 @@ DEFINE_DOTS(q4_K)
 DEFINE_DOTS(q5_K)
 DEFINE_DOTS(q6_K)
 
+/* Q4_0 in row groups (pi_internal.h, "Row groups"): per row one exact integer per block,
+ * one fmaf per block */
+static void matmul_groups_q4_0(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
+                               const pi_tile_act *a) {
+    const int64_t nb = n / PI_QK;
+    for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
+        for (int64_t t = 0; t < n_tok; t++) {
+            const pi_block_q8_0 *x = (const pi_block_q8_0 *)(a->x + t * a->xrow);
+            for (int r = 0; r < PI_GROUP_ROWS; r++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < nb; i++) {
+                    const pi_block_q4_0x16 *b = (const pi_block_q4_0x16 *)vw + g * nb + i;
+                    int32_t isum = a->off[i * a->ld + t];
+                    for (int c = 0; c < 4; c++)
+                        for (int j = 0; j < 4; j++) {
+                            const int q = b->qs[c][r][j];
+                            isum += (q & 0x0F) * x[i].qs[4 * c + j] + (q >> 4) * x[i].qs[16 + 4 * c + j];
+                        }
+                    acc = fmaf((float)isum, pi_fp16_to_fp32(b->d[r]) * a->d[i * a->ld + t], acc);
+                }
+                y[t * ldy + g * PI_GROUP_ROWS + r] = acc;
+            }
+        }
+}
+
 /* ---- activation conversion ----------------------------------------------------- */
 
 /* round to nearest, ties to even, for |v| <= 128 without a libm call (adding and

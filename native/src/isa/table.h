@@ -59,6 +59,7 @@
                 [PI_TYPE_Q5_K] = matmul_tiles_q5_K,                                                 \
                 [PI_TYPE_Q6_K] = matmul_tiles_q6_K,                                                 \
             },                                                                                      \
+        .matmul_groups = {[PI_TYPE_Q4_0] = matmul_groups_q4_0},                                     \
         .softmax = SOFTMAX,                                                                         \
         .silu_mul = SILU,                                                                           \
         .gelu16_mul = PI_GELU16_MUL,                                                                \

@@ -18,7 +18,7 @@
 /* pi_tile_act's side data: bytes per (block, token) entry for an activation type */
 static int64_t side_entry(int32_t vdt) {
     switch (vdt) {
-    case PI_TYPE_Q8_0: return 32 + 4; /* aux (8 int32) + d */
+    case PI_TYPE_Q8_0: return 32 + 4 + 4; /* aux (8 int32) + d + off */
     case PI_TYPE_Q8_1: return 4 + 4;  /* d + s */
     case PI_TYPE_Q8_K: return 16 + 4; /* aux (8 int16) + d */
     default: return 0;
@@ -62,6 +62,13 @@ static void matmul_task(void *varg, int ith, int nth) {
         const int64_t r1 = hi - base < w->n_rows ? hi - base : w->n_rows;
         base += w->n_rows;
         if (r0 >= r1) continue;
+        if (w->grouped) { /* whole groups: every part boundary rounded down alike */
+            const int64_t g0 = r0 / PI_GROUP_ROWS * PI_GROUP_ROWS, g1 = r1 / PI_GROUP_ROWS * PI_GROUP_ROWS;
+            if (g1 > g0)
+                j->isa->matmul_groups[w->type](w->n_cols, g1 - g0, j->n_tok, j->outs[o].y + g0, j->outs[o].ldy,
+                                               (const char *)w->data + g0 * pi_row_size(w->type, w->n_cols), &j->act);
+            continue;
+        }
         const pi_vec_dot_fn dot = j->isa->vec_dot[w->type];
         const pi_matmul_tiles_fn tiles = j->n_tok > 1 ? j->isa->matmul_tiles[w->type] : NULL;
         const pi_matvec_fn matvec = j->n_tok == 1 ? j->isa->matvec[w->type] : NULL;
@@ -120,6 +127,11 @@ static void fill_side(const quantize_job *q, int64_t t) {
         const pi_block_q8_0 *b = (const pi_block_q8_0 *)row;
         for (int64_t i = 0; i < q->n / PI_QK; i++) {
             d[i * a->ld + t] = pi_fp16_to_fp32(b[i].d);
+            if (a->off != NULL) {
+                int32_t sum = 0;
+                for (int k = 0; k < PI_QK; k++) sum += b[i].qs[k];
+                ((int32_t *)a->off)[i * a->ld + t] = -8 * sum;
+            }
             if (aux == NULL) continue;
             int32_t *o = (int32_t *)aux + (i * a->ld + t) * 8;
             for (int k = 0; k < 8; k++) {
@@ -141,15 +153,17 @@ static void quantize_task(void *varg, int ith, int nth) {
 }
 
 /* Lays out act's side arrays in scratch after the n_tok rows (zeroing the padding
- * entries); returns whether the call has a tiled kernel that reads them. */
+ * entries); returns whether the call has a tiled or row-group kernel that reads them. */
 static int side_layout(const pi_isa *isa, const pi_matmul_out *outs, int n_outs, int32_t vdt, int64_t n,
                        int64_t n_tok, char *scratch, pi_tile_act *a) {
-    int tiles = 0, offset = 0;
+    int tiles = 0, offset = 0, grouped = 0;
     for (int o = 0; o < n_outs; o++) {
-        tiles |= isa->matmul_tiles[outs[o].w->type] != NULL;
-        offset |= outs[o].w->type == PI_TYPE_Q4_0 || outs[o].w->type == PI_TYPE_Q5_0;
+        const pi_mat *w = outs[o].w;
+        grouped |= w->grouped;
+        tiles |= !w->grouped && isa->matmul_tiles[w->type] != NULL;
+        offset |= !w->grouped && (w->type == PI_TYPE_Q4_0 || w->type == PI_TYPE_Q5_0);
     }
-    if (n_tok < 2 || !tiles || side_entry(vdt) == 0) return 0;
+    if (side_entry(vdt) == 0 || !(grouped || (n_tok > 1 && tiles))) return 0;
     const int64_t nb = n / pi_type_get(vdt)->block_size, ld = n_tok + 8, entries = nb * ld;
     char *p = (char *)pi_align_up((int64_t)(uintptr_t)(scratch + a->xrow * n_tok), 64);
     const int64_t aux_size = vdt == PI_TYPE_Q8_K ? 16 : vdt == PI_TYPE_Q8_0 ? 32 : 0;
@@ -157,9 +171,11 @@ static int side_layout(const pi_isa *isa, const pi_matmul_out *outs, int n_outs,
     a->aux = aux_size > 0 && (vdt == PI_TYPE_Q8_K || offset) ? (const void *)p : NULL;
     a->d = (const float *)(p + entries * aux_size);
     a->s = vdt == PI_TYPE_Q8_1 ? a->d + entries : NULL;
+    a->off = grouped && vdt == PI_TYPE_Q8_0 ? (const int32_t *)(a->d + entries) : NULL;
     for (int64_t i = 0; i < nb; i++) {
         memset((float *)a->d + i * ld + n_tok, 0, 8 * sizeof(float));
         if (a->s) memset((float *)a->s + i * ld + n_tok, 0, 8 * sizeof(float));
+        if (a->off) memset((int32_t *)a->off + i * ld + n_tok, 0, 8 * sizeof(int32_t));
         if (a->aux) memset((char *)p + (i * ld + n_tok) * aux_size, 0, (size_t)(8 * aux_size));
     }
     return 1;
@@ -176,7 +192,7 @@ void pi_matmul_multi(pi_pool *pool, const pi_matmul_out *outs, int n_outs, const
             return;
         }
     const int64_t n = w0->n_cols;
-    matmul_job j = {outs, n_outs, 0, n_tok, {(const char *)x, pi_row_size(vdt, n), 0, NULL, NULL, NULL}, isa};
+    matmul_job j = {outs, n_outs, 0, n_tok, {(const char *)x, pi_row_size(vdt, n), 0, NULL, NULL, NULL, NULL}, isa};
     if (vdt != PI_TYPE_F32) {
         j.act.x = scratch;
         quantize_job q = {isa->from_float[vdt], x, n, n_tok, vdt, 0, &j.act};

@@ -20,7 +20,7 @@ pi_gplaced *pi_gg_of(const pi_context *c, const char *fn) {
 
 /* layer l's q/k/v are views of one fused attn_qkv (Falcon): no attention graph for it yet */
 static int fused_qkv(const pi_context *c, int l) {
-    return c->m->mats[l * PI_L_COUNT + PI_L_ATTN_Q].data != c->m->hp.layers[l * PI_L_COUNT + PI_L_ATTN_Q].data;
+    return c->m->row_mats[l * PI_L_COUNT + PI_L_ATTN_Q].data != c->m->hp.layers[l * PI_L_COUNT + PI_L_ATTN_Q].data;
 }
 
 static int fused_qkv_error(int l) {
