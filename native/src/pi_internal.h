@@ -168,8 +168,8 @@ typedef struct {
                         negated: the accumulator of vpdpbusd; only when a Q4_0 / Q5_0 weight
                         shares the call); Q8_K: 8 int16 per entry, the 32-element chunk sums
                         bsums[2j] + bsums[2j + 1] */
-    const int32_t *off; /* Q8_0 with a row-group weight (pi_matmul_groups_fn): -8 * (y[0] + ... + y[31])
-                           per entry, the whole block's offset term */
+    const int32_t *ysum; /* Q8_0 with a row-group weight (pi_matmul_groups_fn): y[0] + ... + y[31] per
+                            entry (the offset terms: x -8 Q4_0, x -16 Q5_0, x -128 Q8_0 as unsigned) */
 } pi_tile_act;
 
 /* The batched product of a weight type (prefill): y[t * ldy + r] = dot(w row r, x row t)
@@ -195,6 +195,27 @@ typedef void (*pi_matvec_fn)(int64_t n, int64_t n_rows, float *y, const void *w,
  * nibble, 4c + j + 16 in its high one); isum = sum(q * y) - 8 * sum(y). */
 #define PI_GROUP_ROWS 16
 typedef struct { uint16_t d[PI_GROUP_ROWS]; uint8_t qs[4][PI_GROUP_ROWS][4]; } pi_block_q4_0x16; /* 288 bytes */
+/* Q5_0: as Q4_0, with each quant's fifth bit as a bit mask per chunk, one bit per quant byte
+ * of the chunk's 64-byte vector (bit 4r + j: row r, byte j): hb[c][0] for the low nibbles'
+ * elements, hb[c][1] for the high ones'; isum = sum(q * y) - 16 * sum(y). */
+typedef struct {
+    uint16_t d[PI_GROUP_ROWS];
+    uint64_t hb[4][2];
+    uint8_t qs[4][PI_GROUP_ROWS][4];
+} pi_block_q5_0x16; /* 352 bytes */
+/* Q8_0: the 16 rows' d, then each 4-byte chunk c of the 32 quants for rows 0..15 (as in the file, signed) */
+typedef struct { uint16_t d[PI_GROUP_ROWS]; int8_t qs[8][PI_GROUP_ROWS][4]; } pi_block_q8_0x16; /* 544 bytes */
+/* Q4_K: per super-block of the group's rows, their d, their dmin, word k (scales bytes
+ * 4k..4k+3) of each row's 12 scale bytes, then each 4-byte chunk c of the 128 quant bytes
+ * for rows 0..15 (chunk c: elements 64(c / 8) + 4(c % 8) + 0..3 of sub-block 2(c / 8) in
+ * the low nibbles, 32 further of sub-block 2(c / 8) + 1 in the high ones). Per row
+ * isum = sum_j sc_j * (q . y over sub-block j), imin = sum_j m_j * (y's sub-block sum j),
+ * both exact; acc = fmaf(-imin, dmin_w * d_x, acc), then acc = fmaf(isum, d_w * d_x, acc). */
+typedef struct {
+    uint16_t d[PI_GROUP_ROWS], dmin[PI_GROUP_ROWS];
+    uint32_t scales[3][PI_GROUP_ROWS];
+    uint8_t qs[32][PI_GROUP_ROWS][4];
+} pi_block_q4_Kx16; /* 2304 bytes: 16 x 144 */
 
 /* The product over row groups: y[t * ldy + r] for r < n_rows (a multiple of PI_GROUP_ROWS),
  * t < n_tok (one or more), w the first group; a as for the tiles, with `off` (and `d`)

@@ -4,8 +4,8 @@ bit the logits, hence the tokens, it gets alone (N = 1, 2, 4, mixed prompt lengt
 joining with their prompt in the same pass as others' decode tokens, leaving and their slot
 reused), dense and sparse; one step of 4 sequences reads each weight matrix once, as one step of
 one sequence (``matmul_calls``); bad items raise ValueError naming the parameter. Batch
-invariance on SmolLM2 (Q4_1), Gemma 3 270M (Q4_K_M: Q5_0 / Q8_0 / Q4_K / Q6_K) and SmolLM2 as
-Q4_0 repacked in row groups: a sequence's
+invariance on SmolLM2 (Q4_1), Gemma 3 270M (Q4_K_M: Q5_0 / Q8_0 / Q4_K / Q6_K), and SmolLM2 as
+Q4_0 and Gemma 3 with their Q4_0 / Q4_K matrices repacked in row groups: a sequence's
 logits are the same bits decoded alone, as one batch of 4 tokens, and beside 3 other
 sequences."""
 
@@ -58,6 +58,15 @@ def smol_q4_0(smol_q4_0_path):
     m = NativeModel(g)
     assert m.repack() > 0
     yield g, m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def gemma3_repacked(gemma3):
+    """Gemma 3 270M with its Q4_K matrices repacked in row groups (a model of its own)."""
+    m = NativeModel(gemma3[0])
+    assert m.repack() > 0
+    yield gemma3[0], m
     m.close()
 
 
@@ -144,7 +153,7 @@ def test_n_sequences_decode_as_alone(smol, alone, n):
     ctx.close()
 
 
-@pytest.mark.parametrize("model", ["smol", "gemma3", "smol_q4_0"])
+@pytest.mark.parametrize("model", ["smol", "gemma3", "smol_q4_0", "gemma3_repacked"])
 def test_batch_invariance(request, model):
     """One sequence's logits, bit for bit: decoded alone token by token (the single-token
     kernels), its 4 decode tokens as one batch (the tiled kernels, one row per token), and

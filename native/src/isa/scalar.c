@@ -353,25 +353,92 @@ DEFINE_DOTS(q4_K)
 DEFINE_DOTS(q5_K)
 DEFINE_DOTS(q6_K)
 
-/* Q4_0 in row groups (pi_internal.h, "Row groups"): per row one exact integer per block,
- * one fmaf per block */
-static void matmul_groups_q4_0(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
-                               const pi_tile_act *a) {
+/* Row r's exact integer sum over block b of a blocks-of-32 group (Q4_0, Q5_0, Q8_0) */
+static int32_t group32_isum(int32_t type, const void *b, int r, const int8_t *y) {
+    int32_t isum = 0, ysum = 0;
+    for (int e = 0; e < PI_QK; e++) ysum += y[e];
+    if (type == PI_TYPE_Q8_0) {
+        const pi_block_q8_0x16 *q = b;
+        for (int e = 0; e < PI_QK; e++) isum += q->qs[e / 4][r][e % 4] * y[e];
+        return isum;
+    }
+    const uint8_t(*qs)[PI_GROUP_ROWS][4] = type == PI_TYPE_Q5_0 ? ((const pi_block_q5_0x16 *)b)->qs
+                                                                : ((const pi_block_q4_0x16 *)b)->qs;
+    for (int c = 0; c < 4; c++)
+        for (int j = 0; j < 4; j++) {
+            int lo = qs[c][r][j] & 0x0F, hi = qs[c][r][j] >> 4;
+            if (type == PI_TYPE_Q5_0) {
+                const pi_block_q5_0x16 *q = b;
+                lo |= (int)((q->hb[c][0] >> (4 * r + j)) & 1u) << 4;
+                hi |= (int)((q->hb[c][1] >> (4 * r + j)) & 1u) << 4;
+            }
+            isum += lo * y[4 * c + j] + hi * y[16 + 4 * c + j];
+        }
+    return isum - (type == PI_TYPE_Q5_0 ? 16 : 8) * ysum;
+}
+
+/* Blocks-of-32 types in row groups (pi_internal.h, "Row groups"): per row one exact
+ * integer per block, one fmaf per block */
+static void groups32(int32_t type, int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
+                     const pi_tile_act *a) {
     const int64_t nb = n / PI_QK;
+    const int64_t bsize = type == PI_TYPE_Q8_0   ? (int64_t)sizeof(pi_block_q8_0x16)
+                          : type == PI_TYPE_Q5_0 ? (int64_t)sizeof(pi_block_q5_0x16)
+                                                 : (int64_t)sizeof(pi_block_q4_0x16);
     for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
         for (int64_t t = 0; t < n_tok; t++) {
             const pi_block_q8_0 *x = (const pi_block_q8_0 *)(a->x + t * a->xrow);
             for (int r = 0; r < PI_GROUP_ROWS; r++) {
                 float acc = 0.0f;
                 for (int64_t i = 0; i < nb; i++) {
-                    const pi_block_q4_0x16 *b = (const pi_block_q4_0x16 *)vw + g * nb + i;
-                    int32_t isum = a->off[i * a->ld + t];
-                    for (int c = 0; c < 4; c++)
-                        for (int j = 0; j < 4; j++) {
-                            const int q = b->qs[c][r][j];
-                            isum += (q & 0x0F) * x[i].qs[4 * c + j] + (q >> 4) * x[i].qs[16 + 4 * c + j];
+                    const char *b = (const char *)vw + (g * nb + i) * bsize;
+                    const int32_t isum = group32_isum(type, b, r, x[i].qs);
+                    acc = fmaf((float)isum, pi_fp16_to_fp32(((const uint16_t *)b)[r]) * a->d[i * a->ld + t], acc);
+                }
+                y[t * ldy + g * PI_GROUP_ROWS + r] = acc;
+            }
+        }
+}
+
+#define DEFINE_GROUPS32(T, TYPE)                                                                    \
+    static void matmul_groups_##T(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,  \
+                                  const void *vw, const pi_tile_act *a) {                           \
+        groups32(TYPE, n, n_rows, n_tok, y, ldy, vw, a);                                            \
+    }
+DEFINE_GROUPS32(q4_0, PI_TYPE_Q4_0)
+DEFINE_GROUPS32(q5_0, PI_TYPE_Q5_0)
+DEFINE_GROUPS32(q8_0, PI_TYPE_Q8_0)
+
+/* Q4_K in row groups (pi_block_q4_Kx16): sub-block sums scaled in integers, the min term
+ * from the activation's sub-block sums, two fmaf per super-block */
+static void matmul_groups_q4_K(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
+                               const pi_tile_act *a) {
+    const int64_t nb = n / PI_QK_K;
+    for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
+        for (int64_t t = 0; t < n_tok; t++) {
+            const pi_block_q8_K *x = (const pi_block_q8_K *)(a->x + t * a->xrow);
+            for (int r = 0; r < PI_GROUP_ROWS; r++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < nb; i++) {
+                    const pi_block_q4_Kx16 *b = (const pi_block_q4_Kx16 *)vw + g * nb + i;
+                    const int16_t *bsum = (const int16_t *)a->aux + (i * a->ld + t) * 8;
+                    uint8_t raw[12];
+                    for (int k = 0; k < 3; k++) memcpy(raw + 4 * k, &b->scales[k][r], 4);
+                    int32_t isum = 0, imin = 0;
+                    for (int j = 0; j < 8; j++) {
+                        uint8_t sc, m;
+                        pi_k4_scale_min(raw, j, &sc, &m);
+                        int32_t s = 0;
+                        for (int e = 0; e < 32; e++) {
+                            const int q = b->qs[8 * (j / 2) + e / 4][r][e % 4];
+                            s += (j % 2 ? q >> 4 : q & 0x0F) * x[i].qs[32 * j + e];
                         }
-                    acc = fmaf((float)isum, pi_fp16_to_fp32(b->d[r]) * a->d[i * a->ld + t], acc);
+                        isum += sc * s;
+                        imin += m * bsum[j];
+                    }
+                    const float dx = a->d[i * a->ld + t];
+                    acc = fmaf(-(float)imin, pi_fp16_to_fp32(b->dmin[r]) * dx, acc);
+                    acc = fmaf((float)isum, pi_fp16_to_fp32(b->d[r]) * dx, acc);
                 }
                 y[t * ldy + g * PI_GROUP_ROWS + r] = acc;
             }

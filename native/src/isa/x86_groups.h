@@ -27,6 +27,19 @@ typedef __m512 grp_vf;
 #define grp_cvt _mm512_cvtepi32_ps
 #define grp_store _mm512_storeu_ps
 #define grp_d(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))) /* 16 F16 -> floats (exact) */
+#define grp_or _mm512_or_si512
+#define grp_srli32 _mm512_srli_epi32
+#define grp_slli32 _mm512_slli_epi32
+#define grp_add32 _mm512_add_epi32
+#define grp_add16 _mm512_add_epi16
+#define grp_madd16 _mm512_madd_epi16
+#define grp_maddubs _mm512_maddubs_epi16
+#define grp_mullo32 _mm512_mullo_epi32
+#define grp_zero_i _mm512_setzero_si512
+#define grp_fnmadd _mm512_fnmadd_ps
+#ifdef __AVX512VNNI__
+#define grp_dpbusd _mm512_dpbusd_epi32
+#endif
 #ifdef __AVX512VNNI__
 #define grp_dot2(s, lo, ylo, hi, yhi) _mm512_dpbusd_epi32(_mm512_dpbusd_epi32((s), (lo), (ylo)), (hi), (yhi))
 #else /* maddubs pairs <= 2 * 15 * 128, two of them fit int16 */
@@ -51,33 +64,105 @@ typedef __m256 grp_vf;
 #define grp_cvt _mm256_cvtepi32_ps
 #define grp_store _mm256_storeu_ps
 #define grp_d(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define grp_or _mm256_or_si256
+#define grp_srli32 _mm256_srli_epi32
+#define grp_slli32 _mm256_slli_epi32
+#define grp_add32 _mm256_add_epi32
+#define grp_add16 _mm256_add_epi16
+#define grp_madd16 _mm256_madd_epi16
+#define grp_maddubs _mm256_maddubs_epi16
+#define grp_mullo32 _mm256_mullo_epi32
+#define grp_zero_i _mm256_setzero_si256
+#define grp_fnmadd _mm256_fnmadd_ps
 #define grp_dot2(s, lo, ylo, hi, yhi)                                                              \
     _mm256_add_epi32((s), _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16((lo), (ylo)),    \
                                                              _mm256_maddubs_epi16((hi), (yhi))),  \
                                             _mm256_set1_epi16(1)))
 #endif
 
-/* Q4_0 groups: lanes [h * GRP_LANES, (h + 1) * GRP_LANES) of the group's rows, tokens
- * t0 .. t0 + T - 1, over nb blocks; y at the first lane's row of token t0 */
-PI_TILE_INLINE void q4_0x16_part(const int T, int h, int64_t nb, float *y, int64_t ldy,
-                                 const pi_block_q4_0x16 *w, const pi_tile_act *a, int64_t t0) {
+/* The fifth bits of Q5_0's quant bytes in the lanes of part h: bit 4 of byte j of the
+ * part's vector where bit j of its share of the chunk's mask is set */
+#ifdef __AVX512F__
+PI_TILE_INLINE grp_vi grp_bit4(grp_vi q, uint64_t m, int h) {
+    (void)h; /* one part: all 16 rows, the whole mask */
+    return _mm512_mask_add_epi8(q, (__mmask64)m, q, _mm512_set1_epi8(16));
+}
+#else
+PI_TILE_INLINE grp_vi grp_bit4(grp_vi q, uint64_t m, int h) {
+    /* byte j of the 32 takes mask byte j / 8 (in-lane shuffle of the 4 bytes in each lane), then its bit j % 8 */
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)(uint32_t)(m >> (32 * h))),
+                                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                           2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ull);
+    return _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(16)));
+}
+#endif
+
+/* Blocks of 32 (K = 4: Q4_0, 5: Q5_0, 8: Q8_0) in groups: lanes [h * GRP_LANES, (h + 1) *
+ * GRP_LANES) of the group's rows, tokens t0 .. t0 + T - 1, over nb blocks; y at the first
+ * lane's row of token t0. Each isum starts at the token's offset term (-8 / -16 times the
+ * block's activation sum; Q8_0 with vpdpbusd: -128 times it, the quants read as q + 128). */
+PI_TILE_INLINE void b32x16_part(const int K, const int T, int h, int64_t nb, float *y, int64_t ldy, const char *w,
+                                const pi_tile_act *a, int64_t t0) {
+    const int64_t bsize = K == 8   ? (int64_t)sizeof(pi_block_q8_0x16)
+                          : K == 5 ? (int64_t)sizeof(pi_block_q5_0x16)
+                                   : (int64_t)sizeof(pi_block_q4_0x16);
+#if defined(__AVX512VNNI__)
+    const int shift = K == 8 ? 7 : K == 5 ? 4 : 3;
+#else
+    const int shift = K == 8 ? -1 : K == 5 ? 4 : 3; /* Q8_0: |q| x (y with q's sign), no offset */
+#endif
     const grp_vi m4 = grp_set1_i(0x0F0F0F0F);
     grp_vf acc[GRP_T];
     PI_UNROLL for (int t = 0; t < T; t++) acc[t] = grp_zero_f();
     for (int64_t i = 0; i < nb; i++) {
-        const pi_block_q4_0x16 *b = w + i;
-        const grp_vf dw = grp_d(b->d + h * GRP_LANES);
+        const char *b = w + i * bsize;
+        const grp_vf dw = grp_d((const uint16_t *)b + h * GRP_LANES);
         grp_vi s[GRP_T];
-        PI_UNROLL for (int t = 0; t < T; t++) s[t] = grp_set1_i(a->off[i * a->ld + t0 + t]);
-        PI_UNROLL for (int c = 0; c < 4; c++) {
-            const grp_vi q = grp_load_i(b->qs[c][h * GRP_LANES]);
-            const grp_vi lo = grp_and(q, m4), hi = grp_and(grp_srli16(q, 4), m4);
-            PI_UNROLL for (int t = 0; t < T; t++) {
-                const int8_t *yq = ((const pi_block_q8_0 *)(a->x + (t0 + t) * a->xrow) + i)->qs;
-                int32_t ylo, yhi;
-                memcpy(&ylo, yq + 4 * c, 4);
-                memcpy(&yhi, yq + 16 + 4 * c, 4);
-                s[t] = grp_dot2(s[t], lo, grp_set1_i(ylo), hi, grp_set1_i(yhi));
+        PI_UNROLL for (int t = 0; t < T; t++)
+            s[t] = shift < 0 ? grp_zero_i() : grp_set1_i(-(a->ysum[i * a->ld + t0 + t] * (1 << shift)));
+        if (K == 8) {
+            PI_UNROLL for (int c = 0; c < 8; c++) {
+                const grp_vi q = grp_load_i(((const pi_block_q8_0x16 *)b)->qs[c][h * GRP_LANES]);
+#if defined(__AVX512VNNI__)
+                const grp_vi u = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
+#elif defined(__AVX512F__)
+                const __mmask64 neg = _mm512_movepi8_mask(q);
+                const grp_vi u = _mm512_abs_epi8(q);
+#else
+                const grp_vi u = _mm256_abs_epi8(q);
+#endif
+                PI_UNROLL for (int t = 0; t < T; t++) {
+                    int32_t yv;
+                    memcpy(&yv, ((const pi_block_q8_0 *)(a->x + (t0 + t) * a->xrow) + i)->qs + 4 * c, 4);
+                    const grp_vi yb = grp_set1_i(yv);
+#if defined(__AVX512VNNI__)
+                    s[t] = _mm512_dpbusd_epi32(s[t], u, yb);
+#elif defined(__AVX512F__)
+                    const grp_vi ys = _mm512_mask_sub_epi8(yb, neg, _mm512_setzero_si512(), yb);
+                    s[t] = grp_add32(s[t], grp_madd16(grp_maddubs(u, ys), _mm512_set1_epi16(1)));
+#else
+                    s[t] = grp_add32(s[t], grp_madd16(grp_maddubs(u, _mm256_sign_epi8(yb, q)), _mm256_set1_epi16(1)));
+#endif
+                }
+            }
+        } else {
+            const uint8_t(*qs)[PI_GROUP_ROWS][4] = K == 5 ? ((const pi_block_q5_0x16 *)b)->qs
+                                                          : ((const pi_block_q4_0x16 *)b)->qs;
+            PI_UNROLL for (int c = 0; c < 4; c++) {
+                const grp_vi q = grp_load_i(qs[c][h * GRP_LANES]);
+                grp_vi lo = grp_and(q, m4), hi = grp_and(grp_srli16(q, 4), m4);
+                if (K == 5) {
+                    lo = grp_bit4(lo, ((const pi_block_q5_0x16 *)b)->hb[c][0], h);
+                    hi = grp_bit4(hi, ((const pi_block_q5_0x16 *)b)->hb[c][1], h);
+                }
+                PI_UNROLL for (int t = 0; t < T; t++) {
+                    const int8_t *yq = ((const pi_block_q8_0 *)(a->x + (t0 + t) * a->xrow) + i)->qs;
+                    int32_t ylo, yhi;
+                    memcpy(&ylo, yq + 4 * c, 4);
+                    memcpy(&yhi, yq + 16 + 4 * c, 4);
+                    s[t] = grp_dot2(s[t], lo, grp_set1_i(ylo), hi, grp_set1_i(yhi));
+                }
             }
         }
         PI_UNROLL for (int t = 0; t < T; t++)
@@ -85,32 +170,109 @@ PI_TILE_INLINE void q4_0x16_part(const int T, int h, int64_t nb, float *y, int64
     }
     PI_UNROLL for (int t = 0; t < T; t++) grp_store(y + t * ldy, acc[t]);
 }
+#define GRP_B32(K) \
+    PI_TILE_INLINE void q##K##x16_part(const int T, int h, int64_t nb, float *y, int64_t ldy, const char *w, \
+                                       const pi_tile_act *a, int64_t t0) {                                   \
+        b32x16_part(K, T, h, nb, y, ldy, w, a, t0);                                                          \
+    }
+GRP_B32(4)
+GRP_B32(5)
+GRP_B32(8)
 
-#define GRP_CASE(T) \
-    case T: q4_0x16_part(T, h, nb, yo + h * GRP_LANES, ldy, wg, a, t); break;
-static void matmul_groups_q4_0(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
-                               const pi_tile_act *a) {
-    const int64_t nb = n / PI_QK;
-    for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++) {
-        const pi_block_q4_0x16 *wg = (const pi_block_q4_0x16 *)vw + g * nb;
-        for (int64_t t = 0; t < n_tok; t += GRP_T) {
-            const int64_t nt = n_tok - t < GRP_T ? n_tok - t : GRP_T;
-            float *yo = y + t * ldy + g * PI_GROUP_ROWS;
-            for (int h = 0; h < PI_GROUP_ROWS / GRP_LANES; h++) switch (nt) {
-                GRP_CASE(1)
-                GRP_CASE(2)
-                GRP_CASE(3)
-                GRP_CASE(4)
-#if GRP_T > 4
-                GRP_CASE(5)
-                GRP_CASE(6)
-                GRP_CASE(7)
-                GRP_CASE(8)
+/* Q4_K groups, as q4_0x16_part. Sub-block by sub-block (the quant chunks reloaded from
+ * L1 for the high nibbles: the tokens' sums then fit the registers). The scales and
+ * mins of each lane's row come out of its three scale words with 32-bit shifts and
+ * masks, four 6-bit values to a word (pi_k4_scale_min's bits). */
+PI_TILE_INLINE void q4_Kx16_part(const int T, int h, int64_t nb, float *y, int64_t ldy, const void *vw,
+                                 const pi_tile_act *a, int64_t t0) {
+    const pi_block_q4_Kx16 *w = vw;
+    const grp_vi m4 = grp_set1_i(0x0F0F0F0F), m6 = grp_set1_i(0x3F3F3F3F), m30 = grp_set1_i(0x30303030);
+    const grp_vi mff = grp_set1_i(0xFF), m16 = grp_set1_i(0x00FF0000);
+    grp_vf acc[GRP_T];
+    PI_UNROLL for (int t = 0; t < T; t++) acc[t] = grp_zero_f();
+    for (int64_t i = 0; i < nb; i++) {
+        const pi_block_q4_Kx16 *b = w + i;
+        const grp_vi w0 = grp_load_i(b->scales[0] + h * GRP_LANES), w1 = grp_load_i(b->scales[1] + h * GRP_LANES),
+                     w2 = grp_load_i(b->scales[2] + h * GRP_LANES);
+        /* bytes k of sc[0] / sc[1]: scales k / 4 + k; of mn: mins 0..3 */
+        const grp_vi sc[2] = {grp_and(w0, m6), grp_or(grp_and(w2, m4), grp_and(grp_srli32(w0, 2), m30))};
+        const grp_vi mlo = grp_and(w1, m6), mhi = grp_or(grp_and(grp_srli32(w2, 4), m4), grp_and(grp_srli32(w1, 2), m30));
+        /* mins as int16 pairs (m_2k, m_2k+1) per lane, against the activation's sums 2k, 2k + 1 */
+        const grp_vi mp[4] = {grp_or(grp_and(mlo, mff), grp_and(grp_slli32(mlo, 8), m16)),
+                              grp_or(grp_and(grp_srli32(mlo, 16), mff), grp_and(grp_srli32(mlo, 8), m16)),
+                              grp_or(grp_and(mhi, mff), grp_and(grp_slli32(mhi, 8), m16)),
+                              grp_or(grp_and(grp_srli32(mhi, 16), mff), grp_and(grp_srli32(mhi, 8), m16))};
+        const grp_vf dx_w = grp_d(b->d + h * GRP_LANES), dmin_w = grp_d(b->dmin + h * GRP_LANES);
+        grp_vi isum[GRP_T];
+        PI_UNROLL for (int t = 0; t < T; t++) {
+            const int32_t *bs = (const int32_t *)((const int16_t *)a->aux + (i * a->ld + t0 + t) * 8);
+            grp_vi imin = grp_madd16(mp[0], grp_set1_i(bs[0]));
+            PI_UNROLL for (int k = 1; k < 4; k++) imin = grp_add32(imin, grp_madd16(mp[k], grp_set1_i(bs[k])));
+            const grp_vf dx = grp_set1_f(a->d[i * a->ld + t0 + t]);
+            acc[t] = grp_fnmadd(grp_cvt(imin), grp_mul(dmin_w, dx), acc[t]);
+            isum[t] = grp_zero_i();
+        }
+        PI_UNROLL for (int j = 0; j < 8; j++) {
+            const grp_vi scj = grp_and(grp_srli32(sc[j / 4], 8 * (j % 4)), mff);
+            grp_vi s[GRP_T];
+            PI_UNROLL for (int t = 0; t < T; t++) s[t] = grp_zero_i();
+            PI_UNROLL for (int c = 0; c < 8; c++) {
+                const grp_vi wv = grp_load_i(b->qs[8 * (j / 2) + c][h * GRP_LANES]);
+                const grp_vi q = j % 2 ? grp_and(grp_srli16(wv, 4), m4) : grp_and(wv, m4);
+                PI_UNROLL for (int t = 0; t < T; t++) {
+                    int32_t yv;
+                    memcpy(&yv, ((const pi_block_q8_K *)(a->x + (t0 + t) * a->xrow) + i)->qs + 32 * j + 4 * c, 4);
+#ifdef grp_dpbusd
+                    s[t] = grp_dpbusd(s[t], q, grp_set1_i(yv));
+#else /* int16 pairs: 8 chunks of maddubs <= 8 * 2 * 15 * 128 */
+                    s[t] = grp_add16(s[t], grp_maddubs(q, grp_set1_i(yv)));
 #endif
                 }
+            }
+            PI_UNROLL for (int t = 0; t < T; t++)
+#ifdef grp_dpbusd
+                isum[t] = grp_add32(isum[t], grp_mullo32(s[t], scj));
+#else
+                isum[t] = grp_add32(isum[t], grp_madd16(s[t], grp_or(scj, grp_slli32(scj, 16))));
+#endif
         }
+        PI_UNROLL for (int t = 0; t < T; t++)
+            acc[t] = grp_fmadd(grp_cvt(isum[t]), grp_mul(dx_w, grp_set1_f(a->d[i * a->ld + t0 + t])), acc[t]);
     }
+    PI_UNROLL for (int t = 0; t < T; t++) grp_store(y + t * ldy, acc[t]);
 }
-#undef GRP_CASE
+
+/* The driver of a group kernel PART over BLOCK groups: each group's token tiles in turn
+ * (its weights stay in L1), each tile's halves (AVX2: 8 of the 16 rows) */
+#define GRP_CASE(PART, T) \
+    case T: PART(T, h, nb, yo + h * GRP_LANES, ldy, (const void *)wg, a, t); break;
+#define GRP_DEFINE(NAME, PART, BLOCK, QK)                                                          \
+    static void NAME(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw, \
+                     const pi_tile_act *a) {                                                       \
+        const int64_t nb = n / (QK);                                                               \
+        for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++) {                                     \
+            const BLOCK *wg = (const BLOCK *)vw + g * nb;                                          \
+            for (int64_t t = 0; t < n_tok; t += GRP_T) {                                           \
+                const int64_t nt = n_tok - t < GRP_T ? n_tok - t : GRP_T;                          \
+                float *yo = y + t * ldy + g * PI_GROUP_ROWS;                                       \
+                for (int h = 0; h < PI_GROUP_ROWS / GRP_LANES; h++) switch (nt) {                  \
+                    GRP_CASE(PART, 1)                                                              \
+                    GRP_CASE(PART, 2)                                                              \
+                    GRP_CASE(PART, 3)                                                              \
+                    GRP_CASE(PART, 4)                                                              \
+                    GRP_CASES_8(PART)                                                              \
+                    }                                                                              \
+            }                                                                                      \
+        }                                                                                          \
+    }
+#if GRP_T > 4
+#define GRP_CASES_8(PART) GRP_CASE(PART, 5) GRP_CASE(PART, 6) GRP_CASE(PART, 7) GRP_CASE(PART, 8)
+#else
+#define GRP_CASES_8(PART)
+#endif
+GRP_DEFINE(matmul_groups_q4_0, q4x16_part, pi_block_q4_0x16, PI_QK)
+GRP_DEFINE(matmul_groups_q5_0, q5x16_part, pi_block_q5_0x16, PI_QK)
+GRP_DEFINE(matmul_groups_q8_0, q8x16_part, pi_block_q8_0x16, PI_QK)
+GRP_DEFINE(matmul_groups_q4_K, q4_Kx16_part, pi_block_q4_Kx16, PI_QK_K)
 
 #endif /* PI_ISA_X86_GROUPS_H */

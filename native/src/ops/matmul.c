@@ -18,7 +18,7 @@
 /* pi_tile_act's side data: bytes per (block, token) entry for an activation type */
 static int64_t side_entry(int32_t vdt) {
     switch (vdt) {
-    case PI_TYPE_Q8_0: return 32 + 4 + 4; /* aux (8 int32) + d + off */
+    case PI_TYPE_Q8_0: return 32 + 4 + 4; /* aux (8 int32) + d + ysum */
     case PI_TYPE_Q8_1: return 4 + 4;  /* d + s */
     case PI_TYPE_Q8_K: return 16 + 4; /* aux (8 int16) + d */
     default: return 0;
@@ -127,10 +127,10 @@ static void fill_side(const quantize_job *q, int64_t t) {
         const pi_block_q8_0 *b = (const pi_block_q8_0 *)row;
         for (int64_t i = 0; i < q->n / PI_QK; i++) {
             d[i * a->ld + t] = pi_fp16_to_fp32(b[i].d);
-            if (a->off != NULL) {
+            if (a->ysum != NULL) {
                 int32_t sum = 0;
                 for (int k = 0; k < PI_QK; k++) sum += b[i].qs[k];
-                ((int32_t *)a->off)[i * a->ld + t] = -8 * sum;
+                ((int32_t *)a->ysum)[i * a->ld + t] = sum;
             }
             if (aux == NULL) continue;
             int32_t *o = (int32_t *)aux + (i * a->ld + t) * 8;
@@ -171,11 +171,11 @@ static int side_layout(const pi_isa *isa, const pi_matmul_out *outs, int n_outs,
     a->aux = aux_size > 0 && (vdt == PI_TYPE_Q8_K || offset) ? (const void *)p : NULL;
     a->d = (const float *)(p + entries * aux_size);
     a->s = vdt == PI_TYPE_Q8_1 ? a->d + entries : NULL;
-    a->off = grouped && vdt == PI_TYPE_Q8_0 ? (const int32_t *)(a->d + entries) : NULL;
+    a->ysum = grouped && vdt == PI_TYPE_Q8_0 ? (const int32_t *)(a->d + entries) : NULL;
     for (int64_t i = 0; i < nb; i++) {
         memset((float *)a->d + i * ld + n_tok, 0, 8 * sizeof(float));
         if (a->s) memset((float *)a->s + i * ld + n_tok, 0, 8 * sizeof(float));
-        if (a->off) memset((int32_t *)a->off + i * ld + n_tok, 0, 8 * sizeof(int32_t));
+        if (a->ysum) memset((int32_t *)a->ysum + i * ld + n_tok, 0, 8 * sizeof(int32_t));
         if (a->aux) memset((char *)p + (i * ld + n_tok) * aux_size, 0, (size_t)(8 * aux_size));
     }
     return 1;
