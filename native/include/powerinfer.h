@@ -157,8 +157,8 @@ void pi_model_free(pi_model *model);
  * and finishing a block of 16 rows per vector. The float order changes with it (one
  * rounding per block and row: acc = fmaf(isum, d_w * d_x, acc)), the same on every ISA
  * path, in decode and in batches. layer_slots[l]: bit s set = repack slot s (enum
- * pi_layer_slot) of layer l (NULL: none); output: the output matrix too (a copy: a tied
- * token_embd keeps its rows for the lookup). The sparse FFN, the predictors and a device
+ * pi_layer_slot) of layer l (NULL: none); output: the output matrix too (tied: a copy of
+ * token_embd, whose lookup keeps reading the file's rows). The sparse FFN, the predictors and a device
  * keep reading the tensors' own rows. Where [release_lo, release_hi) is given (a
  * read-only file mapping the tensors lie in; NULL, NULL: none), the pages of each
  * repacked tensor inside it are released after the copy (madvise DONTNEED: they reload

@@ -186,10 +186,10 @@ int pi_model_repack(pi_model *m, const uint32_t *layer_slots, int32_t output, co
                 rc = repack_mat(&m->mats[l * PI_L_COUNT + s], &m->repacked[l * PI_L_COUNT + s], release_lo,
                                 release_hi, &done);
     }
-    const size_t n = (size_t)m->hp.n_layer * PI_L_COUNT;
-    const int tied = m->hp.output.data == NULL; /* token_embd's rows serve the lookup: copy, keep them */
+    /* a tied output is token_embd: its lookup reads the file's rows (m->tok_embd), which fault
+     * back in one by one, as the tokens come */
     if (output && rc == PI_OK)
-        rc = repack_mat(&m->output, &m->repacked[n], tied ? NULL : release_lo, tied ? NULL : release_hi, &done);
+        rc = repack_mat(&m->output, &m->repacked[(size_t)m->hp.n_layer * PI_L_COUNT], release_lo, release_hi, &done);
     if (bytes != NULL) *bytes = done;
     return rc;
 }

@@ -1,6 +1,6 @@
 """Row groups at load (NativeModel.repack, pi_model_repack; Llama(repack=True), the default):
 on SmolLM2 requantized to Q4_0 by llama.cpp, the bytes copied are exactly the Q4_0 product
-matrices; the file's pages of each copied tensor leave the process (one copy held); the
+matrices and the tied output (token_embd, Q8_0); the file's pages of each copied tensor leave the process (one copy held); the
 sparse FFN keeps gathering the file's rows; the logits stay within llama.cpp's own drift
 between its repacked and plain Q4_0 kernels, closer to its repacked ones (the same float
 order per block); batch invariance on this model is in test_seqs.py."""
@@ -37,8 +37,11 @@ def _mapping_rss(path: str) -> int:
 
 def test_repack_copies_the_q4_0_products_and_releases_their_pages(smol_q4_0_path):
     g = load_gguf(smol_q4_0_path, verbose=False)
-    want = sum(v.nbytes for name, v in g.tensors.items() if v.type_name == "Q4_0" and name.split(".")[-2] in PRODUCT)
-    assert want > 0
+    products = [v for name, v in g.tensors.items() if name.split(".")[-2] in PRODUCT]
+    assert {v.type_name for v in products} == {"Q4_0"} and len(products) == 7 * g.hparams.n_layer
+    head = g.tensors["token_embd.weight"]  # the tied output: a Q8_0 copy, its rows kept for the lookup
+    assert head.type_name == "Q8_0" and g.tied_output
+    want = sum(v.nbytes for v in products) + head.nbytes
     m = NativeModel(g)
     try:
         np.asarray(g._mm).sum()  # every page of the file resident first
@@ -47,7 +50,7 @@ def test_repack_copies_the_q4_0_products_and_releases_their_pages(smol_q4_0_path
         assert m.repack() == want
         after = _mapping_rss(smol_q4_0_path)
         # each copied tensor's whole pages released (a partial page at either end may stay)
-        assert after <= before - want + 2 * 4096 * len(PRODUCT) * g.hparams.n_layer
+        assert after <= before - want + 2 * 4096 * (len(products) + 1)
         assert m.repack() == 0  # repacked already
     finally:
         m.close()
