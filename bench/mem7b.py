@@ -90,6 +90,7 @@ def dense_vs_llama_cpp(path: Path, threads: int, tokens: int, runs: int) -> dict
 
     g = load_gguf(str(path), verbose=False)
     m = NativeModel(g)
+    m.repack()  # as Llama runs it on the CPU (row groups where the types have them)
     ctx = NativeContext(m, n_ctx=tokens + 8, n_batch=8, n_threads=threads)
     ref = load_reference(str(path), n_ctx=tokens + 8, n_batch=8, n_threads=threads, n_threads_batch=threads)
 
@@ -164,6 +165,7 @@ def relu_predictors(path: Path, density: float, threads: int, tokens: int, runs:
 
     g = load_gguf(str(path), verbose=False)
     m = NativeModel(g)
+    m.repack()  # dense as Llama runs it; the predictor context gathers the file's rows
     dense = NativeContext(m, n_ctx=tokens + 8, n_batch=32, n_threads=threads)
     pred, info = predictor_context(m, g, density=density, rank=256, pred_type="q8_0", threads=threads, n_ctx=tokens + 8)
     rate = {"dense": [], "predictor": []}

@@ -93,6 +93,8 @@ class NativeModel:
         check(lib.pi_model_create(p, out), f"{gguf.path}")
         self._ptr = out[0]
         self._contexts: weakref.WeakSet = weakref.WeakSet()  # contexts point into the C model: it must outlive them
+        #: bytes :meth:`repack` copied into row groups so far
+        self.repacked_bytes = 0
         self._close_requested = False
 
     @property
@@ -129,7 +131,19 @@ class NativeModel:
         hi = ffi.cast("const void *", mm.ctypes.data + mm.nbytes) if mm is not None else ffi.NULL
         done = ffi.new("int64_t *")
         check(lib.pi_model_repack(self._ptr, slots, 1, lo, hi, done), f"{self.gguf.path}: repacking")
+        self.repacked_bytes += int(done[0])
         return int(done[0])
+
+    def repackable(self) -> bool:
+        """Whether :meth:`repack` would copy anything: a matrix of the dense products (or the
+        output) in a type with a row-group layout and a multiple of 16 rows."""
+        views = [v for i in range(self.gguf.hparams.n_layer) for v in self.gguf.layer_tensors(i)]
+        out = self.gguf.global_tensors()
+        views.append(out["output"] if out["output"] is not None else out["tok_embd"])
+        return any(
+            v is not None and len(v.ne) == 2 and lib.pi_repack_size(v.type, int(v.ne[1]), int(v.ne[0])) > 0
+            for v in views
+        )
 
     def close(self) -> None:
         """Free the C model once no open context uses it (until then the free is deferred)."""

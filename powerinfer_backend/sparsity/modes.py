@@ -121,9 +121,11 @@ def _resolve(sparse, model_path: str, act: str):
     return ("threshold", None) if act in _RELU_FAMILY else ("dense", None)
 
 
-def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
+def configure(ctx, gguf, model_path: str, sparse="auto", *, row_groups: bool = False) -> SparseState:
     """Make ``ctx`` (a :class:`~powerinfer_backend.engine.native.NativeContext` of ``gguf``)
-    sparse as ``sparse`` asks (see the module docstring).
+    sparse as ``sparse`` asks (see the module docstring). ``row_groups``: the dense products
+    will run in row groups (``NativeModel.repack``), so a sidecar's speedup measured against
+    the file's rows is stale and "auto" does not rely on it.
 
     Raises:
         ValueError: unknown mode; a sidecar that is missing, malformed, made for
@@ -147,7 +149,7 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
         return SparseState()
     pred_reason = None
     if sparse == "auto" and mode != "predictor" and path is not None and _sidecar_has_predictors(path):
-        pred_reason = _predictors_slower(path)
+        pred_reason = _predictors_slower(path, row_groups)
         if pred_reason is None:
             return _configure_predictor(ctx, gguf, model_path, path)
     if mode == "predictor":
@@ -180,7 +182,7 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
             prof.info,
             decode_speedup=prof.info.get("decode_speedup"),
         )
-        slower = _slower_than_dense(prof.info)
+        slower = _slower_than_dense(prof.info, row_groups)
         if pred_reason is not None and not np.any(thresholds > 0) and hp.act_name not in _RELU_FAMILY:
             slower = "the sidecar has no calibrated thresholds"  # a predictors-only sidecar
         if sparse == "auto" and slower:
@@ -218,9 +220,24 @@ def configure(ctx, gguf, model_path: str, sparse="auto") -> SparseState:
     return state
 
 
-def _slower_than_dense(info: dict) -> Optional[str]:
+def _stale(info: dict, row_groups: bool, what: str) -> Optional[str]:
+    """Why a measured speedup no longer holds: measured against dense over the file's rows,
+    where dense now runs in row groups (faster); None when it still holds or was not measured."""
+    if not row_groups or info.get("decode_speedup") is None or info.get("speed_dense_layout") == "row groups":
+        return None
+    return (
+        f"sidecar's {what} measured {info['decode_speedup']:.2f}x a dense decode over the file's rows; dense now "
+        f"runs in row groups (repack), faster: recalibrate to measure again (sparse='threshold' forces them)"
+    )
+
+
+def _slower_than_dense(info: dict, row_groups: bool = False) -> Optional[str]:
     """Why "auto" should not use a sidecar's thresholds: calibration measured them decoding
-    slower than dense (speedup < 1); None when faster or not measured."""
+    slower than dense (speedup < 1), or measured against a dense decode that is now faster
+    (:func:`_stale`); None when faster or not measured."""
+    stale = _stale(info, row_groups, "thresholds")
+    if stale is not None:
+        return stale
     speedup = info.get("decode_speedup")
     if speedup is None or speedup >= 1.0:
         return None
@@ -232,12 +249,16 @@ def _slower_than_dense(info: dict) -> Optional[str]:
     )
 
 
-def _predictors_slower(path) -> Optional[str]:
+def _predictors_slower(path, row_groups: bool = False) -> Optional[str]:
     """Why "auto" should not use a sidecar's predictors: train-predictor measured them
-    decoding slower than dense, or than the sidecar's thresholds; None otherwise."""
+    decoding slower than dense, or than the sidecar's thresholds, or against a dense decode
+    that is now faster (:func:`_stale`); None otherwise."""
     from .sidecar import read_sidecar
 
     prof = read_sidecar(path)
+    stale = _stale(prof.predictors.info, row_groups, "predictors")
+    if stale is not None:
+        return stale
     p = prof.predictors.info.get("decode_speedup")
     t = prof.info.get("decode_speedup") if np.any(prof.thresholds > 0) else None
     if p is None or p >= max(1.0, t or 0.0):

@@ -90,6 +90,8 @@ _INFO_KEYS: dict[str, tuple[str, str]] = {
     "decode_sparse_tok_s": (_C + "decode_sparse_tok_s", "f64"),
     "speed_threads": (_C + "speed_threads", "u32"),
     "speed_host": (_C + "speed_host", "str"),
+    # what the dense side of that measurement ran on: "rows" (the file's) or "row groups" (repack)
+    "speed_dense_layout": (_C + "speed_dense_layout", "str"),
 }
 
 

@@ -1,9 +1,11 @@
 """Row groups at load (NativeModel.repack, pi_model_repack; Llama(repack=True), the default):
 on SmolLM2 requantized to Q4_0 by llama.cpp, the bytes copied are exactly the Q4_0 product
-matrices and the tied output (token_embd, Q8_0); the file's pages of each copied tensor leave the process (one copy held); the
-sparse FFN keeps gathering the file's rows; the logits stay within llama.cpp's own drift
-between its repacked and plain Q4_0 kernels, closer to its repacked ones (the same float
-order per block); batch invariance on this model is in test_seqs.py."""
+matrices and the tied output (token_embd, Q8_0); the file's pages of each copied tensor
+leave the process (one copy held); the sparse FFN keeps gathering the file's rows; the
+logits stay within llama.cpp's own drift between its repacked and plain Q4_0 kernels,
+closer to its repacked ones (the same float order per block); a sidecar's speedup measured
+against the file's rows no longer decides "auto"; batch invariance on this model is in
+test_seqs.py."""
 
 from __future__ import annotations
 

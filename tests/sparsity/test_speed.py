@@ -153,3 +153,46 @@ def test_auto_without_a_sidecar_says_why_it_runs_dense(tmp_path):
     with Llama(tiny(tmp_path), n_ctx=64, n_threads=1, verbose=False) as llm:
         st = llm.stats()
     assert st["mode"] == "dense" and st["reason"].startswith("no calibration sidecar for this model")
+
+
+def test_auto_distrusts_a_speedup_measured_against_the_files_rows(tmp_path):
+    """Dense runs in row groups where the model has such matrices (Llama's repack): a
+    sidecar records what its dense side ran on; one measured against the file's rows (an
+    older sidecar) no longer makes "auto" sparse, and says why; without a repack it does."""
+    from gguf import GGMLQuantizationType as T
+
+    from tests.fixtures.tiny_gguf import write_tiny_llama
+
+    path = write_tiny_llama(
+        tmp_path / "q8.gguf",
+        n_vocab=64,
+        n_embd=64,
+        n_ff=128,
+        n_layer=2,
+        types={"matrix": T.Q8_0},
+        seed=3,
+        n_ctx_train=512,
+    )
+    prof = _calibrate_tiny(
+        tmp_path,
+        path,
+        target_sparsity=0.4,
+        max_ppl_increase=None,
+        speed_check=True,
+        speed_steps=8,
+        speed_repeats=1,
+        threshold_on="product",
+    )
+    assert read_sidecar(prof.path).info["speed_dense_layout"] == "row groups"
+    _with_speedup(prof.path, 1.25)
+    with Llama(path, n_ctx=64, n_threads=2, verbose=False) as llm:
+        assert llm._backend.repacked > 0
+        assert llm.stats()["mode"] == "threshold"
+    older = read_sidecar(prof.path)
+    del older.info["speed_dense_layout"]
+    write_sidecar(prof.path, older)
+    with Llama(path, n_ctx=64, n_threads=2, verbose=False) as llm:
+        st = llm.stats()
+    assert st["mode"] == "dense" and "file's rows" in st["reason"] and "recalibrate" in st["reason"]
+    with Llama(path, n_ctx=64, n_threads=2, verbose=False, repack=False) as llm:
+        assert llm.stats()["mode"] == "threshold" and llm._backend.repacked == 0
