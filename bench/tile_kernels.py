@@ -1,8 +1,10 @@
 """Throughput of the batched matrix products per weight type (pi_op_matmul on a 1-thread
 pool, thread CPU seconds, best of --repeats), in G int8 multiply-adds per second, at
 several token counts: 1 token runs the row dot of decode, more run the tiled kernels
-(isa/x86_tiles.h). Weights are random quantized rows (SmolLM2- and Qwen-sized shapes);
-the result does not depend on their values. Prints the load average.
+(isa/x86_tiles.h); for the types with a row-group layout (pi_repack, what Llama runs by
+default) a second line, "+groups", runs the same weights repacked (isa/x86_groups.h).
+Weights are random quantized rows (SmolLM2- and Qwen-sized shapes); the result does not
+depend on their values. Prints the load average.
 
     python bench/tile_kernels.py [--types Q4_1 Q8_0 Q4_K Q6_K] [--tokens 1 4 8 64] [--rows 1536 --cols 1536]
 """
@@ -57,30 +59,28 @@ def main() -> None:
     print(f"{a.rows} x {a.cols} weights, G MAC/s per thread at {a.tokens} tokens")
     try:
         for tname in a.types:
+            t = int(GT[tname])
             w = random_rows(tname, a.rows, a.cols, rng)
-            rates = []
-            for n_tok in a.tokens:
-                x = rng.standard_normal((n_tok, a.cols)).astype(np.float32)
-                y = np.zeros((n_tok, a.rows), np.float32)
-                best = float("inf")
-                for _ in range(a.repeats):
-                    t0 = time.thread_time()
-                    _native.check(
-                        lib.pi_op_matmul(
-                            pp[0],
-                            int(GT[tname]),
-                            ffi.from_buffer(w),
-                            a.rows,
-                            a.cols,
-                            ffi.cast("float *", ffi.from_buffer(x)),
-                            n_tok,
-                            ffi.cast("float *", ffi.from_buffer(y)),
-                        ),
-                        "pi_op_matmul",
-                    )
-                    best = min(best, time.thread_time() - t0)
-                rates.append(a.rows * a.cols * n_tok / best / 1e9)
-            print(f"{tname:<5} " + " ".join(f"{r:7.1f}" for r in rates))
+            kernels = [(tname, lib.pi_op_matmul, w)]
+            size = lib.pi_repack_size(t, a.rows, a.cols)
+            if size > 0:
+                g = np.empty(size, np.uint8)
+                _native.check(lib.pi_repack(t, ffi.from_buffer(w), a.rows, a.cols, ffi.from_buffer(g)), "pi_repack")
+                kernels.append((f"{tname}+groups", lib.pi_op_matmul_grouped, g))
+            for label, fn, data in kernels:
+                rates = []
+                for n_tok in a.tokens:
+                    x = rng.standard_normal((n_tok, a.cols)).astype(np.float32)
+                    y = np.zeros((n_tok, a.rows), np.float32)
+                    xp, yp = ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("float *", ffi.from_buffer(y))
+                    best = float("inf")
+                    for _ in range(a.repeats):
+                        t0 = time.thread_time()
+                        rc = fn(pp[0], t, ffi.from_buffer(data), a.rows, a.cols, xp, n_tok, yp)
+                        _native.check(rc, label)
+                        best = min(best, time.thread_time() - t0)
+                    rates.append(a.rows * a.cols * n_tok / best / 1e9)
+                print(f"{label:<12} " + " ".join(f"{r:7.1f}" for r in rates))
     finally:
         lib.pi_pool_free(pp[0])
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
