@@ -33,26 +33,11 @@ def _repack(t: int, w: np.ndarray, n_rows: int, n_cols: int) -> np.ndarray:
     return g
 
 
-def _grouped(pool, t: int, g: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
+def _product(fn, pool, t: int, w: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
+    """y (n_tok, n_rows) of ``fn`` (pi_op_matmul over rows, pi_op_matmul_grouped over groups)"""
     x = np.ascontiguousarray(x, np.float32)
     y = np.empty((x.shape[0], n_rows), np.float32)
-    rc = lib.pi_op_matmul_grouped(
-        pool,
-        t,
-        ffi.from_buffer(g),
-        n_rows,
-        n_cols,
-        ffi.from_buffer("float[]", x),
-        x.shape[0],
-        ffi.from_buffer("float[]", y),
-    )
-    _native.check(rc, "pi_op_matmul_grouped")
-    return y
-
-
-def _row_order(pool, t: int, w, n_rows, n_cols, x) -> np.ndarray:
-    y = np.empty((x.shape[0], n_rows), np.float32)
-    rc = lib.pi_op_matmul(
+    rc = fn(
         pool,
         t,
         ffi.from_buffer(w),
@@ -62,8 +47,16 @@ def _row_order(pool, t: int, w, n_rows, n_cols, x) -> np.ndarray:
         x.shape[0],
         ffi.from_buffer("float[]", y),
     )
-    _native.check(rc, "pi_op_matmul")
+    _native.check(rc, "product")
     return y
+
+
+def _grouped(pool, t, g, n_rows, n_cols, x):
+    return _product(lib.pi_op_matmul_grouped, pool, t, g, n_rows, n_cols, x)
+
+
+def _row_order(pool, t, w, n_rows, n_cols, x):
+    return _product(lib.pi_op_matmul, pool, t, w, n_rows, n_cols, x)
 
 
 def _case(tname, n_rows, n_cols, n_tok, real):
