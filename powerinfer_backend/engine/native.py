@@ -120,7 +120,8 @@ class NativeModel:
             bytes repacked (0 where the file has no Q4_0 matrix).
 
         Raises:
-            MemoryError: the copy does not fit.
+            MemoryError: the copy does not fit. RuntimeError: a context of this model is
+            evaluating (the matrices change under it; call before evaluating).
         """
         hp = self.gguf.hparams
         every = sum(1 << getattr(lib, f"PI_L_{s}") for s in self._PRODUCT_SLOTS)
@@ -130,7 +131,12 @@ class NativeModel:
         lo = ffi.cast("const void *", mm.ctypes.data) if mm is not None else ffi.NULL
         hi = ffi.cast("const void *", mm.ctypes.data + mm.nbytes) if mm is not None else ffi.NULL
         done = ffi.new("int64_t *")
-        check(lib.pi_model_repack(self._ptr, slots, 1, lo, hi, done), f"{self.gguf.path}: repacking")
+        with contextlib.ExitStack() as held:  # no context of this model evaluates meanwhile
+            for c in [c for c in self._contexts if c.is_open]:
+                if not c._busy.acquire(blocking=False):
+                    raise RuntimeError(f"{self.gguf.path}: cannot repack while a context of the model is evaluating")
+                held.callback(c._busy.release)
+            check(lib.pi_model_repack(self._ptr, slots, 1, lo, hi, done), f"{self.gguf.path}: repacking")
         self.repacked_bytes += int(done[0])
         return int(done[0])
 

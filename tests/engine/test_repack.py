@@ -139,3 +139,18 @@ def test_repack_keyword_is_checked(smol_q4_0_path):
     llm = Llama(smol_q4_0_path, n_ctx=64, n_threads=1, verbose=False, repack=False)
     assert llm._backend.repacked == 0
     llm.close()
+
+
+def test_repack_waits_for_no_context(smol_q4_0_path):
+    """The matrices change under a context that evaluates: refused while one does."""
+    m = NativeModel(load_gguf(smol_q4_0_path, verbose=False))
+    ctx = NativeContext(m, n_ctx=32, n_batch=32, n_threads=1)
+    try:
+        with ctx._exclusive():  # what an eval in another thread holds
+            with pytest.raises(RuntimeError, match="while a context of the model is evaluating"):
+                m.repack()
+        assert m.repack() > 0 and m.repacked_bytes > 0
+        assert ctx.eval([1, 2, 3]).shape == (1, ctx.n_vocab)
+    finally:
+        ctx.close()
+        m.close()
