@@ -9,6 +9,7 @@ import warnings
 from typing import Any, Mapping
 
 import llama_cpp
+import numpy as np
 
 from .hybrid.offload import check_device_options
 from .hybrid.placement import parse_vram_budget
@@ -57,7 +58,7 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
             anything loads.
     """
     parse_vram_budget(vram_budget)
-    if not isinstance(kwargs.get("repack", True), bool):
+    if not isinstance(kwargs.get("repack", True), (bool, np.bool_)):
         raise ValueError(f"repack must be True or False, got {kwargs['repack']!r}")
     check_device_options(
         kwargs.get("placement", "auto"), kwargs.get("device_threads", 1), kwargs.get("device_bandwidth")

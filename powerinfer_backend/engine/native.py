@@ -106,8 +106,8 @@ class NativeModel:
 
     def repack(self, row_layers: frozenset[int] | set[int] = frozenset()) -> int:
         """Give the dense products their own copy of the weights in row groups (16 rows
-        interleaved, as llama.cpp's repacked CPU buffers; ``pi_model_repack``): Q4_0
-        matrices of the attention, the FFN and the output head. Their float order is then
+        interleaved, as llama.cpp's repacked CPU buffers; ``pi_model_repack``): the Q4_0,
+        Q5_0, Q8_0 and Q4_K matrices of the attention, the FFN and the output head. Their float order is then
         one rounding per block of 32 and row, on every instruction set, in decode and in
         batches alike. The file's pages of each copied tensor are released, so the
         process holds one copy of it (RSS).
@@ -117,7 +117,8 @@ class NativeModel:
                 left in the file's layout (they are read there anyway).
 
         Returns:
-            bytes repacked (0 where the file has no Q4_0 matrix).
+            bytes repacked (0 where no matrix has such a layout: Q4_0, Q5_0, Q8_0, Q4_K with
+            a multiple of 16 rows).
 
         Raises:
             MemoryError: the copy does not fit. RuntimeError: a context of this model is
@@ -140,12 +141,12 @@ class NativeModel:
         self.repacked_bytes += int(done[0])
         return int(done[0])
 
-    def repackable(self) -> bool:
-        """Whether :meth:`repack` would copy anything: a matrix of the dense products (or the
-        output) in a type with a row-group layout and a multiple of 16 rows."""
-        views = [v for i in range(self.gguf.hparams.n_layer) for v in self.gguf.layer_tensors(i)]
-        out = self.gguf.global_tensors()
-        views.append(out["output"] if out["output"] is not None else out["tok_embd"])
+    def ffn_repackable(self) -> bool:
+        """Whether :meth:`repack` would copy an FFN matrix (``ffn_gate`` / ``ffn_up`` /
+        ``ffn_down`` in a type with a row-group layout and a multiple of 16 rows): then the
+        dense FFN, the baseline a sparse FFN's speedup is measured against, runs faster."""
+        ffn = [lib.PI_L_FFN_GATE, lib.PI_L_FFN_UP, lib.PI_L_FFN_DOWN]
+        views = [self.gguf.layer_tensors(i)[s] for i in range(self.gguf.hparams.n_layer) for s in ffn]
         return any(
             v is not None and len(v.ne) == 2 and lib.pi_repack_size(v.type, int(v.ne[1]), int(v.ne[0])) > 0
             for v in views

@@ -68,9 +68,9 @@ class HybridBackend:
         self.n_ctx_seq = self.ctx.n_ctx_seq  # sequence 0's window: eval / truncate / n_past
         try:
             # row groups (below) unless a device takes the model; known after the placement,
-            # so "auto" assumes them wherever they would copy anything
+            # so "auto" assumes them wherever they would make the dense FFN faster
             self.sparse = sparsity.configure(
-                self.ctx, self.gguf, model_path, sparse, row_groups=repack and self.model.repackable()
+                self.ctx, self.gguf, model_path, sparse, row_groups=repack and self.model.ffn_repackable()
             )
             # the hot neurons ranked by the sidecar the sparse FFN runs (a PowerInfer file's
             # own predictors name the model itself: then the files beside it, as by default)

@@ -55,7 +55,16 @@ def gpu_layers_arg(value: str) -> Optional[int]:
 
 def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
     """Add ``--vram-budget``, ``--device``, ``--device-threads``, ``--placement``,
-    ``--device-bandwidth`` and ``-ngl`` / ``--n-gpu-layers`` / ``--gpu-layers`` to the parser ``p``."""
+    ``--device-bandwidth``, ``-ngl`` / ``--n-gpu-layers`` / ``--gpu-layers`` and where the
+    weights live on the CPU, ``--no-repack`` / ``-nr`` (llama-server's flag), to the parser ``p``."""
+    p.add_argument(
+        "--no-repack",
+        "-nr",
+        dest="repack",
+        action="store_false",
+        help="keep the file's rows (default: Q4_0 / Q5_0 / Q8_0 / Q4_K matrices copied into row groups at load, "
+        "faster on the CPU, one private copy per process; processes serving one file share its pages only with this)",
+    )
     p.add_argument(
         "--vram-budget",
         type=budget_arg,
@@ -115,6 +124,7 @@ def device_kwargs(args, vram_budget=None) -> dict:
             ("placement", args.placement),
             ("device_bandwidth", getattr(args, "device_bandwidth", None)),
             ("n_gpu_layers", args.n_gpu_layers),
+            ("repack", None if getattr(args, "repack", True) else False),
         )
         if v is not None
     }

@@ -182,6 +182,13 @@ def test_cli_flags_take_sizes_and_llama_cpp_layer_counts():
         )
         assert (a.vram_budget, a.n_gpu_layers, a.device, a.placement) == ("512MiB", -1, "ggml-cpu", "layers")
         assert build_parser().parse_args([cmd, "--n-gpu-layers", "auto"]).n_gpu_layers is None
+    from powerinfer_backend.server.placement_args import device_kwargs
+
+    for cmd in ("generate", "serve", "chat", "perplexity --text x"):
+        argv = cmd.split()
+        assert "repack" not in device_kwargs(build_parser().parse_args(argv))  # Llama's default: row groups
+        for flag in ("--no-repack", "-nr"):  # llama-server's flag: the file's rows
+            assert device_kwargs(build_parser().parse_args([*argv, flag]))["repack"] is False
     for argv in (["serve", "--vram-budget", "lots"], ["serve", "-ngl", "-2"], ["generate", "--device-threads", "0"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
