@@ -152,7 +152,8 @@ int pi_model_create(const pi_model_params *params, pi_model **out);
 void pi_model_free(pi_model *model);
 
 /* Row groups: the model's own copy, in a layout of PI_GROUP_ROWS (16) interleaved rows,
- * of the matrices its dense products read (Q4_0 with a multiple of 16 rows; llama.cpp's
+ * of the matrices its dense products read (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K with a multiple of
+ * 16 rows; llama.cpp's
  * repacked CPU buffers do the same), each product then reading one sequential stream
  * and finishing a block of 16 rows per vector. The float order changes with it (one
  * rounding per block and row: acc = fmaf(isum, d_w * d_x, acc)), the same on every ISA
@@ -362,7 +363,7 @@ const char *pi_bench_isa(void);
 int pi_op_matmul(pi_pool *pool, int32_t type, const void *w, int64_t n_rows, int64_t n_cols,
                  const float *x, int64_t n_tok, float *y);
 /* Row groups (see pi_model_repack). pi_repack_size: bytes of matrix (type, n_rows, n_cols)
- * in row groups, -1 where there is no such layout (Q4_0 with n_rows a multiple of 16 only).
+ * in row groups, -1 where there is no such layout (those types, n_rows a multiple of 16).
  * pi_repack: writes that layout of w to out. pi_op_matmul_grouped: as pi_op_matmul over a
  * matrix in row groups (its float order: pi_model_repack). */
 int64_t pi_repack_size(int32_t type, int64_t n_rows, int64_t n_cols);

@@ -216,6 +216,15 @@ typedef struct {
     uint32_t scales[3][PI_GROUP_ROWS];
     uint8_t qs[32][PI_GROUP_ROWS][4];
 } pi_block_q4_Kx16; /* 2304 bytes: 16 x 144 */
+/* Q5_K: as Q4_K, with the rows' qh chunks (bit j of byte l of a row's qh: the fifth bit of
+ * element l of sub-block j) before the quant chunks; chunk c of qh serves elements 4c..4c+3
+ * of every sub-block. */
+typedef struct {
+    uint16_t d[PI_GROUP_ROWS], dmin[PI_GROUP_ROWS];
+    uint32_t scales[3][PI_GROUP_ROWS];
+    uint8_t qh[8][PI_GROUP_ROWS][4];
+    uint8_t qs[32][PI_GROUP_ROWS][4];
+} pi_block_q5_Kx16; /* 2816 bytes: 16 x 176 */
 
 /* The product over row groups: y[t * ldy + r] for r < n_rows (a multiple of PI_GROUP_ROWS),
  * t < n_tok (one or more), w the first group; a as for the tiles, with `off` (and `d`)

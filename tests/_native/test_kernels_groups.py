@@ -1,5 +1,5 @@
 """Row groups (pi_repack / pi_op_matmul_grouped; pi_internal.h "Row groups", isa/x86_groups.h
-and scalar.c): Q4_0, Q5_0, Q8_0 and Q4_K matrices laid out as 16 interleaved rows. Every ISA path this CPU has
+and scalar.c): Q4_0, Q5_0, Q8_0, Q4_K and Q5_K matrices laid out as 16 interleaved rows. Every ISA path this CPU has
 gives the scalar path's bits; a token's outputs are the same bits alone and in any batch
 (1 to 17 tokens: every AVX token tile, full and partial) and for any thread count (part
 boundaries round down to whole groups); the values agree with the file's row order to
@@ -23,6 +23,7 @@ SHAPES = {
     "Q5_0": [(16, 32, 1), (48, 640, 17), (32, 96, 9), (16, 64, 6)],
     "Q8_0": [(16, 32, 1), (48, 576, 17), (32, 96, 9), (16, 64, 6)],
     "Q4_K": [(16, 256, 1), (48, 768, 17), (32, 512, 9), (64, 256, 4), (16, 1280, 3), (32, 256, 6)],
+    "Q5_K": [(16, 256, 1), (48, 768, 17), (32, 512, 9), (16, 1280, 3), (32, 256, 6)],
 }
 CASES = [(t, shape) for t, shapes in SHAPES.items() for shape in shapes]
 
@@ -124,6 +125,20 @@ def test_repack_q4_K_moves_every_byte_once():
             scales = b[64:256].reshape(3, 16, 4)[:, k, :].reshape(12)
             assert scales.tobytes() == src[4:16].tobytes()
             assert b[256:].reshape(32, 16, 4)[:, k, :].tobytes() == src[16:].tobytes()
+
+
+def test_repack_q5_K_moves_every_byte_once():
+    n_rows, n_cols = 16, 256
+    w, _ = _case("Q5_K", n_rows, n_cols, 1, False)
+    g = _repack(int(GT.Q5_K), w, n_rows, n_cols)
+    assert g.nbytes == w.nbytes == 16 * 176
+    for r in (0, 9, 15):
+        src = w[r]
+        assert g[2 * r : 2 * r + 2].tobytes() == src[0:2].tobytes()  # d
+        assert g[32 + 2 * r : 34 + 2 * r].tobytes() == src[2:4].tobytes()  # dmin
+        assert g[64:256].reshape(3, 16, 4)[:, r, :].tobytes() == src[4:16].tobytes()  # scales
+        assert g[256:768].reshape(8, 16, 4)[:, r, :].tobytes() == src[16:48].tobytes()  # qh
+        assert g[768:].reshape(32, 16, 4)[:, r, :].tobytes() == src[48:].tobytes()  # qs
 
 
 @pytest.mark.parametrize("real", [False, True])

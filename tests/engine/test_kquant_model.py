@@ -1,5 +1,5 @@
-"""A whole model in Q5_0 / Q4_K_M / Q5_K_M, run natively (no conversion at load) and
-compared with llama.cpp on the same file.
+"""A whole model in Q5_0 / Q4_K_M / Q5_K_M, run natively (no conversion at load), in the
+file's rows and in row groups, and compared with llama.cpp on the same file.
 
 The file: a synthetic llama-shaped F16 GGUF (dimensions multiples of 256, as the
 K-quants need) quantized by llama.cpp's own quantizer
@@ -82,3 +82,16 @@ def test_quantized_model_matches_llama_cpp(f16_model, ftype):
     batch = np.array(ref_llm.scores[: len(tokens)], dtype=np.float32)
     drift = np.abs(ref - batch).max()
     assert drift <= 0.03 * scale and np.abs(ours - batch).max() <= 0.03 * scale + drift
+    # in row groups (Llama's default: Q5_0 / Q4_K / Q5_K here; Q6_K keeps its rows): the batch
+    # again has the bits of decode, and the logits stay within the same reach of llama.cpp's
+    model = NativeModel(m)
+    assert model.repack() > 0
+    grouped = NativeContext(model, n_ctx=64, n_batch=64, n_threads=2)
+    g_batch = grouped.eval(tokens, logits_all=True).copy()
+    grouped.truncate(0)
+    g_steps = np.stack([grouped.eval([t])[0].copy() for t in tokens])
+    assert np.array_equal(g_steps, g_batch), np.abs(g_steps - g_batch).max(axis=1)
+    assert np.abs(g_batch - ref).max() <= 0.03 * scale + drift
+    assert (g_batch.argmax(axis=1) == ref.argmax(axis=1)).mean() >= 0.9
+    grouped.close()
+    model.close()

@@ -409,18 +409,23 @@ DEFINE_GROUPS32(q4_0, PI_TYPE_Q4_0)
 DEFINE_GROUPS32(q5_0, PI_TYPE_Q5_0)
 DEFINE_GROUPS32(q8_0, PI_TYPE_Q8_0)
 
-/* Q4_K in row groups (pi_block_q4_Kx16): sub-block sums scaled in integers, the min term
- * from the activation's sub-block sums, two fmaf per super-block */
-static void matmul_groups_q4_K(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
-                               const pi_tile_act *a) {
+/* Q4_K / Q5_K (Q5 = 1) in row groups (pi_block_q4_Kx16 / pi_block_q5_Kx16): sub-block
+ * sums scaled in integers, the min term from the activation's sub-block sums, two fmaf per
+ * super-block */
+static void groups_k4(const int Q5, int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,
+                      const void *vw, const pi_tile_act *a) {
     const int64_t nb = n / PI_QK_K;
+    const int64_t bsize = Q5 ? (int64_t)sizeof(pi_block_q5_Kx16) : (int64_t)sizeof(pi_block_q4_Kx16);
     for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
         for (int64_t t = 0; t < n_tok; t++) {
             const pi_block_q8_K *x = (const pi_block_q8_K *)(a->x + t * a->xrow);
             for (int r = 0; r < PI_GROUP_ROWS; r++) {
                 float acc = 0.0f;
                 for (int64_t i = 0; i < nb; i++) {
-                    const pi_block_q4_Kx16 *b = (const pi_block_q4_Kx16 *)vw + g * nb + i;
+                    /* both layouts begin with d, dmin, scales (pi_block_q4_Kx16's fields) */
+                    const pi_block_q4_Kx16 *b = (const void *)((const char *)vw + (g * nb + i) * bsize);
+                    const pi_block_q5_Kx16 *b5 = (const void *)b;
+                    const uint8_t(*qs)[PI_GROUP_ROWS][4] = Q5 ? b5->qs : b->qs;
                     const int16_t *bsum = (const int16_t *)a->aux + (i * a->ld + t) * 8;
                     uint8_t raw[12];
                     for (int k = 0; k < 3; k++) memcpy(raw + 4 * k, &b->scales[k][r], 4);
@@ -430,8 +435,10 @@ static void matmul_groups_q4_K(int64_t n, int64_t n_rows, int64_t n_tok, float *
                         pi_k4_scale_min(raw, j, &sc, &m);
                         int32_t s = 0;
                         for (int e = 0; e < 32; e++) {
-                            const int q = b->qs[8 * (j / 2) + e / 4][r][e % 4];
-                            s += (j % 2 ? q >> 4 : q & 0x0F) * x[i].qs[32 * j + e];
+                            const int byte = qs[8 * (j / 2) + e / 4][r][e % 4];
+                            int q = j % 2 ? byte >> 4 : byte & 0x0F;
+                            if (Q5) q |= ((b5->qh[e / 4][r][e % 4] >> j) & 1) << 4;
+                            s += q * x[i].qs[32 * j + e];
                         }
                         isum += sc * s;
                         imin += m * bsum[j];
@@ -443,6 +450,16 @@ static void matmul_groups_q4_K(int64_t n, int64_t n_rows, int64_t n_tok, float *
                 y[t * ldy + g * PI_GROUP_ROWS + r] = acc;
             }
         }
+}
+
+static void matmul_groups_q4_K(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
+                               const pi_tile_act *a) {
+    groups_k4(0, n, n_rows, n_tok, y, ldy, vw, a);
+}
+
+static void matmul_groups_q5_K(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
+                               const pi_tile_act *a) {
+    groups_k4(1, n, n_rows, n_tok, y, ldy, vw, a);
 }
 
 /* ---- activation conversion ----------------------------------------------------- */

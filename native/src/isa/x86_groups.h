@@ -179,19 +179,23 @@ GRP_B32(4)
 GRP_B32(5)
 GRP_B32(8)
 
-/* Q4_K groups, as q4_0x16_part. Sub-block by sub-block (the quant chunks reloaded from
- * L1 for the high nibbles: the tokens' sums then fit the registers). The scales and
- * mins of each lane's row come out of its three scale words with 32-bit shifts and
- * masks, four 6-bit values to a word (pi_k4_scale_min's bits). */
-PI_TILE_INLINE void q4_Kx16_part(const int T, int h, int64_t nb, float *y, int64_t ldy, const void *vw,
-                                 const pi_tile_act *a, int64_t t0) {
-    const pi_block_q4_Kx16 *w = vw;
+/* Q4_K / Q5_K (Q5 = 1) groups, as b32x16_part. Sub-block by sub-block (the quant chunks
+ * reloaded from L1 for the high nibbles: the tokens' sums then fit the registers). The
+ * scales and mins of each lane's row come out of its three scale words with 32-bit shifts
+ * and masks, four 6-bit values to a word (pi_k4_scale_min's bits); Q5_K's fifth bits from
+ * bit j of its qh chunk's bytes. */
+PI_TILE_INLINE void k4x16_part(const int Q5, const int T, int h, int64_t nb, float *y, int64_t ldy, const void *vw,
+                               const pi_tile_act *a, int64_t t0) {
+    const int64_t bsize = Q5 ? (int64_t)sizeof(pi_block_q5_Kx16) : (int64_t)sizeof(pi_block_q4_Kx16);
     const grp_vi m4 = grp_set1_i(0x0F0F0F0F), m6 = grp_set1_i(0x3F3F3F3F), m30 = grp_set1_i(0x30303030);
-    const grp_vi mff = grp_set1_i(0xFF), m16 = grp_set1_i(0x00FF0000);
+    const grp_vi mff = grp_set1_i(0xFF), m16 = grp_set1_i(0x00FF0000), b4 = grp_set1_i(0x10101010);
     grp_vf acc[GRP_T];
     PI_UNROLL for (int t = 0; t < T; t++) acc[t] = grp_zero_f();
     for (int64_t i = 0; i < nb; i++) {
-        const pi_block_q4_Kx16 *b = w + i;
+        /* both layouts begin with d, dmin, scales (pi_block_q4_Kx16's fields) */
+        const pi_block_q4_Kx16 *b = (const void *)((const char *)vw + i * bsize);
+        const pi_block_q5_Kx16 *b5 = (const void *)b;
+        const uint8_t(*qs)[PI_GROUP_ROWS][4] = Q5 ? b5->qs : b->qs;
         const grp_vi w0 = grp_load_i(b->scales[0] + h * GRP_LANES), w1 = grp_load_i(b->scales[1] + h * GRP_LANES),
                      w2 = grp_load_i(b->scales[2] + h * GRP_LANES);
         /* bytes k of sc[0] / sc[1]: scales k / 4 + k; of mn: mins 0..3 */
@@ -214,18 +218,29 @@ PI_TILE_INLINE void q4_Kx16_part(const int T, int h, int64_t nb, float *y, int64
         }
         PI_UNROLL for (int j = 0; j < 8; j++) {
             const grp_vi scj = grp_and(grp_srli32(sc[j / 4], 8 * (j % 4)), mff);
+#ifndef grp_dpbusd
+            const grp_vi scj16 = grp_or(scj, grp_slli32(scj, 16));
+#endif
             grp_vi s[GRP_T];
             PI_UNROLL for (int t = 0; t < T; t++) s[t] = grp_zero_i();
             PI_UNROLL for (int c = 0; c < 8; c++) {
-                const grp_vi wv = grp_load_i(b->qs[8 * (j / 2) + c][h * GRP_LANES]);
-                const grp_vi q = j % 2 ? grp_and(grp_srli16(wv, 4), m4) : grp_and(wv, m4);
+                const grp_vi wv = grp_load_i(qs[8 * (j / 2) + c][h * GRP_LANES]);
+                grp_vi q = j % 2 ? grp_and(grp_srli16(wv, 4), m4) : grp_and(wv, m4);
+                if (Q5) { /* bit j of each byte to bit 4 (bits from the neighbouring bytes masked off) */
+                    const grp_vi qh = grp_load_i(b5->qh[c][h * GRP_LANES]);
+                    q = grp_or(q, grp_and(j < 4 ? grp_slli32(qh, 4 - j) : grp_srli32(qh, j - 4), b4));
+                }
                 PI_UNROLL for (int t = 0; t < T; t++) {
                     int32_t yv;
                     memcpy(&yv, ((const pi_block_q8_K *)(a->x + (t0 + t) * a->xrow) + i)->qs + 32 * j + 4 * c, 4);
 #ifdef grp_dpbusd
                     s[t] = grp_dpbusd(s[t], q, grp_set1_i(yv));
-#else /* int16 pairs: 8 chunks of maddubs <= 8 * 2 * 15 * 128 */
+#else /* int16 pairs: at most 8 chunks of 2 x 15 x 128 (Q4_K), 4 of 2 x 31 x 128 (Q5_K) */
                     s[t] = grp_add16(s[t], grp_maddubs(q, grp_set1_i(yv)));
+                    if (Q5 && c == 3) {
+                        isum[t] = grp_add32(isum[t], grp_madd16(s[t], scj16));
+                        s[t] = grp_zero_i();
+                    }
 #endif
                 }
             }
@@ -233,7 +248,7 @@ PI_TILE_INLINE void q4_Kx16_part(const int T, int h, int64_t nb, float *y, int64
 #ifdef grp_dpbusd
                 isum[t] = grp_add32(isum[t], grp_mullo32(s[t], scj));
 #else
-                isum[t] = grp_add32(isum[t], grp_madd16(s[t], grp_or(scj, grp_slli32(scj, 16))));
+                isum[t] = grp_add32(isum[t], grp_madd16(s[t], scj16));
 #endif
         }
         PI_UNROLL for (int t = 0; t < T; t++)
@@ -241,6 +256,13 @@ PI_TILE_INLINE void q4_Kx16_part(const int T, int h, int64_t nb, float *y, int64
     }
     PI_UNROLL for (int t = 0; t < T; t++) grp_store(y + t * ldy, acc[t]);
 }
+#define GRP_K(NAME, Q5)                                                                                   \
+    PI_TILE_INLINE void NAME(const int T, int h, int64_t nb, float *y, int64_t ldy, const void *vw,       \
+                             const pi_tile_act *a, int64_t t0) {                                          \
+        k4x16_part(Q5, T, h, nb, y, ldy, vw, a, t0);                                                     \
+    }
+GRP_K(q4_Kx16_part, 0)
+GRP_K(q5_Kx16_part, 1)
 
 /* The driver of a group kernel PART over BLOCK groups: each group's token tiles in turn
  * (its weights stay in L1), each tile's halves (AVX2: 8 of the 16 rows) */
@@ -274,5 +296,6 @@ GRP_DEFINE(matmul_groups_q4_0, q4x16_part, pi_block_q4_0x16, PI_QK)
 GRP_DEFINE(matmul_groups_q5_0, q5x16_part, pi_block_q5_0x16, PI_QK)
 GRP_DEFINE(matmul_groups_q8_0, q8x16_part, pi_block_q8_0x16, PI_QK)
 GRP_DEFINE(matmul_groups_q4_K, q4_Kx16_part, pi_block_q4_Kx16, PI_QK_K)
+GRP_DEFINE(matmul_groups_q5_K, q5_Kx16_part, pi_block_q5_Kx16, PI_QK_K)
 
 #endif /* PI_ISA_X86_GROUPS_H */

@@ -9,7 +9,8 @@
 #include "pi_internal.h"
 
 int64_t pi_repack_size(int32_t type, int64_t n_rows, int64_t n_cols) {
-    const int layout = type == PI_TYPE_Q4_0 || type == PI_TYPE_Q5_0 || type == PI_TYPE_Q8_0 || type == PI_TYPE_Q4_K;
+    const int layout = type == PI_TYPE_Q4_0 || type == PI_TYPE_Q5_0 || type == PI_TYPE_Q8_0 || type == PI_TYPE_Q4_K ||
+                       type == PI_TYPE_Q5_K;
     if (!layout || n_rows < 1 || n_rows % PI_GROUP_ROWS != 0 || n_cols < 1) return -1;
     const int64_t row = pi_row_size(type, n_cols);
     return row < 0 ? -1 : row * n_rows;
@@ -59,12 +60,23 @@ static void group_q4_K(pi_block_q4_Kx16 *o, const pi_block_q4_K *src, int64_t nb
     }
 }
 
+static void group_q5_K(pi_block_q5_Kx16 *o, const pi_block_q5_K *src, int64_t nb) {
+    for (int r = 0; r < PI_GROUP_ROWS; r++) {
+        const pi_block_q5_K *b = &src[r * nb];
+        o->d[r] = b->d;
+        o->dmin[r] = b->dmin;
+        for (int k = 0; k < 3; k++) memcpy(&o->scales[k][r], b->scales + 4 * k, 4);
+        for (int c = 0; c < 8; c++) memcpy(o->qh[c][r], b->qh + 4 * c, 4);
+        for (int c = 0; c < 32; c++) memcpy(o->qs[c][r], b->qs + 4 * c, 4);
+    }
+}
+
 int pi_repack(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, void *out) {
     if (w == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_repack: NULL argument");
     if (pi_repack_size(type, n_rows, n_cols) < 0)
         return pi_set_error(PI_ERR_UNSUPPORTED,
-                            "pi_repack: no row-group layout for type %d with %lld rows of %lld (Q4_0, Q5_0, Q8_0 or Q4_K, "
-                            "rows a multiple of %d)",
+                            "pi_repack: no row-group layout for type %d with %lld rows of %lld (Q4_0, Q5_0, Q8_0, Q4_K or "
+                            "Q5_K, rows a multiple of %d)",
                             type, (long long)n_rows, (long long)n_cols, PI_GROUP_ROWS);
     const int64_t nb = n_cols / pi_type_get(type)->block_size;
     for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
@@ -79,6 +91,9 @@ int pi_repack(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, void 
                 break;
             case PI_TYPE_Q8_0:
                 group_q8_0((pi_block_q8_0x16 *)out + g * nb + i, (const pi_block_q8_0 *)w + first, nb);
+                break;
+            case PI_TYPE_Q5_K:
+                group_q5_K((pi_block_q5_Kx16 *)out + g * nb + i, (const pi_block_q5_K *)w + first, nb);
                 break;
             default:
                 group_q4_K((pi_block_q4_Kx16 *)out + g * nb + i, (const pi_block_q4_K *)w + first, nb);
