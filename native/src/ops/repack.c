@@ -50,24 +50,19 @@ static void group_q8_0(pi_block_q8_0x16 *o, const pi_block_q8_0 *src, int64_t nb
     }
 }
 
-static void group_q4_K(pi_block_q4_Kx16 *o, const pi_block_q4_K *src, int64_t nb) {
+/* Q4_K (q5 = 0) / Q5_K (q5 = 1): the source blocks share d, dmin, scales; Q5_K adds qh */
+static void group_k(void *out, const void *src, int64_t nb, int q5) {
+    pi_block_q4_Kx16 *o = out;
+    pi_block_q5_Kx16 *o5 = out;
+    uint8_t(*qs)[PI_GROUP_ROWS][4] = q5 ? o5->qs : o->qs;
     for (int r = 0; r < PI_GROUP_ROWS; r++) {
-        const pi_block_q4_K *b = &src[r * nb];
+        const pi_block_q5_K *b5 = q5 ? (const pi_block_q5_K *)src + r * nb : NULL;
+        const pi_block_q4_K *b = q5 ? (const void *)b5 : (const pi_block_q4_K *)src + r * nb; /* the shared fields */
         o->d[r] = b->d;
         o->dmin[r] = b->dmin;
         for (int k = 0; k < 3; k++) memcpy(&o->scales[k][r], b->scales + 4 * k, 4);
-        for (int c = 0; c < 32; c++) memcpy(o->qs[c][r], b->qs + 4 * c, 4);
-    }
-}
-
-static void group_q5_K(pi_block_q5_Kx16 *o, const pi_block_q5_K *src, int64_t nb) {
-    for (int r = 0; r < PI_GROUP_ROWS; r++) {
-        const pi_block_q5_K *b = &src[r * nb];
-        o->d[r] = b->d;
-        o->dmin[r] = b->dmin;
-        for (int k = 0; k < 3; k++) memcpy(&o->scales[k][r], b->scales + 4 * k, 4);
-        for (int c = 0; c < 8; c++) memcpy(o->qh[c][r], b->qh + 4 * c, 4);
-        for (int c = 0; c < 32; c++) memcpy(o->qs[c][r], b->qs + 4 * c, 4);
+        for (int c = 0; q5 && c < 8; c++) memcpy(o5->qh[c][r], b5->qh + 4 * c, 4);
+        for (int c = 0; c < 32; c++) memcpy(qs[c][r], (q5 ? b5->qs : b->qs) + 4 * c, 4);
     }
 }
 
@@ -93,10 +88,10 @@ int pi_repack(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, void 
                 group_q8_0((pi_block_q8_0x16 *)out + g * nb + i, (const pi_block_q8_0 *)w + first, nb);
                 break;
             case PI_TYPE_Q5_K:
-                group_q5_K((pi_block_q5_Kx16 *)out + g * nb + i, (const pi_block_q5_K *)w + first, nb);
+                group_k((pi_block_q5_Kx16 *)out + g * nb + i, (const pi_block_q5_K *)w + first, nb, 1);
                 break;
             default:
-                group_q4_K((pi_block_q4_Kx16 *)out + g * nb + i, (const pi_block_q4_K *)w + first, nb);
+                group_k((pi_block_q4_Kx16 *)out + g * nb + i, (const pi_block_q4_K *)w + first, nb, 0);
             }
         }
     return PI_OK;
