@@ -225,6 +225,12 @@ typedef struct {
     uint8_t qh[8][PI_GROUP_ROWS][4];
     uint8_t qs[32][PI_GROUP_ROWS][4];
 } pi_block_q5_Kx16; /* 2816 bytes: 16 x 176 */
+/* a group block is exactly the type's 16 blocks (row sizes, offsets and the repack rely on it) */
+_Static_assert(sizeof(pi_block_q4_0x16) == PI_GROUP_ROWS * sizeof(pi_block_q4_0), "Q4_0 group");
+_Static_assert(sizeof(pi_block_q5_0x16) == PI_GROUP_ROWS * sizeof(pi_block_q5_0), "Q5_0 group");
+_Static_assert(sizeof(pi_block_q8_0x16) == PI_GROUP_ROWS * sizeof(pi_block_q8_0), "Q8_0 group");
+_Static_assert(sizeof(pi_block_q4_Kx16) == PI_GROUP_ROWS * sizeof(pi_block_q4_K), "Q4_K group");
+_Static_assert(sizeof(pi_block_q5_Kx16) == PI_GROUP_ROWS * sizeof(pi_block_q5_K), "Q5_K group");
 
 /* The product over row groups: y[t * ldy + r] for r < n_rows (a multiple of PI_GROUP_ROWS),
  * t < n_tok (one or more), w the first group; a as for the tiles, with `off` (and `d`)

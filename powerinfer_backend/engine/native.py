@@ -107,9 +107,9 @@ class NativeModel:
     def repack(self, row_layers: frozenset[int] | set[int] = frozenset()) -> int:
         """Give the dense products their own copy of the weights in row groups (16 rows
         interleaved, as llama.cpp's repacked CPU buffers; ``pi_model_repack``): the Q4_0,
-        Q5_0, Q8_0, Q4_K and Q5_K matrices of the attention, the FFN and the output head. Their float order is then
-        one rounding per block of 32 and row, on every instruction set, in decode and in
-        batches alike. The file's pages of each copied tensor are released, so the
+        Q5_0, Q8_0, Q4_K and Q5_K matrices of the attention, the FFN and the output head.
+        Their float order is then one rounding per block and row, on every instruction
+        set, in decode and in batches alike. The file's pages of each copied tensor are released, so the
         process holds one copy of it (RSS).
 
         Args:

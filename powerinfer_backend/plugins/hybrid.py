@@ -91,7 +91,8 @@ class HybridBackend:
                 verbose=verbose,
             )
             self.notices += self.offload.notices
-            # the dense products' Q4_0 matrices in row groups (CPU only: a device reads the file's rows)
+            # the dense products in row groups where their types have them (CPU only: a device
+            # reads the file's rows)
             self.repacked = self.model.repack(self.ctx.gathered_layers) if repack and self.offload.device is None else 0
             if self.offload.plan is not None and self.sparse.mode == "dense":
                 # the split computes every FFN over the transposed down: say so in stats()

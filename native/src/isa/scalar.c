@@ -382,9 +382,7 @@ static int32_t group32_isum(int32_t type, const void *b, int r, const int8_t *y)
 static void groups32(int32_t type, int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
                      const pi_tile_act *a) {
     const int64_t nb = n / PI_QK;
-    const int64_t bsize = type == PI_TYPE_Q8_0   ? (int64_t)sizeof(pi_block_q8_0x16)
-                          : type == PI_TYPE_Q5_0 ? (int64_t)sizeof(pi_block_q5_0x16)
-                                                 : (int64_t)sizeof(pi_block_q4_0x16);
+    const int64_t bsize = PI_GROUP_ROWS * pi_type_get(type)->type_size; /* a group block: 16 of the type's */
     for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
         for (int64_t t = 0; t < n_tok; t++) {
             const pi_block_q8_0 *x = (const pi_block_q8_0 *)(a->x + t * a->xrow);
@@ -415,7 +413,7 @@ DEFINE_GROUPS32(q8_0, PI_TYPE_Q8_0)
 static void groups_k4(const int Q5, int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,
                       const void *vw, const pi_tile_act *a) {
     const int64_t nb = n / PI_QK_K;
-    const int64_t bsize = Q5 ? (int64_t)sizeof(pi_block_q5_Kx16) : (int64_t)sizeof(pi_block_q4_Kx16);
+    const int64_t bsize = PI_GROUP_ROWS * pi_type_get(Q5 ? PI_TYPE_Q5_K : PI_TYPE_Q4_K)->type_size;
     for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
         for (int64_t t = 0; t < n_tok; t++) {
             const pi_block_q8_K *x = (const pi_block_q8_K *)(a->x + t * a->xrow);

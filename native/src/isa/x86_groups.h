@@ -38,10 +38,8 @@ typedef __m512 grp_vf;
 #define grp_zero_i _mm512_setzero_si512
 #define grp_fnmadd _mm512_fnmadd_ps
 #ifdef __AVX512VNNI__
-#define grp_dpbusd _mm512_dpbusd_epi32
-#endif
-#ifdef __AVX512VNNI__
-#define grp_dot2(s, lo, ylo, hi, yhi) _mm512_dpbusd_epi32(_mm512_dpbusd_epi32((s), (lo), (ylo)), (hi), (yhi))
+#define grp_dpbusd _mm512_dpbusd_epi32 /* defined only with VNNI: the paths below test it */
+#define grp_dot2(s, lo, ylo, hi, yhi) grp_dpbusd(grp_dpbusd((s), (lo), (ylo)), (hi), (yhi))
 #else /* maddubs pairs <= 2 * 15 * 128, two of them fit int16 */
 #define grp_dot2(s, lo, ylo, hi, yhi)                                                              \
     _mm512_add_epi32((s), _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16((lo), (ylo)),    \
@@ -102,12 +100,13 @@ PI_TILE_INLINE grp_vi grp_bit4(grp_vi q, uint64_t m, int h) {
  * GRP_LANES) of the group's rows, tokens t0 .. t0 + T - 1, over nb blocks; y at the first
  * lane's row of token t0. Each isum starts at the token's offset term (-8 / -16 times the
  * block's activation sum; Q8_0 with vpdpbusd: -128 times it, the quants read as q + 128). */
-PI_TILE_INLINE void b32x16_part(const int K, const int T, int h, int64_t nb, float *y, int64_t ldy, const char *w,
+PI_TILE_INLINE void b32x16_part(const int K, const int T, int h, int64_t nb, float *y, int64_t ldy, const void *vw,
                                 const pi_tile_act *a, int64_t t0) {
+    const char *w = vw;
     const int64_t bsize = K == 8   ? (int64_t)sizeof(pi_block_q8_0x16)
                           : K == 5 ? (int64_t)sizeof(pi_block_q5_0x16)
                                    : (int64_t)sizeof(pi_block_q4_0x16);
-#if defined(__AVX512VNNI__)
+#ifdef grp_dpbusd
     const int shift = K == 8 ? 7 : K == 5 ? 4 : 3;
 #else
     const int shift = K == 8 ? -1 : K == 5 ? 4 : 3; /* Q8_0: |q| x (y with q's sign), no offset */
@@ -124,7 +123,7 @@ PI_TILE_INLINE void b32x16_part(const int K, const int T, int h, int64_t nb, flo
         if (K == 8) {
             PI_UNROLL for (int c = 0; c < 8; c++) {
                 const grp_vi q = grp_load_i(((const pi_block_q8_0x16 *)b)->qs[c][h * GRP_LANES]);
-#if defined(__AVX512VNNI__)
+#ifdef grp_dpbusd
                 const grp_vi u = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
 #elif defined(__AVX512F__)
                 const __mmask64 neg = _mm512_movepi8_mask(q);
@@ -136,8 +135,8 @@ PI_TILE_INLINE void b32x16_part(const int K, const int T, int h, int64_t nb, flo
                     int32_t yv;
                     memcpy(&yv, ((const pi_block_q8_0 *)(a->x + (t0 + t) * a->xrow) + i)->qs + 4 * c, 4);
                     const grp_vi yb = grp_set1_i(yv);
-#if defined(__AVX512VNNI__)
-                    s[t] = _mm512_dpbusd_epi32(s[t], u, yb);
+#ifdef grp_dpbusd
+                    s[t] = grp_dpbusd(s[t], u, yb);
 #elif defined(__AVX512F__)
                     const grp_vi ys = _mm512_mask_sub_epi8(yb, neg, _mm512_setzero_si512(), yb);
                     s[t] = grp_add32(s[t], grp_madd16(grp_maddubs(u, ys), _mm512_set1_epi16(1)));
@@ -170,15 +169,6 @@ PI_TILE_INLINE void b32x16_part(const int K, const int T, int h, int64_t nb, flo
     }
     PI_UNROLL for (int t = 0; t < T; t++) grp_store(y + t * ldy, acc[t]);
 }
-#define GRP_B32(K) \
-    PI_TILE_INLINE void q##K##x16_part(const int T, int h, int64_t nb, float *y, int64_t ldy, const char *w, \
-                                       const pi_tile_act *a, int64_t t0) {                                   \
-        b32x16_part(K, T, h, nb, y, ldy, w, a, t0);                                                          \
-    }
-GRP_B32(4)
-GRP_B32(5)
-GRP_B32(8)
-
 /* Q4_K / Q5_K (Q5 = 1) groups, as b32x16_part. Sub-block by sub-block (the quant chunks
  * reloaded from L1 for the high nibbles: the tokens' sums then fit the registers). The
  * scales and mins of each lane's row come out of its three scale words with 32-bit shifts
@@ -256,19 +246,12 @@ PI_TILE_INLINE void k4x16_part(const int Q5, const int T, int h, int64_t nb, flo
     }
     PI_UNROLL for (int t = 0; t < T; t++) grp_store(y + t * ldy, acc[t]);
 }
-#define GRP_K(NAME, Q5)                                                                                   \
-    PI_TILE_INLINE void NAME(const int T, int h, int64_t nb, float *y, int64_t ldy, const void *vw,       \
-                             const pi_tile_act *a, int64_t t0) {                                          \
-        k4x16_part(Q5, T, h, nb, y, ldy, vw, a, t0);                                                     \
-    }
-GRP_K(q4_Kx16_part, 0)
-GRP_K(q5_Kx16_part, 1)
 
-/* The driver of a group kernel PART over BLOCK groups: each group's token tiles in turn
- * (its weights stay in L1), each tile's halves (AVX2: 8 of the 16 rows) */
-#define GRP_CASE(PART, T) \
-    case T: PART(T, h, nb, yo + h * GRP_LANES, ldy, (const void *)wg, a, t); break;
-#define GRP_DEFINE(NAME, PART, BLOCK, QK)                                                          \
+/* The driver of a group kernel PART of kind KIND over BLOCK groups: each group's token
+ * tiles in turn (its weights stay in L1), each tile's halves (AVX2: 8 of the 16 rows) */
+#define GRP_CASE(PART, KIND, T) \
+    case T: PART(KIND, T, h, nb, yo + h * GRP_LANES, ldy, wg, a, t); break;
+#define GRP_DEFINE(NAME, PART, KIND, BLOCK, QK)                                                    \
     static void NAME(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw, \
                      const pi_tile_act *a) {                                                       \
         const int64_t nb = n / (QK);                                                               \
@@ -278,24 +261,25 @@ GRP_K(q5_Kx16_part, 1)
                 const int64_t nt = n_tok - t < GRP_T ? n_tok - t : GRP_T;                          \
                 float *yo = y + t * ldy + g * PI_GROUP_ROWS;                                       \
                 for (int h = 0; h < PI_GROUP_ROWS / GRP_LANES; h++) switch (nt) {                  \
-                    GRP_CASE(PART, 1)                                                              \
-                    GRP_CASE(PART, 2)                                                              \
-                    GRP_CASE(PART, 3)                                                              \
-                    GRP_CASE(PART, 4)                                                              \
-                    GRP_CASES_8(PART)                                                              \
+                    GRP_CASE(PART, KIND, 1)                                                        \
+                    GRP_CASE(PART, KIND, 2)                                                        \
+                    GRP_CASE(PART, KIND, 3)                                                        \
+                    GRP_CASE(PART, KIND, 4)                                                        \
+                    GRP_CASES_8(PART, KIND)                                                        \
                     }                                                                              \
             }                                                                                      \
         }                                                                                          \
     }
 #if GRP_T > 4
-#define GRP_CASES_8(PART) GRP_CASE(PART, 5) GRP_CASE(PART, 6) GRP_CASE(PART, 7) GRP_CASE(PART, 8)
+#define GRP_CASES_8(PART, KIND) \
+    GRP_CASE(PART, KIND, 5) GRP_CASE(PART, KIND, 6) GRP_CASE(PART, KIND, 7) GRP_CASE(PART, KIND, 8)
 #else
-#define GRP_CASES_8(PART)
+#define GRP_CASES_8(PART, KIND)
 #endif
-GRP_DEFINE(matmul_groups_q4_0, q4x16_part, pi_block_q4_0x16, PI_QK)
-GRP_DEFINE(matmul_groups_q5_0, q5x16_part, pi_block_q5_0x16, PI_QK)
-GRP_DEFINE(matmul_groups_q8_0, q8x16_part, pi_block_q8_0x16, PI_QK)
-GRP_DEFINE(matmul_groups_q4_K, q4_Kx16_part, pi_block_q4_Kx16, PI_QK_K)
-GRP_DEFINE(matmul_groups_q5_K, q5_Kx16_part, pi_block_q5_Kx16, PI_QK_K)
+GRP_DEFINE(matmul_groups_q4_0, b32x16_part, 4, pi_block_q4_0x16, PI_QK)
+GRP_DEFINE(matmul_groups_q5_0, b32x16_part, 5, pi_block_q5_0x16, PI_QK)
+GRP_DEFINE(matmul_groups_q8_0, b32x16_part, 8, pi_block_q8_0x16, PI_QK)
+GRP_DEFINE(matmul_groups_q4_K, k4x16_part, 0, pi_block_q4_Kx16, PI_QK_K)
+GRP_DEFINE(matmul_groups_q5_K, k4x16_part, 1, pi_block_q5_Kx16, PI_QK_K)
 
 #endif /* PI_ISA_X86_GROUPS_H */
