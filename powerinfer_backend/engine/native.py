@@ -238,6 +238,7 @@ class NativeContext:
         self._down_dense: set[int] = set()  # layers whose sparse FFN sums down over the GGUF ffn_down
         self._hist: tuple = ()  # the calibration histograms the C context writes into
         self._pred: dict[int, Any] = {}  # layer -> predictor arrays the C context points into
+        self._on_gate = False  # set_ffn_threshold_on("gate")
         self._device: Any = None  # the device the C context computes on, kept alive with it
         model._contexts.add(self)
         # the last-token logits buffer never moves (powerinfer.h), so one view serves every eval
@@ -524,8 +525,15 @@ class NativeContext:
 
     @property
     def gathered_layers(self) -> frozenset[int]:
-        """Layers whose sparse FFN gathers ``ffn_gate`` / ``ffn_up`` rows (a down_t or a predictor set)."""
-        return frozenset(self._down_t) | frozenset(self._pred)
+        """Layers whose sparse FFN gathers ``ffn_gate`` / ``ffn_up`` rows per token: those with a
+        predictor, and the sparse layers of the gate form (:meth:`set_ffn_threshold_on`), of the
+        ReLU family and of ungated FFNs. The product form of a gated SwiGLU / GeGLU layer reads every
+        row through the dense products instead (``blocks/ffn.c``)."""
+        g = self.model.gguf
+        every_row = not self._on_gate and g.hparams.act_name in ("silu", "gelu")
+        return frozenset(
+            i for i in self._down_t if not (every_row and f"blk.{i}.ffn_gate.weight" in g.tensors)
+        ) | frozenset(self._pred)
 
     def has_ffn_sparsity(self, layer: int) -> bool:
         """Whether layer ``layer`` has a sparse FFN (a down_t set by :meth:`set_ffn_sparsity`)."""
@@ -660,6 +668,7 @@ class NativeContext:
                 ),
                 "threshold target",
             )
+        self._on_gate = target == "gate"
 
     def set_ffn_hist(self, hist) -> None:
         """Start (or with ``None`` stop) collecting per-neuron |h| histograms for

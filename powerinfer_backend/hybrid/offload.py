@@ -46,6 +46,8 @@ class Offload:
         device: the open :class:`powerinfer_backend.engine.ggml.GgmlDevice` (None on the CPU).
         ctx: the placed context (None on the CPU).
         notices: warnings for the user (``Llama`` raises them at the caller's line).
+        runtime_reserve: bytes of the budget set aside for the device backend's own buffers
+            (:func:`powerinfer_backend.hybrid.placement.device_reserve`; the plan gets the rest).
         message: the one line ``"auto"`` gives without a GPU (shown with ``verbose``, or as a
             notice when a budget was asked for).
     """
@@ -57,6 +59,7 @@ class Offload:
     ctx: Any = None
     notices: list = field(default_factory=list)
     message: str = ""
+    runtime_reserve: int = 0
     _high_water: int = 0
 
     def summary(self) -> str:
@@ -65,9 +68,10 @@ class Offload:
             why = self.message or (self.decision.message if self.decision else "")
             return f"device: none, CPU only{f' ({why})' if why else ''}"
         p = self.plan
+        aside = f" ({self.runtime_reserve} more set aside for the runtime)" if self.runtime_reserve else ""
         line = (
             f"device {self.device_kind} (ggml {self.device.info.name}): {p.device_bytes} of {p.budget_bytes} "
-            f"budget bytes; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
+            f"budget bytes{aside}; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
             f"hot neurons {p.hot_fraction:.1%}, output {'device' if p.output_on_device else 'cpu'}"
         )
         c = p.choice
@@ -87,7 +91,9 @@ class Offload:
     def stats(self) -> dict:
         """The device's memory, {} on the CPU: ``kind`` (the name asked for), ``name``
         (ggml's), ``type``, ``budget_bytes`` (the budget the plan was made under, also when it
-        came from ``n_gpu_layers``), ``reserved`` (the plan's bytes), ``used`` (the bytes of the
+        came from ``n_gpu_layers``), ``runtime_reserve`` (bytes of ``vram_budget`` set aside for
+        the backend's own buffers: 128 MiB on a GPU, 0 on ggml's CPU backend; the plan was made
+        under the rest), ``reserved`` (the plan's bytes), ``used`` (the bytes of the
         buffers ggml allocated), ``high_water`` (the most ``used`` seen), ``buffers``
         (bytes per buffer: weights, kv, compute), ``free_bytes`` / ``total_bytes`` (the
         device's memory now, ``ggml_backend_dev_memory``), and with ``placement="auto"``
@@ -105,6 +111,7 @@ class Offload:
             "name": info.name,
             "type": info.type,
             "budget_bytes": int(plan.budget_bytes),
+            "runtime_reserve": int(self.runtime_reserve),
             "reserved": plan.device_bytes,
             "used": used,
             "high_water": self._high_water,
@@ -288,13 +295,17 @@ def _place(
     dec, notices = _resolve(vram_budget, n_gpu_layers, sizes, free, ctx, sizer)
     if dec.message and verbose:
         print(f"powerinfer_backend: {dec.message}", file=sys.stderr)
+    # a budget is the process's device memory: the backend's own buffers come out of it (n_gpu_layers
+    # asks for layers, as llama.cpp, whose backend allocates the same beside them)
+    reserve = P.device_reserve(dev.info.name, dev.info.type)[0] if dec.source != "n_gpu_layers" else 0
+    budget = max(0, dec.bytes - reserve)
     if placement == "layers":
-        plan = P.plan_layer_split(sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
+        plan = P.plan_layer_split(sizes, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:
         auto: dict[str, Any] = {}
         src, sync_src, info = "", "", dev.info
         shared = info.type == "cpu" and device_bandwidth is None
-        if placement == "auto" and dec.bytes > 0 and not shared:
+        if placement == "auto" and budget > 0 and not shared:
             bd, src = P.device_bandwidth(
                 info.name, info.description, info.type, override=device_bandwidth, n_threads=device_threads
             )
@@ -307,7 +318,7 @@ def _place(
                 auto["predictor_bytes"] = ctx.ffn_predictor_bytes()
         plan = P.plan_for_model(
             model_path,
-            dec.bytes,
+            budget,
             n_ctx=ctx.n_ctx,
             n_batch=ctx.n_batch,
             model=gguf,
@@ -328,14 +339,16 @@ def _place(
     kind = choice.requested
     if plan.device_bytes == 0:
         why = P.why_placed_nothing(  # sized by the device: before it closes
-            plan, sizes, dec.bytes, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer, neurons=not disable_gpu_index
+            plan, sizes, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer, neurons=not disable_gpu_index
         )
         dev.close()
-        if not why and placement == "layers" and dec.bytes > 0:
-            why = f"placement 'layers': no whole layer fits vram_budget {dec.bytes} bytes"
+        if not why and placement == "layers" and budget > 0:
+            why = f"placement 'layers': no whole layer fits vram_budget {budget} bytes"
+        if why and reserve:
+            why += f" (of vram_budget {dec.bytes} bytes, {reserve} are set aside for the device's runtime)"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
-    place_plan(ctx, dev, plan, dec.bytes)
-    return Offload(kind, dec, plan, dev, ctx, notices)
+    place_plan(ctx, dev, plan, budget)
+    return Offload(kind, dec, plan, dev, ctx, notices, runtime_reserve=reserve)
 
 
 def place_plan(ctx, dev, plan: P.Plan, budget_bytes: int) -> None:

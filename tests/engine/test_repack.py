@@ -1,7 +1,8 @@
 """Row groups at load (NativeModel.repack, pi_model_repack; Llama(repack=True), the default):
 on SmolLM2 requantized to Q4_0 by llama.cpp, the bytes copied are exactly the Q4_0 product
 matrices and the tied output (token_embd, Q8_0); the file's pages of each copied tensor
-leave the process (one copy held); the sparse FFN keeps gathering the file's rows; the
+leave the process (one copy held); the sparse FFN keeps gathering the file's rows, while its
+product form reads the row groups; the
 logits stay within llama.cpp's own drift between its repacked and plain Q4_0 kernels,
 closer to its repacked ones (the same float order per block); a sidecar's speedup measured
 against the file's rows no longer decides "auto"; batch invariance on this model is in
@@ -92,6 +93,54 @@ def test_sparse_ffn_gathers_the_file_rows_after_a_repack(smol_q4_0_path):
     finally:
         plain.close()
         copied.close()
+
+
+def test_product_form_reads_the_row_groups(smol_q4_0_path):
+    """The product form of a SwiGLU layer reads every gate and up row through the dense
+    products: those stay in the repack (``gathered_layers`` leaves them out, the gate form keeps
+    them in the file's rows), and a token's logits have the same bits decoded alone or in a batch."""
+    g = load_gguf(smol_q4_0_path, verbose=False)
+    hp = g.hparams
+    layers = (0, hp.n_layer - 1)
+    down_t = {
+        i: np.ascontiguousarray(g.tensors[f"blk.{i}.ffn_down.weight"].to_float32().reshape(hp.n_embd, hp.n_ff).T)
+        for i in layers
+    }
+
+    def product(ctx):
+        for i in layers:
+            ctx.set_ffn_sparsity(i, down_t[i], 0.02)
+
+    m = NativeModel(g)
+    try:
+        probe = NativeContext(m, n_ctx=64, n_batch=64, n_threads=1)
+        product(probe)
+        assert probe.gathered_layers == frozenset()
+        probe.set_ffn_threshold_on("gate")
+        assert probe.gathered_layers == frozenset(layers)
+        probe.close()
+        products = [v for name, v in g.tensors.items() if name.split(".")[-2] in PRODUCT]
+        assert m.repack() == sum(v.nbytes for v in products) + g.tensors["token_embd.weight"].nbytes
+        prompt = [int(t) for t in np.random.default_rng(4).integers(1, hp.n_vocab, 6)]
+        alone = NativeContext(m, n_ctx=64, n_batch=64, n_threads=2)
+        product(alone)
+        rows = [alone.eval(prompt)[0].copy()]
+        tokens = [int(np.argmax(rows[-1]))]
+        for _ in range(3):
+            rows.append(alone.eval(tokens[-1:])[0].copy())
+            tokens.append(int(np.argmax(rows[-1])))
+        used, total = alone.ffn_stats()
+        assert 0 < used < total  # sparse: some neurons skipped
+        batch = NativeContext(m, n_ctx=64, n_batch=64, n_threads=2)
+        product(batch)
+        batch.eval(prompt)
+        got = batch.eval(tokens[:3], logits_all=True)
+        for i in range(3):
+            assert np.array_equal(got[i], rows[i + 1]), f"token {i}: max |diff| {np.abs(got[i] - rows[i + 1]).max()}"
+        alone.close()
+        batch.close()
+    finally:
+        m.close()
 
 
 def test_repack_range_must_be_whole(smol_q4_0_path):

@@ -210,3 +210,33 @@ def test_a_budget_that_places_nothing_says_why(tiny, xdg_cache):
         )
     assert "device" not in llm.stats()
     llm.close()
+
+
+def test_a_gpu_runtime_reserve_comes_out_of_the_budget(tiny, xdg_cache, monkeypatch):
+    """A GPU backend allocates its own buffers beside a plan's (GPU_RUNTIME_RESERVE, measured on
+    an H200): they come out of vram_budget, so the plan is made under the rest. ggml's CPU backend
+    sets nothing aside; the GPU rule is applied to it here through device_reserve (no GPU on this
+    host). n_gpu_layers (layers, as llama.cpp) keeps its bytes."""
+    assert P.device_reserve("CPU", "cpu")[0] == 0
+    assert P.device_reserve("CUDA0", "gpu")[0] == P.GPU_RUNTIME_RESERVE == 128 * 2**20
+    path = str(tiny[0])
+    kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_threads=1, verbose=False, device="ggml-cpu")
+    with Llama(path, vram_budget="1GiB", **kw) as llm:
+        full = llm._backend.offload.plan.device_bytes
+        assert llm.stats()["device"]["runtime_reserve"] == 0
+    reserve = full // 2
+    monkeypatch.setattr(P, "device_reserve", lambda name, type_: (reserve, "a GPU's"))
+    with Llama(path, vram_budget=f"{full}B", **kw) as llm:  # the whole model fitted this budget
+        d = llm.stats()["device"]
+        assert d["runtime_reserve"] == reserve and d["budget_bytes"] == full - reserve
+        assert 0 < d["reserved"] == d["used"] <= full - reserve
+        assert f"({reserve} more set aside for the runtime)" in llm._backend.offload.summary()
+    with pytest.warns(UserWarning, match=rf"of vram_budget {reserve + 1024} bytes, {reserve} are set aside"):
+        llm = Llama(path, vram_budget=f"{reserve + 1024}B", **kw)
+    assert "device" not in llm.stats()
+    llm.close()
+    with pytest.warns(UserWarning, match="n_gpu_layers=1 converted"):
+        llm = Llama(path, n_gpu_layers=1, **kw)
+    assert llm.stats()["device"]["runtime_reserve"] == 0
+    assert llm.stats()["device"]["budget_bytes"] == llm._backend.offload.decision.bytes
+    llm.close()

@@ -30,8 +30,8 @@ static float *act_mul(pi_context *c, int64_t n_tok, int gated) {
 
 /* The FFN's input products of layer l for the normed rows c->xn: c->g = gate x and
  * c->u = up x (+ bias); an ungated layer (Falcon, OPT) has only c->g = up x + bias.
- * mats: the model's mats (the dense FFN) or row_mats (the sparse FFN, whose gathered
- * rows must give the same bits). Returns 1 when gated. */
+ * mats: the model's mats (the dense FFN, the product form) or row_mats (a predictor's
+ * batch, whose gathered rows must give the same bits). Returns 1 when gated. */
 static int ffn_gate_up(pi_context *c, const pi_mat *mats, int l, int64_t n_tok) {
     const pi_mat *lm = &mats[l * PI_L_COUNT];
     const int64_t F = c->m->hp.n_ff;
@@ -76,8 +76,8 @@ void pi_ffn_dense(pi_context *c, int l, int64_t n_tok) {
 }
 
 /* The sparse FFN of layer l (see pi_context_set_ffn_sparsity). A batch thresholding
- * the product computes gate and up with the dense batched matmul (each weight row is
- * read once for the batch instead of once per token; the same bits per row) and
+ * the product computes gate and up with the dense matmul (each weight row is read once
+ * for the batch instead of once per token; row groups where the model has them) and
  * skips rows of down_t per token (decode as well for SwiGLU/GeGLU); the gate form, and a
  * predictor's or a ReLU form's decode, gather rows per token. */
 pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok) {
@@ -110,7 +110,10 @@ void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     const int32_t form = ffn_form(c->m, l);
     const int every_row = form == PI_FFN_SWIGLU || form == PI_FFN_GEGLU;
     if (!c->ffn_on_gate && (n_tok > 1 || (every_row && !pred))) {
-        h = act_mul(c, n_tok, ffn_gate_up(c, c->m->row_mats, l, n_tok));
+        /* a predictor's batch must give its gathered decode's bits (the file's rows); the
+         * product form reads every row alike in decode and batches: the dense layout */
+        h = act_mul(c, n_tok, ffn_gate_up(c, pred ? c->m->row_mats : c->m->mats, l, n_tok));
+        pi_prof_lap(c, PI_PROF_FFN_GATE_UP);
         if (pred) { /* batched: the same bits as gathered rows; unpredicted neurons are zeroed */
             for (int64_t i = 0; i < n_tok * F; i++)
                 if (!(c->pred_scores[i] >= c->pred_threshold[l])) h[i] = 0.0f;

@@ -47,9 +47,11 @@ from __future__ import annotations
 from .auto import POLICIES, plan_auto, plan_throughput, why_auto_placed_nothing, why_placed_nothing
 from .bandwidth import (
     GPU_BANDWIDTH_GBPS,
+    GPU_RUNTIME_RESERVE,
     GPU_SYNC_S,
     UNKNOWN_GPU_GBPS,
     device_bandwidth,
+    device_reserve,
     device_sync,
     gpu_bandwidth,
     host_bandwidth,
@@ -171,7 +173,9 @@ __all__ = [
     "GPU_BANDWIDTH_GBPS",
     "UNKNOWN_GPU_GBPS",
     "GPU_SYNC_S",
+    "GPU_RUNTIME_RESERVE",
     "device_bandwidth",
+    "device_reserve",
     "device_sync",
     "gpu_bandwidth",
     "host_bandwidth",

@@ -80,6 +80,11 @@ UNKNOWN_GPU_GBPS = 300.0
 #: 0.72 ms in two runs; the larger is kept, so that a placement the measurement says does
 #: not pay is not chosen by ``placement="auto"``.
 GPU_SYNC_S = 0.72e-3
+#: bytes of a GPU's memory that its ggml backend takes beside the buffers a plan counts (the
+#: CUDA backend's memory pool, cuBLAS's workspace, kernels loaded on first use): on the NVIDIA
+#: H200 run (docs/placement.md) the GPU's free memory fell 70-104 MiB beyond the plan's
+#: buffers in 5 of 12 placements. Set aside inside ``vram_budget``, so the process keeps to it.
+GPU_RUNTIME_RESERVE = 128 * 2**20
 _CACHE = "host_bandwidth.json"
 
 
@@ -152,6 +157,15 @@ def device_bandwidth(
     return UNKNOWN_GPU_GBPS, (
         f"assumed: {description or name!r} is not in the bandwidth table (pass device_bandwidth= GB/s)"
     )
+
+
+def device_reserve(name: str, type_: str) -> tuple[int, str]:
+    """(bytes, where it came from) of a ggml device's memory that its backend allocates beside
+    a plan's buffers, set aside inside the budget: 0 for ggml's CPU backend (its buffers are
+    host memory, allocated as counted), :data:`GPU_RUNTIME_RESERVE` for any other."""
+    if _host_memory(name, type_):
+        return 0, "ggml's CPU backend: no runtime buffers"
+    return GPU_RUNTIME_RESERVE, "the GPU backend's pool and workspace (70-104 MiB measured on an NVIDIA H200)"
 
 
 def device_sync(name: str, type_: str) -> tuple[float, str]:
