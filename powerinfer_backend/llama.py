@@ -100,7 +100,7 @@ class Llama:
         sparse: sparse FFN mode: "auto" (the calibration sidecar unless it measured slower
             than dense, exact zeros for ReLU models, else dense), "off", "threshold", "predictor", or
             a sidecar path (:mod:`powerinfer_backend.sparsity.modes`).
-        repack (keyword): True (default) = the Q4_0 / Q5_0 / Q8_0 / Q4_K / Q5_K matrices of the
+        repack (keyword): True (default) = the Q4_0 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K matrices of the
             dense products copied at load into row groups of 16 interleaved rows (as
             llama.cpp's repacked CPU weights; their file pages released: one copy in memory)
             when no device takes the model; False = the file's rows (llama.cpp's plain

@@ -152,7 +152,7 @@ int pi_model_create(const pi_model_params *params, pi_model **out);
 void pi_model_free(pi_model *model);
 
 /* Row groups: the model's own copy, in a layout of PI_GROUP_ROWS (16) interleaved rows,
- * of the matrices its dense products read (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K with a multiple of
+ * of the matrices its dense products read (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K with a multiple of
  * 16 rows; llama.cpp's
  * repacked CPU buffers do the same), each product then reading one sequential stream
  * and finishing a block of 16 rows per vector. The float order changes with it (one

@@ -225,12 +225,28 @@ typedef struct {
     uint8_t qh[8][PI_GROUP_ROWS][4];
     uint8_t qs[32][PI_GROUP_ROWS][4];
 } pi_block_q5_Kx16; /* 2816 bytes: 16 x 176 */
+/* Q6_K: per super-block of the group's rows, their d, then each row's 16 scales by sub-block
+ * (scales[j][r]), then per sub-block j of 16 elements, in reading order: two 64-byte vectors
+ * of low nibbles (ql[h][r][k]: low nibble = bits 0-3 of element 16j + 8h + k of row r, high
+ * nibble = of element 16j + 8h + 4 + k) and one of high bits (qh[r][k]: bits 2c, 2c + 1 = bits
+ * 4-5 of element 16j + 4c + k); the 6-bit values u = q + 32 as stored. Per row
+ * isum = sum_j sc_j * (sum of u * y over sub-block j - 32 * y's sub-block sum j), exact;
+ * acc = fmaf(isum, d_w * d_x, acc). */
+typedef struct {
+    uint16_t d[PI_GROUP_ROWS];
+    int8_t scales[16][PI_GROUP_ROWS];
+    struct {
+        uint8_t ql[2][PI_GROUP_ROWS][4];
+        uint8_t qh[PI_GROUP_ROWS][4];
+    } sub[16];
+} pi_block_q6_Kx16; /* 3360 bytes: 16 x 210 */
 /* a group block is exactly the type's 16 blocks (row sizes, offsets and the repack rely on it) */
 _Static_assert(sizeof(pi_block_q4_0x16) == PI_GROUP_ROWS * sizeof(pi_block_q4_0), "Q4_0 group");
 _Static_assert(sizeof(pi_block_q5_0x16) == PI_GROUP_ROWS * sizeof(pi_block_q5_0), "Q5_0 group");
 _Static_assert(sizeof(pi_block_q8_0x16) == PI_GROUP_ROWS * sizeof(pi_block_q8_0), "Q8_0 group");
 _Static_assert(sizeof(pi_block_q4_Kx16) == PI_GROUP_ROWS * sizeof(pi_block_q4_K), "Q4_K group");
 _Static_assert(sizeof(pi_block_q5_Kx16) == PI_GROUP_ROWS * sizeof(pi_block_q5_K), "Q5_K group");
+_Static_assert(sizeof(pi_block_q6_Kx16) == PI_GROUP_ROWS * sizeof(pi_block_q6_K), "Q6_K group");
 
 /* The product over row groups: y[t * ldy + r] for r < n_rows (a multiple of PI_GROUP_ROWS),
  * t < n_tok (one or more), w the first group; a as for the tiles, with `off` (and `d`)

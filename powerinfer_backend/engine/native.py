@@ -107,7 +107,7 @@ class NativeModel:
     def repack(self, row_layers: frozenset[int] | set[int] = frozenset()) -> int:
         """Give the dense products their own copy of the weights in row groups (16 rows
         interleaved, as llama.cpp's repacked CPU buffers; ``pi_model_repack``): the Q4_0,
-        Q5_0, Q8_0, Q4_K and Q5_K matrices of the attention, the FFN and the output head.
+        Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices of the attention, the FFN and the output head.
         Their float order is then one rounding per block and row, on every instruction
         set, in decode and in batches alike. The file's pages of each copied tensor are released, so the
         process holds one copy of it (RSS).
@@ -117,7 +117,7 @@ class NativeModel:
                 left in the file's layout (they are read there anyway).
 
         Returns:
-            bytes repacked (0 where no matrix has such a layout: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K with
+            bytes repacked (0 where no matrix has such a layout: Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K with
             a multiple of 16 rows).
 
         Raises:

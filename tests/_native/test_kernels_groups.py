@@ -1,5 +1,5 @@
 """Row groups (pi_repack / pi_op_matmul_grouped; pi_internal.h "Row groups", isa/x86_groups.h
-and scalar.c): Q4_0, Q5_0, Q8_0, Q4_K and Q5_K matrices laid out as 16 interleaved rows. Every ISA path this CPU has
+and scalar.c): Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices laid out as 16 interleaved rows. Every ISA path this CPU has
 gives the scalar path's bits; a token's outputs are the same bits alone and in any batch
 (1 to 17 tokens: every AVX token tile, full and partial) and for any thread count (part
 boundaries round down to whole groups); the values agree with the file's row order to
@@ -24,6 +24,7 @@ SHAPES = {
     "Q8_0": [(16, 32, 1), (48, 576, 17), (32, 96, 9), (16, 64, 6)],
     "Q4_K": [(16, 256, 1), (48, 768, 17), (32, 512, 9), (64, 256, 4), (16, 1280, 3), (32, 256, 6)],
     "Q5_K": [(16, 256, 1), (48, 768, 17), (32, 512, 9), (16, 1280, 3), (32, 256, 6)],
+    "Q6_K": [(16, 256, 1), (48, 768, 17), (32, 512, 9), (16, 1280, 3), (32, 256, 6)],
 }
 CASES = [(t, shape) for t, shapes in SHAPES.items() for shape in shapes]
 
@@ -141,6 +142,39 @@ def test_repack_q5_K_moves_every_byte_once():
         assert g[768:].reshape(32, 16, 4)[:, r, :].tobytes() == src[48:].tobytes()  # qs
 
 
+def test_repack_q6_K_keeps_every_value():
+    """Each row's scales and d in place, and its 6-bit values (the file's q + 32) where the
+    layout says: element 16j + 4c + k of row r in sub-block j's ql[c // 2][r][k] (nibble c % 2)
+    and qh[r][k] (bits 2c, 2c + 1)."""
+    n_rows, n_cols = 32, 512
+    w, _ = _case("Q6_K", n_rows, n_cols, 1, True)
+    g = _repack(int(GT.Q6_K), w, n_rows, n_cols)
+    assert g.nbytes == w.nbytes == n_rows * 2 * 210
+    blocks, grp = w.reshape(n_rows, 2, 210), g.reshape(n_rows // 16, 2, 3360)
+    for r in (0, 9, 16, 31):
+        for i in range(2):
+            src, b, k = blocks[r, i], grp[r // 16, i], r % 16
+            ql, qh = src[:128].astype(int), src[128:192].astype(int)
+            # the file's 6-bit values in element order (llama.cpp's dequantize_row_q6_K)
+            u = np.empty(256, int)
+            for half in range(2):
+                lo, hi = ql[64 * half : 64 * half + 64], qh[32 * half : 32 * half + 32]
+                e = 128 * half + np.arange(32)
+                u[e] = (lo[:32] & 15) | (hi & 3) << 4
+                u[e + 32] = (lo[32:] & 15) | (hi >> 2 & 3) << 4
+                u[e + 64] = (lo[:32] >> 4) | (hi >> 4 & 3) << 4
+                u[e + 96] = (lo[32:] >> 4) | (hi >> 6 & 3) << 4
+            assert b[2 * k : 2 * k + 2].tobytes() == src[208:210].tobytes()  # d
+            assert b[32:288].reshape(16, 16)[:, k].tobytes() == src[192:208].tobytes()  # scales by sub-block
+            sub = b[288:].reshape(16, 192).astype(int)
+            got = np.empty(256, int)
+            for j in range(16):
+                lq, hq = sub[j, :128].reshape(2, 16, 4)[:, k, :], sub[j, 128:].reshape(16, 4)[k]
+                for c in range(4):
+                    got[16 * j + 4 * c : 16 * j + 4 * c + 4] = (lq[c // 2] >> 4 * (c % 2) & 15) | (hq >> 2 * c & 3) << 4
+            assert np.array_equal(got, u)
+
+
 @pytest.mark.parametrize("real", [False, True])
 @pytest.mark.parametrize("tname, shape", CASES)
 def test_grouped_bits_on_every_isa_alone_and_batched(pool1, each_isa, tname, shape, real):  # noqa: F811 (the fixture)
@@ -185,7 +219,7 @@ def test_grouped_threads_split_on_whole_groups():
 
 NO_LAYOUT = [
     ("Q4_1", 16, 32),
-    ("Q6_K", 16, 256),
+    ("Q6_K", 24, 256),
     ("Q4_0", 17, 32),
     ("Q4_0", 8, 32),
     ("Q4_0", 16, 48),

@@ -82,7 +82,7 @@ def test_quantized_model_matches_llama_cpp(f16_model, ftype):
     batch = np.array(ref_llm.scores[: len(tokens)], dtype=np.float32)
     drift = np.abs(ref - batch).max()
     assert drift <= 0.03 * scale and np.abs(ours - batch).max() <= 0.03 * scale + drift
-    # in row groups (Llama's default: Q5_0 / Q4_K / Q5_K here; Q6_K keeps its rows): the batch
+    # in row groups (Llama's default: Q5_0 / Q4_K / Q5_K / Q6_K here): the batch
     # again has the bits of decode, and the logits stay within the same reach of llama.cpp's
     model = NativeModel(m)
     assert model.repack() > 0

@@ -460,6 +460,36 @@ static void matmul_groups_q5_K(int64_t n, int64_t n_rows, int64_t n_tok, float *
     groups_k4(1, n, n_rows, n_tok, y, ldy, vw, a);
 }
 
+/* Q6_K in row groups (pi_block_q6_Kx16): per row one exact integer per super-block (the
+ * sub-blocks' sums of q * y scaled in integers), one fmaf per super-block */
+static void matmul_groups_q6_K(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
+                               const pi_tile_act *a) {
+    const int64_t nb = n / PI_QK_K;
+    for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
+        for (int64_t t = 0; t < n_tok; t++) {
+            const pi_block_q8_K *x = (const pi_block_q8_K *)(a->x + t * a->xrow);
+            for (int r = 0; r < PI_GROUP_ROWS; r++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < nb; i++) {
+                    const pi_block_q6_Kx16 *b = (const pi_block_q6_Kx16 *)vw + g * nb + i;
+                    int32_t isum = 0;
+                    for (int j = 0; j < 16; j++) {
+                        int32_t s = 0;
+                        for (int e = 0; e < 16; e++) {
+                            const int c = e / 4, k = e % 4;
+                            const int u = ((b->sub[j].ql[c / 2][r][k] >> (4 * (c % 2))) & 0x0F) |
+                                          ((b->sub[j].qh[r][k] >> (2 * c)) & 3) << 4;
+                            s += (u - 32) * x[i].qs[16 * j + e];
+                        }
+                        isum += b->scales[j][r] * s;
+                    }
+                    acc = fmaf((float)isum, pi_fp16_to_fp32(b->d[r]) * a->d[i * a->ld + t], acc);
+                }
+                y[t * ldy + g * PI_GROUP_ROWS + r] = acc;
+            }
+        }
+}
+
 /* ---- activation conversion ----------------------------------------------------- */
 
 /* round to nearest, ties to even, for |v| <= 128 without a libm call (adding and

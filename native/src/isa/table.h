@@ -61,7 +61,7 @@
             },                                                                                      \
         .matmul_groups = {[PI_TYPE_Q4_0] = matmul_groups_q4_0, [PI_TYPE_Q5_0] = matmul_groups_q5_0,  \
                           [PI_TYPE_Q8_0] = matmul_groups_q8_0, [PI_TYPE_Q4_K] = matmul_groups_q4_K,   \
-                          [PI_TYPE_Q5_K] = matmul_groups_q5_K},                                       \
+                          [PI_TYPE_Q5_K] = matmul_groups_q5_K, [PI_TYPE_Q6_K] = matmul_groups_q6_K},   \
         .softmax = SOFTMAX,                                                                         \
         .silu_mul = SILU,                                                                           \
         .gelu16_mul = PI_GELU16_MUL,                                                                \

@@ -247,6 +247,64 @@ PI_TILE_INLINE void k4x16_part(const int Q5, const int T, int h, int64_t nb, flo
     PI_UNROLL for (int t = 0; t < T; t++) grp_store(y + t * ldy, acc[t]);
 }
 
+/* Q6_K groups (pi_block_q6_Kx16), as b32x16_part; KIND unused. Sub-block by sub-block in
+ * the layout's order: its three quant vectors give the 6-bit values of four quads (low
+ * nibble | high bits moved to bits 4-5), each dotted with the tokens' broadcast quads from an
+ * isum that starts at -32 times the sub-block's activation sum (vpdpbusd; maddubs pairs of
+ * two quads, 2 x 2 x 63 x 128 < 2^15, then madd with the scale), then scaled by the rows'
+ * int8 scales. */
+#ifdef __AVX512F__
+#define grp_scales8(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#else
+#define grp_scales8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#endif
+PI_TILE_INLINE void k6x16_part(const int KIND, const int T, int h, int64_t nb, float *y, int64_t ldy, const void *vw,
+                               const pi_tile_act *a, int64_t t0) {
+    (void)KIND;
+    const grp_vi m4 = grp_set1_i(0x0F0F0F0F), m30 = grp_set1_i(0x30303030);
+    grp_vf acc[GRP_T];
+    PI_UNROLL for (int t = 0; t < T; t++) acc[t] = grp_zero_f();
+    for (int64_t i = 0; i < nb; i++) {
+        const pi_block_q6_Kx16 *b = (const pi_block_q6_Kx16 *)vw + i;
+        const pi_block_q8_K *x[GRP_T];
+        grp_vi isum[GRP_T];
+        PI_UNROLL for (int t = 0; t < T; t++) {
+            x[t] = (const pi_block_q8_K *)(a->x + (t0 + t) * a->xrow) + i;
+            isum[t] = grp_zero_i();
+        }
+        for (int j = 0; j < 16; j++) {
+            const grp_vi sc = grp_scales8(b->scales[j] + h * GRP_LANES);
+            const grp_vi l0 = grp_load_i(b->sub[j].ql[0][h * GRP_LANES]), l1 = grp_load_i(b->sub[j].ql[1][h * GRP_LANES]);
+            const grp_vi qh = grp_load_i(b->sub[j].qh[h * GRP_LANES]);
+            const grp_vi u[4] = {grp_or(grp_and(l0, m4), grp_and(grp_slli32(qh, 4), m30)),
+                                 grp_or(grp_and(grp_srli16(l0, 4), m4), grp_and(grp_slli32(qh, 2), m30)),
+                                 grp_or(grp_and(l1, m4), grp_and(qh, m30)),
+                                 grp_or(grp_and(grp_srli16(l1, 4), m4), grp_and(grp_srli32(qh, 2), m30))};
+#ifndef grp_dpbusd
+            const grp_vi sc16 = grp_or(grp_and(sc, grp_set1_i(0xFFFF)), grp_slli32(sc, 16));
+#endif
+            PI_UNROLL for (int t = 0; t < T; t++) {
+                int32_t yv[4];
+                memcpy(yv, x[t]->qs + 16 * j, 16);
+#ifdef grp_dpbusd
+                grp_vi s = grp_set1_i(-32 * x[t]->bsums[j]);
+                PI_UNROLL for (int c = 0; c < 4; c++) s = grp_dpbusd(s, u[c], grp_set1_i(yv[c]));
+                isum[t] = grp_add32(isum[t], grp_mullo32(s, sc));
+#else
+                const grp_vi p01 = grp_add16(grp_maddubs(u[0], grp_set1_i(yv[0])), grp_maddubs(u[1], grp_set1_i(yv[1])));
+                const grp_vi p23 = grp_add16(grp_maddubs(u[2], grp_set1_i(yv[2])), grp_maddubs(u[3], grp_set1_i(yv[3])));
+                isum[t] = grp_add32(isum[t], grp_add32(grp_madd16(p01, sc16), grp_madd16(p23, sc16)));
+                isum[t] = grp_add32(isum[t], grp_mullo32(sc, grp_set1_i(-32 * x[t]->bsums[j])));
+#endif
+            }
+        }
+        const grp_vf dw = grp_d(b->d + h * GRP_LANES);
+        PI_UNROLL for (int t = 0; t < T; t++)
+            acc[t] = grp_fmadd(grp_cvt(isum[t]), grp_mul(dw, grp_set1_f(a->d[i * a->ld + t0 + t])), acc[t]);
+    }
+    PI_UNROLL for (int t = 0; t < T; t++) grp_store(y + t * ldy, acc[t]);
+}
+
 /* The driver of a group kernel PART of kind KIND over BLOCK groups: each group's token
  * tiles in turn (its weights stay in L1), each tile's halves (AVX2: 8 of the 16 rows) */
 #define GRP_CASE(PART, KIND, T) \
@@ -281,5 +339,6 @@ GRP_DEFINE(matmul_groups_q5_0, b32x16_part, 5, pi_block_q5_0x16, PI_QK)
 GRP_DEFINE(matmul_groups_q8_0, b32x16_part, 8, pi_block_q8_0x16, PI_QK)
 GRP_DEFINE(matmul_groups_q4_K, k4x16_part, 0, pi_block_q4_Kx16, PI_QK_K)
 GRP_DEFINE(matmul_groups_q5_K, k4x16_part, 1, pi_block_q5_Kx16, PI_QK_K)
+GRP_DEFINE(matmul_groups_q6_K, k6x16_part, 0, pi_block_q6_Kx16, PI_QK_K)
 
 #endif /* PI_ISA_X86_GROUPS_H */

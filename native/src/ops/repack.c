@@ -6,11 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kquants.h"
 #include "pi_internal.h"
 
 int64_t pi_repack_size(int32_t type, int64_t n_rows, int64_t n_cols) {
     const int layout = type == PI_TYPE_Q4_0 || type == PI_TYPE_Q5_0 || type == PI_TYPE_Q8_0 || type == PI_TYPE_Q4_K ||
-                       type == PI_TYPE_Q5_K;
+                       type == PI_TYPE_Q5_K || type == PI_TYPE_Q6_K;
     if (!layout || n_rows < 1 || n_rows % PI_GROUP_ROWS != 0 || n_cols < 1) return -1;
     const int64_t row = pi_row_size(type, n_cols);
     return row < 0 ? -1 : row * n_rows;
@@ -66,12 +67,32 @@ static void group_k(void *out, const void *src, int64_t nb, int q5) {
     }
 }
 
+/* Q6_K: the 6-bit values of each row (decoded, + 32) spread over the sub-blocks' vectors */
+static void group_q6_K(pi_block_q6_Kx16 *o, const pi_block_q6_K *src, int64_t nb) {
+    memset(o->sub, 0, sizeof o->sub);
+    for (int r = 0; r < PI_GROUP_ROWS; r++) {
+        const pi_block_q6_K *b = &src[r * nb];
+        int8_t q[PI_QK_K];
+        pi_decode_q6_K(b, q);
+        o->d[r] = b->d;
+        for (int j = 0; j < 16; j++) {
+            o->scales[j][r] = b->scales[j];
+            for (int c = 0; c < 4; c++)
+                for (int k = 0; k < 4; k++) {
+                    const int u = q[16 * j + 4 * c + k] + 32;
+                    o->sub[j].ql[c / 2][r][k] |= (uint8_t)((u & 0x0F) << (4 * (c % 2)));
+                    o->sub[j].qh[r][k] |= (uint8_t)((u >> 4) << (2 * c));
+                }
+        }
+    }
+}
+
 int pi_repack(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, void *out) {
     if (w == NULL || out == NULL) return pi_set_error(PI_ERR_INVALID, "pi_repack: NULL argument");
     if (pi_repack_size(type, n_rows, n_cols) < 0)
         return pi_set_error(PI_ERR_UNSUPPORTED,
-                            "pi_repack: no row-group layout for type %d with %lld rows of %lld (Q4_0, Q5_0, Q8_0, Q4_K or "
-                            "Q5_K, rows a multiple of %d)",
+                            "pi_repack: no row-group layout for type %d with %lld rows of %lld (Q4_0, Q5_0, Q8_0, Q4_K, "
+                            "Q5_K or Q6_K, rows a multiple of %d)",
                             type, (long long)n_rows, (long long)n_cols, PI_GROUP_ROWS);
     const int64_t nb = n_cols / pi_type_get(type)->block_size;
     for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
@@ -89,6 +110,9 @@ int pi_repack(int32_t type, const void *w, int64_t n_rows, int64_t n_cols, void 
                 break;
             case PI_TYPE_Q5_K:
                 group_k((pi_block_q5_Kx16 *)out + g * nb + i, (const pi_block_q5_K *)w + first, nb, 1);
+                break;
+            case PI_TYPE_Q6_K:
+                group_q6_K((pi_block_q6_Kx16 *)out + g * nb + i, (const pi_block_q6_K *)w + first, nb);
                 break;
             default:
                 group_k((pi_block_q4_Kx16 *)out + g * nb + i, (const pi_block_q4_K *)w + first, nb, 0);
