@@ -62,7 +62,8 @@ def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
         "-nr",
         dest="repack",
         action="store_false",
-        help="keep the file's rows (default: Q4_0 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K matrices copied into row groups at load, "
+        help="keep the file's rows (default: Q4_0 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K matrices copied into row groups "
+        "at load, "
         "faster on the CPU, one private copy per process; processes serving one file share its pages only with this)",
     )
     p.add_argument(

@@ -1,6 +1,6 @@
 """Row groups (pi_repack / pi_op_matmul_grouped; pi_internal.h "Row groups", isa/x86_groups.h
-and scalar.c): Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices laid out as 16 interleaved rows. Every ISA path this CPU has
-gives the scalar path's bits; a token's outputs are the same bits alone and in any batch
+and scalar.c): Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices laid out as 16 interleaved rows.
+Every ISA path this CPU has gives the scalar path's bits; a token's outputs are the same bits alone and in any batch
 (1 to 17 tokens: every AVX token tile, full and partial) and for any thread count (part
 boundaries round down to whole groups); the values agree with the file's row order to
 float rounding; shapes and types without the layout are refused by name."""
