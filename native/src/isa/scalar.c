@@ -353,8 +353,10 @@ DEFINE_DOTS(q4_K)
 DEFINE_DOTS(q5_K)
 DEFINE_DOTS(q6_K)
 
-/* Row r's exact integer sum over block b of a blocks-of-32 group (Q4_0, Q5_0, Q8_0) */
-static int32_t group32_isum(int32_t type, const void *b, int r, const int8_t *y) {
+/* Row r's exact integer sum over block b of a blocks-of-32 group (Q4_0, Q5_0, Q8_0), xb
+ * the activation's Q8_0 block */
+static int32_t group32_isum(int32_t type, const void *b, int r, const void *xb) {
+    const int8_t *y = ((const pi_block_q8_0 *)xb)->qs;
     int32_t isum = 0, ysum = 0;
     for (int e = 0; e < PI_QK; e++) ysum += y[e];
     if (type == PI_TYPE_Q8_0) {
@@ -377,20 +379,41 @@ static int32_t group32_isum(int32_t type, const void *b, int r, const int8_t *y)
     return isum - (type == PI_TYPE_Q5_0 ? 16 : 8) * ysum;
 }
 
-/* Blocks-of-32 types in row groups (pi_internal.h, "Row groups"): per row one exact
- * integer per block, one fmaf per block */
-static void groups32(int32_t type, int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
-                     const pi_tile_act *a) {
-    const int64_t nb = n / PI_QK;
-    const int64_t bsize = PI_GROUP_ROWS * pi_type_get(type)->type_size; /* a group block: 16 of the type's */
+/* Row r's exact integer sum over block b of a Q6_K group, xb the activation's Q8_K block:
+ * the sub-blocks' sums of q * y scaled in integers */
+static int32_t group_q6_K_isum(int32_t type, const void *vb, int r, const void *xb) {
+    (void)type;
+    const pi_block_q6_Kx16 *b = vb;
+    const int8_t *y = ((const pi_block_q8_K *)xb)->qs;
+    int32_t isum = 0;
+    for (int j = 0; j < 16; j++) {
+        int32_t s = 0;
+        for (int e = 0; e < 16; e++) {
+            const int c = e / 4, k = e % 4;
+            const int u = ((b->sub[j].ql[c / 2][r][k] >> (4 * (c % 2))) & 0x0F) | ((b->sub[j].qh[r][k] >> (2 * c)) & 3) << 4;
+            s += (u - 32) * y[16 * j + e];
+        }
+        isum += b->scales[j][r] * s;
+    }
+    return isum;
+}
+
+/* Row-group types with one exact integer per row and block (blocks of 32, Q6_K; a group
+ * block begins with its rows' F16 d): per row one fmaf per block (pi_internal.h, "Row groups") */
+static void groups_one_fma(int32_t type, int32_t (*isum_of)(int32_t, const void *, int, const void *), int64_t n,
+                           int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw, const pi_tile_act *a) {
+    const pi_type_traits *tt = pi_type_get(type);
+    const int64_t nb = n / tt->block_size;
+    const int64_t bsize = PI_GROUP_ROWS * tt->type_size; /* a group block: 16 of the type's */
+    const int64_t xsize = pi_type_get(tt->vec_dot_type)->type_size;
     for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
         for (int64_t t = 0; t < n_tok; t++) {
-            const pi_block_q8_0 *x = (const pi_block_q8_0 *)(a->x + t * a->xrow);
+            const char *x = a->x + t * a->xrow;
             for (int r = 0; r < PI_GROUP_ROWS; r++) {
                 float acc = 0.0f;
                 for (int64_t i = 0; i < nb; i++) {
                     const char *b = (const char *)vw + (g * nb + i) * bsize;
-                    const int32_t isum = group32_isum(type, b, r, x[i].qs);
+                    const int32_t isum = isum_of(type, b, r, x + i * xsize);
                     acc = fmaf((float)isum, pi_fp16_to_fp32(((const uint16_t *)b)[r]) * a->d[i * a->ld + t], acc);
                 }
                 y[t * ldy + g * PI_GROUP_ROWS + r] = acc;
@@ -401,7 +424,7 @@ static void groups32(int32_t type, int64_t n, int64_t n_rows, int64_t n_tok, flo
 #define DEFINE_GROUPS32(T, TYPE)                                                                    \
     static void matmul_groups_##T(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy,  \
                                   const void *vw, const pi_tile_act *a) {                           \
-        groups32(TYPE, n, n_rows, n_tok, y, ldy, vw, a);                                            \
+        groups_one_fma(TYPE, group32_isum, n, n_rows, n_tok, y, ldy, vw, a);                        \
     }
 DEFINE_GROUPS32(q4_0, PI_TYPE_Q4_0)
 DEFINE_GROUPS32(q5_0, PI_TYPE_Q5_0)
@@ -460,34 +483,9 @@ static void matmul_groups_q5_K(int64_t n, int64_t n_rows, int64_t n_tok, float *
     groups_k4(1, n, n_rows, n_tok, y, ldy, vw, a);
 }
 
-/* Q6_K in row groups (pi_block_q6_Kx16): per row one exact integer per super-block (the
- * sub-blocks' sums of q * y scaled in integers), one fmaf per super-block */
 static void matmul_groups_q6_K(int64_t n, int64_t n_rows, int64_t n_tok, float *y, int64_t ldy, const void *vw,
                                const pi_tile_act *a) {
-    const int64_t nb = n / PI_QK_K;
-    for (int64_t g = 0; g < n_rows / PI_GROUP_ROWS; g++)
-        for (int64_t t = 0; t < n_tok; t++) {
-            const pi_block_q8_K *x = (const pi_block_q8_K *)(a->x + t * a->xrow);
-            for (int r = 0; r < PI_GROUP_ROWS; r++) {
-                float acc = 0.0f;
-                for (int64_t i = 0; i < nb; i++) {
-                    const pi_block_q6_Kx16 *b = (const pi_block_q6_Kx16 *)vw + g * nb + i;
-                    int32_t isum = 0;
-                    for (int j = 0; j < 16; j++) {
-                        int32_t s = 0;
-                        for (int e = 0; e < 16; e++) {
-                            const int c = e / 4, k = e % 4;
-                            const int u = ((b->sub[j].ql[c / 2][r][k] >> (4 * (c % 2))) & 0x0F) |
-                                          ((b->sub[j].qh[r][k] >> (2 * c)) & 3) << 4;
-                            s += (u - 32) * x[i].qs[16 * j + e];
-                        }
-                        isum += b->scales[j][r] * s;
-                    }
-                    acc = fmaf((float)isum, pi_fp16_to_fp32(b->d[r]) * a->d[i * a->ld + t], acc);
-                }
-                y[t * ldy + g * PI_GROUP_ROWS + r] = acc;
-            }
-        }
+    groups_one_fma(PI_TYPE_Q6_K, group_q6_K_isum, n, n_rows, n_tok, y, ldy, vw, a);
 }
 
 /* ---- activation conversion ----------------------------------------------------- */
