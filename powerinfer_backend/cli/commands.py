@@ -264,10 +264,11 @@ def cmd_perplexity(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from ..hybrid.devices import planning_sizer
+    from ..hybrid.devices import DeviceSizer, planning_sizer
     from ..hybrid.placement import (
         GPU_SYNC_S,
         ModelSizes,
+        device_reserve,
         parse_vram_budget,
         plan_for_model,
         plan_layer_split,
@@ -291,8 +292,12 @@ def cmd_plan(args) -> int:
     no_device = _no_device_message(args.device)
     out = _plan_file(model, args)
     g = load_gguf(model, verbose=False)
+    reserve = 0
     try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
         with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
+            if isinstance(sizer, DeviceSizer):  # a GPU backend's own buffers come out of the budget, as in Llama
+                reserve = min(budget, device_reserve(sizer.name, sizer.type)[0])
+                budget -= reserve
             if placement == "auto" or args.predict:  # the cost model's inputs: the plan counts with their sizes
                 from .predict import model_inputs
 
@@ -362,13 +367,15 @@ def cmd_plan(args) -> int:
             bytes_by_category=plan.bytes_by_category(),
             no_device=no_device or None,
             nothing_placed=empty or None,
+            runtime_reserve=reserve,
         )
         if pred is not None:
             d["prediction"] = {k: v for k, v in pred.items() if k != "text"}
         print(json.dumps(d))
     else:
         print(plan.format_table())
-        for line in (empty, no_device):
+        aside = f"{reserve} bytes of --vram-budget set aside for the device backend's own buffers" if reserve else ""
+        for line in (aside, empty, no_device):
             if line:
                 print(line)
         print(f"plan: {plan.path}{' (reused)' if plan.cached else ''}" + (f"; plot: {png}" if png else ""))

@@ -444,6 +444,7 @@ def test_cli_plan_counts_with_the_device(tmp_path, xdg_cache, capsys):
     m.close()
     assert (out["inputs"]["device"], out["inputs"]["align"], out["compute_bytes"]) == ("CPU", 32, compute)
     assert out["device_bytes"] == full == FULL - COMPUTE + compute  # only the compute buffer was estimated
+    assert out["runtime_reserve"] == 0 and out["budget_bytes"] == 2**30  # ggml's CPU backend: nothing set aside
     assert cli_main(argv + ["--device", "cpu", "--layer-split"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["device_bytes"] == FULL and out["compute_bytes"] == COMPUTE  # CPU_BUFT

@@ -158,7 +158,7 @@ class DeviceSizer:
 
     def __init__(self, dev, ctx) -> None:
         self._dev, self._ctx = dev, ctx
-        self.name = dev.info.name
+        self.name, self.type = dev.info.name, dev.info.type
         self.alignment = int(dev.alignment)
         self._compute: Optional[int] = None
         self._sizes: dict[tuple[int, int, int], int] = {}
