@@ -69,7 +69,6 @@ static void group_k(void *out, const void *src, int64_t nb, int q5) {
 
 /* Q6_K: the 6-bit values of each row (decoded, + 32) spread over the sub-blocks' vectors */
 static void group_q6_K(pi_block_q6_Kx16 *o, const pi_block_q6_K *src, int64_t nb) {
-    memset(o->sub, 0, sizeof o->sub);
     for (int r = 0; r < PI_GROUP_ROWS; r++) {
         const pi_block_q6_K *b = &src[r * nb];
         int8_t q[PI_QK_K];
@@ -77,12 +76,13 @@ static void group_q6_K(pi_block_q6_Kx16 *o, const pi_block_q6_K *src, int64_t nb
         o->d[r] = b->d;
         for (int j = 0; j < 16; j++) {
             o->scales[j][r] = b->scales[j];
-            for (int c = 0; c < 4; c++)
-                for (int k = 0; k < 4; k++) {
-                    const int u = q[16 * j + 4 * c + k] + 32;
-                    o->sub[j].ql[c / 2][r][k] |= (uint8_t)((u & 0x0F) << (4 * (c % 2)));
-                    o->sub[j].qh[r][k] |= (uint8_t)((u >> 4) << (2 * c));
-                }
+            for (int k = 0; k < 4; k++) { /* quad c's element k: u[4c] */
+                const int8_t *u = q + 16 * j + k;
+                const int u0 = u[0] + 32, u1 = u[4] + 32, u2 = u[8] + 32, u3 = u[12] + 32;
+                o->sub[j].ql[0][r][k] = (uint8_t)((u0 & 0x0F) | (u1 & 0x0F) << 4);
+                o->sub[j].ql[1][r][k] = (uint8_t)((u2 & 0x0F) | (u3 & 0x0F) << 4);
+                o->sub[j].qh[r][k] = (uint8_t)(u0 >> 4 | (u1 >> 4) << 2 | (u2 >> 4) << 4 | (u3 >> 4) << 6);
+            }
         }
     }
 }
