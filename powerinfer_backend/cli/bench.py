@@ -84,6 +84,7 @@ def _ours_dense(llm, n_prefill: int, n_decode: int, repeats: int):
     prompt = _prompt_tokens(lambda b: llm.tokenize(b, add_bos=False), n_prefill)
     short = prompt[:8]
     be = llm.engine
+    repacked = int(getattr(be, "repacked", 0))
     t_pre, t_dec = _measure(*_engine_calls(be), prompt, short, n_decode, repeats)
 
     engine_time, evals = [0.0], [0]
@@ -121,6 +122,7 @@ def _ours_dense(llm, n_prefill: int, n_decode: int, repeats: int):
         "decode_tok_s": n_decode / t_dec,
         "llama_decode_tok_s": 1.0 / t_eval,
         "python_overhead_pct": 100.0 * overhead,
+        "repacked_bytes": repacked,
     }
     return ours, prompt, short, t_pre, t_dec
 
@@ -134,11 +136,14 @@ def run_bench(
     repeats: int = 3,
     include_llama_cpp: bool = True,
     sparse="auto",
+    repack: bool = True,
 ) -> dict:
     """Measure both engines; returns tokens/s, ratios (ours / llama.cpp) and our
     Python overhead as a percentage of decode time. Ours runs dense first; then,
     unless ``sparse`` resolves to dense (``Llama(sparse=...)``), sparse too, with
-    its measured FFN sparsity and its ratios to our dense and to llama.cpp.
+    its measured FFN sparsity and its ratios to our dense and to llama.cpp. ``repack``:
+    ours in row groups (``Llama``'s default) or over the file's rows (``result["repack"]``);
+    llama.cpp at its defaults either way.
 
     Raises:
         ValueError: n_threads not an integer >= 1 (for 0 or -1 each engine would fall back
@@ -149,7 +154,13 @@ def run_bench(
     from ..llama import Llama
 
     n_ctx = n_prefill + n_decode + 32
-    result: dict[str, Any] = {"model": model_path, "threads": n_threads, "n_decode": n_decode, "n_prefill": n_prefill}
+    result: dict[str, Any] = {
+        "model": model_path,
+        "threads": n_threads,
+        "n_decode": n_decode,
+        "n_prefill": n_prefill,
+        "repack": bool(repack),
+    }
 
     if sparse not in ("off", None, False):
         result.update(
@@ -161,6 +172,7 @@ def run_bench(
                     n_threads=n_threads,
                     verbose=False,
                     sparse=sparse,
+                    repack=repack,
                 ),
                 n_prefill,
                 n_decode,
@@ -170,7 +182,15 @@ def run_bench(
         gc.collect()  # the sparse engine's memory is free before the dense one loads
 
     ours, prompt, short, t_pre, t_dec = _ours_dense(
-        Llama(model_path, n_ctx=n_ctx, n_batch=max(n_prefill, 32), n_threads=n_threads, verbose=False, sparse="off"),
+        Llama(
+            model_path,
+            n_ctx=n_ctx,
+            n_batch=max(n_prefill, 32),
+            n_threads=n_threads,
+            verbose=False,
+            sparse="off",
+            repack=repack,
+        ),
         n_prefill,
         n_decode,
         repeats,
@@ -222,7 +242,7 @@ def run_bench(
 def format_table(r: dict) -> str:
     """Human-readable table of a run_bench result (with its roofline section when present)."""
     lines = [
-        f"model {r['model']}  threads {r['threads']}",
+        f"model {r['model']}  threads {r['threads']}" + ("" if r.get("repack", True) else "  ours: the file's rows"),
         f"{'engine':<40} {'prefill tok/s':>14} {'decode tok/s':>13}",
     ]
     for key in ("ours", "ours_sparse", "llama_cpp"):

@@ -86,6 +86,8 @@ def cmd_bench(args) -> int:
     other = other or ("--profile-ops" if args.profile_ops else None)
     if other is not None and (args.runs > 1 or args.roofline):
         raise ValueError(f"{'--runs' if args.runs > 1 else '--roofline'} does not apply to bench {other}")
+    if not args.repack and other in ("--ffn-density-sweep", "--busy"):  # the sweep has no model; busy: the defaults
+        raise ValueError(f"--no-repack does not apply to bench {other}")
     if args.ffn_density_sweep:
         from .sweeps import format_sweep, run_sweep
 
@@ -117,7 +119,12 @@ def cmd_bench(args) -> int:
                 "share the cores, so its ratios are a busy host's (--busy measures that on purpose)"
             )
         result = run_bench(
-            model, n_prefill=args.n_prefill, include_llama_cpp=not args.no_llama_cpp, sparse=args.sparse, **timing
+            model,
+            n_prefill=args.n_prefill,
+            include_llama_cpp=not args.no_llama_cpp,
+            sparse=args.sparse,
+            repack=args.repack,
+            **timing,
         )
         result["loadavg_before"] = load
         if args.roofline:  # measured right after the engines, in the same run

@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="roofline: MiB read for the bandwidth (default 1024, far above the last-level cache)",
     )
     _add_sparse(b)
+    from ..server.placement_args import add_repack_argument
+
+    add_repack_argument(b)  # our engine only: llama.cpp keeps its defaults
     b.set_defaults(func=cmd_bench)
 
     pl = sub.add_parser(

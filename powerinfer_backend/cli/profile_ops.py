@@ -19,10 +19,11 @@ def _per_token(prof: dict, n: int, wall_s: float) -> dict:
 
 
 def run_profile_ops(
-    model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256, sparse="off"
+    model_path: str, *, n_threads: int = 2, n_decode: int = 64, n_prefill: int = 256, sparse="off", repack: bool = True
 ) -> dict:
     """Time each op kind of our engine over one ``n_prefill``-token prompt and ``n_decode``
-    greedy decode steps (after an 8-token prompt), ``n_threads`` threads. Returns
+    greedy decode steps (after an 8-token prompt), ``n_threads`` threads, ``repack`` as
+    ``Llama``'s (row groups, or the file's rows). Returns
     ``{"model", "threads", "mode", "decode": {...}, "prefill": {...}}``, each phase with
     ``tokens``, ``wall_ms_per_token``, ``timed_ms_per_token`` (the ops' sum) and ``ops``: op
     kind -> ``ms_per_token``, ``calls_per_token`` (ops that ran only).
@@ -39,6 +40,7 @@ def run_profile_ops(
         n_threads=n_threads,
         verbose=False,
         sparse=sparse,
+        repack=repack,
     )
     try:
         be = llm.engine
@@ -95,7 +97,12 @@ def profile_ops_command(args, model_path: str) -> int:
     """``bench --profile-ops``: run :func:`run_profile_ops` with the bench options and print
     its JSON (``--json``) or table; returns the exit status."""
     r = run_profile_ops(
-        model_path, n_threads=args.threads, n_decode=args.n_decode, n_prefill=args.n_prefill, sparse=args.sparse
+        model_path,
+        n_threads=args.threads,
+        n_decode=args.n_decode,
+        n_prefill=args.n_prefill,
+        sparse=args.sparse,
+        repack=args.repack,
     )
     print(json.dumps(r, indent=2) if args.json else format_profile(r))
     return 0

@@ -53,10 +53,8 @@ def gpu_layers_arg(value: str) -> Optional[int]:
     return n
 
 
-def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
-    """Add ``--vram-budget``, ``--device``, ``--device-threads``, ``--placement``,
-    ``--device-bandwidth``, ``-ngl`` / ``--n-gpu-layers`` / ``--gpu-layers`` and where the
-    weights live on the CPU, ``--no-repack`` / ``-nr`` (llama-server's flag), to the parser ``p``."""
+def add_repack_argument(p) -> None:
+    """Add ``--no-repack`` / ``-nr`` (llama-server's flag; ``args.repack``, True by default) to the parser ``p``."""
     p.add_argument(
         "--no-repack",
         "-nr",
@@ -66,6 +64,13 @@ def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
         "at load, "
         "faster on the CPU, one private copy per process; processes serving one file share its pages only with this)",
     )
+
+
+def add_device_arguments(p, *, budget_help: Optional[str] = None) -> None:
+    """Add ``--vram-budget``, ``--device``, ``--device-threads``, ``--placement``,
+    ``--device-bandwidth``, ``-ngl`` / ``--n-gpu-layers`` / ``--gpu-layers`` and where the
+    weights live on the CPU, ``--no-repack`` / ``-nr`` (:func:`add_repack_argument`), to the parser ``p``."""
+    add_repack_argument(p)
     p.add_argument(
         "--vram-budget",
         type=budget_arg,
