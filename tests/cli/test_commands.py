@@ -67,12 +67,16 @@ def test_bench_json():
 
 
 def test_bench_no_repack_keeps_the_files_rows():
-    p = _run("bench", "--n-decode", "2", "--n-prefill", "8", "--repeats", "1", "--no-llama-cpp", "--no-repack", "--json")
+    p = _run(
+        "bench", "--n-decode", "2", "--n-prefill", "8", "--repeats", "1", "--no-llama-cpp", "--no-repack", "--json"
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["repack"] is False and r["ours"]["repacked_bytes"] == 0
     p = _run("bench", "--busy", "1", "-nr")
-    assert p.returncode == 2 and "--no-repack does not apply to bench --busy" in p.stderr and "Traceback" not in p.stderr
+    assert (
+        p.returncode == 2 and "--no-repack does not apply to bench --busy" in p.stderr and "Traceback" not in p.stderr
+    )
 
 
 def test_bench_runs_json_has_each_run_and_their_medians():
