@@ -32,7 +32,7 @@ from llama_cpp.llama import LlamaState
 
 from .loader.hub import from_pretrained
 from .plugins.manager import plugin_manager, select_backend
-from .llama_options import backend_options, check_options
+from .llama_options import backend_options, check_options, check_sizes
 from .text import chat, runner
 from .text.completion import Options, completion, prompt_tokens
 from .text.detok import PieceText
@@ -141,10 +141,8 @@ class Llama:
         t_load = time.perf_counter()
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
-        if n_ctx is None or n_ctx < 0:
-            raise ValueError(f"n_ctx must be >= 0 (0 = the model's training context), got {n_ctx}")
-        if n_batch < 1:
-            raise ValueError(f"n_batch must be >= 1, got {n_batch}")
+        check_sizes(n_ctx, n_batch, n_threads)
+        n_ctx, n_batch = int(n_ctx), int(n_batch)
         n_threads = n_threads if n_threads is None or n_threads >= 1 else None  # -1 / 0: the default
         check_options(vram_budget, rope_freq_base, rope_freq_scale, kwargs)
         # what __getstate__ hands to __init__ again (pickling, as llama-cpp-python)

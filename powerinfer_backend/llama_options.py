@@ -49,6 +49,31 @@ UNSUPPORTED_DEFAULTS = {
 }
 
 
+#: the native context's largest n_ctx (pi_context_create)
+N_CTX_MAX = 1 << 24
+
+
+def _whole(name: str, v: Any, lo: int, hi: int, what: str = "") -> int:
+    """``v`` as an int in [lo, hi] (an int or numpy integer, not a bool, not a float)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}]{what}, got {v!r}")
+    return int(v)
+
+
+def check_sizes(n_ctx: Any, n_batch: Any, n_threads: Any) -> None:
+    """Check ``Llama``'s sizes before anything loads: ``n_ctx`` an integer in [0, 2^24]
+    (0 = the model's training context), ``n_batch`` >= 1, ``n_threads`` None or an integer
+    (<= 0: the default count).
+
+    Raises:
+        ValueError: naming the parameter, its range and the value given.
+    """
+    _whole("n_ctx", n_ctx, 0, N_CTX_MAX, " (0 = the model's training context)")
+    _whole("n_batch", n_batch, 1, 2**31 - 1)
+    if n_threads is not None:
+        _whole("n_threads", n_threads, -(2**31), 2**31 - 1, " (<= 0: the default) or None")
+
+
 def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: float, kwargs: Mapping[str, Any]) -> None:
     """Validate ``vram_budget`` and warn (at the ``Llama(...)`` caller's line) about GPU
     parameters ignored here and parameters not supported.

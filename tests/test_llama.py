@@ -451,6 +451,40 @@ def test_missing_model_path():
     assert str(ours.value) == str(theirs.value)
 
 
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(n_ctx=999_999_999_999), "n_ctx"),
+        (dict(n_ctx=2**24 + 1), "n_ctx"),
+        (dict(n_ctx="512"), "n_ctx"),
+        (dict(n_ctx=512.7), "n_ctx"),
+        (dict(n_ctx=-1), "n_ctx"),
+        (dict(n_batch=2**40), "n_batch"),
+        (dict(n_batch=0), "n_batch"),
+        (dict(n_threads=2.5), "n_threads"),
+        (dict(n_threads=True), "n_threads"),
+    ],
+)
+def test_sizes_are_checked_before_loading(model_path, kw, name):
+    """Out of the native context's range, or not an integer: one ValueError naming the
+    parameter (not a cffi overflow or a comparison TypeError)."""
+    with pytest.raises(ValueError, match=rf"^{name} must be an integer in \["):
+        Llama(model_path, verbose=False, **kw)
+
+
+def test_a_closed_context_says_so(model_path):
+    """The native context outlives nothing: after its Llama closes, a call says the context is
+    closed instead of passing a NULL pointer to C."""
+    llm = Llama(model_path, n_ctx=64, verbose=False)
+    ctx = llm.native_context
+    ctx.eval([1, 2])
+    llm.close()
+    with pytest.raises(RuntimeError, match="NativeContext: the context is closed"):
+        ctx.eval([3])
+    with pytest.raises(RuntimeError, match="NativeContext: the context is closed"):
+        ctx.truncate(0)
+
+
 def test_gpu_kwargs_warn_once_and_unknown_kwargs_tolerated(small):
     from powerinfer_backend.engine import ggml
 

@@ -203,6 +203,13 @@ class NativeContext:
         if model.ptr is None:
             raise ValueError("NativeContext: the model is closed")
         self.model = model
+        for name, v in (
+            ("n_ctx", n_ctx),
+            ("n_batch", n_batch),
+            ("n_threads", n_threads),
+        ):  # the C ints; it checks ranges
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -(2**31) <= v < 2**31:
+                raise ValueError(f"NativeContext: {name} must be an integer (int32), got {v!r}")
         self.n_ctx, self.n_batch, self.n_threads = int(n_ctx), int(n_batch), int(n_threads)
         if (
             isinstance(n_seq_max, bool)
@@ -226,7 +233,7 @@ class NativeContext:
         )
         out = ffi.new("pi_context **")
         check(lib.pi_context_create(model.ptr, cp, out), "creating the context")
-        self._ptr = out[0]
+        self._raw = out[0]
         self.n_seq_max = int(n_seq_max)
         #: the ggml type of the KV cache (F16 = 1, F32 = 0)
         self.kv_type = int(lib.PI_TYPE_F16 if kv_f16 else lib.PI_TYPE_F32)
@@ -716,15 +723,26 @@ class NativeContext:
 
     @property
     def is_open(self) -> bool:
-        return getattr(self, "_ptr", None) is not None
+        return self.__dict__.get("_raw") is not None
+
+    @property
+    def _ptr(self):
+        """The C context; RuntimeError once closed (a call would otherwise pass NULL)."""
+        p = self.__dict__.get("_raw")
+        if p is None:
+            raise RuntimeError(
+                "NativeContext: the context is closed (close() was called, or the Llama that owned it was closed "
+                "or garbage-collected)"
+            )
+        return p
 
     def close(self) -> None:
         """Free the context; waits for an eval running in another thread to finish."""
         if not self.is_open:
             return
         with self._busy:
-            lib.pi_context_free(self._ptr)
-            self._ptr = None
+            lib.pi_context_free(self._raw)
+            self._raw = None
         if self.model._close_requested:
             self.model.close()
         if getattr(self._device, "_close_requested", False):  # a ggml device closed while placed here

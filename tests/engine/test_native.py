@@ -350,6 +350,8 @@ def test_failed_chunked_eval_changes_nothing(models):
         (dict(n_ctx=-5), "n_ctx"),
         (dict(n_batch=0), "n_batch"),
         (dict(n_threads=0), "n_threads"),
+        (dict(n_ctx=2**40), "n_ctx must be an integer"),  # past int32: named, not a cffi OverflowError
+        (dict(n_batch=8.0), "n_batch must be an integer"),
     ],
 )
 def test_context_create_errors(models, kwargs, match):
