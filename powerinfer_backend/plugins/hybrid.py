@@ -72,6 +72,7 @@ class HybridBackend:
             self.sparse = sparsity.configure(
                 self.ctx, self.gguf, model_path, sparse, row_groups=repack and self.model.ffn_repackable()
             )
+            self.notices += self.sparse.notices
             # the hot neurons ranked by the sidecar the sparse FFN runs (a PowerInfer file's
             # own predictors name the model itself: then the files beside it, as by default)
             sc = self.sparse.sidecar

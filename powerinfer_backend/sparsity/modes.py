@@ -57,6 +57,8 @@ class SparseState:
         reason: why ``"auto"`` chose this mode: no sidecar for a gated FFN, or a measurement
             (e.g. the sidecar's thresholds decoded slower than dense at calibration); else None.
         decode_speedup: the sidecar's measured decode speedup over dense (None if unmeasured).
+        notices: warnings for the user (``Llama`` raises them at the caller's line), e.g. a
+            sidecar asked for by name whose calibration measured it slower than dense.
     """
 
     mode: str = "dense"
@@ -67,6 +69,7 @@ class SparseState:
     predictors: Optional[PredictorSet] = None  # in predictor mode
     reason: Optional[str] = None
     decode_speedup: Optional[float] = None
+    notices: list = field(default_factory=list)
 
     def summary(self) -> str:
         """One line for ``verbose`` output."""
@@ -182,10 +185,12 @@ def configure(ctx, gguf, model_path: str, sparse="auto", *, row_groups: bool = F
             prof.info,
             decode_speedup=prof.info.get("decode_speedup"),
         )
-        slower = _slower_than_dense(prof.info, row_groups)
+        measured = slower = _slower_than_dense(prof.info, row_groups)
         if pred_reason is not None and not np.any(thresholds > 0) and hp.act_name not in _RELU_FAMILY:
             slower = "the sidecar has no calibrated thresholds"  # a predictors-only sidecar
         if sparse == "auto" and slower:
+            if slower is measured:
+                slower += "; sparse='threshold' forces them"
             reason = slower if pred_reason is None else f"{pred_reason}; {slower}"
             return SparseState(
                 sidecar=str(path),
@@ -194,6 +199,8 @@ def configure(ctx, gguf, model_path: str, sparse="auto", *, row_groups: bool = F
                 reason=reason,
                 decode_speedup=state.decode_speedup,
             )
+        if measured and sparse != "auto":  # asked for by name: run them, but say what calibration measured
+            state.notices.append(f"{measured}; running them as asked (sparse='auto' would run dense)")
         if pred_reason is not None:
             state.reason = pred_reason
     else:
@@ -227,7 +234,7 @@ def _stale(info: dict, row_groups: bool, what: str) -> Optional[str]:
         return None
     return (
         f"sidecar's {what} measured {info['decode_speedup']:.2f}x a dense decode over the file's rows; dense now "
-        f"runs in row groups (repack), faster: recalibrate to measure again (sparse='threshold' forces them)"
+        f"runs in row groups (repack), faster: recalibrate to measure again"
     )
 
 
@@ -245,7 +252,7 @@ def _slower_than_dense(info: dict, row_groups: bool = False) -> Optional[str]:
     return (
         f"sidecar's thresholds ({form} form, expected FFN sparsity {info.get('mean_sparsity', 0.0):.1%}) decoded "
         f"{speedup:.2f}x dense when calibrated on {info.get('speed_host', '?')} with "
-        f"{info.get('speed_threads', '?')} threads; sparse='threshold' forces them"
+        f"{info.get('speed_threads', '?')} threads"
     )
 
 

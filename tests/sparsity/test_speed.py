@@ -61,7 +61,14 @@ def test_auto_runs_dense_when_sparse_decoded_slower(tmp_path, capsys):
     assert st["mode"] == "dense" and st["ffn_sparsity"] == 0.0 and st["decode_speedup"] == 0.8
     assert "0.80x dense" in st["reason"] and "testhost" in st["reason"] and "2 threads" in st["reason"]
     assert "sparse FFN off (dense): sidecar's thresholds" in line and "0.80x dense" in line
-    with Llama(path, n_ctx=64, n_threads=2, verbose=False, sparse="threshold") as llm:  # asked for: still sparse
+    assert st["reason"].endswith("; sparse='threshold' forces them")
+    # asked for: still sparse, with one warning at the caller's line saying what calibration measured
+    with pytest.warns(
+        UserWarning, match=r"0\.80x dense .*; running them as asked \(sparse='auto' would run dense\)"
+    ) as rec:
+        llm = Llama(path, n_ctx=64, n_threads=2, verbose=False, sparse="threshold")
+    assert len(rec) == 1 and rec[0].filename == __file__
+    with llm:
         _logits(llm, toks)
         assert llm.stats()["mode"] == "threshold" and llm.stats()["ffn_sparsity"] > 0.2
 
