@@ -162,39 +162,22 @@ def run_bench(
         "repack": bool(repack),
     }
 
-    if sparse not in ("off", None, False):
-        result.update(
-            _ours_sparse(
-                Llama(
-                    model_path,
-                    n_ctx=n_ctx,
-                    n_batch=max(n_prefill, 32),
-                    n_threads=n_threads,
-                    verbose=False,
-                    sparse=sparse,
-                    repack=repack,
-                ),
-                n_prefill,
-                n_decode,
-                repeats,
-            )
-        )
-        gc.collect()  # the sparse engine's memory is free before the dense one loads
-
-    ours, prompt, short, t_pre, t_dec = _ours_dense(
-        Llama(
+    def ours_llama(mode):
+        return Llama(
             model_path,
             n_ctx=n_ctx,
             n_batch=max(n_prefill, 32),
             n_threads=n_threads,
             verbose=False,
-            sparse="off",
+            sparse=mode,
             repack=repack,
-        ),
-        n_prefill,
-        n_decode,
-        repeats,
-    )
+        )
+
+    if sparse not in ("off", None, False):
+        result.update(_ours_sparse(ours_llama(sparse), n_prefill, n_decode, repeats))
+        gc.collect()  # the sparse engine's memory is free before the dense one loads
+
+    ours, prompt, short, t_pre, t_dec = _ours_dense(ours_llama("off"), n_prefill, n_decode, repeats)
     result["ours"] = ours
     gc.collect()
 
