@@ -344,6 +344,8 @@ def _place(
         dev.close()
         if not why and placement == "layers" and budget > 0:
             why = f"placement 'layers': no whole layer fits vram_budget {budget} bytes"
+        if not why and dec.bytes > 0 and budget == 0:
+            why = f"vram_budget {dec.bytes} bytes places nothing"
         if why and reserve:
             why += f" (of vram_budget {dec.bytes} bytes, {reserve} are set aside for the device's runtime)"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))

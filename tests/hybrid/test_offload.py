@@ -231,10 +231,11 @@ def test_a_gpu_runtime_reserve_comes_out_of_the_budget(tiny, xdg_cache, monkeypa
         assert d["runtime_reserve"] == reserve and d["budget_bytes"] == full - reserve
         assert 0 < d["reserved"] == d["used"] <= full - reserve
         assert f"({reserve} more set aside for the runtime)" in llm._backend.offload.summary()
-    with pytest.warns(UserWarning, match=rf"of vram_budget {reserve + 1024} bytes, {reserve} are set aside"):
-        llm = Llama(path, vram_budget=f"{reserve + 1024}B", **kw)
-    assert "device" not in llm.stats()
-    llm.close()
+    for budget in (reserve + 1024, reserve):  # a little past the reserve, and all of it
+        with pytest.warns(UserWarning, match=rf"of vram_budget {budget} bytes, {reserve} are set aside"):
+            llm = Llama(path, vram_budget=f"{budget}B", **kw)
+        assert "device" not in llm.stats()
+        llm.close()
     with pytest.warns(UserWarning, match="n_gpu_layers=1 converted"):
         llm = Llama(path, n_gpu_layers=1, **kw)
     assert llm.stats()["device"]["runtime_reserve"] == 0
