@@ -275,7 +275,7 @@ def cmd_plan(args) -> int:
     from ..hybrid.placement import (
         GPU_SYNC_S,
         ModelSizes,
-        device_reserve,
+        budget_after_reserve,
         parse_vram_budget,
         plan_for_model,
         plan_layer_split,
@@ -303,8 +303,7 @@ def cmd_plan(args) -> int:
     try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
         with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
             if isinstance(sizer, DeviceSizer):  # a GPU backend's own buffers come out of the budget, as in Llama
-                reserve = min(budget, device_reserve(sizer.name, sizer.type)[0])
-                budget -= reserve
+                budget, reserve = budget_after_reserve(budget, sizer.name, sizer.type)
             if placement == "auto" or args.predict:  # the cost model's inputs: the plan counts with their sizes
                 from .predict import model_inputs
 

@@ -297,8 +297,11 @@ def _place(
         print(f"powerinfer_backend: {dec.message}", file=sys.stderr)
     # a budget is the process's device memory: the backend's own buffers come out of it (n_gpu_layers
     # asks for layers, as llama.cpp, whose backend allocates the same beside them)
-    reserve = P.device_reserve(dev.info.name, dev.info.type)[0] if dec.source != "n_gpu_layers" else 0
-    budget = max(0, dec.bytes - reserve)
+    budget, reserve = (
+        P.budget_after_reserve(dec.bytes, dev.info.name, dev.info.type)
+        if dec.source != "n_gpu_layers"
+        else (dec.bytes, 0)
+    )
     if placement == "layers":
         plan = P.plan_layer_split(sizes, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:

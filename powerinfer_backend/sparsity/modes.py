@@ -185,12 +185,14 @@ def configure(ctx, gguf, model_path: str, sparse="auto", *, row_groups: bool = F
             prof.info,
             decode_speedup=prof.info.get("decode_speedup"),
         )
-        measured = slower = _slower_than_dense(prof.info, row_groups)
-        if pred_reason is not None and not np.any(thresholds > 0) and hp.act_name not in _RELU_FAMILY:
-            slower = "the sidecar has no calibrated thresholds"  # a predictors-only sidecar
-        if sparse == "auto" and slower:
-            if slower is measured:
-                slower += "; sparse='threshold' forces them"
+        measured = _slower_than_dense(prof.info, row_groups)
+        no_thresholds = pred_reason is not None and not np.any(thresholds > 0) and hp.act_name not in _RELU_FAMILY
+        if sparse == "auto" and (measured or no_thresholds):
+            slower = (
+                "the sidecar has no calibrated thresholds"  # a predictors-only sidecar
+                if no_thresholds
+                else f"{measured}; sparse='threshold' forces them"
+            )
             reason = slower if pred_reason is None else f"{pred_reason}; {slower}"
             return SparseState(
                 sidecar=str(path),

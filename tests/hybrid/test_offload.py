@@ -215,8 +215,9 @@ def test_a_budget_that_places_nothing_says_why(tiny, xdg_cache):
 def test_a_gpu_runtime_reserve_comes_out_of_the_budget(tiny, xdg_cache, monkeypatch):
     """A GPU backend allocates its own buffers beside a plan's (GPU_RUNTIME_RESERVE, measured on
     an H200): they come out of vram_budget, so the plan is made under the rest. ggml's CPU backend
-    sets nothing aside; the GPU rule is applied to it here through device_reserve (no GPU on this
-    host). n_gpu_layers (layers, as llama.cpp) keeps its bytes."""
+    sets nothing aside; the GPU rule is applied to it here through device_reserve, which
+    budget_after_reserve asks (no GPU on this host). n_gpu_layers (layers, as llama.cpp) keeps
+    its bytes."""
     assert P.device_reserve("CPU", "cpu")[0] == 0
     assert P.device_reserve("CUDA0", "gpu")[0] == P.GPU_RUNTIME_RESERVE == 128 * 2**20
     path = str(tiny[0])
@@ -225,7 +226,9 @@ def test_a_gpu_runtime_reserve_comes_out_of_the_budget(tiny, xdg_cache, monkeypa
         full = llm._backend.offload.plan.device_bytes
         assert llm.stats()["device"]["runtime_reserve"] == 0
     reserve = full // 2
-    monkeypatch.setattr(P, "device_reserve", lambda name, type_: (reserve, "a GPU's"))
+    from powerinfer_backend.hybrid.placement import bandwidth
+
+    monkeypatch.setattr(bandwidth, "device_reserve", lambda name, type_: (reserve, "a GPU's"))
     with Llama(path, vram_budget=f"{full}B", **kw) as llm:  # the whole model fitted this budget
         d = llm.stats()["device"]
         assert d["runtime_reserve"] == reserve and d["budget_bytes"] == full - reserve

@@ -168,6 +168,13 @@ def device_reserve(name: str, type_: str) -> tuple[int, str]:
     return GPU_RUNTIME_RESERVE, "the GPU backend's pool and workspace (70-104 MiB measured on an NVIDIA H200)"
 
 
+def budget_after_reserve(budget: int, name: str, type_: str) -> tuple[int, int]:
+    """(the bytes a plan gets, the bytes set aside) of a budget on a ggml device: the device's
+    runtime reserve (:func:`device_reserve`) comes out of it, at most all of it."""
+    reserve = min(budget, device_reserve(name, type_)[0])
+    return budget - reserve, reserve
+
+
 def device_sync(name: str, type_: str) -> tuple[float, str]:
     """(seconds, where it came from) of a ggml device's round trip per split layer and token
     (the cost model's ``sync_s``): 0 for ggml's CPU backend (the same memory, no copies; its
