@@ -479,7 +479,8 @@ int pi_op_transpose_to(int32_t type_out, const void *src, int32_t src_type, int6
  * what pi_context_set_ggml_device places of one layer. */
 typedef struct pi_layer_placement {
     int32_t attn_on_device; /* the layer's non-FFN tensors (norms, q/k/v/o, biases) and KV cache */
-    int32_t reserved0;
+    int32_t device_skips;   /* 1: where the layer is split and has a predictor when placed, the device
+                             * computes only the hot neurons the predictor selects (0: every hot one) */
     int64_t n_hot;          /* FFN neurons the device computes (gathered rows) */
     const int32_t *hot_ids; /* n_hot strictly increasing ids < n_ff */
 } pi_layer_placement;
@@ -517,18 +518,22 @@ int64_t pi_gdev_tensor_bytes(const pi_gdev *d, int32_t ggml_type, int64_t ne0, i
 int64_t pi_gdev_alignment(const pi_gdev *d);
 
 /* compute buffer bytes a context reserves on d for its worst case (n_batch tokens over one slot's cells, attention +
- * an FFN with n_hot = n_ff + the output block): a constant of (model, n_ctx, n_batch, device) */
+ * an FFN with n_hot = n_ff + the output block; a layer with a predictor also the graphs that skip unselected
+ * hot neurons): a constant of (model, n_ctx, n_batch, device, which layers have predictors) */
 int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out);
 /* place the plan on d (copies now; the context owns the placement, d must outlive the context); refuses with
  * PI_ERR_NOMEM before allocating anything when weights+kv+compute exceed budget_bytes or the device's free
  * memory (both byte counts in the message). From then on pi_eval runs the placed attention blocks and the
  * output block as ggml graphs on d, and each layer with hot neurons splits its FFN: d computes the hot
- * neurons densely on a device thread while the calling thread computes the cold ones (thresholds as set
- * by pi_context_set_ffn_sparsity, which hot layers need first), merged in a fixed order (the device's
- * partial sum, continued by the cold neurons in id order): reruns give identical bits. The device computes
- * its hot neurons densely (the threshold applies to the cold ones; pi_context_ffn_stats counts every hot
- * neuron as used). Layers with hot
- * neurons must be gated without a predictor; a fused attn_qkv (Falcon) cannot be placed. With n_seq_max > 1
+ * neurons on a device thread while the calling thread computes the cold ones (thresholds as set
+ * by pi_context_set_ffn_sparsity, which hot layers need first; a predictor's selection), merged in a fixed
+ * order (the device's partial sum, continued by the cold neurons in id order): reruns give identical bits.
+ * The device computes every hot neuron (thresholds apply to the cold ones; pi_context_ffn_stats counts
+ * every hot neuron as used), except in a split layer marked device_skips that has its predictor when
+ * placed: there the predictor scores every neuron before the device starts and the device computes only
+ * the selected hot ones (a token alone gathers their gate and up rows with ggml_mul_mat_id; a batch
+ * computes every row and zeroes the unselected h), as the CPU engine with that predictor does. Layers
+ * with hot neurons must be gated; a fused attn_qkv (Falcon) cannot be placed. With n_seq_max > 1
  * the device's KV holds every slot (n_cells rows) and each device step runs one graph per sequence of the
  * batch, so a sequence gets the bits it gets alone in a context of n_ctx_seq with the same placement. */
 int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placement *layers,

@@ -324,6 +324,7 @@ def cmd_plan(args) -> int:
                         host_gbps=inputs["host_gbps"],
                         mode=inputs["mode"],
                         sync_s=args.sync_us / 1e6,
+                        device_skips=args.device_skips,
                     )
                 plan = plan_for_model(
                     model,

@@ -352,8 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pr.add_argument(
         "--device-skips",
-        action="store_true",
-        help="the device skips inactive hot rows as the CPU does (default: it reads all hot rows)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mode predictor: the device computes only the hot neurons the predictor selects, or "
+        "(--no-device-skips) every hot neuron (default: whichever the cost model predicts faster "
+        "with auto, else skipping, as the engine does)",
     )
     pr.add_argument(
         "--n-past", type=non_negative("--n-past"), default=0, help="KV positions read per layer (default 0)"

@@ -70,6 +70,9 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
 
     mi = inputs or model_inputs(model_path, args)
     sizes, freq, source, host = mi["sizes"], mi["freq"], mi["source"], mi["host_gbps"]
+    skips = args.device_skips  # None: as the engine runs the plan (hybrid.offload.device_skips_for)
+    if skips is None:
+        skips = plan.choice.get("device_skips", True) if plan.choice else mi["mode"] == "predictor"
     ours = pr.predict_ours(
         sizes,
         plan,
@@ -77,7 +80,7 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         device_gbps=args.device_bandwidth,
         host_gbps=host,
         mode=mi["mode"],
-        device_skips=args.device_skips,
+        device_skips=bool(skips),
         n_past=args.n_past,
         predictor_bytes=mi["predictor_bytes"],
         sync_s=args.sync_us / 1e6,
@@ -95,6 +98,8 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         f"frequencies: {source}; host bandwidth {'measured' if mi['host_measured'] else 'given'}; "
         f"device round trip {args.sync_us:g} us per split layer"
     )
+    if skips and mi["mode"] == "predictor":
+        ours.notes.append("the device computes only the hot neurons the predictor selects (device_skips)")
     if source.startswith("gpuidx:"):
         ours.notes.append("gpuidx ranking: its cold neurons count as never firing (optimistic)")
     text = pr.format_predictions(ours, split)

@@ -564,7 +564,9 @@ class NativeContext:
         check(lib.pi_context_ggml_compute_bytes(self._ptr, dev._live(), out), "ggml compute buffer")
         return int(out[0])
 
-    def set_ggml_device(self, dev, layers, output_on_device: bool, budget_bytes: int) -> None:
+    def set_ggml_device(
+        self, dev, layers, output_on_device: bool, budget_bytes: int, *, device_skips: bool = False
+    ) -> None:
         """Place ``layers`` (per layer an object with ``attn_on_device`` and ``hot_ids``, e.g. a plan's
         LayerPlan list) and the output block (``output_on_device``) on the ggml device ``dev``: copies now
         into three ggml buffers (:meth:`ggml_buffers`); from then on each eval runs the placed attention
@@ -580,8 +582,16 @@ class NativeContext:
         With ``n_seq_max`` > 1 the device's KV holds every slot and each device step runs once per
         sequence of the batch: a sequence gets the bits it gets alone (a context of n_ctx_seq with
         the same placement, device and threads).
+
+        With ``device_skips``, a split layer (some of its neurons on each side) that has its
+        predictor (:meth:`set_ffn_predictor`, set before placing) scores every neuron before the
+        device starts, and the device computes only the hot neurons the predictor selects: a
+        token alone reads only their gate and up rows (``ggml_mul_mat_id``), a batch reads every
+        row once and zeroes the others' h; the layer then computes what the CPU engine with that
+        predictor computes (PowerInfer, SOSP'24, section 5: GPU neurons are predicted too). Without
+        it the device computes every hot neuron and the predictor only picks cold ones.
         """
-        arr, _keep = _layer_array(layers)
+        arr, _keep = _layer_array(layers, device_skips)
         if len(layers) != self.model.gguf.hparams.n_layer:
             raise ValueError(f"set_ggml_device: {len(layers)} layers, the model has {self.model.gguf.hparams.n_layer}")
         with self._exclusive():

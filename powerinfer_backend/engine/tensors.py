@@ -53,14 +53,16 @@ def _pred_tensor(obj, name: str):
     return t, obj
 
 
-def _layer_array(plan_layers):
-    """-> (pi_layer_placement[] of ``plan_layers`` (attn_on_device, hot_ids), the id arrays to keep alive)."""
+def _layer_array(plan_layers, device_skips: bool = False):
+    """-> (pi_layer_placement[] of ``plan_layers`` (attn_on_device, hot_ids; every layer's
+    device_skips), the id arrays to keep alive)."""
     layers = ffi.new("pi_layer_placement[]", len(plan_layers))
     keep = []
     for i, L in enumerate(plan_layers):
         ids = np.ascontiguousarray(L.hot_ids, dtype=np.int32)
         keep.append(ids)
         layers[i].attn_on_device = int(L.attn_on_device)
+        layers[i].device_skips = int(bool(device_skips))
         layers[i].n_hot = ids.shape[0]
         layers[i].hot_ids = ffi.cast("const int32_t *", ffi.from_buffer(ids)) if ids.size else ffi.NULL
     return layers, keep

@@ -6,7 +6,9 @@ left and reused - bit for bit as that sequence alone in a one-sequence context o
 the same placement, device and threads: the same greedy tokens and the same logits. On SmolLM2, on
 a tiny Gemma 3 (F32 weights, a sliding window of 3 shorter than the prompts, q/k norms), and on
 tests/hybrid/test_split_sparse.py's tiny llama with its CPU half under predictors or gate
-thresholds (a sequence's cold neurons chosen from its own rows)."""
+thresholds (a sequence's cold neurons chosen from its own rows), and under predictors with the
+device skipping the hot neurons they leave out (``device_skips``: a decode row alone gathers its
+selected rows, a prefill zeroes the others)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def _layers(n_layer: int, n_ff: int) -> list:
     return out
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3-tiny", "predictor-tiny", "gate-tiny"])
+@pytest.fixture(scope="module", params=["smollm2", "gemma3-tiny", "predictor-tiny", "skips-tiny", "gate-tiny"])
 def placed(request, model_path, tmp_path_factory):
     """(the prompts, a function making a context of n sequences under the placement on ggml-cpu)."""
     with pytest.MonkeyPatch.context() as mp:  # down_t caches in a private folder
@@ -48,7 +50,7 @@ def placed(request, model_path, tmp_path_factory):
         else:
             from tests.hybrid.test_split_sparse import gate_thresholds, write_model
 
-            path = write_model(folder / "tiny.gguf", predictors=request.param == "predictor-tiny")
+            path = write_model(folder / "tiny.gguf", predictors=request.param != "gate-tiny")
             prompts = [np.random.default_rng(3).integers(0, 256, n).tolist() for n in (5, 12, 3, 9)]
         g = load_gguf(path, verbose=False)
         m = NativeModel(g)
@@ -57,12 +59,12 @@ def placed(request, model_path, tmp_path_factory):
 
             def make(n_seq: int) -> NativeContext:
                 ctx = NativeContext(m, n_ctx=n_seq * N_CTX_SEQ, n_batch=N_BATCH, n_threads=1, n_seq_max=n_seq)
-                if request.param == "predictor-tiny":
+                if request.param in ("predictor-tiny", "skips-tiny"):
                     sparsity.configure(ctx, g, path, "predictor")
                 elif request.param == "gate-tiny":
                     gate_thresholds(ctx, g)
                 split_arithmetic(ctx, layers)
-                ctx.set_ggml_device(dev, layers, True, 1 << 40)
+                ctx.set_ggml_device(dev, layers, True, 1 << 40, device_skips=request.param == "skips-tiny")
                 return ctx
 
             yield prompts, make

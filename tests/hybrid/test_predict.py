@@ -281,3 +281,48 @@ def test_cli_plan_predict(tmp_path, xdg_cache, capsys):
     assert cli_main(base[:4] + ["100KiB"] + base[5:] + ["--device-bandwidth", "50", "--host-bandwidth", "5"]) == 0
     text = capsys.readouterr().out
     assert "ratio ours / layer split:" in text and "llama.cpp layer split" in text
+
+
+def test_device_skips_in_predictor_mode(tiny_sizes):
+    """The ggml device's skipping (``device_skips``, mode "predictor"): a split layer's device
+    reads the gate and up rows of the hot neurons it selects (by frequency) and every down
+    column, after the host has read the predictor; other modes and unsplit layers are as
+    without it."""
+    _, s = tiny_sizes
+    freq = np.full((2, 128), 0.25)
+    plan = _plan([False, False], [np.arange(32), np.arange(128)])
+    kw = dict(device_gbps=0.1, host_gbps=1, mode="predictor", predictor_bytes=1000)
+    every, skips = (pr.predict_ours(s, plan, freq, device_skips=d, **kw) for d in (False, True))
+    assert every.layers[0].device_ffn_bytes == 32 * sum(ROW) == 6528
+    assert skips.layers[0].device_ffn_bytes == 32 * 0.25 * (68 + 68) + 32 * 68 == 3264
+    host = 96 * 0.25 * sum(HOST_ROW) + 1000  # the selected cold rows and the predictor
+    assert every.layers[0].host_ffn_bytes == skips.layers[0].host_ffn_bytes == host
+    assert every.layers[0].t == pytest.approx(ATTN_W / 1e9 + 6528 / 1e8, rel=1e-12)
+    assert skips.layers[0].t == pytest.approx(ATTN_W / 1e9 + 1000 / 1e9 + max(3264 / 1e8, (host - 1000) / 1e9))
+    assert skips.layers[1].t == every.layers[1].t  # every neuron on the device: no predictor first
+    relu = [pr.predict_ours(s, plan, freq, **{**kw, "mode": "relu"}, device_skips=d) for d in (False, True)]
+    assert relu[0].layers[0].t == relu[1].layers[0].t
+    # where every hot neuron fires nothing is saved and the predictor comes first: slower
+    ones = np.ones((2, 128))
+    a, b = (pr.predict_ours(s, plan, ones, device_skips=d, **kw).tok_s for d in (False, True))
+    assert b < a
+
+
+@pytest.mark.parametrize(
+    "freq_value,gbps,skips", [(0.1, 5.0, True), (1.0, 5.0, False), (0.25, 100.0, False), (0.25, 0.1, False)]
+)
+def test_auto_chooses_device_skips_where_predicted_faster(tiny_sizes, freq_value, gbps, skips):
+    """``plan_auto`` keeps the device's skipping only where predicted faster for the winning
+    plan: split layers bound by the device at a low firing frequency (skipping), every hot
+    neuron firing (nothing saved: not), host-bound splits (not), nothing placed (not)."""
+    _, s = tiny_sizes
+    freq = np.full((2, 128), freq_value)
+    budget = int(P.full_device_bytes(s, 64, 8) * 0.9)
+    kw = dict(n_ctx=64, n_batch=8, device_gbps=gbps, host_gbps=1, mode="predictor", predictor_bytes=100)
+    plan = P.plan_auto(s, freq, budget, **kw)
+    c = plan.choice
+    pk = {k: v for k, v in kw.items() if k not in ("n_ctx", "n_batch")}
+    with_, without = (pr.predict_ours(s, plan, freq, device_skips=d, **pk).tok_s for d in (True, False))
+    assert c["device_skips"] is skips and (with_ > without) is skips
+    assert c["tok_s"][c["policy"]] == pytest.approx(max(with_, without), rel=1e-12)
+    assert P.plan_auto(s, freq, budget, **{**kw, "mode": "relu"}).choice["device_skips"] is False

@@ -1,6 +1,7 @@
 """The CPU half of a split at full strength (issue 24 item 3) on ``device="ggml-cpu"``: a
 predictor skips the gate rows of the cold neurons it predicts inactive, and gate thresholds
-(the CATS form) skip a cold neuron's up and down rows; the device computes every hot row.
+(the CATS form) skip a cold neuron's up and down rows; the device computes every hot row, or
+with a predictor and ``device_skips`` (the default) only the hot neurons it selects.
 Teacher-forced against the CPU engine with the same predictor / thresholds, with the
 tolerance of tests/hybrid/test_ggml_parity.py (llama.cpp's own largest difference on the
 same tokens, x 1.25; top-1 equal where the CPU engine's margin is at least that).
@@ -19,7 +20,7 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from tests.fixtures.tiny_gguf import write_tiny_llama
 from tests.hybrid.test_ggml_parity import MARGIN, N_BATCH, N_CTX, PROMPTS, SLACK, THREADS, _compare, _greedy, _llama_cpp
-from tests.fixtures.teacher_forced import teacher_forced
+from tests.fixtures.teacher_forced import schedule, teacher_forced
 
 from powerinfer_backend.engine.down_cache import down_t_dtype, transposed_down
 from powerinfer_backend.engine.native import NativeContext, NativeModel
@@ -98,11 +99,12 @@ def _context(model, form: str) -> NativeContext:
 
 
 def _reference(model, form: str, hot: dict) -> NativeContext:
-    """The CPU engine computing what the split computes: the device runs every hot row, so
-    with a predictor the hot neurons are always predicted (their fc2 rows made >= 0: score
-    >= 0 = the threshold)."""
-    ctx = _context(model, form)
-    if form == "predictor":
+    """The CPU engine computing what the split computes: with "predictor" the file's
+    predictor (the device skips what it leaves out); with "every-hot" the device runs every
+    hot row, so the hot neurons are always predicted (their fc2 rows made >= 0: score >= 0 =
+    the threshold)."""
+    ctx = _context(model, "predictor" if form == "every-hot" else form)
+    if form == "every-hot":
         pred = _predictors()
         for layer, ids in hot.items():
             fc2 = pred[f"blk.{layer}.fc2.weight"].copy()
@@ -111,25 +113,32 @@ def _reference(model, form: str, hot: dict) -> NativeContext:
     return ctx
 
 
-@pytest.mark.parametrize("form", ["predictor", "gate"])
+@pytest.mark.parametrize("form", ["predictor", "every-hot", "gate"])
 def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, form):
     path, bound, seqs, n_prompt, model, full = tiny
-    ctx = _context(model, form)
+    pred = form != "gate"
+    ctx = _context(model, "predictor" if pred else form)
     off = None
     try:
         off = offload(
-            ctx, path, vram_budget=f"{full // 2}B", device="ggml-cpu", placement="neurons", device_threads=THREADS
+            ctx,
+            path,
+            vram_budget=f"{full // 2}B",
+            device="ggml-cpu",
+            placement="neurons",
+            device_threads=THREADS,
+            device_skips=False if form == "every-hot" else None,
         )
-        assert off.plan is not None
+        assert off.plan is not None and off.device_skips == (form == "predictor")
         hot = {L.layer: np.asarray(L.hot_ids) for L in off.plan.layers if L.n_hot > 0}
         assert any(0 < len(ids) < N_FF for ids in hot.values()), hot  # split layers: a CPU half to skip in
         ctx.ffn_stats(reset=True)
-        if form == "predictor":
+        if pred:
             ctx.predictor_stats(reset=True)
         placed = [teacher_forced(ctx, s, n) for s, n in zip(seqs, n_prompt)]
         used_l, total_l = ctx.ffn_stats(reset=False, per_layer=True)
         used, total = int(used_l.sum()), int(total_l.sum())
-        if form == "predictor":  # per layer: the predictor's choice, every neuron where all are hot
+        if pred:  # per layer: the predictor's choice, every neuron where all are hot
             ps = ctx.predictor_stats(reset=False)
             assert ps["pred_ns"].sum() > 0
             for layer, n_hot in enumerate(L.n_hot for L in off.plan.layers):
@@ -150,7 +159,9 @@ def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, for
         finally:
             cpu.close()
     assert total == total_cpu and used < total  # the cold half skipped neurons
-    if form == "predictor":
+    if form == "predictor":  # the predictor's neurons on both sides (no score near its threshold)
+        assert used == used_cpu, (used, used_cpu, total)
+    elif pred:
         # the CPU engine's neurons with the hot ones predicted, up to scores at the threshold
         # moved by the device's rounding of the FFN input
         assert abs(used - used_cpu) <= 0.002 * total, (used, used_cpu, total)
@@ -204,3 +215,46 @@ def test_predictor_layers_wholly_on_the_device_count_every_neuron_predicted(tiny
     finally:
         ctx.close()
         off.close()
+
+
+def _logits(ctx, seq, n_prompt) -> np.ndarray:
+    ctx.truncate(0)
+    return np.concatenate([ctx.eval(seq[a:b], logits_all=True) for a, b in schedule(n_prompt, len(seq))])
+
+
+@pytest.mark.parametrize("skips", [True, False])
+def test_device_skipping_where_the_host_sums_the_down_is_the_cpu_engine_bit_for_bit(tiny, skips):
+    """Split layers whose whole down the host sums (few hot neurons: the device gives their
+    gate and up products) under the file's predictor: with ``device_skips`` the device
+    computes exactly the hot neurons the predictor selects, so the logits are the CPU engine's
+    with that predictor bit for bit (prompts as batches, then tokens alone); computing every
+    hot neuron is not."""
+    path, _, seqs, n_prompt, model, _ = tiny
+    g, pred = model.gguf, _predictors()
+    rng = np.random.default_rng(7)
+    hot = [np.arange(40), np.sort(rng.choice(N_FF, 48, replace=False)), np.arange(0), np.arange(0)]
+    layers = [P.LayerPlan(i, False, 0, 0, np.asarray(h, np.int32), 0, 0.0) for i, h in enumerate(hot)]
+    sizes = P.ModelSizes.from_gguf(g)
+    assert all(sizes.host_down(i, len(h)) for i, h in enumerate(hot) if len(h))
+
+    def context() -> NativeContext:
+        ctx = NativeContext(model, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=THREADS)
+        for i in range(N_LAYER):
+            ctx.set_ffn_predictor(i, pred[f"blk.{i}.fc1.weight"], pred[f"blk.{i}.fc2.weight"], 0.0)
+        split_arithmetic(ctx, layers)
+        return ctx
+
+    logits, used = {}, {}
+    with open_device(resolve_device("ggml-cpu"), THREADS) as dev:
+        for name in ("cpu", "device"):
+            ctx = context()
+            try:
+                if name == "device":
+                    ctx.set_ggml_device(dev, layers, False, 1 << 40, device_skips=skips)
+                ctx.ffn_stats(reset=True)
+                logits[name] = [_logits(ctx, s, n) for s, n in zip(seqs[:2], n_prompt)]
+                used[name] = ctx.ffn_stats(reset=False)[0]
+            finally:
+                ctx.close()
+    same = all(np.array_equal(a, b) for a, b in zip(logits["cpu"], logits["device"]))
+    assert same == skips and (used["cpu"] == used["device"]) == skips, (used, same)

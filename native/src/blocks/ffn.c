@@ -88,19 +88,32 @@ pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok)
                                 .threshold = c->ffn_threshold[l], .y = c->ffn_y, .n_used = c->ffn_used_tok};
 }
 
+static int has_predictor(const pi_context *c, int l) { return c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL; }
+
+/* layer l's predictor: scores of the rows c->xn into c->pred_scores (unless scored: kept from
+ * before), then per token the neurons among `among` (NULL: all n_ff) it selects into ids / off
+ * (increasing ids); the count of every neuron it selects (predictor_stats) is added once, with
+ * the scores */
+static void predict(pi_context *c, int l, int64_t n_tok, int scored, const int32_t *among, int64_t n_among,
+                    int32_t *ids, int64_t *off) {
+    const int64_t t0 = pi_now_ns(), F = c->m->hp.n_ff;
+    if (!scored)
+        pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
+    const int64_t n = pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], among, n_among, ids, off);
+    if (!scored) c->pred_count[l] += n;
+    c->pred_ns[l] += pi_now_ns() - t0;
+}
+
 void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     const int64_t F = c->m->hp.n_ff;
-    const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
+    const int pred = has_predictor(c, l);
     const int64_t t0 = pred ? pi_now_ns() : 0;
     const int32_t *active = NULL;
     const int64_t *active_off = NULL;
     if (pred) { /* scores -> per-token active lists (increasing ids) */
-        pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
-        c->pred_count[l] += pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], NULL, 0,
-                                                c->pred_active, c->pred_off);
+        predict(c, l, n_tok, 0, NULL, 0, c->pred_active, c->pred_off);
         active = c->pred_active;
         active_off = c->pred_off;
-        c->pred_ns[l] += pi_now_ns() - t0;
     }
     float *h = NULL;
     /* the gated product form reads every gate and up row: the dense matmuls (the decode
@@ -147,22 +160,18 @@ void pi_ffn_sparse_done(pi_context *c, int l, int64_t n_tok) {
 }
 
 /* layer l's cold candidates per token into cold->ids_buf / off_buf: every cold id, or with a
- * predictor the cold ids it predicts active (scored here while the device runs the hot rows,
- * which it computes all of); the predicted count covers every neuron, as in pi_ffn_sparse_layer */
-static void cold_lists(pi_context *c, int l, int64_t n_tok, const pi_dev_cold *cold) {
-    const int64_t n = cold->n, F = c->m->hp.n_ff;
-    if (c->pred_fc1 == NULL || c->pred_fc1[l].data == NULL) {
+ * predictor the cold ids it selects (scored here while the device runs the hot rows, unless
+ * scored before the device started) */
+static void cold_lists(pi_context *c, int l, int64_t n_tok, const pi_dev_cold *cold, int scored) {
+    const int64_t n = cold->n;
+    if (!has_predictor(c, l)) {
         for (int64_t t = 0; t <= n_tok; t++) {
             cold->off_buf[t] = t * n;
             if (t < n_tok) memcpy(cold->ids_buf + t * n, cold->ids, (size_t)n * sizeof *cold->ids);
         }
         return;
     }
-    const int64_t t0 = pi_now_ns();
-    pi_predictor_scores(c->pool, &c->pred_fc1[l], &c->pred_fc2[l], c->xn, n_tok, c->pred_scores, c->pred_scratch);
-    c->pred_count[l] += pi_predictor_select(c->pred_scores, n_tok, F, c->pred_threshold[l], cold->ids, n,
-                                            cold->ids_buf, cold->off_buf);
-    c->pred_ns[l] += pi_now_ns() - t0;
+    predict(c, l, n_tok, scored, cold->ids, n, cold->ids_buf, cold->off_buf);
 }
 
 /* the CPU half of a split: the sparse FFN over layer l's cold candidates (cold_lists; base->active
@@ -183,12 +192,18 @@ static void ffn_cold(pi_context *c, const pi_ffn_sparse_args *base, const pi_dev
 
 int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
     pi_dev *d = c->dev;
-    pi_dev_cold cold;
-    if (d == NULL || !d->iface.ffn_start(d, c, l, n_tok, &cold)) return 0;
-    const int pred = c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
+    if (d == NULL) return 0;
+    const int pred = has_predictor(c, l);
     const int64_t t0 = pred ? pi_now_ns() : 0;
+    /* a device half that skips what the predictor leaves out needs its choice first (the scores
+     * then serve the cold half too); else the scores overlap the device's hot rows */
+    const int scored = pred && d->iface.ffn_skips(d, l);
+    if (scored) predict(c, l, n_tok, 0, NULL, 0, c->pred_active, c->pred_off);
+    const pi_dev_active act = {c->pred_active, c->pred_off};
+    pi_dev_cold cold;
+    if (!d->iface.ffn_start(d, c, l, n_tok, scored ? &act : NULL, &cold)) return 0; /* not when scored */
     if (cold.n > 0)
-        cold_lists(c, l, n_tok, &cold);
+        cold_lists(c, l, n_tok, &cold, scored);
     else if (pred) /* every neuron on the device: no scores needed, all of them computed */
         c->pred_count[l] += n_tok * c->m->hp.n_ff;
     pi_ffn_sparse_args a = pi_ffn_sparse_base(c, l, n_tok);

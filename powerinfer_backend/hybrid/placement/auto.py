@@ -256,7 +256,7 @@ def plan_auto(
     mode: str,
     sizer: Sizer = CPU_BUFT,
     disable_gpu_index: bool = False,
-    device_skips: bool = False,
+    device_skips: bool | None = None,
     n_past: int = 0,
     predictor_bytes: int = 0,
     sync_s: float = 0.0,
@@ -270,18 +270,23 @@ def plan_auto(
         candidate's predicted decode tok/s), ``llama_cpp_tok_s`` (llama.cpp's layer split at
         the budget, :func:`~.predict.predict_layer_split`), ``ratio`` (the winner's over
         that), ``cpu_tok_s`` (nothing placed), ``device_bytes`` (each candidate's),
-        ``sync_s``, ``device_gbps``, ``host_gbps``, ``mode``. With ``sync_s`` > 0 the
+        ``sync_s``, ``device_gbps``, ``host_gbps``, ``mode``, ``device_skips`` (whether the
+        device computes only the hot neurons the predictor selects: ``device_skips`` as given,
+        or with None in mode "predictor" whichever is predicted faster for each candidate,
+        the throughput planner planning for it; False in other modes). With ``sync_s`` > 0 the
         throughput plan may place nothing: no placement within the budget is then predicted
         faster than the CPU alone.
 
     Raises:
         ValueError: as :func:`plan_throughput`.
     """
+    # None in mode "predictor": plan for skipping, then keep it only where predicted faster (ties: not)
+    skip_opts = (False, True) if device_skips is None and mode == "predictor" else (bool(device_skips),)
     kw: dict[str, Any] = dict(
         device_gbps=device_gbps,
         host_gbps=host_gbps,
         mode=mode,
-        device_skips=device_skips,
+        device_skips=skip_opts[-1],
         n_past=n_past,
         predictor_bytes=predictor_bytes,
         sync_s=sync_s,
@@ -300,7 +305,9 @@ def plan_auto(
             "neurons": plan_placement(sizes, neuron_freq, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer),
             "layers": plan_layer_split(sizes, vram_budget, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer),
         }
-    tok_s = {k: predict_ours(sizes, p, neuron_freq, **kw).tok_s for k, p in plans.items()}
+    # each candidate with the device's skipping or not, whichever is predicted faster
+    skips = {k: max(skip_opts, key=lambda o: _tok_s(sizes, p, neuron_freq, kw, o)) for k, p in plans.items()}
+    tok_s = {k: _tok_s(sizes, p, neuron_freq, kw, skips[k]) for k, p in plans.items()}
     cpu = plan_throughput(sizes, neuron_freq, 0, n_ctx=n_ctx, n_batch=n_batch, sizer=sizer, **kw)
     best = max(plans, key=lambda k: (tok_s[k], -POLICIES.index(k)))
     llama = predict_layer_split(
@@ -318,8 +325,13 @@ def plan_auto(
         "device_gbps": float(device_gbps),
         "host_gbps": float(host_gbps),
         "mode": mode,
+        "device_skips": skips[best] and mode == "predictor",
     }
     return plan
+
+
+def _tok_s(sizes: ModelSizes, plan: Plan, freq, kw: dict, device_skips: bool) -> float:
+    return predict_ours(sizes, plan, freq, **{**kw, "device_skips": device_skips}).tok_s
 
 
 def why_auto_placed_nothing(choice: dict) -> str:

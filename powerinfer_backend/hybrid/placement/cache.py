@@ -109,6 +109,7 @@ def plan_for_model(
     mode: str = "dense",
     predictor_bytes: int = 0,
     sync_s: float = 0.0,
+    device_skips: bool | None = None,
 ) -> Plan:
     """The plan for the model file at ``model_path``, cached in its artifact folder.
 
@@ -140,7 +141,9 @@ def plan_for_model(
             split, with ``device_gbps`` / ``host_gbps`` in GB/s and the CPU half's FFN
             ``mode``, :data:`~.predict.MODES`; mode "predictor" with ``predictor_bytes``, one
             layer's predictor bytes read per token, and ``sync_s`` seconds per split layer
-            and token, the device's round trip: :func:`~.bandwidth.device_sync`).
+            and token, the device's round trip: :func:`~.bandwidth.device_sync`; with
+            ``device_skips`` None the cost model chooses whether a predictor context's device
+            skips unselected hot neurons, else as given: :func:`~.auto.plan_auto`).
 
     Raises:
         ValueError: bad arguments, a sidecar for another model, or a stored plan
@@ -192,6 +195,8 @@ def plan_for_model(
             inputs["predictor_bytes"] = _check_int("predictor_bytes", predictor_bytes, 0)
         if sync_s:
             inputs["sync_s"] = float(sync_s)
+        if device_skips is not None:
+            inputs["device_skips"] = bool(device_skips)
     elif placement != "neurons":
         raise ValueError(f"plan_for_model: placement must be 'neurons' or 'auto', got {placement!r}")
     path = Path(out) if out is not None else plan_path(model_path, create=True)
@@ -224,6 +229,7 @@ def plan_for_model(
             disable_gpu_index=disable_gpu_index,
             predictor_bytes=predictor_bytes,
             sync_s=sync_s,
+            device_skips=device_skips,
         )
     else:
         plan = plan_placement(

@@ -14,8 +14,9 @@ from .sizes import GiB, MiB
 __all__ = ["FORMAT_VERSION", "LayerPlan", "Plan"]
 
 # 2: ggml buffers (weights, kv, compute), compute_bytes; 3: a whole layer's down as stored;
-# 4: no down columns where the host sums the layer's down, the KV in the context's type
-FORMAT_VERSION = 4
+# 4: no down columns where the host sums the layer's down, the KV in the context's type;
+# 5: a predictor context's device skips unselected hot neurons (cost model, choice["device_skips"])
+FORMAT_VERSION = 5
 
 
 @dataclass

@@ -13,9 +13,12 @@ it reads divided by the bandwidth of the memory they are read from. The model he
   file, F16 for an unquantized one); the host reads
   its cold neurons' rows, each row with the probability the FFN mode reads it
   (:data:`ROW_READS`: a row marked "always" is read for every neuron, "freq" only for a
-  neuron that fires, with probability its firing frequency). With ``device_skips`` the
-  device reads its rows by the same rule (PowerInfer's own GPU kernels); without it, all
-  hot rows (a ggml ``mul_mat`` over the gathered rows, what the ggml device does).
+  neuron that fires, with probability its firing frequency). The device reads all its hot
+  rows (a ggml ``mul_mat`` over the gathered rows), except with ``device_skips`` in mode
+  "predictor", as the ggml device then runs a split layer: the host scores the predictor
+  first, then the device reads the gate and up rows of the hot neurons it selects (taken as
+  the firing ones) and every down column, while the host reads the selected cold rows:
+  ``predictor / host bandwidth + max(device time, the host's other FFN time)``.
   Then the output block (output_norm and the output matrix) where the plan put it,
   plus ``sync_s`` per layer with work on both sides (the round trip of the activations).
   A layer with no neuron on the device runs its FFN as the CPU-only engine does (mode
@@ -322,8 +325,11 @@ def layer_time(
     ``set_ffn_down_dense``); with all of them, the whole FFN as stored on the device. Where
     the host sums the layer's whole down (``n_ff - n_hot >= b.host_down_from``) the device
     reads no down and the host reads ffn_down as stored."""
-    how, dev_how = ROW_READS[mode], ROW_READS[mode if device_skips else "dense"]
+    how = ROW_READS[mode]
     pred = predictor_bytes if mode == "predictor" else 0
+    # the ggml device's skipping (NativeContext.set_ggml_device): a split layer's predictor first
+    skips = device_skips and mode == "predictor" and 0 < n_hot < n_ff
+    dev_how = ("freq", "freq", "always") if skips else ROW_READS["dense"]
     host_down = 0 < n_hot and n_ff - n_hot >= b.host_down_from
     if n_hot == 0:
         dev = 0.0
@@ -334,7 +340,7 @@ def layer_time(
         dev, host = _rows_read(_no_down(b.whole_rows, host_down), n_ff, hot_fsum, dev_how), 0.0
     else:
         dev = _rows_read(_no_down(b.device_rows, host_down), n_hot, hot_fsum, dev_how)
-        if not device_skips and not host_down:  # the zero columns of the last down block, read with it
+        if not host_down:  # the zero columns of the last down block, read with it
             dev += (-(-n_hot // b.down_block) * b.down_block - n_hot) * b.device_rows[2]
         host = _rows_read(_no_down(b.host_rows, host_down), n_ff - n_hot, cold_fsum, how) + pred
         if not host_down and mode in ("dense", "threshold"):  # the cold rows' down over ffn_down where cheaper
@@ -344,8 +350,10 @@ def layer_time(
         host += b.gguf_down
     t_attn = b.attn / (bd if attn_on else bh)
     td, th = dev / bd, host / bh
+    tp = pred / bh if skips else 0.0  # the predictor before the device starts
     both = split_layer(attn_on, n_hot, n_ff)
-    return LayerTime(i, attn_on, b.attn, dev, host, t_attn, td, th, t_attn + max(td, th) + (sync_s if both else 0.0))
+    t_ffn = tp + max(td, th - tp)
+    return LayerTime(i, attn_on, b.attn, dev, host, t_attn, td, th, t_attn + t_ffn + (sync_s if both else 0.0))
 
 
 def _check_predict_args(device_gbps, host_gbps, mode, n_past, predictor_bytes, sync_s):
@@ -380,7 +388,8 @@ def predict_ours(
             (every neuron fires: no sparsity).
         device_gbps, host_gbps: memory bandwidths in GB/s (> 0).
         mode: one of :data:`MODES` (see :func:`default_mode`).
-        device_skips: the device skips rows as the host does (else it reads all hot rows).
+        device_skips: in mode "predictor", the device computes only the hot neurons the
+            predictor selects (the engine's ``device_skips``; else it reads all hot rows).
         n_past: KV positions read per layer (the context length at the token).
         predictor_bytes: bytes of one layer's predictor read on the host per token
             (mode "predictor").

@@ -63,6 +63,8 @@ enum { PI_G_BUFFER_USAGE_WEIGHTS = 1 };
     X(gt *, cpy, (gctx *, gt *, gt *))                                                                    \
     X(gt *, set_rows, (gctx *, gt *, gt *, gt *))                                                         \
     X(gt *, mul_mat, (gctx *, gt *, gt *))                                                                \
+    X(gt *, mul_mat_id, (gctx *, gt *, gt *, gt *))                                                       \
+    X(gt *, get_rows, (gctx *, gt *, gt *))                                                               \
     X(gt *, mul, (gctx *, gt *, gt *))                                                                    \
     X(gt *, add, (gctx *, gt *, gt *))                                                                    \
     X(gt *, scale, (gctx *, gt *, float))                                                                 \

@@ -47,6 +47,13 @@ static int check_layer(const pi_context *c, const pi_layer_placement *L, int l) 
     return PI_OK;
 }
 
+/* 1: layer l is split and its device half computes only what its predictor selects (its graphs
+ * are in the compute buffer: the predictor was set before measuring, measure.c) */
+static int skips(const pi_context *c, const pi_layer_placement *L, int l) {
+    return L->device_skips && L->n_hot > 0 && L->n_hot < c->m->hp.n_ff && c->pred_fc1 != NULL &&
+           c->pred_fc1[l].data != NULL;
+}
+
 int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out) {
     if (c == NULL || d == NULL || out == NULL)
         return pi_set_error(PI_ERR_INVALID, "pi_context_ggml_compute_bytes: NULL argument");
@@ -100,6 +107,10 @@ static void gg_free(pi_gplaced *p) {
     free(p->hot);
     free(p->cold_ids);
     free(p->cold_off);
+    free(p->skips);
+    free(p->sel_pos);
+    free(p->sel_off);
+    free(p->sel_in);
     free(p->mask);
     free(p->kv_idx);
     free(p->y_dev);
@@ -108,8 +119,9 @@ static void gg_free(pi_gplaced *p) {
     free(p);
 }
 
-static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold, int64_t max_hot) {
+static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold, int64_t max_hot, int any_skips) {
     const size_t nl = (size_t)c->m->hp.n_layer, B = (size_t)c->cp.n_batch;
+    const size_t H = (size_t)max_hot, max_down = (size_t)pi_align_up(max_hot, PI_QK); /* pi_gg_down_cols */
     pi_gplaced *p = calloc(1, sizeof *p);
     if (p == NULL) return NULL;
     p->base = (pi_dev){gg_i, p};
@@ -123,7 +135,10 @@ static pi_gplaced *gg_new(pi_context *c, pi_gdev *d, int64_t max_cold, int64_t m
         !(p->mask = malloc(B * (size_t)c->n_cells * sizeof *p->mask)) || !(p->kv_idx = malloc(B * sizeof *p->kv_idx)) ||
         !(p->y_dev = malloc(B * (size_t)(2 * max_hot > c->m->hp.n_embd ? 2 * max_hot : c->m->hp.n_embd) *
                             sizeof *p->y_dev)) ||
-        !(p->graph_meta = malloc(pi_gg_meta_bytes(p->g)))) {
+        !(p->graph_meta = malloc(pi_gg_meta_bytes(p->g))) || !(p->skips = calloc(nl, 1)) ||
+        (any_skips && (!(p->sel_pos = malloc((B * H + 1) * sizeof *p->sel_pos)) ||
+                       !(p->sel_off = malloc((B + 1) * sizeof *p->sel_off)) ||
+                       !(p->sel_in = malloc((H + B * max_down) * sizeof *p->sel_in))))) {
         gg_free(p);
         return NULL;
     }
@@ -199,10 +214,11 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
         return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: NULL argument");
     if (c->dev != NULL) return pi_set_error(PI_ERR_INVALID, "pi_context_set_ggml_device: the context already has a device");
     const pi_model_params *hp = &c->m->hp;
-    int any = output_on_device != 0, rc = PI_OK;
+    int any = output_on_device != 0, any_skips = 0, rc = PI_OK;
     int64_t max_cold = 0, max_hot = 0;
     for (int l = 0; l < hp->n_layer && rc == PI_OK; l++) {
         rc = check_layer(c, &layers[l], l);
+        any_skips |= skips(c, &layers[l], l);
         any |= layers[l].attn_on_device || layers[l].n_hot > 0;
         if (layers[l].n_hot > 0 && hp->n_ff - layers[l].n_hot > max_cold) max_cold = hp->n_ff - layers[l].n_hot;
         if (layers[l].n_hot > max_hot) max_hot = layers[l].n_hot;
@@ -222,8 +238,9 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
     if (need > info.free_bytes)
         return pi_set_error(PI_ERR_NOMEM, "the plan needs %lld device bytes, ggml device %s has %lld free",
                             (long long)need, d->name, (long long)info.free_bytes);
-    pi_gplaced *p = gg_new(c, d, max_cold, max_hot);
+    pi_gplaced *p = gg_new(c, d, max_cold, max_hot, any_skips);
     if (p == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_context_set_ggml_device: out of memory");
+    for (int l = 0; l < hp->n_layer; l++) p->skips[l] = (uint8_t)skips(c, &layers[l], l);
     p->flash = pi_gg_flash_supported(d, c);
     rc = place(p, layers, output_on_device, w.bytes, kv.bytes, compute);
     if (rc) {
@@ -260,14 +277,44 @@ static int gg_attn(pi_dev *dv, pi_context *c, int l, const int32_t *pos, const i
     return 1;
 }
 
-static int gg_ffn_start(pi_dev *dv, pi_context *c, int l, int64_t n_tok, pi_dev_cold *cold) {
+static int gg_ffn_skips(pi_dev *dv, int l) {
+    const pi_gplaced *p = dv->impl;
+    return p->skips[l];
+}
+
+/* the selected neurons of each row that are layer l's hot ones, as their device rows (sel_pos) */
+static void select_hot(pi_gplaced *p, int l, int64_t n_tok, const pi_dev_active *act) {
+    const int32_t *hot = p->hot[l];
+    const int64_t n_hot = p->H[l].n_hot;
+    int64_t m = 0;
+    for (int64_t t = 0; t < n_tok; t++) {
+        p->sel_off[t] = m;
+        int64_t r = 0; /* both lists increase: one merge */
+        for (int64_t i = act->off[t]; i < act->off[t + 1] && r < n_hot; i++) {
+            while (r < n_hot && hot[r] < act->ids[i]) r++;
+            if (r < n_hot && hot[r] == act->ids[i]) p->sel_pos[m++] = (int32_t)r;
+        }
+    }
+    p->sel_off[n_tok] = m;
+}
+
+static int gg_ffn_start(pi_dev *dv, pi_context *c, int l, int64_t n_tok, const pi_dev_active *act, pi_dev_cold *cold) {
     pi_gplaced *p = dv->impl;
     if (p->cold[l] == NULL) return 0;
     *cold = (pi_dev_cold){p->cold[l], c->m->hp.n_ff - p->H[l].n_hot, p->cold_ids, p->cold_off};
     p->ev_t0 = pi_now_ns(); /* the CPU half starts as the device's is posted */
-    (void)n_tok; /* the rows of c's groups */
+    p->job_skips = act != NULL && p->skips[l];
+    if (p->job_skips) select_hot(p, l, n_tok, act);
     pi_gg_ffn_post(p, l, c->xn);
     return 1;
+}
+
+/* 1: row t ran alone in its graph (one sequence's one row: steps.c, a row that skips then has its
+ * selected neurons' values only, in order) */
+static int row_alone(const pi_context *c, int64_t t) {
+    int32_t i = 0;
+    while (c->grp_off[i + 1] <= t) i++;
+    return c->grp_off[i + 1] - c->grp_off[i] == 1;
 }
 
 static int gg_ffn_finish(pi_dev *dv, pi_context *c, int l, int64_t n_tok, float *y, int64_t *n_used) {
@@ -279,12 +326,18 @@ static int gg_ffn_finish(pi_dev *dv, pi_context *c, int l, int64_t n_tok, float 
     note(p, rc);
     if (rc == PI_OK && h_only) /* the hot neurons' h (the host's activation, as the cold half's) into */
         for (int64_t t = 0; t < n_tok; t++) { /* the dense down's input, where the cold half left them 0 */
+            int64_t k = n_hot;
+            const int32_t *pos = p->job_skips ? pi_gg_sel(p, t, &k) : NULL;
+            const int compact = pos != NULL && row_alone(c, t);
             float *h = p->y_dev + t * n_hot; /* in place over the gate products */
-            pi_ffn_act_mul(c->m->hp.act, h, p->y_dev + (c->cp.n_batch + t) * n_hot, h, n_hot);
-            for (int64_t r = 0; r < n_hot; r++) c->ffn_hd[t * F + p->hot[l][r]] = h[r];
+            pi_ffn_act_mul(c->m->hp.act, h, p->y_dev + (c->cp.n_batch + t) * n_hot, h, compact ? k : n_hot);
+            for (int64_t j = 0; j < k; j++) {
+                const int64_t r = pos == NULL ? j : pos[j];
+                c->ffn_hd[t * F + p->hot[l][r]] = h[compact ? j : r];
+            }
         }
-    if (rc == PI_OK && n_used != NULL) /* the device sums its hot rows densely */
-        for (int64_t t = 0; t < n_tok; t++) n_used[t] += p->H[l].n_hot;
+    if (rc == PI_OK && n_used != NULL) /* the hot neurons the device computed */
+        for (int64_t t = 0; t < n_tok; t++) n_used[t] += p->job_skips ? p->sel_off[t + 1] - p->sel_off[t] : n_hot;
     return rc;
 }
 
@@ -309,6 +362,7 @@ static const pi_device_i gg_i = {
     .kind = PI_DEV_GGML,
     .name = "ggml",
     .attn = gg_attn,
+    .ffn_skips = gg_ffn_skips,
     .ffn_start = gg_ffn_start,
     .ffn_finish = gg_ffn_finish,
     .output = gg_output,

@@ -37,6 +37,10 @@ typedef struct pi_gplaced {
     int32_t **hot;       /* per layer: H[l]'s ids (increasing), NULL without hot neurons */
     int32_t *cold_ids;   /* the CPU half's candidate lists (pi_dev_cold) */
     int64_t *cold_off;
+    uint8_t *skips;      /* per layer: its device half computes only the hot neurons the predictor selects */
+    int32_t *sel_pos;    /* the job's selected hot neurons per token (rows of H[l]), CSR by sel_off; n_batch x max_hot */
+    int64_t *sel_off;    /* n_batch + 1 */
+    int32_t *sel_in;     /* a group's ids then map inputs (pi_gg_ffn): max_hot + n_batch x max_down */
     float *mask;          /* host staging: n_batch x n_cells mask rows */
     int64_t *kv_idx;      /* n_batch cell indices */
     float *y_dev;         /* n_batch rows of the device's FFN partial sum, or (pi_gg_h_only) its gate then up products */
@@ -52,6 +56,7 @@ typedef struct pi_gplaced {
     atomic_int sleeping, waiting, stop;     /* the device thread / the caller sleep on cv */
     int64_t spin_ns;                         /* how long either spins before sleeping (0: never) */
     int job_l;
+    int job_skips; /* the job computes the selected hot neurons only (sel_pos) */
     const float *job_x;
     int job_rc;
     char job_msg[512];
@@ -79,6 +84,12 @@ int pi_gg_ffn_wait(pi_gplaced *p, int64_t n_tok, float *y);
 /* upload.c: copy layer l's placed tensors (attention slots, hot rows and columns) and the output block */
 int pi_gg_upload_layer(pi_gplaced *p, int l, const int32_t *hot_ids);
 void pi_gg_upload_output(pi_gplaced *p);
+
+/* the device rows of the n_sel selected hot neurons of row t (sel_pos) */
+static inline const int32_t *pi_gg_sel(const pi_gplaced *p, int64_t t, int64_t *n_sel) {
+    *n_sel = p->sel_off[t + 1] - p->sel_off[t];
+    return p->sel_pos + p->sel_off[t];
+}
 
 /* 1: layer l's split sums its down on the host, densely over the GGUF ffn_down (the cold half's
  * ffn_dense_down): the device's FFN step stops at the hot neurons' gate and up products; the host

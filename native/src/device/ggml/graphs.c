@@ -114,11 +114,22 @@ int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, cons
 }
 
 int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *Hn, int64_t n_tok, int h_only,
-              pi_gg_io *io) {
+              int64_t n_sel, pi_gg_io *io) {
     const pi_model_params *hp = &c->m->hp;
-    begin(g, ctx, hp->n_embd, n_tok, io);
-    gt *gx = g->mul_mat(ctx, Hn->gate, io->x); /* [n_hot, n_tok] */
-    gt *ux = g->mul_mat(ctx, Hn->up, io->x);
+    const int64_t E = hp->n_embd;
+    begin(g, ctx, E, n_tok, io);
+    gt *gx, *ux; /* [n_hot or n_sel, n_tok] */
+    if (n_sel > 0) { /* each hot row a one-row "expert": only the selected rows are read */
+        io->ids = input(g, ctx, PI_G_TYPE_I32, n_sel, n_tok);
+        gt *x3 = g->reshape_3d(ctx, io->x, E, 1, n_tok);
+        gx = g->mul_mat_id(ctx, g->reshape_3d(ctx, Hn->gate, E, 1, Hn->n_hot), x3, io->ids);
+        ux = g->mul_mat_id(ctx, g->reshape_3d(ctx, Hn->up, E, 1, Hn->n_hot), x3, io->ids);
+        gx = g->reshape_2d(ctx, gx, n_sel, n_tok);
+        ux = g->reshape_2d(ctx, ux, n_sel, n_tok);
+    } else {
+        gx = g->mul_mat(ctx, Hn->gate, io->x);
+        ux = g->mul_mat(ctx, Hn->up, io->x);
+    }
     if (h_only) { /* the host takes the products (its activation, then its dense down) */
         io->out0 = gx;
         io->out1 = ux;
@@ -136,7 +147,14 @@ int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_
     case PI_ACT_DRELU: h = g->mul(ctx, g->relu(ctx, gx), g->relu(ctx, ux)); break;
     default: return pi_set_error(PI_ERR_UNSUPPORTED, "ggml device: FFN activation %d", hp->act);
     }
-    if (Hn->n_down > Hn->n_hot) h = g->pad(ctx, h, (int)(Hn->n_down - Hn->n_hot), 0, 0, 0); /* zeros */
+    if (n_sel >= 0) { /* each down column's h through the map: its neuron's when selected, else the zero row */
+        const int64_t k = n_sel > 0 ? n_sel : Hn->n_hot;
+        io->map = input(g, ctx, PI_G_TYPE_I32, Hn->n_down, n_tok);
+        gt *hz = g->pad(ctx, g->reshape_3d(ctx, h, 1, k, n_tok), 0, 1, 0, 0); /* [1, k + 1, n_tok], row k = 0 */
+        h = g->reshape_2d(ctx, g->get_rows(ctx, hz, io->map), Hn->n_down, n_tok);
+    } else if (Hn->n_down > Hn->n_hot) {
+        h = g->pad(ctx, h, (int)(Hn->n_down - Hn->n_hot), 0, 0, 0); /* zeros */
+    }
     io->out0 = g->mul_mat(ctx, Hn->down, h); /* [n_embd, n_tok] */
     g->set_output(io->out0);
     g->build_forward_expand(io->gf, io->out0);

@@ -34,6 +34,7 @@ typedef struct {
     struct ggml_cgraph *gf;
     gt *x;                           /* F32 [n_embd, n_tok] */
     gt *pos, *kv_idx, *mask, *freqs; /* I32 [n_tok], I64 [n_tok], F32 [n_kv, n_tok], F32 [n_rot / 2] */
+    gt *ids, *map;                   /* FFN with n_sel: I32 [n_sel, n_tok] rows, I32 [n_down, n_tok] (pi_gg_ffn) */
     gt *out0, *out1;                 /* attention: x, xn; FFN: y; output: embd, logits */
 } pi_gg_io;
 
@@ -45,9 +46,13 @@ int pi_gg_is_swa(const pi_model_params *hp, int l);
 int pi_gg_attn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, int l, const pi_gg_layer *L, int64_t n_tok,
                int64_t cell0, int64_t n_kv, int flash, pi_gg_io *io);
 /* y = down . act(gate x) * (up x) over the hot neurons, act an enum pi_act; with h_only the
- * graph stops at the products: out0 = gate x, out1 = up x ([n_hot, n_tok] each) */
+ * graph stops at the products: out0 = gate x, out1 = up x ([n_hot or n_sel, n_tok] each).
+ * n_sel < 0: every hot neuron; 0: every hot row is read and h goes through map (per token and
+ * down column: its hot row, or n_hot for 0: the neurons a predictor did not select); > 0 (a
+ * token alone): only the n_sel hot rows ids lists are read (ggml_mul_mat_id), h through map
+ * (the index in ids, or n_sel for 0) */
 int pi_gg_ffn(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_hot *H, int64_t n_tok, int h_only,
-              pi_gg_io *io);
+              int64_t n_sel, pi_gg_io *io);
 /* embd = output_norm(x), logits = output . embd for n_out rows */
 int pi_gg_output_graph(const pi_ggml_api *g, gctx *ctx, const pi_context *c, const pi_gg_output *O, int64_t n_out,
                        pi_gg_io *io);

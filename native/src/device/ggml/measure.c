@@ -59,6 +59,17 @@ static int size_graph(const pi_ggml_api *g, struct ggml_gallocr *ga, int reserve
     return PI_OK;
 }
 
+/* size (or reserve) layer l's FFN graph over H for n_tok rows (pi_gg_ffn's n_sel) */
+static int size_ffn(const pi_ggml_api *g, struct ggml_gallocr *ga, int reserve, const pi_context *c, const pi_gg_hot *H,
+                    int64_t n_tok, int64_t n_sel, char *graph_meta, int64_t *max) {
+    gctx *gc = pi_gg_meta(g, graph_meta);
+    pi_gg_io io;
+    int rc = pi_gg_ffn(g, gc, c, H, n_tok, 0, n_sel, &io);
+    if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, max);
+    g->free(gc);
+    return rc;
+}
+
 /* the stand-ins made so far, all at the block's start (their data is never read) */
 static int place_standins(const pi_ggml_api *g, standins *s, void *block, size_t block_bytes) {
     gbuf_t buf = g->backend_cpu_buffer_from_ptr(block, block_bytes);
@@ -112,15 +123,15 @@ static int measure_with(const pi_gdev *d, const pi_context *c, int flash, struct
             /* a step's graphs are per sequence (device.h): at most n_batch rows over one slot's cells */
             rc = pi_gg_attn(g, gc, c, l, &L, c->cp.n_batch, 0, c->seq_cells, flash, &io);
             if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, out);
-            g->free(gc);
-            gc = pi_gg_meta(g, graph_meta);
-            if (rc == PI_OK && gated) rc = pi_gg_ffn(g, gc, c, &H, c->cp.n_batch, 0, &io);
-            if (rc == PI_OK && gated) rc = size_graph(g, ga, reserve, io.gf, out);
-            if (rc == PI_OK && Hg.n_hot > 0) {
-                g->free(gc);
-                gc = pi_gg_meta(g, graph_meta);
-                rc = pi_gg_ffn(g, gc, c, &Hg, c->cp.n_batch, 0, &io);
-                if (rc == PI_OK) rc = size_graph(g, ga, reserve, io.gf, out);
+            g->free(gc); /* graph_meta is the next graph's */
+            gc = NULL;
+            const int64_t B = c->cp.n_batch;
+            if (rc == PI_OK && gated) rc = size_ffn(g, ga, reserve, c, &H, B, -1, graph_meta, out);
+            if (rc == PI_OK && Hg.n_hot > 0) rc = size_ffn(g, ga, reserve, c, &Hg, B, -1, graph_meta, out);
+            if (rc == PI_OK && Hg.n_hot > 0 && c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL) {
+                /* a split layer whose device half skips what the predictor leaves out (ggml_placed.c) */
+                rc = size_ffn(g, ga, reserve, c, &Hg, B, 0, graph_meta, out);
+                if (rc == PI_OK) rc = size_ffn(g, ga, reserve, c, &Hg, 1, Hg.n_hot, graph_meta, out);
             }
         } else if (rc == PI_OK) {
             rc = pi_gg_output_graph(g, gc, c, &O, c->cp.n_batch, &io);

@@ -68,22 +68,55 @@ int pi_gg_run_attn(pi_gplaced *p, int l, const int32_t *pos, const int32_t *cell
     return rc;
 }
 
+/* pi_gg_ffn's n_sel for rows [a, a + n) of the job: -1 every hot neuron; a row alone its selected
+ * ones (at least one row is read: an empty selection maps every column to the zero row); 0 a batch */
+static int64_t n_sel_of(const pi_gplaced *p, int64_t a, int64_t n) {
+    int64_t k;
+    if (!p->job_skips) return -1;
+    if (n > 1) return 0;
+    pi_gg_sel(p, a, &k);
+    return k > 0 ? k : 1;
+}
+
+/* the inputs ids and map (pi_gg_ffn) of rows [a, a + n) of layer l with n_sel */
+static void set_sel_inputs(pi_gplaced *p, int l, int64_t a, int64_t n, int64_t n_sel, const pi_gg_io *io) {
+    const pi_ggml_api *g = p->g;
+    const pi_gg_hot *H = &p->H[l];
+    int32_t *ids = p->sel_in, *map = p->sel_in + H->n_hot;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t k;
+        const int32_t *pos = pi_gg_sel(p, a + t, &k);
+        int32_t *m = map + t * H->n_down;
+        for (int64_t i = 0; i < H->n_down; i++) m[i] = (int32_t)(n_sel > 0 ? n_sel : H->n_hot); /* the zero row */
+        for (int64_t j = 0; j < k; j++) m[pos[j]] = n_sel > 0 ? (int32_t)j : pos[j];
+        if (n_sel > 0) {
+            memcpy(ids, pos, (size_t)k * sizeof *ids);
+            if (k == 0) ids[0] = 0; /* read, never mapped */
+        }
+    }
+    if (io->ids != NULL) g->backend_tensor_set(io->ids, ids, 0, (size_t)n_sel * sizeof *ids);
+    if (io->map != NULL) g->backend_tensor_set(io->map, map, 0, (size_t)(n * H->n_down) * sizeof *map);
+}
+
 /* rows [a, a + n) of layer l's hot FFN: y = their partial sum, or with pi_gg_h_only their gate
- * products at y + a * n_hot and up products at y + n_batch * n_hot + a * n_hot */
+ * products at y + a * n_hot and up products at y + n_batch * n_hot + a * n_hot (a row alone that
+ * skips: its selected neurons' first, in sel_pos order) */
 static int ffn_group(pi_gplaced *p, int l, const float *x, int64_t a, int64_t n, float *y) {
     const pi_ggml_api *g = p->g;
     const int64_t E = p->c->m->hp.n_embd, h_only = pi_gg_h_only(p, l), Y = h_only ? p->H[l].n_hot : E;
+    const int64_t n_sel = n_sel_of(p, a, n), n_out = h_only && n_sel > 0 ? n_sel : Y;
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
-    int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n, (int)h_only, &io);
+    int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n, (int)h_only, n_sel, &io);
     if (rc == PI_OK) rc = alloc(p, &io);
     if (rc == PI_OK) {
         g->backend_tensor_set(io.x, x + a * E, 0, (size_t)(n * E) * sizeof(float));
+        if (n_sel >= 0) set_sel_inputs(p, l, a, n, n_sel, &io);
         rc = compute(p, &io);
     }
-    if (rc == PI_OK) g->backend_tensor_get(io.out0, y + a * Y, 0, (size_t)(n * Y) * sizeof(float));
+    if (rc == PI_OK) g->backend_tensor_get(io.out0, y + a * Y, 0, (size_t)(n * n_out) * sizeof(float));
     if (rc == PI_OK && h_only)
-        g->backend_tensor_get(io.out1, y + (p->c->cp.n_batch + a) * Y, 0, (size_t)(n * Y) * sizeof(float));
+        g->backend_tensor_get(io.out1, y + (p->c->cp.n_batch + a) * Y, 0, (size_t)(n * n_out) * sizeof(float));
     g->free(ctx);
     return rc;
 }
