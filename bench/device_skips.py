@@ -35,6 +35,37 @@ from powerinfer_backend.hybrid.offload import place_plan  # noqa: E402
 from powerinfer_backend.loader import load_gguf  # noqa: E402
 
 
+def placed_contexts(m, g, dev, fractions, *, density: float, threads: int, n_ctx: int) -> dict:
+    """{(fraction, device_skips): (context, plan)}: predictor contexts of ``m`` (random rank-256
+    Q8_0 predictors at ``density``, predictor_decode.predictor_context) placed on ``dev`` by the
+    neuron plan at each fraction of the full device bytes, the device computing every hot
+    neuron (False) or only the selected ones (True); and the prompt the thresholds were set on."""
+    out: dict = {}
+    prompt: list[int] = []
+    for frac in fractions:
+        for skips in (False, True):
+            ctx, info = predictor_context(
+                m, g, density=density, rank=256, pred_type="q8_0", threads=threads, n_ctx=n_ctx
+            )
+            prompt = info["prompt"]
+            sizer, sizes = DeviceSizer(dev, ctx), P.ModelSizes.of_context(ctx)
+            budget = int(frac * P.full_device_bytes(sizes, ctx.n_ctx, ctx.n_batch, sizer))
+            plan = P.plan_placement(sizes, None, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
+            place_plan(ctx, dev, plan, budget, device_skips=skips)
+            out[(frac, skips)] = (ctx, plan)
+    return {"contexts": out, "prompt": prompt}
+
+
+def decode_rate(ctx, prompt: list[int], n: int) -> float:
+    """Greedy decode tok/s of ``n`` tokens after the first 4 of ``prompt``."""
+    ctx.truncate(0)
+    logits = ctx.eval(prompt[:4])
+    t = time.perf_counter()
+    for _ in range(n):
+        logits = ctx.eval([int(np.argmax(logits[-1]))])
+    return n / (time.perf_counter() - t)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/powerinfer_relu_bench")
@@ -54,38 +85,18 @@ def main(argv=None) -> int:
     g = load_gguf(str(path), verbose=False)
     m = NativeModel(g)
     n_ctx = a.tokens + 16
-    sizes = P.ModelSizes.from_gguf(g)
     dev = open_device(resolve_device("ggml-cpu"), a.device_threads)
-    ctxs: dict[tuple, object] = {}
-    prompt: list[int] = []
-    for frac in a.fractions:
-        for skips in (False, True):
-            ctx, info = predictor_context(
-                m, g, density=a.density, rank=256, pred_type="q8_0", threads=a.threads, n_ctx=n_ctx
-            )
-            prompt = info["prompt"]
-            sizer, sizes = DeviceSizer(dev, ctx), P.ModelSizes.of_context(ctx)
-            budget = int(frac * P.full_device_bytes(sizes, ctx.n_ctx, ctx.n_batch, sizer))
-            plan = P.plan_placement(sizes, None, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
-            place_plan(ctx, dev, plan, budget, device_skips=skips)
-            ctxs[(frac, skips)] = (ctx, plan)
-
-    def decode(ctx) -> float:
-        ctx.truncate(0)
-        logits = ctx.eval(prompt[:4])
-        t = time.perf_counter()
-        for _ in range(a.tokens):
-            logits = ctx.eval([int(np.argmax(logits[-1]))])
-        return a.tokens / (time.perf_counter() - t)
-
+    made = placed_contexts(m, g, dev, a.fractions, density=a.density, threads=a.threads, n_ctx=n_ctx)
+    ctxs, prompt = made["contexts"], made["prompt"]
     rates: dict[tuple, list[float]] = {k: [] for k in ctxs}
     used: dict[tuple, float] = {}
     for _ in range(a.runs):
         for k, (ctx, _) in ctxs.items():
             ctx.ffn_stats(reset=True)
-            rates[k].append(decode(ctx))
+            rates[k].append(decode_rate(ctx, prompt, a.tokens))
             u, t = ctx.ffn_stats(reset=False)
             used[k] = u / max(1, t)
+    sizes = P.ModelSizes.from_gguf(g)
     rows = []
     for frac in a.fractions:
         plan = ctxs[(frac, False)][1]

@@ -389,7 +389,62 @@ def run_model(kind: str, a, G, dev) -> dict:
         if a.device_bandwidth:
             sp["predicted"] = predicted(path, a, sizes, budget, freq, sp, r["cpu"]["ours"])
         r["speeds"].append(sp)
+    if kind == "relu" and not a.no_skips:
+        log(f"{kind}: the device skipping what random predictors leave out, at {a.budget_fraction[-1]:.0%}")
+        r["skips"] = check_skips(path, a, a.budget_fraction[-1], tokens)
     return r
+
+
+def check_skips(path: Path, a, fraction: float, tokens: list[int]) -> dict:
+    """The device skipping the hot neurons a predictor leaves out (``device_skips``) on the
+    ReLU model with random rank-256 Q8_0 predictors at density 0.1 (bench/device_skips.py's
+    setup), the neuron plan at ``fraction`` of the full device bytes: teacher-forced logits of
+    the prompt (a batch, then 8 tokens alone) against the CPU engine with the same predictors,
+    and decode tok/s, the device computing every hot neuron or only the selected ones.
+    Reported, not a pass/fail check (random predictors: scores near a threshold move with the
+    device's rounding); an exception is reported as ``error``."""
+    from device_skips import decode_rate, placed_contexts
+    from predictor_decode import predictor_context
+
+    from powerinfer_backend.engine.native import NativeModel
+    from powerinfer_backend.hybrid.devices import open_device
+    from powerinfer_backend.hybrid.devices import resolve_device as resolve
+    from powerinfer_backend.loader import load_gguf
+
+    g = load_gguf(str(path), verbose=False)
+    m = NativeModel(g)
+    dev = open_device(resolve(a.device), a.device_threads)
+    n_ctx = a.n_decode + 48
+    out: dict = {"fraction": fraction}
+    made: dict = {"contexts": {}}
+    try:
+        made = placed_contexts(m, g, dev, [fraction], density=0.1, threads=a.threads, n_ctx=n_ctx)
+        cpu, _ = predictor_context(m, g, density=0.1, rank=256, pred_type="q8_0", threads=a.threads, n_ctx=n_ctx)
+        seq = made["prompt"] + [int(t) for t in tokens[:8]]
+
+        def forced(ctx) -> np.ndarray:
+            ctx.truncate(0)
+            rows = [ctx.eval(seq[:32], logits_all=True)] + [ctx.eval([t], logits_all=True) for t in seq[32:]]
+            return np.concatenate(rows)
+
+        ref = forced(cpu)
+        cpu.close()
+        for (_, skips), (ctx, plan) in made["contexts"].items():
+            key = "skips" if skips else "every_hot"
+            out[key] = compare(ref, forced(ctx))
+            ctx.ffn_stats(reset=True)
+            out[key]["decode_tok_s"] = decode_rate(ctx, made["prompt"], a.n_decode)
+            used, total = ctx.ffn_stats(reset=False)
+            out[key]["ffn_rows_computed"] = used / max(1, total)
+            out["hot_neurons"] = sum(L.n_hot for L in plan.layers)
+    except Exception as e:  # reported: the validation's other results stand
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        for ctx, _ in made["contexts"].values():
+            ctx.close()
+        dev.close()
+        m.close()
+    return out
 
 
 def format_table(res: dict) -> str:
@@ -435,6 +490,19 @@ def format_table(res: dict) -> str:
                     else "; no round trip measurable (the fit is <= 0: noise, or the model's error)"
                     if fit is not None
                     else ""
+                )
+            )
+    for m in res["models"]:
+        sk = m.get("skips")
+        if sk and "error" in sk:
+            lines.append(f"{m['kind']:8s} device_skips at {sk['fraction']:.0%}: {sk['error']}")
+        elif sk:
+            lines.append(
+                f"{m['kind']:8s} predictors at {sk['fraction']:.0%} ({sk['hot_neurons']} hot): "
+                + "; ".join(
+                    f"{k} {sk[k]['decode_tok_s']:.2f} tok/s, rows {sk[k]['ffn_rows_computed']:.1%}, "
+                    f"vs CPU max|dlogit| {sk[k]['max_abs_diff']:.3f} top1 {sk[k]['top1_agree']:.3f}"
+                    for k in ("every_hot", "skips")
                 )
             )
     lines.append(
@@ -510,6 +578,9 @@ def main(argv=None) -> int:
         help="the host's, where the engine's plan records none (placement auto's choice records its own)",
     )
     ap.add_argument("--dir", default="/tmp/powerinfer-gpu-validate", help="where the model files are made (once)")
+    ap.add_argument(
+        "--no-skips", action="store_true", help="without the ReLU model's predictor run (device_skips on and off)"
+    )
     ap.add_argument("--out", default=None, help="JSON result file")
     ap.add_argument("--models", nargs="+", choices=("relu", "swiglu"), default=("relu", "swiglu"))
     ap.add_argument(

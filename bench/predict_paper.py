@@ -6,9 +6,10 @@ shapes (FP16 weights, or Q4_0 with --wtype; no GGUF needed), synthesizes per-neu
 power law (a mean firing rate, and the top --top-frac of each layer's neurons carrying
 --top-mass of its activations), plans with our neuron planner and with placement="auto"
 at --budget-gib and prints the
-predicted decode tok/s of ours (with our ggml device reading every hot row, and with
-a device that skips inactive rows as PowerInfer's kernels do) and of llama.cpp's layer
-split, with the ratios. docs/placement.md compares them with the paper's figures.
+predicted decode tok/s of ours (with our ggml device reading every hot row, and in mode
+predictor with it computing only the hot neurons the predictor selects, ``device_skips``:
+their gate and up rows, every down column) and of llama.cpp's layer split, with the ratios.
+docs/placement.md compares them with the paper's figures.
 
     python bench/predict_paper.py [--device-bandwidth 1008] [--host-bandwidth 67.2] [--rate 0.1]
 """

@@ -363,7 +363,14 @@ def _place(
             why += f" (of vram_budget {dec.bytes} bytes, {reserve} are set aside for the device's runtime)"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     skips = device_skips_for(ctx, plan, device_skips)
-    place_plan(ctx, dev, plan, budget, device_skips=skips)
+    try:
+        place_plan(ctx, dev, plan, budget, device_skips=skips)
+    except NotImplementedError as e:  # a backend without the gather ops (checked before allocating)
+        if not skips or device_skips:
+            raise
+        notices.append(f"{e}; the device computes every hot neuron instead")
+        skips = False
+        place_plan(ctx, dev, plan, budget, device_skips=False)
     return Offload(kind, dec, plan, dev, ctx, notices, runtime_reserve=reserve, device_skips=skips)
 
 

@@ -66,4 +66,8 @@ def test_small_smoke_on_ggml_cpu(tmp_path):
             assert p["sync_s"] == 0.0  # ggml's CPU backend: no round trip planned
             # where auto chose another plan, the neuron plan's speed too (its split layers: the fit)
             assert ("ours_neurons" in s) == (s["ours"]["placement"]["policy"] != "neurons")
+        sk = m["skips"]  # random predictors: the device skipping computes fewer rows, closer to the CPU's
+        assert "error" not in sk and sk["hot_neurons"] > 0, sk
+        assert sk["skips"]["ffn_rows_computed"] < sk["every_hot"]["ffn_rows_computed"]
+        assert sk["skips"]["top1_agree"] >= sk["every_hot"]["top1_agree"] and sk["skips"]["decode_tok_s"] > 0
     assert res["ok"]

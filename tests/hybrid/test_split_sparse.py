@@ -167,6 +167,7 @@ def test_split_with_predictor_or_gate_thresholds_tracks_the_cpu_engine(tiny, for
         assert abs(used - used_cpu) <= 0.002 * total, (used, used_cpu, total)
     need = max(MARGIN, bound)
     results = {name: _compare(placed, ref, need) for name, ref in refs.items()}
+    print(form, {k: (v[0], len(v[1]), v[2]) for k, v in results.items()}, used, used_cpu, total)  # docs/placement.md
     worst, flips, checked = results[form]
     assert checked >= sum(len(s) - 1 for s in seqs) // 2
     assert flips == [], f"top-1 differs from the CPU engine at {flips} (margins >= {need:.3g} checked)"

@@ -218,6 +218,7 @@ int pi_context_set_ggml_device(pi_context *c, pi_gdev *d, const pi_layer_placeme
     int64_t max_cold = 0, max_hot = 0;
     for (int l = 0; l < hp->n_layer && rc == PI_OK; l++) {
         rc = check_layer(c, &layers[l], l);
+        if (rc == PI_OK && skips(c, &layers[l], l)) rc = pi_gg_skips_supported(d, c, l);
         any_skips |= skips(c, &layers[l], l);
         any |= layers[l].attn_on_device || layers[l].n_hot > 0;
         if (layers[l].n_hot > 0 && hp->n_ff - layers[l].n_hot > max_cold) max_cold = hp->n_ff - layers[l].n_hot;

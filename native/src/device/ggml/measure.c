@@ -45,6 +45,32 @@ int pi_gg_flash_supported(const pi_gdev *d, const pi_context *c) {
     return ok;
 }
 
+int pi_gg_skips_supported(const pi_gdev *d, const pi_context *c, int l) {
+    const pi_ggml_api *g = d->g;
+    const pi_tensor *lt = &c->m->hp.layers[l * PI_L_COUNT];
+    const int64_t E = c->m->hp.n_embd;
+    _Alignas(64) char meta[8192];
+    if (g->tensor_overhead() * 12 > sizeof meta) return pi_set_error(PI_ERR_NOMEM, "ggml device: metadata too large");
+    gctx *ctx = g->init((pi_ggml_init_params){sizeof meta, meta, true});
+    if (ctx == NULL) return pi_set_error(PI_ERR_NOMEM, "ggml device: out of memory");
+    int rc = PI_OK;
+    const int32_t types[2] = {lt[PI_L_FFN_GATE].type, lt[PI_L_FFN_UP].type};
+    gt *x = g->new_tensor_3d(ctx, PI_G_TYPE_F32, E, 1, 1), *ids = g->new_tensor_2d(ctx, PI_G_TYPE_I32, 4, 1);
+    for (int i = 0; i < 2 && rc == PI_OK; i++) {
+        gt *rows = g->new_tensor_3d(ctx, types[i], E, 1, 64);
+        if (!g->backend_dev_supports_op(d->dev, g->mul_mat_id(ctx, rows, x, ids)))
+            rc = pi_set_error(PI_ERR_UNSUPPORTED, "ggml device %s: no ggml_mul_mat_id over %s rows (blk.%d), which "
+                              "skipping unselected hot neurons needs: place with device_skips off", d->name,
+                              g->type_name(types[i]), l);
+    }
+    gt *h = g->new_tensor_3d(ctx, PI_G_TYPE_F32, 1, 5, 1), *map = g->new_tensor_2d(ctx, PI_G_TYPE_I32, 32, 1);
+    if (rc == PI_OK && !g->backend_dev_supports_op(d->dev, g->get_rows(ctx, h, map)))
+        rc = pi_set_error(PI_ERR_UNSUPPORTED, "ggml device %s: no ggml_get_rows of F32, which skipping unselected "
+                          "hot neurons needs: place with device_skips off", d->name);
+    g->free(ctx);
+    return rc;
+}
+
 /* size (or reserve) one graph; the largest so far in *max */
 static int size_graph(const pi_ggml_api *g, struct ggml_gallocr *ga, int reserve, struct ggml_cgraph *gf,
                       int64_t *max) {
