@@ -25,14 +25,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # this checkout's code first (noqa: E402 below)
 
-from predictor_decode import predictor_context  # noqa: E402
-from relu_decode import build  # noqa: E402
+from predictor_decode import predictor_context, relu_model  # noqa: E402
 
-from powerinfer_backend.engine.native import NativeModel  # noqa: E402
 from powerinfer_backend.hybrid import placement as P  # noqa: E402
 from powerinfer_backend.hybrid.devices import DeviceSizer, open_device, resolve_device  # noqa: E402
 from powerinfer_backend.hybrid.offload import place_plan  # noqa: E402
-from powerinfer_backend.loader import load_gguf  # noqa: E402
 
 
 def placed_contexts(m, g, dev, fractions, *, density: float, threads: int, n_ctx: int) -> dict:
@@ -78,12 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    d = Path(a.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"relu7b-{a.layers}L-q4_0.gguf"
-    build(path, a.layers)
-    g = load_gguf(str(path), verbose=False)
-    m = NativeModel(g)
+    g, m = relu_model(a.dir, a.layers)
     n_ctx = a.tokens + 16
     dev = open_device(resolve_device("ggml-cpu"), a.device_threads)
     made = placed_contexts(m, g, dev, a.fractions, density=a.density, threads=a.threads, n_ctx=n_ctx)

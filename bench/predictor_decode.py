@@ -68,6 +68,17 @@ def predictor_context(
     return pred, {"prompt": prompt, "pred_bytes": pred_bytes, "down_t_type": dt.upper()}
 
 
+def relu_model(folder: str, layers: int):
+    """bench/relu_decode.py's 7B-shaped ReLU Q4_0 file with ``layers`` layers in ``folder``
+    (made once), loaded: (GGUFModel, NativeModel)."""
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"relu7b-{layers}L-q4_0.gguf"
+    build(path, layers)
+    g = load_gguf(str(path), verbose=False)
+    return g, NativeModel(g)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/powerinfer_relu_bench")
@@ -81,12 +92,7 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true", help="time by process CPU time (use with --threads 1)")
     args = ap.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
-    d = Path(args.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"relu7b-{args.layers}L-q4_0.gguf"
-    build(path, args.layers)
-    g = load_gguf(str(path), verbose=False)
-    m = NativeModel(g)
+    g, m = relu_model(args.dir, args.layers)
     dense = NativeContext(m, n_ctx=256, n_batch=32, n_threads=args.threads)
     pred, info = predictor_context(
         m, g, density=args.density, rank=args.rank, pred_type=args.pred_type, threads=args.threads
