@@ -301,14 +301,25 @@ def cmd_plan(args) -> int:
     g = load_gguf(model, verbose=False)
     reserve = 0
     try:  # the device's byte rule (exact), or ggml's CPU buffer rule without one
-        with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch) as sizer:
+        from .predict import file_predictors
+
+        preds = file_predictors(g, args)  # Llama's context carries them: its compute buffer too
+        with planning_sizer(args.device, g, n_ctx=args.ctx, n_batch=args.batch, predictors=preds) as sizer:
             if isinstance(sizer, DeviceSizer):  # a GPU backend's own buffers come out of the budget, as in Llama
                 budget, reserve = budget_after_reserve(budget, sizer.name, sizer.type)
             if placement == "auto" or args.predict:  # the cost model's inputs: the plan counts with their sizes
                 from .predict import model_inputs
 
                 inputs = model_inputs(model, args)
+            if args.device_skips is not None and (inputs is None or inputs["mode"] != "predictor"):
+                warn_line(
+                    f"--{'' if args.device_skips else 'no-'}device-skips ignored: it is the cost model's choice "
+                    "for mode predictor, with --predict or placement auto"
+                    + (f" (the mode here is {inputs['mode']})" if inputs else "")
+                )
             sizes = inputs["sizes"] if inputs else ModelSizes.from_gguf(g)
+            if inputs is None and preds is not None:  # every layer sparse, as Llama's context in predictor mode
+                sizes = sizes.for_mode("predictor")
             if placement == "layers":
                 from ..loader.artifacts import atomic_write_json
 

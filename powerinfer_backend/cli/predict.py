@@ -10,12 +10,22 @@ import os
 from typing import Any
 
 
-def _predictor_bytes(prof) -> int:
-    """Bytes one layer's predictor reads per token (the largest layer's fc1 + fc2)."""
-    ps = getattr(prof, "predictors", None)
+def _predictor_bytes(ps) -> int:
+    """Bytes one layer's predictor (a PredictorSet, or None) reads per token (the largest
+    layer's fc1 + fc2)."""
     if ps is None or not ps.layers:
         return 0
     return max(int(getattr(ps.fc1[i], "nbytes", 0)) + int(getattr(ps.fc2[i], "nbytes", 0)) for i in ps.layers)
+
+
+def file_predictors(g, args):
+    """The predictors ``Llama(sparse="auto")`` runs from the model file itself (a PowerInfer
+    file's ``blk.N.fc1/fc2.weight``) under ``plan``'s ``--mode`` (auto or predictor), else None
+    (a PredictorSet over ``g``'s tensors: valid while ``g`` is open)."""
+    from ..loader.pwri import has_predictors
+    from ..sparsity.predictors import pwri_predictors
+
+    return pwri_predictors(g) if args.mode in ("auto", "predictor") and has_predictors(g) else None
 
 
 def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
@@ -33,6 +43,7 @@ def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
         sizes = ModelSizes.from_gguf(g)
         act = g.hparams.act_name
         freq, source = neuron_frequencies(model_path, model=g, sparsity_sidecar=args.sidecar or "auto")
+        own_bytes = _predictor_bytes(file_predictors(g, args))  # the file's own predictors come first
     finally:
         g.close()
     prof = None
@@ -40,10 +51,11 @@ def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
         from ..sparsity.sidecar import read_sidecar, sidecar_path
 
         prof = read_sidecar(args.sidecar or sidecar_path(model_path), model_path=model_path)
+    pred_bytes = own_bytes or _predictor_bytes(getattr(prof, "predictors", None))
     mode = (
         args.mode
         if args.mode != "auto"
-        else pr.default_mode(act, has_sidecar=prof is not None, has_predictors=_predictor_bytes(prof) > 0)
+        else pr.default_mode(act, has_sidecar=prof is not None, has_predictors=pred_bytes > 0)
     )
     sizes = sizes.for_mode(mode)  # a sparse mode's layers keep their down_t once split
     measured = args.host_bandwidth is None
@@ -53,7 +65,7 @@ def model_inputs(model_path: str | os.PathLike, args) -> dict[str, Any]:
         "freq": freq,
         "source": source,
         "mode": mode,
-        "predictor_bytes": _predictor_bytes(prof),
+        "predictor_bytes": pred_bytes,
         "host_gbps": host,
         "host_measured": measured,
     }
@@ -114,6 +126,7 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         "ours": ours.to_json(),
         "layer_split": split.to_json(),
         "ratio": ours.tok_s / split.tok_s,
+        "device_skips": bool(skips) and mi["mode"] == "predictor",
         "host_bandwidth_measured": mi["host_measured"],
         "choice": plan.choice or None,
         "text": text,

@@ -49,7 +49,8 @@ class Offload:
         runtime_reserve: bytes of the budget set aside for the device backend's own buffers
             (:func:`powerinfer_backend.hybrid.placement.device_reserve`; the plan gets the rest).
         device_skips: a split layer's device half computes only the hot neurons its predictor
-            selects (``NativeContext.set_ggml_device``; :func:`device_skips_for`).
+            selects (``NativeContext.set_ggml_device``; :func:`device_skips_for`); False where
+            the plan splits no layer.
         message: the one line ``"auto"`` gives without a GPU (shown with ``verbose``, or as a
             notice when a budget was asked for).
     """
@@ -76,6 +77,7 @@ class Offload:
             f"device {self.device_kind} (ggml {self.device.info.name}): {p.device_bytes} of {p.budget_bytes} "
             f"budget bytes{aside}; {sum(L.attn_on_device for L in p.layers)}/{len(p.layers)} attention blocks, "
             f"hot neurons {p.hot_fraction:.1%}, output {'device' if p.output_on_device else 'cpu'}"
+            + (", the device computing only the hot neurons the predictor selects" if self.device_skips else "")
         )
         c = p.choice
         if c and "tok_s" not in c:
@@ -237,6 +239,8 @@ def offload(
         NotImplementedError: a model the device cannot run (the engine's message).
     """
     check_device_options(placement, device_threads, device_bandwidth)
+    if device_skips is not None and not isinstance(device_skips, bool):
+        raise ValueError(f"device_skips must be True, False or None (the cost model's choice), got {device_skips!r}")
     P.parse_vram_budget(vram_budget)  # validated before anything opens
     choice = resolve_device(device)
     sizes = P.ModelSizes.of_context(ctx)
@@ -329,6 +333,8 @@ def _place(
             )
             if mode == "predictor":
                 auto["predictor_bytes"] = ctx.ffn_predictor_bytes()
+                if device_skips is not None:  # the plan is made for what will run
+                    auto["device_skips"] = device_skips
         plan = P.plan_for_model(
             model_path,
             budget,
@@ -363,6 +369,8 @@ def _place(
             why += f" (of vram_budget {dec.bytes} bytes, {reserve} are set aside for the device's runtime)"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
     skips = device_skips_for(ctx, plan, device_skips)
+    if device_skips and not skips:
+        notices.append("device_skips=True ignored: the context has no predictors (nothing to skip by)")
     try:
         place_plan(ctx, dev, plan, budget, device_skips=skips)
     except NotImplementedError as e:  # a backend without the gather ops (checked before allocating)
@@ -371,7 +379,8 @@ def _place(
         notices.append(f"{e}; the device computes every hot neuron instead")
         skips = False
         place_plan(ctx, dev, plan, budget, device_skips=False)
-    return Offload(kind, dec, plan, dev, ctx, notices, runtime_reserve=reserve, device_skips=skips)
+    split = any(0 < L.n_hot < plan.n_ff for L in plan.layers)  # only a split layer has hot neurons to skip
+    return Offload(kind, dec, plan, dev, ctx, notices, runtime_reserve=reserve, device_skips=skips and split)
 
 
 def device_skips_for(ctx, plan: P.Plan, asked: Optional[bool] = None) -> bool:

@@ -259,3 +259,50 @@ def test_device_skipping_where_the_host_sums_the_down_is_the_cpu_engine_bit_for_
                 ctx.close()
     same = all(np.array_equal(a, b) for a, b in zip(logits["cpu"], logits["device"]))
     assert same == skips and (used["cpu"] == used["device"]) == skips, (used, same)
+
+
+def test_plan_of_a_predictor_file_is_the_plan_llama_places(tmp_path, monkeypatch, capsys):
+    """``powerinfer-backend plan`` plans a PowerInfer file carrying predictors as ``Llama``
+    places it (the same inputs: every layer sparse, a compute buffer holding the skipping
+    graphs; the same hot neurons); ``--predict`` counts mode predictor; stats say whether the
+    device skips (only where a layer is split), and bad ``device_skips`` values are refused."""
+    import json
+
+    from powerinfer_backend import Llama
+    from powerinfer_backend.cli import main as cli_main
+    from powerinfer_backend.hybrid.placement.cache import read_metadata
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    path = write_model(tmp_path / "pred.gguf", predictors=True)
+    common = ["--vram-budget", "700000B", "--ctx", "128", "--batch", "16", "--device", "ggml-cpu", "--no-plot"]
+    assert cli_main(["plan", "--model", path, *common, "--placement", "neurons", "--json"]) == 0
+    stored = json.loads(capsys.readouterr().out)
+    kw = dict(n_ctx=128, n_batch=16, n_threads=1, device="ggml-cpu", verbose=False)
+    llm = Llama(path, vram_budget="700000B", placement="neurons", **kw)
+    try:
+        plan = llm.engine.offload.plan
+        assert plan.inputs == read_metadata(stored["plan_file"])["inputs"]
+        assert [L.n_hot for L in plan.layers] == [L["n_hot"] for L in stored["layers"]]
+        dev = llm.stats()["device"]
+        assert dev["device_skips"] == any(0 < L.n_hot < N_FF for L in plan.layers)
+    finally:
+        llm.close()
+    llm = Llama(path, vram_budget="2GiB", placement="layers", **kw)  # whole layers: nothing split
+    try:
+        assert llm.stats()["device"]["device_skips"] is False
+    finally:
+        llm.close()
+    args = ["plan", "--model", path, *common, "--predict", "--device-bandwidth", "50", "--host-bandwidth", "10"]
+    assert cli_main([*args, "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)["prediction"]
+    assert pred["ours"]["mode"] == "predictor" and pred["choice"]["mode"] == "predictor"
+    assert cli_main([*args, "--mode", "dense", "--device-skips"]) == 0
+    assert "--device-skips ignored" in capsys.readouterr().err
+    model = NativeModel(load_gguf(path, verbose=False))
+    ctx = NativeContext(model, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=1)
+    try:
+        with pytest.raises(ValueError, match="device_skips must be True, False or None"):
+            offload(ctx, path, vram_budget="1MiB", device="ggml-cpu", device_skips="no")
+    finally:
+        ctx.close()
+        model.close()

@@ -199,12 +199,15 @@ class DeviceSizer:
 
 
 @contextmanager
-def planning_sizer(device: Optional[str], gguf, *, n_ctx: int, n_batch: int) -> Iterator:
+def planning_sizer(device: Optional[str], gguf, *, n_ctx: int, n_batch: int, predictors=None) -> Iterator:
     """The sizer a plan made ahead of time counts with (``powerinfer-backend plan``): the
     device's own rule and compute buffer (measured on a context of ``n_ctx`` / ``n_batch``
-    over ``gguf``, a loaded :class:`powerinfer_backend.loader.GGUFModel`), or the
-    pure-Python :data:`powerinfer_backend.hybrid.placement.CPU_BUFT` when ``device``
-    resolves to CPU only ("cpu", or "auto" without a GPU).
+    over ``gguf``, a loaded :class:`powerinfer_backend.loader.GGUFModel`, carrying
+    ``predictors``, a :class:`powerinfer_backend.sparsity.predictors.PredictorSet`, as the
+    context ``Llama`` places would: its compute buffer then holds the graphs that skip
+    unselected hot neurons), or the pure-Python
+    :data:`powerinfer_backend.hybrid.placement.CPU_BUFT` when ``device`` resolves to CPU only
+    ("cpu", or "auto" without a GPU).
 
     Raises:
         ValueError, RuntimeError: as :func:`resolve_device`.
@@ -219,6 +222,8 @@ def planning_sizer(device: Optional[str], gguf, *, n_ctx: int, n_batch: int) -> 
     model = NativeModel(gguf)
     try:
         ctx = NativeContext(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=1)
+        for layer in predictors.layers if predictors is not None else ():
+            ctx.set_ffn_predictor(layer, predictors.fc1[layer], predictors.fc2[layer], 0.0)
         try:
             with open_device(choice) as dev:
                 yield DeviceSizer(dev, ctx)
