@@ -16,7 +16,15 @@ def _extension():
     in build/sanitize/, docs/reliability.md), loaded under the same module name."""
     path = os.environ.get("POWERINFER_NATIVE_EXT")
     if not path:
-        from . import _pi_native
+        here = os.path.dirname(os.path.abspath(__file__))
+        try:
+            from . import _pi_native
+        except ImportError as e:  # e.g. a source checkout first on sys.path, its extension never built
+            raise ImportError(
+                f"the native library is not built in {here} ({e}); in a clone, `pip install -e .` (README) "
+                "or `python setup.py build_ext --inplace` builds it beside the sources, which bench/ scripts "
+                "and `python -c` from the clone's folder import first"
+            ) from e
 
         return _pi_native
     import importlib.machinery

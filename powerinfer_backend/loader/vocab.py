@@ -361,7 +361,7 @@ class _Vocab:
                 )
         if t == "RWKV":
             short = np.flatnonzero(texts.lens <= 8)  # longer ones cannot unescape to one byte
-            single = {u for u in (_rwkv_unescape(texts[i]) for i in short) if len(u) == 1}
+            single = {u for u in (_rwkv_unescape(texts[i]) for i in short.tolist()) if len(u) == 1}
             missing = [b for b in range(256) if bytes([b]) not in single]
             if missing:
                 raise self.fail(
@@ -371,7 +371,7 @@ class _Vocab:
                     "with them",
                 )
         if t == "PLAMO2":
-            have = {int(texts[i][3:5], 16) for i in byte_ids if i and _HEX_BYTE.fullmatch(texts[i])}
+            have = {int(texts[i][3:5], 16) for i in byte_ids.tolist() if i and _HEX_BYTE.fullmatch(texts[i])}
             missing = [b for b in range(256) if b not in have]
             if missing:
                 raise self.fail(

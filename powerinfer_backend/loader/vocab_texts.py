@@ -91,7 +91,7 @@ class LlamaTexts:
             more = left > 8
             idx, st, left = idx[more], st[more] + 8, left[more] - 8
         h ^= lens.astype(np.uint64) * np.uint64(_K)
-        for i in np.flatnonzero(lens > _SHORT):
+        for i in np.flatnonzero(lens > _SHORT).tolist():
             h[i] = hash(self[i]) & _MASK
         for i, s in self._renamed.items():
             h[i] = _hash(s)
