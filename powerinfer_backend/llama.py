@@ -87,7 +87,10 @@ class Llama:
             "layers" (whole layers, as llama.cpp's -ngl). device_bandwidth (keyword): the
             device's memory bandwidth in GB/s for "auto" (default: a table of common GPUs
             by ggml's device description; ggml-cpu shares the host's memory, so "auto" runs
-            the neuron plan there unless this is given).
+            the neuron plan there unless this is given). device_skips (keyword): with
+            predictors, a split layer's device computes only the hot neurons they select (True)
+            or every hot neuron (False); default None: the cost model's choice with "auto",
+            else True (docs/placement.md, "Predictors and gate thresholds with a device").
             n_gpu_layers, reset_gpu_index,
             disable_gpu_index, device_threads (keywords): N whole layers' bytes (0 CPU,
             -1 all) without ``vram_budget``; PowerInfer's flags; "ggml-cpu" threads.

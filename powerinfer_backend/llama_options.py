@@ -23,6 +23,7 @@ DEVICE_PARAMS = (
     "reset_gpu_index",
     "disable_gpu_index",
     "device_bandwidth",
+    "device_skips",
 )
 #: engine options, passed to the backend (powerinfer_backend.plugins.hybrid.HybridBackend)
 ENGINE_PARAMS = ("repack",)
@@ -79,14 +80,18 @@ def check_options(vram_budget: Any, rope_freq_base: float, rope_freq_scale: floa
     parameters ignored here and parameters not supported.
 
     Raises:
-        ValueError: a malformed ``vram_budget``, ``placement``, ``device_threads`` or ``device_bandwidth``, before
+        ValueError: a malformed ``vram_budget``, ``placement``, ``device_threads``, ``device_bandwidth`` or
+            ``device_skips``, before
             anything loads.
     """
     parse_vram_budget(vram_budget)
     if not isinstance(kwargs.get("repack", True), (bool, np.bool_)):
         raise ValueError(f"repack must be True or False, got {kwargs['repack']!r}")
     check_device_options(
-        kwargs.get("placement", "auto"), kwargs.get("device_threads", 1), kwargs.get("device_bandwidth")
+        kwargs.get("placement", "auto"),
+        kwargs.get("device_threads", 1),
+        kwargs.get("device_bandwidth"),
+        kwargs.get("device_skips"),
     )
     gpu = [k for k in GPU_PARAMS if k in kwargs]
     if gpu:

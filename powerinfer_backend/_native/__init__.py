@@ -19,12 +19,12 @@ def _extension():
         here = os.path.dirname(os.path.abspath(__file__))
         try:
             from . import _pi_native
-        except ImportError as e:  # e.g. a source checkout first on sys.path, its extension never built
+        except ImportError:  # e.g. a source checkout first on sys.path, its extension never built
             raise ImportError(
-                f"the native library is not built in {here} ({e}); in a clone, `pip install -e .` (README) "
+                f"the native library is not built in {here}: in a clone, `pip install -e .` (README) "
                 "or `python setup.py build_ext --inplace` builds it beside the sources, which bench/ scripts "
                 "and `python -c` from the clone's folder import first"
-            ) from e
+            ) from None
 
         return _pi_native
     import importlib.machinery

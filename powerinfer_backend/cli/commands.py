@@ -335,6 +335,7 @@ def cmd_plan(args) -> int:
                         host_gbps=inputs["host_gbps"],
                         mode=inputs["mode"],
                         sync_s=args.sync_us / 1e6,
+                        predictor_bytes=inputs["predictor_bytes"] if inputs["mode"] == "predictor" else 0,
                         device_skips=args.device_skips,
                     )
                 plan = plan_for_model(

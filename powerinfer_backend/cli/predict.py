@@ -85,6 +85,8 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
     skips = args.device_skips  # None: as the engine runs the plan (hybrid.offload.device_skips_for)
     if skips is None:
         skips = plan.choice.get("device_skips", True) if plan.choice else mi["mode"] == "predictor"
+    # only a split layer has hot neurons to skip (Offload.device_skips says the same)
+    skips = bool(skips) and mi["mode"] == "predictor" and any(0 < L.n_hot < plan.n_ff for L in plan.layers)
     ours = pr.predict_ours(
         sizes,
         plan,
@@ -110,7 +112,7 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         f"frequencies: {source}; host bandwidth {'measured' if mi['host_measured'] else 'given'}; "
         f"device round trip {args.sync_us:g} us per split layer"
     )
-    if skips and mi["mode"] == "predictor":
+    if skips:
         ours.notes.append("the device computes only the hot neurons the predictor selects (device_skips)")
     if source.startswith("gpuidx:"):
         ours.notes.append("gpuidx ranking: its cold neurons count as never firing (optimistic)")
@@ -126,7 +128,7 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         "ours": ours.to_json(),
         "layer_split": split.to_json(),
         "ratio": ours.tok_s / split.tok_s,
-        "device_skips": bool(skips) and mi["mode"] == "predictor",
+        "device_skips": skips,
         "host_bandwidth_measured": mi["host_measured"],
         "choice": plan.choice or None,
         "text": text,

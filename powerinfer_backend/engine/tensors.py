@@ -41,6 +41,8 @@ def _pred_tensor(obj, name: str):
     t = ffi.new("pi_tensor *")
     if isinstance(obj, np.ndarray):
         arr = float_matrix(obj, name)
+        if not np.isfinite(arr).all():  # a NaN score would silently select nothing or everything
+            raise ValueError(f"tensor {name}: has NaN or infinite values")
         t.data = ffi.from_buffer(arr)
         t.type = _NP_TYPES[arr.dtype]
         t.n_dims = 2

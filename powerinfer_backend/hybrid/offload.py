@@ -173,14 +173,19 @@ def engine_mode(ctx) -> str:
     return "threshold" if any((ctx.ffn_threshold(i) or 0) > 0 for i in sparse) else "dense"
 
 
-def check_device_options(placement: str = "auto", device_threads: int = 1, device_bandwidth=None) -> None:
-    """Check ``placement``, ``device_threads`` and ``device_bandwidth`` (also before a model
-    loads: ``Llama``).
+def check_device_options(
+    placement: str = "auto", device_threads: int = 1, device_bandwidth=None, device_skips=None
+) -> None:
+    """Check ``placement``, ``device_threads``, ``device_bandwidth`` and ``device_skips`` (also
+    before a model loads: ``Llama``).
 
     Raises:
-        ValueError: an unknown placement, device_threads not an integer in [1, 512], or a
-            device_bandwidth that is not None or a finite number of GB/s > 0.
+        ValueError: an unknown placement, device_threads not an integer in [1, 512], a
+            device_bandwidth that is not None or a finite number of GB/s > 0, or a
+            device_skips that is not None, True or False.
     """
+    if device_skips is not None and not isinstance(device_skips, bool):
+        raise ValueError(f"device_skips must be True, False or None (the cost model's choice), got {device_skips!r}")
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if isinstance(device_threads, bool) or not isinstance(device_threads, int) or not 1 <= device_threads <= 512:
@@ -238,9 +243,7 @@ def offload(
         RuntimeError: ggml missing or of an unsupported version for a named device.
         NotImplementedError: a model the device cannot run (the engine's message).
     """
-    check_device_options(placement, device_threads, device_bandwidth)
-    if device_skips is not None and not isinstance(device_skips, bool):
-        raise ValueError(f"device_skips must be True, False or None (the cost model's choice), got {device_skips!r}")
+    check_device_options(placement, device_threads, device_bandwidth, device_skips)
     P.parse_vram_budget(vram_budget)  # validated before anything opens
     choice = resolve_device(device)
     sizes = P.ModelSizes.of_context(ctx)

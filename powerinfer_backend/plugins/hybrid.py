@@ -39,6 +39,7 @@ class HybridBackend:
         disable_gpu_index: bool = False,
         n_seq_max: int = 1,
         device_bandwidth=None,
+        device_skips=None,
         repack: bool = True,
         **_ignored,
     ):
@@ -89,6 +90,7 @@ class HybridBackend:
                 disable_gpu_index=disable_gpu_index,
                 device_bandwidth=device_bandwidth,
                 sparsity_sidecar=ranking,
+                device_skips=device_skips,
                 verbose=verbose,
             )
             self.notices += self.offload.notices

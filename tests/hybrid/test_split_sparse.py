@@ -294,8 +294,12 @@ def test_plan_of_a_predictor_file_is_the_plan_llama_places(tmp_path, monkeypatch
         llm.close()
     args = ["plan", "--model", path, *common, "--predict", "--device-bandwidth", "50", "--host-bandwidth", "10"]
     assert cli_main([*args, "--json"]) == 0
-    pred = json.loads(capsys.readouterr().out)["prediction"]
+    out = json.loads(capsys.readouterr().out)
+    pred = out["prediction"]
     assert pred["ours"]["mode"] == "predictor" and pred["choice"]["mode"] == "predictor"
+    assert read_metadata(out["plan_file"])["inputs"]["predictor_bytes"] == 4 * RANK * (N_EMBD + N_FF)
+    assert cli_main([*args, "--placement", "layers", "--json"]) == 0  # whole layers: nothing to skip
+    assert json.loads(capsys.readouterr().out)["prediction"]["device_skips"] is False
     assert cli_main([*args, "--mode", "dense", "--device-skips"]) == 0
     assert "--device-skips ignored" in capsys.readouterr().err
     model = NativeModel(load_gguf(path, verbose=False))
@@ -306,3 +310,30 @@ def test_plan_of_a_predictor_file_is_the_plan_llama_places(tmp_path, monkeypatch
     finally:
         ctx.close()
         model.close()
+
+
+def test_llama_takes_device_skips_and_refuses_bad_values(tiny):
+    """``Llama(device_skips=...)``: False computes every hot neuron (stats say so), a value
+    that is not None/True/False is refused before the model loads, and a NaN predictor weight
+    is refused naming the tensor."""
+    from powerinfer_backend import Llama
+
+    path, full = tiny[0], tiny[-1]
+    kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_threads=1, device="ggml-cpu", verbose=False, placement="neurons")
+    for asked in (False, True):
+        llm = Llama(path, vram_budget=f"{full // 2}B", device_skips=asked, **kw)
+        try:
+            assert llm.stats()["device"]["device_skips"] is asked
+        finally:
+            llm.close()
+    with pytest.raises(ValueError, match="device_skips must be True, False or None"):
+        Llama(path, vram_budget="1MiB", device_skips="no", **kw)
+    model = tiny[4]
+    ctx = NativeContext(model, n_ctx=N_CTX, n_batch=N_BATCH, n_threads=1)
+    try:
+        fc1 = _predictors()["blk.0.fc1.weight"].copy()
+        fc1[0, 0] = np.nan
+        with pytest.raises(ValueError, match="blk.0.fc1.weight: has NaN"):
+            ctx.set_ffn_predictor(0, fc1, _predictors()["blk.0.fc2.weight"], 0.0)
+    finally:
+        ctx.close()
