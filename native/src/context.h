@@ -92,5 +92,9 @@ static inline void pi_prof_lap(const pi_context *c, int op) {
 int pi_check_tensor(const pi_tensor *t, const char *name, int64_t ne0, int64_t ne1, int is_norm);
 static inline pi_mat pi_mat_of(const pi_tensor *t) { return (pi_mat){t->data, t->type, t->ne[0], t->ne[1]}; }
 static inline float *pi_alloc_f(int64_t n) { return malloc((size_t)n * sizeof(float)); }
+/* 1: layer l has an activation predictor (pi_context_set_ffn_predictor) */
+static inline int pi_has_predictor(const pi_context *c, int l) {
+    return c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL;
+}
 
 #endif

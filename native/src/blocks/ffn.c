@@ -88,8 +88,6 @@ pi_ffn_sparse_args pi_ffn_sparse_base(const pi_context *c, int l, int64_t n_tok)
                                 .threshold = c->ffn_threshold[l], .y = c->ffn_y, .n_used = c->ffn_used_tok};
 }
 
-static int has_predictor(const pi_context *c, int l) { return c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL; }
-
 /* layer l's predictor: scores of the rows c->xn into c->pred_scores (unless scored: kept from
  * before), then per token the neurons among `among` (NULL: all n_ff) it selects into ids / off
  * (increasing ids); the count of every neuron it selects (predictor_stats) is added once, with
@@ -106,7 +104,7 @@ static void predict(pi_context *c, int l, int64_t n_tok, int scored, const int32
 
 void pi_ffn_sparse_layer(pi_context *c, int l, int64_t n_tok) {
     const int64_t F = c->m->hp.n_ff;
-    const int pred = has_predictor(c, l);
+    const int pred = pi_has_predictor(c, l);
     const int64_t t0 = pred ? pi_now_ns() : 0;
     const int32_t *active = NULL;
     const int64_t *active_off = NULL;
@@ -164,7 +162,7 @@ void pi_ffn_sparse_done(pi_context *c, int l, int64_t n_tok) {
  * scored before the device started) */
 static void cold_lists(pi_context *c, int l, int64_t n_tok, const pi_dev_cold *cold, int scored) {
     const int64_t n = cold->n;
-    if (!has_predictor(c, l)) {
+    if (!pi_has_predictor(c, l)) {
         for (int64_t t = 0; t <= n_tok; t++) {
             cold->off_buf[t] = t * n;
             if (t < n_tok) memcpy(cold->ids_buf + t * n, cold->ids, (size_t)n * sizeof *cold->ids);
@@ -193,7 +191,7 @@ static void ffn_cold(pi_context *c, const pi_ffn_sparse_args *base, const pi_dev
 int pi_ffn_split_layer(pi_context *c, int l, int64_t n_tok) {
     pi_dev *d = c->dev;
     if (d == NULL) return 0;
-    const int pred = has_predictor(c, l);
+    const int pred = pi_has_predictor(c, l);
     const int64_t t0 = pred ? pi_now_ns() : 0;
     /* a device half that skips what the predictor leaves out needs its choice first (the scores
      * then serve the cold half too); else the scores overlap the device's hot rows */

@@ -50,8 +50,7 @@ static int check_layer(const pi_context *c, const pi_layer_placement *L, int l) 
 /* 1: layer l is split and its device half computes only what its predictor selects (its graphs
  * are in the compute buffer: the predictor was set before measuring, measure.c) */
 static int skips(const pi_context *c, const pi_layer_placement *L, int l) {
-    return L->device_skips && L->n_hot > 0 && L->n_hot < c->m->hp.n_ff && c->pred_fc1 != NULL &&
-           c->pred_fc1[l].data != NULL;
+    return L->device_skips && L->n_hot > 0 && L->n_hot < c->m->hp.n_ff && pi_has_predictor(c, l);
 }
 
 int pi_context_ggml_compute_bytes(const pi_context *c, pi_gdev *d, int64_t *out) {

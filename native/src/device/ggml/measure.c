@@ -154,7 +154,7 @@ static int measure_with(const pi_gdev *d, const pi_context *c, int flash, struct
             const int64_t B = c->cp.n_batch;
             if (rc == PI_OK && gated) rc = size_ffn(g, ga, reserve, c, &H, B, -1, graph_meta, out);
             if (rc == PI_OK && Hg.n_hot > 0) rc = size_ffn(g, ga, reserve, c, &Hg, B, -1, graph_meta, out);
-            if (rc == PI_OK && Hg.n_hot > 0 && c->pred_fc1 != NULL && c->pred_fc1[l].data != NULL) {
+            if (rc == PI_OK && Hg.n_hot > 0 && pi_has_predictor(c, l)) {
                 /* a split layer whose device half skips what the predictor leaves out (ggml_placed.c) */
                 rc = size_ffn(g, ga, reserve, c, &Hg, B, 0, graph_meta, out);
                 if (rc == PI_OK) rc = size_ffn(g, ga, reserve, c, &Hg, 1, Hg.n_hot, graph_meta, out);

@@ -86,10 +86,12 @@ static void set_sel_inputs(pi_gplaced *p, int l, int64_t a, int64_t n, int64_t n
     for (int64_t t = 0; t < n; t++) {
         int64_t k;
         const int32_t *pos = pi_gg_sel(p, a + t, &k);
-        int32_t *m = map + t * H->n_down;
-        for (int64_t i = 0; io->map != NULL && i < H->n_down; i++) /* the zero row */
-            m[i] = (int32_t)(n_sel > 0 ? n_sel : H->n_hot);
-        for (int64_t j = 0; io->map != NULL && j < k; j++) m[pos[j]] = n_sel > 0 ? (int32_t)j : pos[j];
+        if (io->map != NULL) { /* each down column: its neuron's h when selected, else the zero row */
+            int32_t *m = map + t * H->n_down;
+            const int32_t zero = (int32_t)(n_sel > 0 ? n_sel : H->n_hot);
+            for (int64_t i = 0; i < H->n_down; i++) m[i] = zero;
+            for (int64_t j = 0; j < k; j++) m[pos[j]] = n_sel > 0 ? (int32_t)j : pos[j];
+        }
         if (n_sel > 0) {
             memcpy(ids, pos, (size_t)k * sizeof *ids);
             if (k == 0) ids[0] = 0; /* read, never mapped */
