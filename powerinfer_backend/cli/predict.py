@@ -77,16 +77,12 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
     :func:`model_inputs`'s; ``inputs``: its result when already made). Returns {"ours",
     "layer_split", "ratio", "host_bandwidth_measured", "choice", "text"}; raises ValueError
     for bad bandwidths, mode or frequencies."""
-    from ..hybrid.placement import POLICIES
+    from ..hybrid.placement import POLICIES, device_skips_for
     from ..hybrid.placement import predict as pr
 
     mi = inputs or model_inputs(model_path, args)
     sizes, freq, source, host = mi["sizes"], mi["freq"], mi["source"], mi["host_gbps"]
-    skips = args.device_skips  # None: as the engine runs the plan (hybrid.offload.device_skips_for)
-    if skips is None:
-        skips = plan.choice.get("device_skips", True) if plan.choice else mi["mode"] == "predictor"
-    # only a split layer has hot neurons to skip (Offload.device_skips says the same)
-    skips = bool(skips) and mi["mode"] == "predictor" and any(0 < L.n_hot < plan.n_ff for L in plan.layers)
+    skips = device_skips_for(mi["mode"], plan, args.device_skips)  # as the engine runs the plan
     ours = pr.predict_ours(
         sizes,
         plan,
@@ -94,7 +90,7 @@ def predict_for_plan(model_path: str | os.PathLike, plan, args, inputs: dict[str
         device_gbps=args.device_bandwidth,
         host_gbps=host,
         mode=mi["mode"],
-        device_skips=bool(skips),
+        device_skips=skips,
         n_past=args.n_past,
         predictor_bytes=mi["predictor_bytes"],
         sync_s=args.sync_us / 1e6,

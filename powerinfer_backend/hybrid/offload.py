@@ -49,8 +49,9 @@ class Offload:
         runtime_reserve: bytes of the budget set aside for the device backend's own buffers
             (:func:`powerinfer_backend.hybrid.placement.device_reserve`; the plan gets the rest).
         device_skips: a split layer's device half computes only the hot neurons its predictor
-            selects (``NativeContext.set_ggml_device``; :func:`device_skips_for`); False where
-            the plan splits no layer.
+            selects (``NativeContext.set_ggml_device``;
+            :func:`powerinfer_backend.hybrid.placement.device_skips_for`); False where the plan
+            splits no layer.
         message: the one line ``"auto"`` gives without a GPU (shown with ``verbose``, or as a
             notice when a budget was asked for).
     """
@@ -234,7 +235,8 @@ def offload(
             (:func:`powerinfer_backend.hybrid.placement.neuron_frequencies`).
         device_skips: with predictors, a split layer's device half computes only the hot
             neurons the predictor selects (True) or every hot neuron (False); None:
-            :func:`device_skips_for` (the cost model's choice under ``placement="auto"``).
+            :func:`powerinfer_backend.hybrid.placement.device_skips_for` (the cost model's
+            choice under ``placement="auto"``).
 
     Raises:
         ValueError: a bad budget, device or placement name, a device ggml does not have
@@ -319,6 +321,7 @@ def _place(
         if dec.source != "n_gpu_layers"
         else (dec.bytes, 0)
     )
+    mode = engine_mode(ctx)  # the CPU half's FFN mode, in the cost model's terms
     if placement == "layers":
         plan = P.plan_layer_split(sizes, budget, n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, sizer=sizer)
     else:
@@ -329,7 +332,6 @@ def _place(
             bd, src = P.device_bandwidth(
                 info.name, info.description, info.type, override=device_bandwidth, n_threads=device_threads
             )
-            mode = engine_mode(ctx)
             sync, sync_src = P.device_sync(info.name, info.type)
             auto = dict(
                 placement="auto", device_gbps=bd, host_gbps=P.host_bandwidth(ctx.n_threads), mode=mode, sync_s=sync
@@ -371,8 +373,8 @@ def _place(
         if why and reserve:
             why += f" (of vram_budget {dec.bytes} bytes, {reserve} are set aside for the device's runtime)"
         return Offload(kind, dec, notices=notices + ([f"{why}; running on the CPU"] if why else []))
-    skips = device_skips_for(ctx, plan, device_skips)
-    if device_skips and not skips:
+    skips = P.device_skips_for(mode, plan, device_skips)
+    if device_skips and mode != "predictor":
         notices.append("device_skips=True ignored: the context has no predictors (nothing to skip by)")
     try:
         place_plan(ctx, dev, plan, budget, device_skips=skips)
@@ -382,21 +384,7 @@ def _place(
         notices.append(f"{e}; the device computes every hot neuron instead")
         skips = False
         place_plan(ctx, dev, plan, budget, device_skips=False)
-    split = any(0 < L.n_hot < plan.n_ff for L in plan.layers)  # only a split layer has hot neurons to skip
-    return Offload(kind, dec, plan, dev, ctx, notices, runtime_reserve=reserve, device_skips=skips and split)
-
-
-def device_skips_for(ctx, plan: P.Plan, asked: Optional[bool] = None) -> bool:
-    """Whether the device computes only the hot neurons a predictor selects: never without
-    predictors on ``ctx``; else ``asked`` when given, else ``placement="auto"``'s choice, made
-    by the cost model (:func:`powerinfer_backend.hybrid.placement.plan_auto`), else yes (on
-    ggml's CPU backend, which shares the host's memory, it read fewer bytes and ran 1.05-1.24x
-    faster: bench/device_skips.py, docs/placement.md)."""
-    if engine_mode(ctx) != "predictor":
-        return False
-    if asked is not None:
-        return bool(asked)
-    return bool(plan.choice.get("device_skips", True)) if plan.choice else True
+    return Offload(kind, dec, plan, dev, ctx, notices, runtime_reserve=reserve, device_skips=skips)
 
 
 def place_plan(ctx, dev, plan: P.Plan, budget_bytes: int, *, device_skips: bool = False) -> None:

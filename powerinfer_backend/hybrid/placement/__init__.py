@@ -44,7 +44,7 @@ reaches them all.
 
 from __future__ import annotations
 
-from .auto import POLICIES, plan_auto, plan_throughput, why_auto_placed_nothing, why_placed_nothing
+from .auto import POLICIES, device_skips_for, plan_auto, plan_throughput, why_auto_placed_nothing, why_placed_nothing
 from .bandwidth import (
     GPU_BANDWIDTH_GBPS,
     GPU_RUNTIME_RESERVE,
@@ -168,6 +168,7 @@ __all__ = [
     "default_mode",
     "POLICIES",
     "plan_auto",
+    "device_skips_for",
     "plan_throughput",
     "why_auto_placed_nothing",
     "why_placed_nothing",

@@ -96,6 +96,12 @@ class Plan:
         return "device" if on == len(self.layers) else ("cpu" if on == 0 else "split")
 
     @property
+    def splits_ffn(self) -> bool:
+        """Some layer has FFN neurons on both sides (0 < n_hot < n_ff): a split layer, the
+        only kind whose device half can skip hot neurons."""
+        return any(0 < L.n_hot < self.n_ff for L in self.layers)
+
+    @property
     def hot_fraction(self) -> float:
         """Hot neurons / all neurons, over all layers."""
         return sum(L.n_hot for L in self.layers) / max(1, self.n_ff * len(self.layers))
