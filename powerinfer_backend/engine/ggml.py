@@ -113,9 +113,8 @@ def list_devices() -> list[GgmlDeviceInfo]:
 class GgmlDevice(Closing):
     """An open ggml device by ggml name (``"CPU"``, ``"CUDA0"``, ...); ``n_threads``: the CPU
     backend's threads (ggml's CPU device uses the plain CPU buffer type: no repacked or AMX
-    buffers). Contexts placed on it keep it alive; :meth:`close` frees it. Contexts placed on
-    one device run their native calls one at a time (``step_lock``): two contexts sharing a
-    device from two threads gave wrong logits and crashes otherwise.
+    buffers). Contexts placed on it keep it alive; :meth:`close` frees it. Contexts sharing it
+    may run on several threads: its steps (graphs) run one at a time (the C device's lock).
 
     Raises:
         ValueError: no such device (the message lists ggml's devices) or n_threads outside [1, 512].
@@ -132,7 +131,6 @@ class GgmlDevice(Closing):
         # contexts placed here point into the device: it must outlive them
         self._contexts: weakref.WeakSet = weakref.WeakSet()
         self._close_requested = False
-        self.step_lock = threading.Lock()  # held by a placed context's native calls (NativeContext)
 
     @property
     def ptr(self):

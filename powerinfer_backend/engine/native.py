@@ -255,21 +255,13 @@ class NativeContext:
 
     @contextlib.contextmanager
     def _exclusive(self):
-        """One native call at a time: a context (KV cache, buffers) is not shareable; and one
-        context at a time on a shared ggml device (its ``step_lock``: waits for the others)."""
+        """One native call at a time: a context (KV cache, buffers) is not shareable."""
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(
                 "this context is already in use by another thread; use one Llama per thread or serialize the calls"
             )
-        dev_lock = getattr(self._device, "step_lock", None)
         try:
-            if dev_lock is not None:
-                dev_lock.acquire()
-            try:
-                yield
-            finally:
-                if dev_lock is not None:
-                    dev_lock.release()
+            yield
         finally:
             self._busy.release()
 

@@ -107,8 +107,8 @@ def test_four_sequences_on_a_device_decode_as_alone(placed):
 
 def test_two_contexts_sharing_a_device_from_two_threads(tmp_path, monkeypatch):
     """Two contexts placed on one ggml device, evaluated from two threads at once: each gets
-    its logits alone (a placed context's native calls hold the device's step_lock; without it
-    the steps of the two interleaved on the shared backend and gave NaN or other logits)."""
+    its logits alone (the device's steps run one at a time under its lock, pi_gdev.step_mu;
+    without it the two contexts' graphs ran at once on the shared backend: NaN or other logits)."""
     import threading
 
     from tests.hybrid.test_split_sparse import write_model

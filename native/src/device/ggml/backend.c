@@ -65,6 +65,10 @@ int pi_gdev_open(const char *name, int32_t n_threads, pi_gdev **out) {
     }
     pi_gdev *d = calloc(1, sizeof *d);
     if (d == NULL) return pi_set_error(PI_ERR_NOMEM, "pi_gdev_open: out of memory");
+    if (pthread_mutex_init(&d->step_mu, NULL) != 0) {
+        free(d);
+        return pi_set_error(PI_ERR_NOMEM, "pi_gdev_open: cannot create the device's lock");
+    }
     d->g = g;
     d->dev = dev;
     d->n_threads = n_threads;
@@ -91,6 +95,7 @@ int pi_gdev_open(const char *name, int32_t n_threads, pi_gdev **out) {
 void pi_gdev_free(pi_gdev *d) {
     if (d == NULL) return;
     if (d->backend != NULL) d->g->backend_free(d->backend);
+    pthread_mutex_destroy(&d->step_mu);
     free(d);
 }
 

@@ -3,6 +3,8 @@
 #ifndef PI_GGML_BACKEND_H
 #define PI_GGML_BACKEND_H
 
+#include <pthread.h>
+
 #include "device/ggml/api.h"
 #include "pi_internal.h"
 
@@ -14,6 +16,9 @@ struct pi_gdev {
     int32_t n_threads;
     int32_t is_cpu;
     char name[128];
+    /* one step at a time on the device, whichever placement (context) and thread runs it: the
+     * backend (its stream; ggml-cpu's work buffer) is the device's (steps.c) */
+    pthread_mutex_t step_mu;
 };
 
 /* PI_OK when a [ne0, ne1] tensor of ggml type `type` can exist (known type, ne0 a whole

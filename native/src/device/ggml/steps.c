@@ -1,6 +1,7 @@
 /* The device steps: per row group (one sequence's rows: device.h) build the step's graph, place
  * it in the compute buffer, copy the activations in, compute on the device's backend, copy the
- * results out. */
+ * results out, under the device's lock (pi_gdev.step_mu: contexts sharing it may run on several
+ * threads, and the backend is one per device). */
 #include "device/ggml/gplaced.h"
 
 void pi_gg_trace_add(pi_gplaced *p, int kind, int l, int64_t t0, int64_t t1) {
@@ -33,6 +34,7 @@ static int attn_group(pi_gplaced *p, int l, const int32_t *pos, int64_t cell0, i
     /* cells [0, n_kv) of the slot: every cached position and these rows, padded (cells past them are
      * masked), as many as the sequence alone in a context of n_ctx_seq */
     const int64_t n_kv = pi_align_up(last, PI_KV_PAD) < c->seq_cells ? pi_align_up(last, PI_KV_PAD) : c->seq_cells;
+    pthread_mutex_lock(&p->d->step_mu); /* the device's backend is shared by its placements */
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
     int rc = pi_gg_attn(g, ctx, c, l, &p->L[l], n, cell0, n_kv, p->flash, &io);
@@ -53,6 +55,7 @@ static int attn_group(pi_gplaced *p, int l, const int32_t *pos, int64_t cell0, i
         g->backend_tensor_get(io.out1, c->xn + a * E, 0, (size_t)(n * E) * sizeof(float));
     }
     g->free(ctx);
+    pthread_mutex_unlock(&p->d->step_mu);
     return rc;
 }
 
@@ -108,6 +111,7 @@ static int ffn_group(pi_gplaced *p, int l, const float *x, int64_t a, int64_t n,
     const pi_ggml_api *g = p->g;
     const int64_t E = p->c->m->hp.n_embd, h_only = pi_gg_h_only(p, l), Y = h_only ? p->H[l].n_hot : E;
     const int64_t n_sel = n_sel_of(p, a, n), n_out = h_only && n_sel > 0 ? n_sel : Y;
+    pthread_mutex_lock(&p->d->step_mu); /* the device's backend is shared by its placements */
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
     int rc = pi_gg_ffn(g, ctx, p->c, &p->H[l], n, (int)h_only, n_sel, &io);
@@ -121,6 +125,7 @@ static int ffn_group(pi_gplaced *p, int l, const float *x, int64_t a, int64_t n,
     if (rc == PI_OK && h_only)
         g->backend_tensor_get(io.out1, y + (p->c->cp.n_batch + a) * Y, 0, (size_t)(n * n_out) * sizeof(float));
     g->free(ctx);
+    pthread_mutex_unlock(&p->d->step_mu);
     return rc;
 }
 
@@ -138,6 +143,7 @@ int pi_gg_run_ffn(pi_gplaced *p, int l, const float *x, float *y) {
 static int output_group(pi_gplaced *p, const float *x, int64_t a, int64_t n, float *logits, float *embd) {
     const pi_ggml_api *g = p->g;
     const pi_model_params *hp = &p->c->m->hp;
+    pthread_mutex_lock(&p->d->step_mu); /* the device's backend is shared by its placements */
     gctx *ctx = pi_gg_meta(g, p->graph_meta);
     pi_gg_io io;
     int rc = pi_gg_output_graph(g, ctx, p->c, &p->O, n, &io);
@@ -151,6 +157,7 @@ static int output_group(pi_gplaced *p, const float *x, int64_t a, int64_t n, flo
         g->backend_tensor_get(io.out1, logits + a * hp->n_vocab, 0, (size_t)(n * hp->n_vocab) * sizeof(float));
     }
     g->free(ctx);
+    pthread_mutex_unlock(&p->d->step_mu);
     return rc;
 }
 
